@@ -1,0 +1,5 @@
+import sys
+
+from gpuhpc.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The typer CLI: the only package that imports typer and rich."""

@@ -1,0 +1,80 @@
+"""gpuhpc command line. Commands stay thin: parse, call the Python API, render.
+
+Each command group lives in its own module exposing ``register(app)``; heavy imports
+(pydantic, sqlalchemy, jinja2, rich) happen inside command functions so that
+``gpuhpc submit`` starts fast.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from gpuhpc.errors import GpuhpcError
+
+app = typer.Typer(
+    name="gpuhpc",
+    help="GPU Slurm clusters: build them (conf, ansible), use them (submit, jobs, sweeps), pay for them (ledger).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# command-group modules under gpuhpc.cli; each defines register(app)
+_GROUPS = ("conf", "cluster", "submit", "jobs", "ledger", "topology", "node")
+
+_debug = False
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.", envvar="GPUHPC_DEBUG")) -> None:
+    global _debug
+    _debug = debug
+
+
+for _name in _GROUPS:
+    try:
+        _mod = importlib.import_module(f"gpuhpc.cli.{_name}")
+    except ModuleNotFoundError as _exc:  # a group not written yet
+        if _exc.name != f"gpuhpc.cli.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the app and maps errors to exit codes."""
+    try:
+        app(args=argv, prog_name="gpuhpc", standalone_mode=False)
+    except GpuhpcError as exc:
+        if _debug or os.environ.get("GPUHPC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {exc.one_line()}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except SystemExit as exc:  # typer.Exit inside commands
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except Exception as exc:  # click usage errors and friends
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            sys.stderr.write("aborted\n")
+            return 1
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code  # UsageError -> 2
+        if _debug or os.environ.get("GPUHPC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""SlurmClient: the one object through which gpuhpc talks to Slurm.
+
+It combines the pure builders (:mod:`gpuhpc.slurm.commands`), the pure parsers
+(:mod:`gpuhpc.slurm.parsers`) and a :class:`~gpuhpc.transport.Runner` (local subprocess or
+SSH). The CLI path always works; pyslurm is an optional backend used only for reads, and
+only when its major.minor matches the cluster's (PyPI has no pyslurm for Slurm 22.05).
+"""
+from __future__ import annotations
+
+import functools
+import posixpath
+import uuid
+from collections.abc import Iterable, Sequence
+
+from gpuhpc.errors import SlurmError
+from gpuhpc.slurm import commands as cmd
+from gpuhpc.slurm import parsers
+from gpuhpc.transport import CommandResult, Runner, default_runner
+
+
+class SlurmClient:
+    def __init__(self, runner: Runner | None = None, *, timeout: float = 60.0) -> None:
+        self.runner = runner or default_runner()
+        self.timeout = timeout
+
+    # ------------------------------------------------------------ plumbing
+    def run(self, argv: list[str], *, input: str | None = None, check: bool = True,
+            timeout: float | None = None) -> CommandResult:
+        res = self.runner.run(argv, input=input, timeout=timeout or self.timeout)
+        if check and not res.ok:
+            raise SlurmError(f"{argv[0]} failed (exit {res.returncode})", argv=argv,
+                             stderr=res.stderr or res.stdout, returncode=res.returncode)
+        return res
+
+    @functools.cached_property
+    def version(self) -> tuple[int, int, int]:
+        return parsers.parse_version(self.run(cmd.sinfo_version()).stdout)
+
+    # ------------------------------------------------------------ cluster
+    def nodes(self) -> list[parsers.NodeInfo]:
+        return parsers.parse_nodes(self.run(cmd.scontrol_show("node")).stdout)
+
+    def partitions(self) -> list[parsers.PartitionInfo]:
+        return parsers.parse_partitions(self.run(cmd.scontrol_show("partition")).stdout)
+
+    def topology(self) -> list[dict[str, str]]:
+        return parsers.parse_oneliner_records(self.run(cmd.scontrol_show("topology")).stdout)
+
+    def config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict (``Key = Value`` lines)."""
+        out: dict[str, str] = {}
+        for line in self.run(["scontrol", "show", "config"]).stdout.splitlines():
+            if " = " in line:
+                k, v = line.split(" = ", 1)
+                out[k.strip()] = v.strip()
+        return out
+
+    # ------------------------------------------------------------ jobs
+    def submit_script(self, script: str, *, extra: Sequence[str] = (), workdir: str | None = None,
+                      script_dir: str | None = None) -> str:
+        """Submit a batch script's text; returns the job id.
+
+        With ``script_dir`` the script is first written there (kept for provenance and
+        re-submission); otherwise it is passed on stdin.
+        """
+        if script_dir:
+            path = posixpath.join(script_dir, f"gpuhpc-{uuid.uuid4().hex[:12]}.sbatch")
+            self.runner.write_file(path, script, 0o755)
+            argv = cmd.sbatch(path, extra=[*(["--chdir", workdir] if workdir else []), *extra])
+            return parsers.parse_sbatch_parsable(self.run(argv).stdout)
+        argv = cmd.sbatch(None, extra=[*(["--chdir", workdir] if workdir else []), *extra])
+        return parsers.parse_sbatch_parsable(self.run(argv, input=script).stdout)
+
+    def queue(self, *, user: str | None = None, job_ids: Iterable[str] = ()) -> list[parsers.QueueRow]:
+        ids = list(job_ids)
+        res = self.run(cmd.squeue(user=user, job_ids=ids), check=False)
+        if not res.ok:
+            # squeue exits 1 with "Invalid job id specified" once a job has left the queue
+            if ids and "Invalid job id" in (res.stderr + res.stdout):
+                return []
+            raise SlurmError("squeue failed", argv=list(res.argv), stderr=res.stderr, returncode=res.returncode)
+        return parsers.parse_squeue(res.stdout)
+
+    def accounting(self, *, job_ids: Iterable[str] = (), user: str | None = None,
+                   all_users: bool = False, since: str | None = None, until: str | None = None,
+                   duplicates: bool = False, allocations: bool = True) -> list[parsers.AcctRow]:
+        argv = cmd.sacct(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
+                         duplicates=duplicates, allocations=allocations)
+        return parsers.parse_sacct(self.run(argv).stdout)
+
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        res = self.run(cmd.scontrol_show("job", job_id), check=False)
+        if not res.ok:
+            if "Invalid job id" in (res.stderr + res.stdout):
+                return None
+            raise SlurmError("scontrol show job failed", argv=list(res.argv), stderr=res.stderr)
+        recs = parsers.parse_oneliner_records(res.stdout)
+        return recs[0] if recs else None
+
+    def cancel(self, job_id: str, *, signal: str | None = None, full: bool = False) -> None:
+        self.run(cmd.scancel(job_id, signal=signal, full=full))
+
+    def requeue(self, job_id: str, *, hold: bool = False) -> None:
+        self.run(cmd.scontrol_requeue(job_id, hold=hold))
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        self.run(cmd.scontrol_update_job(job_id, **fields))
+
+    # ------------------------------------------------------------ accounting admin
+    def sacctmgr(self, *words: str, check: bool = True) -> CommandResult:
+        return self.run(cmd.sacctmgr(*words), check=check)
+
+    def sacctmgr_list(self, entity: str, *filters: str, fields: Sequence[str]) -> list[dict[str, str]]:
+        out = self.run(cmd.sacctmgr_list(entity, *filters, fields=fields)).stdout
+        return parsers.parse_parsable2(out, list(fields))
+
+
+def pyslurm_backend(client: SlurmClient):
+    """Return the pyslurm module when it is installed *and* built for this Slurm's
+    major.minor; otherwise None (the CLI path is used)."""
+    try:
+        import pyslurm  # type: ignore
+    except Exception:
+        return None
+    ver = getattr(pyslurm, "__version__", "")
+    try:
+        major, minor, _ = parsers.parse_version(ver)
+    except SlurmError:
+        return None
+    if (major, minor) != client.version[:2]:
+        return None
+    return pyslurm

@@ -1,0 +1,122 @@
+"""Pure argv builders for Slurm's command-line tools. Nothing here runs anything.
+
+Delimited output uses the ASCII unit separator (0x1f) so that user-chosen job names
+(which may contain ``|``) never break a row; control characters are rejected upstream.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+SEP = "\x1f"
+
+SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("job_id", "%i"), ("job_id_raw", "%A"), ("array_job_id", "%F"), ("array_task_id", "%K"),
+    ("name", "%j"), ("state", "%T"), ("elapsed", "%M"), ("time_limit", "%l"),
+    ("nodes", "%D"), ("tres_per_node", "%b"), ("partition", "%P"), ("user", "%u"),
+    ("account", "%a"), ("nodelist", "%N"), ("reason", "%r"), ("qos", "%q"),
+)
+
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
+    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "NodeList", "ExitCode", "Restarts",
+    "Timelimit", "QOS", "Cluster",
+)
+
+
+def sinfo_version() -> list[str]:
+    return ["sinfo", "--version"]
+
+
+def scontrol_show(kind: str, name: str | None = None) -> list[str]:
+    """``scontrol show node|partition|job|topology [NAME] --oneliner``."""
+    argv = ["scontrol", "--oneliner", "show", kind]
+    if name is not None:
+        argv.append(str(name))
+    return argv
+
+
+def sbatch(script_path: str | None = None, *, extra: Sequence[str] = (), parsable: bool = True) -> list[str]:
+    """sbatch reading the script from ``script_path`` (or stdin when None)."""
+    argv = ["sbatch"]
+    if parsable:
+        argv.append("--parsable")
+    argv.extend(extra)
+    if script_path is not None:
+        argv.append(script_path)
+    return argv
+
+
+def squeue(*, user: str | None = None, job_ids: Iterable[str] = (), all_partitions: bool = True,
+           states: str | None = "all") -> list[str]:
+    fmt = SEP.join(code for _, code in SQUEUE_FIELDS)
+    argv = ["squeue", "--noheader", "--array", f"--format={fmt}"]
+    if all_partitions:
+        argv.append("--all")
+    if states:
+        argv.append(f"--states={states}")
+    if user:
+        argv.append(f"--user={user}")
+    ids = [str(j) for j in job_ids]
+    if ids:
+        argv.append(f"--jobs={','.join(ids)}")
+    return argv
+
+
+def sacct(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bool = False,
+          since: str | None = None, until: str | None = None, allocations: bool = True,
+          duplicates: bool = False, fields: Sequence[str] = SACCT_FIELDS,
+          cluster: str | None = None) -> list[str]:
+    """sacct in parsable form. ``duplicates=True`` lists every requeued run of a job
+    (``--duplicates``), which is what billing needs."""
+    argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={SEP}",
+            f"--format={','.join(fields)}"]
+    if allocations:
+        argv.append("--allocations")
+    if duplicates:
+        argv.append("--duplicates")
+    ids = [str(j) for j in job_ids]
+    if ids:
+        argv.append(f"--jobs={','.join(ids)}")
+    if all_users:
+        argv.append("--allusers")
+    elif user:
+        argv.append(f"--user={user}")
+    if since:
+        argv.append(f"--starttime={since}")
+    if until:
+        argv.append(f"--endtime={until}")
+    if cluster:
+        argv.append(f"--clusters={cluster}")
+    return argv
+
+
+def scancel(job_id: str, *, signal: str | None = None, full: bool = False) -> list[str]:
+    argv = ["scancel"]
+    if signal:
+        argv.append(f"--signal={signal}")
+    if full:
+        argv.append("--full")
+    argv.append(str(job_id))
+    return argv
+
+
+def scontrol_requeue(job_id: str, *, hold: bool = False) -> list[str]:
+    return ["scontrol", "requeuehold" if hold else "requeue", str(job_id)]
+
+
+def scontrol_update_job(job_id: str, **fields: str) -> list[str]:
+    return ["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())]
+
+
+def sacctmgr(*words: str, immediate: bool = True) -> list[str]:
+    """``sacctmgr -i <words>``; for ``list``/``show`` queries use :func:`sacctmgr_list`."""
+    argv = ["sacctmgr"]
+    if immediate:
+        argv.append("-i")
+    argv.extend(words)
+    return argv
+
+
+def sacctmgr_list(entity: str, *filters: str, fields: Sequence[str]) -> list[str]:
+    return ["sacctmgr", "--noheader", "--parsable2", "list", entity, *filters,
+            f"format={','.join(fields)}"]

@@ -1,0 +1,298 @@
+"""Pure parsers for Slurm command output. Unit tests feed them recorded output."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpuhpc.errors import SlurmError
+from gpuhpc.slurm.commands import SACCT_FIELDS, SEP, SQUEUE_FIELDS
+from gpuhpc.slurm.state import SlurmState
+
+
+# ---------------------------------------------------------------- scontrol --oneliner
+_KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
+
+
+def parse_oneliner_records(text: str) -> list[dict[str, str]]:
+    """``scontrol --oneliner show node|partition|job``: one record a line, ``Key=Value``
+    pairs separated by spaces (values may contain spaces, e.g. ``Reason=Not responding``)."""
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or "=" not in line:
+            continue
+        records.append({k: v.strip() for k, v in _KV.findall(line)})
+    return records
+
+
+def parse_tres(text: str) -> dict[str, str]:
+    """``cpu=4,mem=8G,node=1,billing=4,gres/gpu=2,gres/gpu:h100=2`` -> dict."""
+    out: dict[str, str] = {}
+    for part in (text or "").split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def parse_gres(text: str) -> dict[str, int]:
+    """``gpu:h100:8(S:0-1),gpu:1g.10gb:7`` -> {"h100": 8, "1g.10gb": 7}; untyped -> key "gpu"."""
+    out: dict[str, int] = {}
+    if not text or text in ("(null)", "N/A"):
+        return out
+    for item in re.split(r",(?![^()]*\))", text):
+        item = re.sub(r"\(.*?\)", "", item).strip()
+        if not item.startswith("gpu"):
+            continue
+        parts = item.split(":")
+        if len(parts) == 3:
+            name, count = parts[1], parts[2]
+        elif len(parts) == 2:
+            name, count = ("gpu", parts[1]) if parts[1].isdigit() else (parts[1], "1")
+        else:
+            name, count = "gpu", "1"
+        try:
+            out[name] = out.get(name, 0) + int(count)
+        except ValueError:
+            continue
+    return out
+
+
+def gpus_from_tres(tres: dict[str, str]) -> dict[str, int]:
+    """Typed GPU counts from a TRES dict (``gres/gpu:h100=2``); untyped total under "gpu"."""
+    out: dict[str, int] = {}
+    for key, value in tres.items():
+        if key.startswith("gres/gpu:"):
+            try:
+                out[key.split(":", 1)[1]] = int(value)
+            except ValueError:
+                pass
+    if not out and "gres/gpu" in tres:
+        try:
+            out["gpu"] = int(tres["gres/gpu"])
+        except ValueError:
+            pass
+    return out
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str
+    cpus: int
+    cpus_alloc: int
+    real_memory_mb: int
+    alloc_memory_mb: int
+    partitions: tuple[str, ...]
+    gpus_total: dict[str, int] = field(default_factory=dict)
+    gpus_alloc: dict[str, int] = field(default_factory=dict)
+    features: tuple[str, ...] = ()
+    reason: str = ""
+
+    @property
+    def gpus_free(self) -> dict[str, int]:
+        return {t: n - self.gpus_alloc.get(t, 0) for t, n in self.gpus_total.items()}
+
+
+def _int(v: str | None, default: int = 0) -> int:
+    try:
+        return int(v) if v not in (None, "", "N/A", "(null)") else default
+    except ValueError:
+        return default
+
+
+def parse_nodes(text: str) -> list[NodeInfo]:
+    nodes = []
+    for rec in parse_oneliner_records(text):
+        if "NodeName" not in rec:
+            continue
+        alloc = gpus_from_tres(parse_tres(rec.get("AllocTRES", "")))
+        total = parse_gres(rec.get("Gres", ""))
+        parts = rec.get("Partitions", "")
+        feats = rec.get("AvailableFeatures", rec.get("Features", ""))
+        nodes.append(NodeInfo(
+            name=rec["NodeName"], state=rec.get("State", "UNKNOWN"),
+            cpus=_int(rec.get("CPUTot")), cpus_alloc=_int(rec.get("CPUAlloc")),
+            real_memory_mb=_int(rec.get("RealMemory")), alloc_memory_mb=_int(rec.get("AllocMem")),
+            partitions=tuple(p for p in parts.split(",") if p and p != "(null)"),
+            gpus_total=total, gpus_alloc=alloc,
+            features=tuple(f for f in feats.split(",") if f and f != "(null)"),
+            reason=rec.get("Reason", ""),
+        ))
+    return nodes
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    state: str
+    nodes: str
+    total_nodes: int
+    total_cpus: int
+    priority_tier: int
+    preempt_mode: str
+    max_time: str
+    default: bool
+    grace_time: int
+    qos: str
+    allow_accounts: str
+
+
+def parse_partitions(text: str) -> list[PartitionInfo]:
+    out = []
+    for rec in parse_oneliner_records(text):
+        if "PartitionName" not in rec:
+            continue
+        out.append(PartitionInfo(
+            name=rec["PartitionName"], state=rec.get("State", ""), nodes=rec.get("Nodes", ""),
+            total_nodes=_int(rec.get("TotalNodes")), total_cpus=_int(rec.get("TotalCPUs")),
+            priority_tier=_int(rec.get("PriorityTier")), preempt_mode=rec.get("PreemptMode", ""),
+            max_time=rec.get("MaxTime", ""), default=rec.get("Default", "NO") == "YES",
+            grace_time=_int(rec.get("GraceTime")), qos=rec.get("QoS", "N/A"),
+            allow_accounts=rec.get("AllowAccounts", "ALL"),
+        ))
+    return out
+
+
+# ---------------------------------------------------------------- sbatch
+def parse_sbatch_parsable(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    job_id = line.split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise SlurmError(f"could not parse a job id from sbatch output {stdout!r}")
+    return job_id
+
+
+# ---------------------------------------------------------------- squeue / sacct rows
+@dataclass(frozen=True)
+class QueueRow:
+    job_id: str
+    job_id_raw: str
+    array_job_id: str
+    array_task_id: str
+    name: str
+    state: SlurmState
+    elapsed: str
+    time_limit: str
+    nodes: int
+    tres_per_node: str
+    partition: str
+    user: str
+    account: str
+    nodelist: str
+    reason: str
+    qos: str
+
+
+def parse_squeue(text: str) -> list[QueueRow]:
+    rows = []
+    names = [n for n, _ in SQUEUE_FIELDS]
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(SEP)
+        if len(parts) != len(names):
+            raise SlurmError(f"unexpected squeue row with {len(parts)} fields: {line!r}")
+        d = dict(zip(names, parts))
+        rows.append(QueueRow(
+            job_id=d["job_id"], job_id_raw=d["job_id_raw"], array_job_id=d["array_job_id"],
+            array_task_id=d["array_task_id"], name=d["name"], state=SlurmState.parse(d["state"]),
+            elapsed=d["elapsed"], time_limit=d["time_limit"], nodes=_int(d["nodes"]),
+            tres_per_node=d["tres_per_node"], partition=d["partition"], user=d["user"],
+            account=d["account"], nodelist=d["nodelist"], reason=d["reason"], qos=d["qos"],
+        ))
+    return rows
+
+
+@dataclass(frozen=True)
+class AcctRow:
+    job_id: str           # "123", "123_4" (array task), "123+0" (het)
+    job_id_raw: str
+    name: str
+    state: SlurmState
+    elapsed_s: int
+    submit: str
+    start: str
+    end: str
+    alloc_tres: dict[str, str]
+    req_tres: dict[str, str]
+    partition: str
+    account: str
+    user: str
+    nodelist: str
+    exit_code: str
+    restarts: int
+    time_limit: str
+    qos: str
+    cluster: str
+
+    @property
+    def array_job_id(self) -> str:
+        return self.job_id.split("_", 1)[0]
+
+    @property
+    def array_task_id(self) -> str | None:
+        if "_" in self.job_id:
+            task = self.job_id.split("_", 1)[1]
+            return task if task.isdigit() else None
+        return None
+
+    @property
+    def gpus(self) -> dict[str, int]:
+        return gpus_from_tres(self.alloc_tres)
+
+
+def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> list[AcctRow]:
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(SEP)
+        if len(parts) != len(fields):
+            raise SlurmError(f"unexpected sacct row with {len(parts)} fields: {line!r}")
+        d = dict(zip(fields, parts))
+        rows.append(AcctRow(
+            job_id=d.get("JobID", ""), job_id_raw=d.get("JobIDRaw", ""), name=d.get("JobName", ""),
+            state=SlurmState.parse(d.get("State", "")), elapsed_s=_int(d.get("ElapsedRaw")),
+            submit=d.get("Submit", ""), start=d.get("Start", ""), end=d.get("End", ""),
+            alloc_tres=parse_tres(d.get("AllocTRES", "")), req_tres=parse_tres(d.get("ReqTRES", "")),
+            partition=d.get("Partition", ""), account=d.get("Account", ""), user=d.get("User", ""),
+            nodelist=d.get("NodeList", ""), exit_code=d.get("ExitCode", ""),
+            restarts=_int(d.get("Restarts")), time_limit=d.get("Timelimit", ""), qos=d.get("QOS", ""),
+            cluster=d.get("Cluster", ""),
+        ))
+    return rows
+
+
+def parse_parsable2(text: str, fields: list[str] | tuple[str, ...], sep: str = "|") -> list[dict[str, str]]:
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            out.append(dict(zip(fields, line.split(sep))))
+    return out
+
+
+# ---------------------------------------------------------------- durations
+def parse_duration_s(text: str) -> int | None:
+    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` / ``UNLIMITED`` -> seconds (None for unlimited)."""
+    t = (text or "").strip()
+    if not t or t in ("UNLIMITED", "INVALID", "Partition_Limit", "NOT_SET", "N/A"):
+        return None
+    days = 0
+    if "-" in t:
+        d, t = t.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in t.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts[-3:]
+    return days * 86400 + h * 3600 + m * 60 + s
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``slurm 22.05.8`` or ``slurm-wlm 22.05.8`` -> (22, 5, 8)."""
+    m = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    if not m:
+        raise SlurmError(f"cannot parse Slurm version from {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))

@@ -1,0 +1,39 @@
+"""Where commands run: locally (subprocess) or on a remote login node (SSH).
+
+Everything that talks to Slurm goes through a :class:`Runner`, so the same builders and
+parsers serve the login node and a laptop over SSH.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Runs an argv list (never a shell string) and returns its output."""
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
+            env: dict[str, str] | None = None) -> CommandResult: ...
+
+    def write_file(self, path: str, content: str, mode: int = 0o644) -> None: ...
+
+    def read_file(self, path: str) -> str: ...
+
+
+def default_runner() -> Runner:
+    from gpuhpc.transport.local import LocalRunner
+
+    return LocalRunner()

@@ -1,0 +1,47 @@
+"""Local subprocess runner (login node, or the single-machine test cluster)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gpuhpc.errors import TransportError
+from gpuhpc.transport import CommandResult
+
+
+class LocalRunner:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self._env = env
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        full_env = None
+        if self._env or env:
+            full_env = dict(os.environ)
+            full_env.update(self._env or {})
+            full_env.update(env or {})
+        try:
+            proc = subprocess.run(argv, input=input, capture_output=True, text=True,
+                                  timeout=timeout, env=full_env, check=False)
+        except FileNotFoundError as exc:
+            raise TransportError(f"command not found: {argv[0]}", hint="is Slurm's client installed and on PATH?") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"command timed out after {timeout}s: {argv[0]}") from exc
+        return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+
+    def write_file(self, path: str, content: str, mode: int = 0o644) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(content)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def read_file(self, path: str) -> str:
+        return Path(path).read_text()
