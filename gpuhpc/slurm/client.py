@@ -97,6 +97,15 @@ class SlurmClient:
         recs = parsers.parse_oneliner_records(res.stdout)
         return recs[0] if recs else None
 
+    def restarts(self, job_id: str) -> int:
+        """How many times a job was requeued: ``Restarts=`` from scontrol while the job is
+        known to slurmctld, else the number of earlier runs ``sacct --duplicates`` lists."""
+        rec = self.show_job(job_id)
+        if rec and rec.get("Restarts", "").isdigit():
+            return int(rec["Restarts"])
+        rows = [r for r in self.accounting(job_ids=[job_id], duplicates=True) if r.job_id == str(job_id)]
+        return max(0, len(rows) - 1)
+
     def cancel(self, job_id: str, *, signal: str | None = None, full: bool = False) -> None:
         self.run(cmd.scancel(job_id, signal=signal, full=full))
 

@@ -18,9 +18,12 @@ SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
 
 SACCT_FIELDS: tuple[str, ...] = (
     "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
-    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "NodeList", "ExitCode", "Restarts",
+    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "NodeList", "ExitCode",
     "Timelimit", "QOS", "Cluster",
 )
+# Slurm 22.05's sacct has no "Restarts" field: each requeued run of a job shows up as its own
+# row with ``--duplicates`` (state REQUEUED/PREEMPTED/NODE_FAIL), and ``scontrol show job``
+# carries ``Restarts=``. See SlurmClient.restarts().
 
 
 def sinfo_version() -> list[str]:

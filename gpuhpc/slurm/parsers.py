@@ -222,7 +222,7 @@ class AcctRow:
     user: str
     nodelist: str
     exit_code: str
-    restarts: int
+    restarts: int         # always 0 from 22.05's sacct (no such field); see SlurmClient.restarts()
     time_limit: str
     qos: str
     cluster: str
