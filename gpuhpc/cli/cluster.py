@@ -1,0 +1,59 @@
+"""``gpuhpc cluster ...``: what the cluster looks like right now."""
+from __future__ import annotations
+
+import typer
+
+from gpuhpc.cli._console import console, print_json
+
+cluster_app = typer.Typer(help="Inspect the Slurm cluster.", no_args_is_help=True)
+
+
+def _state_style(state: str) -> str:
+    s = state.upper()
+    if s.startswith(("IDLE",)):
+        return "green"
+    if s.startswith(("MIX", "ALLOC", "COMPLETING")):
+        return "yellow"
+    return "red"
+
+
+@cluster_app.command("status")
+def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Nodes with state; GPUs total/allocated/free by type and MIG type; partitions."""
+    from gpuhpc.cluster import cluster_status
+
+    st = cluster_status()
+    if as_json:
+        print_json(st.to_dict())
+        return
+    from rich.table import Table
+
+    out = console()
+    nodes = Table(title="Nodes", title_justify="left")
+    for col in ("node", "state", "cpus (alloc/total)", "memory MB", "GPUs (free/total)", "partitions"):
+        nodes.add_column(col)
+    for n in st.nodes:
+        gpus = ", ".join(f"{t} {n.gpus_free[t]}/{c}" for t, c in sorted(n.gpus_total.items())) or "-"
+        style = _state_style(n.state)
+        nodes.add_row(n.name, f"[{style}]{n.state.lower()}[/]", f"{n.cpus_alloc}/{n.cpus}",
+                      str(n.real_memory_mb), gpus, ",".join(n.partitions))
+    out.print(nodes)
+
+    gpus = Table(title="GPUs by type", title_justify="left")
+    for col in ("type", "kind", "total", "allocated", "free"):
+        gpus.add_column(col, justify="right" if col in ("total", "allocated", "free") else "left")
+    for g in st.gpus:
+        gpus.add_row(g.gpu_type, "MIG" if g.mig else "GPU", str(g.total), str(g.allocated), str(g.free))
+    out.print(gpus)
+
+    parts = Table(title="Partitions", title_justify="left")
+    for col in ("partition", "state", "nodes", "priority tier", "preempt mode", "max time", "default"):
+        parts.add_column(col)
+    for p in st.partitions:
+        parts.add_row(p.name, p.state.lower(), p.nodes, str(p.priority_tier), p.preempt_mode,
+                      p.max_time, "yes" if p.default else "")
+    out.print(parts)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cluster_app, name="cluster")
