@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# test.sh - run the whole gpuhpc test suite on this machine (as root), for real:
+#   1. bootstrap (OS packages + .venv)             scripts/bootstrap.sh
+#   2. start PostgreSQL on 127.0.0.1:55432           scripts/services/postgres.sh
+#   3. stand up the local GPU Slurm cluster          scripts/cluster.sh up   (our Ansible roles)
+#   4. pytest tests/unit tests/integration
+#   5. tear the cluster and services down again (also on failure)
+# Extra arguments go to pytest (e.g. scripts/test.sh -k ledger -x).
+# KEEP_UP=1 leaves the cluster and services running afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+say() { printf '[test %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+unset SLURM_CONF
+
+bash scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+teardown() {
+  rc=$?
+  if [ "${KEEP_UP:-0}" != 1 ]; then
+    say "teardown"
+    bash scripts/cluster.sh down >/tmp/gpuhpc-teardown.log 2>&1 || { echo "cluster teardown failed:"; tail -20 /tmp/gpuhpc-teardown.log; }
+    [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
+  fi
+  say "done (exit $rc)"
+  exit $rc
+}
+trap teardown EXIT
+
+if [ -x scripts/services/postgres.sh ]; then
+  say "postgresql"
+  export GPUHPC_TEST_PG_URL=$(bash scripts/services/postgres.sh start | tail -1)
+fi
+
+say "cluster up (ansible-playbook ansible/site.yml -i ansible/inventories/local)"
+bash scripts/cluster.sh up >/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /tmp/gpuhpc-cluster-up.log; exit 1; }
+grep -A20 "PLAY RECAP" /tmp/gpuhpc-cluster-up.log || true
+sinfo -N -o '%12N %10P %6t %G'
+
+say "pytest"
+# the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one
+export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /tmp/gpuhpc-test-data.XXXXXX)}
+python -m pytest -p no:cacheprovider --timeout=900 tests/unit tests/integration "$@"
