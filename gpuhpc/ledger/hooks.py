@@ -1,0 +1,88 @@
+"""The reservation API the submit path calls (``gpuhpc submit`` → reserve → sbatch → attach/release).
+
+Importing this module is cheap (stdlib only): SQLAlchemy is imported inside :func:`reserve`,
+and only when the ledger is in use.
+
+    req = ChargeRequest(cluster="local", user="alice", account="research", partition="gpu",
+                        qos=None, gpu_type="h100", gpus=8, time_limit_s=3600, array_size=4)
+    res = reserve(req)            # committed hold, or None when the ledger is off
+    try:
+        job_id = sbatch(...)
+    except Exception:
+        if res: res.release()     # give the hold back
+        raise
+    if res: res.attach_job(job_id)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from decimal import Decimal
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    cluster: str
+    user: str
+    account: str | None
+    partition: str | None
+    qos: str | None
+    gpu_type: str | None        # "h100" or a MIG profile "1g.10gb"; None = CPU-only
+    gpus: int                   # total GPUs per array task (nodes × gpus per node)
+    time_limit_s: int
+    array_size: int = 1
+    job_name: str = ""
+
+
+@dataclass
+class Reservation:
+    """A committed pre-submit hold. ``gpu_hours``/``amount`` are the worst case held."""
+
+    id: int
+    gpu_hours: Decimal = Decimal(0)
+    amount: Decimal = Decimal(0)
+    account: str | None = None
+    _url: str | None = None
+
+    def attach_job(self, job_id: str) -> None:
+        """Record the Slurm job id (new transaction, after sbatch succeeded)."""
+        from gpuhpc.ledger import quota
+
+        quota.attach_job(self.id, str(job_id), url=self._url)
+
+    def release(self) -> None:
+        """sbatch failed: give the whole hold back (idempotent)."""
+        from gpuhpc.ledger import quota
+
+        quota.release(self.id, url=self._url)
+
+
+def ledger_in_use() -> str | None:
+    """The database URL when the ledger is in use, else None (no SQLAlchemy import)."""
+    if os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no"):
+        return None
+    url = os.environ.get("GPUHPC_DB_URL", "").strip()
+    if url:
+        return url
+    from gpuhpc.ledger.paths import default_db_path
+
+    path = default_db_path()
+    if not path.exists():
+        return None
+    return f"sqlite:///{path}"
+
+
+def reserve(req: ChargeRequest) -> Reservation | None:
+    """Worst case = gpus × time limit × rate × array_size. Reserves atomically against the
+    account's (and user's) quota in its own committed transaction BEFORE sbatch.
+
+    Returns None when the ledger is not in use (GPUHPC_LEDGER=off, or no GPUHPC_DB_URL and
+    no ledger database file exists yet). Raises :class:`gpuhpc.errors.QuotaExceeded` (exit 3)
+    with a one-line message showing budget, committed and remaining; :class:`LedgerError` if
+    the schema is behind head (the message names ``gpuhpc db upgrade``)."""
+    url = ledger_in_use()
+    if url is None:
+        return None
+    from gpuhpc.ledger import quota
+
+    return quota.reserve(req, url=url)
