@@ -1,0 +1,282 @@
+"""Ledger tables: SQLAlchemy 2 typed models (``Mapped[...]``), money as ``Numeric``.
+
+Entities: accounts, users, memberships; the price book (GPU-type / MIG-profile rates and
+partition / QOS multipliers, all effective-dated); quotas (per account, optionally per user;
+GPU-hours and/or money per period) with one counter row per quota period; reservations
+(pre-submit holds) and their per-quota holds; usage records (one per sacct run) and charges
+(append-only money entries); ingested job metrics.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from decimal import Decimal
+
+from sqlalchemy import (BigInteger, DateTime, Enum, ForeignKey, Index, Integer, MetaData, Numeric,
+                        String, Text, TypeDecorator, UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+MONEY = Numeric(20, 6)          # currency units, 6 decimals
+HOURS = Numeric(20, 6)          # GPU-hours
+FACTOR = Numeric(12, 6)         # multipliers
+
+
+class UTCDateTime(TypeDecorator):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores naive UTC)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect):
+        return dialect.type_descriptor(DateTime(timezone=dialect.name != "sqlite"))
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Period(str, enum.Enum):
+    day = "day"
+    week = "week"
+    month = "month"
+    total = "total"
+
+
+class MultiplierKind(str, enum.Enum):
+    partition = "partition"
+    qos = "qos"
+
+
+class ReservationStatus(str, enum.Enum):
+    held = "held"            # reserved, sbatch not yet confirmed
+    submitted = "submitted"  # job id attached
+    settled = "settled"      # job finished, leftover hold released
+    released = "released"    # sbatch failed / cancelled before running
+
+
+def _enum(cls):
+    return Enum(cls, native_enum=False, length=16, validate_strings=True,
+                values_callable=lambda e: [m.value for m in e])
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    description: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    memberships: Mapped[list[Membership]] = relationship(back_populates="account")
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    memberships: Mapped[list[Membership]] = relationship(back_populates="user")
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+    __table_args__ = (UniqueConstraint("account_id", "user_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    is_default: Mapped[bool] = mapped_column(default=False)
+    account: Mapped[Account] = relationship(back_populates="memberships")
+    user: Mapped[User] = relationship(back_populates="memberships")
+
+
+class GpuPrice(Base):
+    """Rate per GPU-hour for a GPU type or MIG profile, from ``effective_from`` on.
+
+    Either ``rate`` is set, or ``base_gpu_type`` + ``fraction_num/fraction_den`` (a MIG
+    slice priced as an exact fraction of its parent GPU, e.g. 3g.40gb = 3/7 of h100).
+    """
+
+    __tablename__ = "gpu_prices"
+    __table_args__ = (UniqueConstraint("gpu_type", "effective_from"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(String(64))
+    rate: Mapped[Decimal | None] = mapped_column(MONEY)
+    base_gpu_type: Mapped[str | None] = mapped_column(String(64))
+    fraction_num: Mapped[int | None] = mapped_column(Integer)
+    fraction_den: Mapped[int | None] = mapped_column(Integer)
+    currency: Mapped[str] = mapped_column(String(8), default="USD")
+    effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PriceMultiplier(Base):
+    """Partition or QOS multiplier (preemptible capacity is cheaper), effective-dated."""
+
+    __tablename__ = "price_multipliers"
+    __table_args__ = (UniqueConstraint("kind", "name", "effective_from"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[MultiplierKind] = mapped_column(_enum(MultiplierKind))
+    name: Mapped[str] = mapped_column(String(64))
+    multiplier: Mapped[Decimal] = mapped_column(FACTOR)
+    effective_from: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Quota(Base):
+    """A budget per period for an account (``user_id`` NULL) or one user in an account."""
+
+    __tablename__ = "quotas"
+    __table_args__ = (UniqueConstraint("account_id", "user_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    user_key: Mapped[int] = mapped_column(Integer, default=0)   # user_id or 0: unique even without a user
+    period: Mapped[Period] = mapped_column(_enum(Period))
+    gpu_hours: Mapped[Decimal | None] = mapped_column(HOURS)
+    money: Mapped[Decimal | None] = mapped_column(MONEY)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    account: Mapped[Account] = relationship()
+    user: Mapped[User | None] = relationship()
+
+
+class QuotaUsage(Base):
+    """Running totals for one quota period: settled charges and open holds."""
+
+    __tablename__ = "quota_usage"
+    __table_args__ = (UniqueConstraint("quota_id", "period_start"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    quota_id: Mapped[int] = mapped_column(ForeignKey("quotas.id", ondelete="CASCADE"))
+    period_start: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    used_gpu_hours: Mapped[Decimal] = mapped_column(HOURS, default=Decimal(0))
+    used_money: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    held_gpu_hours: Mapped[Decimal] = mapped_column(HOURS, default=Decimal(0))
+    held_money: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+
+
+class Reservation(Base):
+    __tablename__ = "reservations"
+    __table_args__ = (Index("ix_reservations_cluster_job", "cluster", "job_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(64))
+    account_name: Mapped[str | None] = mapped_column(String(64))
+    partition: Mapped[str | None] = mapped_column(String(64))
+    qos: Mapped[str | None] = mapped_column(String(64))
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column(Integer)
+    time_limit_s: Mapped[int] = mapped_column(Integer)
+    array_size: Mapped[int] = mapped_column(Integer, default=1)
+    job_name: Mapped[str] = mapped_column(String(255), default="")
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    status: Mapped[ReservationStatus] = mapped_column(_enum(ReservationStatus), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    closed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    holds: Mapped[list[ReservationHold]] = relationship(back_populates="reservation")
+
+
+class ReservationHold(Base):
+    """What one reservation still holds in one quota period."""
+
+    __tablename__ = "reservation_holds"
+    __table_args__ = (UniqueConstraint("reservation_id", "quota_usage_id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reservation_id: Mapped[int] = mapped_column(ForeignKey("reservations.id", ondelete="CASCADE"))
+    quota_usage_id: Mapped[int] = mapped_column(ForeignKey("quota_usage.id", ondelete="CASCADE"))
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    money: Mapped[Decimal] = mapped_column(MONEY)
+    reservation: Mapped[Reservation] = relationship(back_populates="holds")
+
+
+class UsageRecord(Base):
+    """One run of one job (array task) from sacct. A requeued job has one record per run;
+    the key includes the run's start time so a re-ingest never counts a run twice."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "array_task_id", "run_start"),
+                      Index("ix_usage_records_end", "run_end"))
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(32))        # array job id, or the job id
+    array_task_id: Mapped[int] = mapped_column(Integer)    # -1 when not an array task
+    run_start: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    run_end: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    state: Mapped[str] = mapped_column(String(32))
+    elapsed_s: Mapped[int] = mapped_column(Integer)
+    user_name: Mapped[str] = mapped_column(String(64))
+    account_name: Mapped[str] = mapped_column(String(64))
+    partition: Mapped[str] = mapped_column(String(64))
+    qos: Mapped[str] = mapped_column(String(64))
+    gpu_type: Mapped[str] = mapped_column(String(64))       # "" = CPU-only
+    gpus: Mapped[int] = mapped_column(Integer)
+    job_name: Mapped[str] = mapped_column(String(255))
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS)       # priced totals of this run so far
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+
+
+class Charge(Base):
+    """Append-only money entries: a run's first charge, then adjustments (e.g. a running job
+    settled again once it ended). ``bucket_at`` decides which quota period it counts in."""
+
+    __tablename__ = "charges"
+    __table_args__ = (Index("ix_charges_account_bucket", "account_name", "bucket_at"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    usage_id: Mapped[int] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"), index=True)
+    reservation_id: Mapped[int | None] = mapped_column(ForeignKey("reservations.id", ondelete="SET NULL"))
+    account_name: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(64))
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    rate: Mapped[Decimal] = mapped_column(MONEY)            # effective rate per GPU-hour (× multipliers)
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    bucket_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class JobMetric(Base):
+    """Throughput a job reported with ``gpuhpc.report(...)`` (mean over its reports)."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "array_task_id", "name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(32))
+    array_task_id: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(64))
+    value: Mapped[float] = mapped_column()                  # a measurement, not money
+    samples: Mapped[int] = mapped_column(Integer)
+
+
+class IngestState(Base):
+    """One row per ingest source; locked for the duration of an ingest batch."""
+
+    __tablename__ = "ingest_state"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_run_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    last_detail: Mapped[str] = mapped_column(Text, default="")
