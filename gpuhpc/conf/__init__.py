@@ -1,0 +1,1 @@
+"""Cluster spec -> Slurm config files: validation rules, template context, renderer."""

@@ -1,0 +1,225 @@
+"""The normalized template context: everything ``slurm-conf/*.j2`` needs, as plain JSON data.
+
+Both renderers use it: :mod:`gpuhpc.conf.render` (``gpuhpc conf render``) and the Ansible roles,
+which read it from ``gpuhpc conf context SPEC`` and pass it to the same templates as
+``gpuhpc_conf``. All logic (hostlist compression, MIG mapping, TRES lists, %n paths) lives here,
+so the templates stay plain Jinja with standard filters only.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from gpuhpc.conf.validate import resolve_nodes
+from gpuhpc.spec import hostlist
+from gpuhpc.spec.cluster import ClusterSpec, NodeGroup
+
+FAKE_GPU_MAJOR = 195     # nvidia's character-device major
+MIG_MINOR_BASE = 100     # fake MIG devices get minors 100, 101, ...
+
+
+def _yesno(v: bool) -> str:
+    return "YES" if v else "NO"
+
+
+def _node_gpus(g: NodeGroup, node: str) -> list[dict[str, Any]]:
+    """One entry per schedulable GPU (a whole GPU or a MIG instance), in device order."""
+    gp = g.gpus
+    if gp is None:
+        return []
+    out: list[dict[str, Any]] = []
+    mig_index = 0
+    for i in range(gp.count):
+        cores = gp.cpu_affinity[i] if gp.cpu_affinity else None
+        layout = gp.mig[i] if gp.mig is not None else []
+        if not layout:
+            out.append({"type": gp.type, "file": gp.device.format(index=i, node=node), "minor": i,
+                        "cores": cores, "mig": False})
+            continue
+        for prof in layout:
+            out.append({"type": prof, "file": gp.mig_device.format(index=mig_index, node=node),
+                        "minor": MIG_MINOR_BASE + mig_index, "cores": cores, "mig": True})
+            mig_index += 1
+    return out
+
+
+def _gres_string(gpus: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for d in gpus:
+        counts[d["type"]] = counts.get(d["type"], 0) + 1
+    return ",".join(f"gpu:{t}:{c}" for t, c in counts.items())
+
+
+def _merge(rows: list[dict[str, Any]], key: str = "nodes") -> list[dict[str, Any]]:
+    """Merge rows that differ only in ``key`` (a node name) into one row with a hostlist."""
+    merged: list[tuple[dict[str, Any], list[str]]] = []
+    for row in rows:
+        rest = {k: v for k, v in row.items() if k != key}
+        for other, names in merged:
+            if other == rest:
+                names.append(row[key])
+                break
+        else:
+            merged.append((rest, [row[key]]))
+    return [{key: hostlist.compress(names), **rest} for rest, names in merged]
+
+
+def build_context(spec: ClusterSpec) -> dict[str, Any]:
+    """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first)."""
+    rt = spec.runtime
+    pn = "-%n" if rt.multiple_slurmd else ""
+    run = rt.run_dir
+    log = rt.log_dir
+    auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={rt.cred_expire}" if rt.cred_expire else "")
+
+    nodes: list[dict[str, Any]] = []
+    node_rows: list[dict[str, Any]] = []
+    gres_rows: list[dict[str, Any]] = []
+    gpu_types: list[str] = []
+    for g in spec.node_groups:
+        for k, name in enumerate(g.node_names()):
+            gpus = _node_gpus(g, name)
+            for d in gpus:
+                if d["type"] not in gpu_types:
+                    gpu_types.append(d["type"])
+            port = g.port + k if g.port is not None else None
+            row = {
+                "nodes": name,
+                "hostname": g.node_hostname,
+                "addr": g.addr,
+                "port": port,
+                "cpus": g.cpus,
+                "sockets": g.sockets,
+                "cores_per_socket": g.cores_per_socket,
+                "threads_per_core": g.threads_per_core,
+                "real_memory": g.real_memory_mb or g.memory_mb,
+                "tmp_disk": g.scratch.size_gb * 1024 if g.scratch and g.scratch.size_gb else None,
+                "gres": _gres_string(gpus) or None,
+                "features": ",".join(g.features) or None,
+                "weight": g.weight,
+            }
+            node_rows.append(row)
+            # gres.conf: one row per (type, cores) on this node
+            per: dict[tuple[str, str | None], list[str]] = {}
+            for d in gpus:
+                per.setdefault((d["type"], d["cores"]), []).append(d["file"])
+            for (typ, cores), files in per.items():
+                gres_rows.append({"nodes": name, "type": typ, "file": hostlist.compress(files),
+                                  "count": len(files), "cores": cores})
+            nodes.append({
+                "name": name,
+                "group": g.name,
+                "port": port if port is not None else rt.slurmd_port,
+                "addr": g.addr or name,
+                "hostname": g.node_hostname or name,
+                "scratch": g.scratch.path if g.scratch else None,
+                "ib_hcas": list(g.ib_hcas),
+                "gpus": gpus,
+                "spool_dir": rt.slurmd_spool_dir + (f"/{name}" if rt.multiple_slurmd else ""),
+                "pid_file": posixpath.join(run, f"slurmd-{name}.pid" if rt.multiple_slurmd else "slurmd.pid"),
+                "log_file": posixpath.join(log, f"slurmd-{name}.log" if rt.multiple_slurmd else "slurmd.log"),
+            })
+
+    partitions = []
+    for p in spec.partitions:
+        partitions.append({
+            "name": p.name,
+            "nodes": "ALL" if list(p.nodes) == ["ALL"] else hostlist.compress(resolve_nodes(spec, list(p.nodes), "")),
+            "default": _yesno(p.default) if p.default else None,
+            "priority_tier": p.priority_tier,
+            "preempt_mode": p.preempt_mode,
+            "grace_time": p.grace_time,
+            "max_time": p.max_time,
+            "default_time": p.default_time,
+            "allow_accounts": ",".join(p.allow_accounts) if p.allow_accounts else None,
+            "allow_qos": ",".join(p.allow_qos) if p.allow_qos else None,
+            "qos": p.qos,
+            "oversubscribe": p.oversubscribe,
+            "state": p.state,
+        })
+
+    dbd = spec.slurmdbd
+    accounting = None
+    if dbd is not None:
+        tres = ["gres/gpu"] + ([f"gres/gpu:{t}" for t in gpu_types] if dbd.track_gpu_types else []) if gpu_types else []
+        accounting = {
+            "host": dbd.host,
+            "port": dbd.port,
+            # the slurmctld -> slurmdbd connection ignores AuthInfo; it takes the munge socket from here
+            "pass": rt.munge_socket,
+            "enforce": ",".join(dbd.enforce) or None,
+            "tres": ",".join(tres) or None,
+            "storage_host": dbd.storage_host,
+            "storage_port": dbd.storage_port,
+            "storage_user": dbd.storage_user,
+            "storage_db": dbd.storage_db,
+            "log_file": posixpath.join(log, "slurmdbd.log"),
+            "pid_file": posixpath.join(run, "slurmdbd.pid"),
+        }
+
+    pre = spec.preemption
+    preempt_mode = pre.mode + (",GANG" if pre.gang else "")
+    switches = [{
+        "name": s.name,
+        "nodes": hostlist.compress(resolve_nodes(spec, list(s.nodes), "")) if s.nodes else None,
+        "switches": hostlist.compress(s.switches) if s.switches else None,
+        "link_speed": s.link_speed,
+    } for s in spec.topology.switches]
+
+    constrain = set(rt.cgroup_constrain)
+    ctld_host = spec.controller.hosts[0] + (f"({spec.controller.addr})" if spec.controller.addr else "")
+    return {
+        "cluster_name": spec.name,
+        "slurmctld_hosts": [ctld_host, *spec.controller.hosts[1:]],
+        "slurm_user": rt.slurm_user,
+        "slurmd_user": rt.slurmd_user,
+        "auth_info": auth_info,
+        "munge_socket": rt.munge_socket,
+        "slurmctld_port": rt.slurmctld_port,
+        "slurmd_port": rt.slurmd_port,
+        "conf_dir": rt.conf_dir,
+        "state_save_location": rt.state_save_location,
+        "slurmd_spool_dir": rt.slurmd_spool_dir + ("/%n" if rt.multiple_slurmd else ""),
+        "slurmctld_pid_file": posixpath.join(run, "slurmctld.pid"),
+        "slurmd_pid_file": posixpath.join(run, f"slurmd{pn}.pid"),
+        "slurmctld_log_file": posixpath.join(log, "slurmctld.log"),
+        "slurmd_log_file": posixpath.join(log, f"slurmd{pn}.log"),
+        "run_dir": run,
+        "log_dir": log,
+        "debug": rt.debug,
+        "proctrack_type": f"proctrack/{rt.proctrack}",
+        "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins),
+        "select_type_parameters": rt.select_type_parameters,
+        "def_mem_per_cpu": rt.def_mem_per_cpu,
+        "scheduler_parameters": ",".join(rt.scheduler_parameters) or None,
+        "slurmctld_parameters": ",".join(rt.slurmctld_parameters) or None,
+        "slurmd_parameters": ",".join(rt.slurmd_parameters) or None,
+        "return_to_service": rt.return_to_service,
+        "min_job_age": rt.min_job_age,
+        "kill_wait": rt.kill_wait,
+        "job_requeue": 1 if rt.job_requeue else 0,
+        "gres_types": "gpu" if gpu_types else None,
+        "gpu_types": gpu_types,
+        "gres_autodetect": rt.gres_autodetect,
+        "jobcomp_type": f"jobcomp/{rt.jobcomp}",
+        "jobcomp_loc": posixpath.join(log, "jobcomp.txt") if rt.jobcomp == "filetxt" else None,
+        "topology_plugin": f"topology/{spec.topology.plugin}",
+        "preempt_type": f"preempt/{pre.type}",
+        "preempt_mode": preempt_mode,
+        "accounting": accounting,
+        "node_lines": _merge(node_rows),
+        "gres_lines": _merge(gres_rows),
+        "partitions": partitions,
+        "switches": switches,
+        "cgroup": {
+            "constrain_cores": _yesno("cores" in constrain),
+            "constrain_devices": _yesno("devices" in constrain),
+            "constrain_ram_space": _yesno("ram" in constrain),
+            "constrain_swap_space": _yesno("swap" in constrain),
+        },
+        # not used by the templates; for the Ansible roles
+        "nodes": nodes,
+        "fake_gpu_major": FAKE_GPU_MAJOR,
+        "qos": [q.model_dump() for q in spec.qos],
+        "accounts": [a.model_dump() for a in spec.accounts],
+    }

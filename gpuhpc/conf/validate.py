@@ -1,0 +1,213 @@
+"""Cross-field rules for a cluster spec: what Slurm (or the hardware) would reject.
+
+:func:`validate` raises :class:`~gpuhpc.errors.SpecError` naming the field path of the first
+problem and returns the list of warnings (e.g. a low CPU:GPU ratio). It never touches disk.
+"""
+from __future__ import annotations
+
+from gpuhpc.errors import SpecError
+from gpuhpc.spec import hostlist
+from gpuhpc.spec.cluster import ClusterSpec
+from gpuhpc.spec.gpus import check_mig_layout, gpu_model
+
+MIN_CPUS_PER_GPU = 2
+DEFAULT_QOS = "normal"   # slurmdbd always has it
+
+
+def _dupes(items: list[str]) -> str | None:
+    seen: set[str] = set()
+    for it in items:
+        if it in seen:
+            return it
+        seen.add(it)
+    return None
+
+
+def resolve_nodes(spec: ClusterSpec, terms: list[str], field: str) -> list[str]:
+    """Expand partition/switch node terms (names, hostlists, group names, ALL) to node names."""
+    names = [n for _, n in spec.nodes()]
+    known = set(names)
+    groups = {g.name: g.node_names() for g in spec.node_groups}
+    out: list[str] = []
+    for i, term in enumerate(terms):
+        if term == "ALL":
+            out.extend(names)
+            continue
+        if term in groups and term not in known:
+            out.extend(groups[term])
+            continue
+        try:
+            expanded = hostlist.expand(term)
+        except ValueError as exc:
+            raise SpecError(str(exc), field=f"{field}[{i}]") from None
+        for n in expanded:
+            if n not in known:
+                raise SpecError(f"unknown node {n!r}", field=f"{field}[{i}]",
+                                hint="name a node from node_groups, a hostlist of them, a node-group name or ALL")
+        out.extend(expanded)
+    # keep first occurrence order
+    return list(dict.fromkeys(out))
+
+
+def validate(spec: ClusterSpec) -> list[str]:
+    """Raise SpecError on the first problem; return warnings."""
+    warnings: list[str] = []
+    rt = spec.runtime
+
+    if d := _dupes(list(spec.controller.hosts)):
+        raise SpecError(f"duplicate controller host {d!r}", field="controller.hosts")
+
+    # ---- node groups and nodes
+    if d := _dupes([g.name for g in spec.node_groups]):
+        i = [g.name for g in spec.node_groups].index(d, [g.name for g in spec.node_groups].index(d) + 1)
+        raise SpecError(f"duplicate node group name {d!r}", field=f"node_groups[{i}].name")
+    seen_nodes: dict[str, int] = {}
+    endpoints: dict[tuple[str, int], str] = {}
+    reserved_ports = {rt.slurmctld_port: "slurmctld"}
+    if spec.slurmdbd:
+        reserved_ports[spec.slurmdbd.port] = "slurmdbd"
+    for gi, g in enumerate(spec.node_groups):
+        gf = f"node_groups[{gi}]"
+        names = g.node_names()
+        if g.count > 1 and len(set(names)) == 1:
+            raise SpecError(f"pattern {g.hostname!r} gives every node the same name", field=f"{gf}.hostname",
+                            hint="use {n}, e.g. 'gpu-node{n}'")
+        for n in names:
+            if n in seen_nodes:
+                raise SpecError(f"duplicate node name {n!r} (also in node_groups[{seen_nodes[n]}])",
+                                field=f"{gf}.hostname")
+            seen_nodes[n] = gi
+        if g.real_memory_mb is not None and g.real_memory_mb > g.memory_mb:
+            raise SpecError(f"real_memory_mb {g.real_memory_mb} is above the physical memory_mb {g.memory_mb}",
+                            field=f"{gf}.real_memory_mb")
+        if rt.def_mem_per_cpu and rt.def_mem_per_cpu > (g.real_memory_mb or g.memory_mb):
+            raise SpecError(f"runtime.def_mem_per_cpu {rt.def_mem_per_cpu} is above the node memory",
+                            field="runtime.def_mem_per_cpu")
+        if g.port is not None:
+            if g.port + g.count - 1 > 65535:
+                raise SpecError(f"ports {g.port}..{g.port + g.count - 1} run past 65535", field=f"{gf}.port")
+            addr = g.addr or "*"
+            for k, n in enumerate(names):
+                port = g.port + k
+                if port in reserved_ports:
+                    raise SpecError(f"node {n} port {port} is the {reserved_ports[port]} port", field=f"{gf}.port")
+                if (addr, port) in endpoints:
+                    raise SpecError(f"node {n} port {port} is already used by {endpoints[(addr, port)]}",
+                                    field=f"{gf}.port")
+                endpoints[(addr, port)] = n
+        if g.node_hostname and g.count > 1 and g.port is None:
+            raise SpecError("several nodes share one node_hostname but have no distinct ports",
+                            field=f"{gf}.port", hint="set port (each node counts up from it)")
+        if g.node_hostname and g.count > 1 and not rt.multiple_slurmd:
+            raise SpecError("several nodes share one node_hostname", field="runtime.multiple_slurmd",
+                            hint="set runtime.multiple_slurmd: true (one slurmd per node on the same host)")
+        if g.gpus is None:
+            continue
+        gp = g.gpus
+        model = gpu_model(gp.type)
+        cores = g.sockets * g.cores_per_socket
+        if gp.cpu_affinity is not None:
+            if len(gp.cpu_affinity) != gp.count:
+                raise SpecError(f"has {len(gp.cpu_affinity)} entries for {gp.count} GPUs",
+                                field=f"{gf}.gpus.cpu_affinity", hint="one core list per GPU, e.g. '0-27'")
+            for ai, aff in enumerate(gp.cpu_affinity):
+                try:
+                    ids = hostlist.parse_ranges(aff)
+                except ValueError as exc:
+                    raise SpecError(str(exc), field=f"{gf}.gpus.cpu_affinity[{ai}]") from None
+                if max(ids) >= cores:
+                    raise SpecError(f"core {max(ids)} does not exist (the node has {cores} cores, 0-{cores - 1})",
+                                    field=f"{gf}.gpus.cpu_affinity[{ai}]")
+        if gp.mig is not None:
+            if model is None:
+                raise SpecError(f"unknown GPU type {gp.type!r} cannot be MIG-partitioned",
+                                field=f"{gf}.gpus.type", hint="MIG types: a100-40gb, a100-80gb, h100, h200, gh200, a30")
+            if len(gp.mig) != gp.count:
+                raise SpecError(f"has {len(gp.mig)} layouts for {gp.count} GPUs", field=f"{gf}.gpus.mig",
+                                hint="one layout per GPU; [] leaves a GPU whole")
+            for mi, layout in enumerate(gp.mig):
+                if why := check_mig_layout(model, list(layout)):
+                    raise SpecError(why, field=f"{gf}.gpus.mig[{mi}]")
+        n_gpus = gp.count   # physical GPUs: MIG slices share their GPU's CPUs
+        if g.cpus / max(n_gpus, 1) < MIN_CPUS_PER_GPU:
+            warnings.append(
+                f"{gf} ({g.name}): {g.cpus} vCPUs for {n_gpus} GPUs is below {MIN_CPUS_PER_GPU} vCPU/GPU "
+                f"(training wants 2 to 8 vCPU per GPU)")
+
+    # ---- QOS and accounts
+    qos_names = [q.name for q in spec.qos]
+    if d := _dupes(qos_names):
+        raise SpecError(f"duplicate QOS {d!r}", field=f"qos[{qos_names.index(d, qos_names.index(d) + 1)}].name")
+    known_qos = set(qos_names) | {DEFAULT_QOS}
+    for qi, q in enumerate(spec.qos):
+        for pi, p in enumerate(q.preempt):
+            if p not in known_qos:
+                raise SpecError(f"unknown QOS {p!r}", field=f"qos[{qi}].preempt[{pi}]")
+            if p == q.name:
+                raise SpecError("a QOS cannot preempt itself", field=f"qos[{qi}].preempt[{pi}]")
+    acct_names = [a.name for a in spec.accounts]
+    if d := _dupes(acct_names):
+        raise SpecError(f"duplicate account {d!r}", field=f"accounts[{acct_names.index(d, acct_names.index(d) + 1)}].name")
+    for ai, a in enumerate(spec.accounts):
+        for qi, q in enumerate(a.qos):
+            if q not in known_qos:
+                raise SpecError(f"unknown QOS {q!r}", field=f"accounts[{ai}].qos[{qi}]")
+        if a.default_qos and a.default_qos not in (a.qos or [DEFAULT_QOS]):
+            raise SpecError(f"default_qos {a.default_qos!r} is not in this account's qos list",
+                            field=f"accounts[{ai}].default_qos")
+    if (spec.qos or spec.accounts) and spec.slurmdbd is None:
+        raise SpecError("QOS and accounts need accounting", field="slurmdbd", hint="add a slurmdbd section")
+
+    # ---- preemption
+    pre = spec.preemption
+    if pre.type == "qos" and spec.slurmdbd is None:
+        raise SpecError("preempt/qos needs slurmdbd accounting", field="preemption.type")
+    if pre.mode == "SUSPEND" and not pre.gang:
+        raise SpecError("PreemptMode=SUSPEND requires GANG", field="preemption.mode", hint="set preemption.gang: true")
+
+    # ---- partitions
+    part_names = [p.name for p in spec.partitions]
+    if d := _dupes(part_names):
+        raise SpecError(f"duplicate partition {d!r}", field=f"partitions[{part_names.index(d, part_names.index(d) + 1)}].name")
+    defaults = [i for i, p in enumerate(spec.partitions) if p.default]
+    if len(defaults) > 1:
+        raise SpecError("more than one default partition", field=f"partitions[{defaults[1]}].default")
+    for pi, p in enumerate(spec.partitions):
+        pf = f"partitions[{pi}]"
+        resolve_nodes(spec, list(p.nodes), f"{pf}.nodes")
+        if p.preempt_mode not in (None, "OFF") and pre.type == "none":
+            raise SpecError(f"PreemptMode={p.preempt_mode} but preemption.type is none", field=f"{pf}.preempt_mode",
+                            hint="set preemption.type: partition_prio or qos")
+        if p.preempt_mode == "REQUEUE" and not rt.job_requeue:
+            raise SpecError("PreemptMode=REQUEUE with runtime.job_requeue false: jobs would be cancelled",
+                            field=f"{pf}.preempt_mode")
+        if p.preempt_mode == "SUSPEND" and not pre.gang:
+            raise SpecError("PreemptMode=SUSPEND requires GANG", field=f"{pf}.preempt_mode",
+                            hint="set preemption.gang: true")
+        for li, q in enumerate(p.allow_qos or []):
+            if q not in known_qos:
+                raise SpecError(f"unknown QOS {q!r}", field=f"{pf}.allow_qos[{li}]")
+        if p.qos and p.qos not in known_qos:
+            raise SpecError(f"unknown QOS {p.qos!r}", field=f"{pf}.qos")
+        for li, a in enumerate(p.allow_accounts or []):
+            if a not in acct_names:
+                raise SpecError(f"unknown account {a!r}", field=f"{pf}.allow_accounts[{li}]")
+        if (p.allow_qos or p.qos) and spec.slurmdbd is None:
+            raise SpecError("QOS need slurmdbd accounting", field=f"{pf}.allow_qos")
+
+    # ---- topology
+    sw_names = [s.name for s in spec.topology.switches]
+    if d := _dupes(sw_names):
+        raise SpecError(f"duplicate switch {d!r}", field=f"topology.switches[{sw_names.index(d, sw_names.index(d) + 1)}].name")
+    for si, s in enumerate(spec.topology.switches):
+        if not s.nodes and not s.switches:
+            raise SpecError("a switch needs nodes or switches", field=f"topology.switches[{si}]")
+        resolve_nodes(spec, list(s.nodes), f"topology.switches[{si}].nodes")
+        for ci, c in enumerate(s.switches):
+            if c not in sw_names:
+                raise SpecError(f"unknown switch {c!r}", field=f"topology.switches[{si}].switches[{ci}]")
+            if c == s.name:
+                raise SpecError("a switch cannot contain itself", field=f"topology.switches[{si}].switches[{ci}]")
+    if spec.topology.switches and spec.topology.plugin == "none":
+        raise SpecError("switches are listed but topology.plugin is none", field="topology.plugin")
+    return warnings

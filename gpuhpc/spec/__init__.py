@@ -1,0 +1,1 @@
+"""Typed, validated specs. Import submodules directly (``gpuhpc.spec.cluster``)."""

@@ -1,0 +1,312 @@
+"""The cluster spec: one YAML file describes a whole Slurm cluster.
+
+Frozen pydantic v2 models check shapes and single-field formats; cross-field rules (MIG fit,
+unknown nodes in partitions, duplicate names, memory above physical, ...) live in
+:mod:`gpuhpc.conf.validate`. :func:`load_spec` turns a pydantic ``ValidationError`` into a
+one-line :class:`~gpuhpc.errors.SpecError` that names the field path of the first error.
+
+Everything that ends up in a Slurm config file comes from here, including the paths and ports
+of the daemons (``runtime``, per node group ``addr``/``port``), so that ``gpuhpc conf render``
+and the Ansible roles render the very same files.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuhpc.errors import SpecError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TIME_RE = re.compile(
+    r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$"
+)
+_CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
+PREEMPT_MODES = ("OFF", "CANCEL", "REQUEUE", "SUSPEND")
+
+
+def _name(v: str) -> str:
+    if not _NAME_RE.match(v):
+        raise ValueError(f"{v!r} is not a valid name (letters, digits, '.', '_', '-'; must start with a letter or digit)")
+    return v
+
+
+def _path(v: str) -> str:
+    if not v.startswith("/") or _CTRL_RE.search(v) or " " in v:
+        raise ValueError(f"{v!r} must be an absolute path without spaces or control characters")
+    return v
+
+
+def _text(v: str) -> str:
+    if _CTRL_RE.search(v):
+        raise ValueError("control characters are not allowed")
+    return v
+
+
+def slurm_time(v: str | int) -> str:
+    """Validate a Slurm time string (``INFINITE``, ``90``, ``1:30:00``, ``2-00:00:00``)."""
+    s = str(v).strip()
+    if s.upper() in ("INFINITE", "UNLIMITED"):
+        return s.upper()
+    if not _TIME_RE.match(s):
+        raise ValueError(
+            f"{s!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or INFINITE)")
+    # fields after the first must be in range (Slurm rejects 1:75:00)
+    rest = s.split("-", 1)[1] if "-" in s else s
+    parts = rest.split(":")
+    if "-" in s:
+        if int(parts[0]) > 23 or any(int(p) > 59 for p in parts[1:]):
+            raise ValueError(f"{s!r}: hours must be < 24 and minutes/seconds < 60")
+    elif len(parts) > 1 and any(int(p) > 59 for p in parts[1:]):
+        raise ValueError(f"{s!r}: minutes/seconds must be < 60")
+    return s
+
+
+def _preempt_mode(v: str) -> str:
+    s = v.strip().upper()
+    if s not in PREEMPT_MODES:
+        raise ValueError(f"{v!r} is not a PreemptMode (one of {', '.join(PREEMPT_MODES)})")
+    return s
+
+
+Name = Annotated[str, AfterValidator(_name)]
+AbsPath = Annotated[str, AfterValidator(_path)]
+Text = Annotated[str, AfterValidator(_text)]
+SlurmTime = Annotated[str, AfterValidator(slurm_time)]
+PreemptMode = Annotated[str, AfterValidator(_preempt_mode)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Runtime(_Model):
+    """Where the daemons keep state, logs and pids, which ports they use, and scheduler knobs.
+
+    The defaults suit real hosts under systemd; ``examples/clusters/local.yaml`` overrides what a
+    single-machine test cluster needs.
+    """
+
+    slurm_user: Name = "slurm"
+    slurmd_user: Name = "root"
+    slurmctld_port: Port = 6817
+    slurmd_port: Port = 6818
+    conf_dir: AbsPath = "/etc/slurm"
+    state_save_location: AbsPath = "/var/spool/slurmctld"
+    slurmd_spool_dir: AbsPath = "/var/spool/slurmd"
+    log_dir: AbsPath = "/var/log/slurm"
+    run_dir: AbsPath = "/run/slurm"
+    munge_socket: AbsPath = "/run/munge/munge.socket.2"
+    cred_expire: int | None = Field(default=None, ge=5)
+    multiple_slurmd: bool = False
+    proctrack: Literal["cgroup", "linuxproc"] = "cgroup"
+    task_plugins: list[Literal["affinity", "cgroup", "none"]] = ["affinity", "cgroup"]
+    select_type_parameters: Literal["CR_Core_Memory", "CR_CPU_Memory", "CR_Core", "CR_CPU"] = "CR_Core_Memory"
+    def_mem_per_cpu: int | None = Field(default=None, ge=1)
+    scheduler_parameters: list[Text] = []
+    slurmctld_parameters: list[Text] = []
+    slurmd_parameters: list[Text] = []
+    return_to_service: Literal[0, 1, 2] = 1
+    min_job_age: int | None = Field(default=None, ge=2)
+    kill_wait: int | None = Field(default=None, ge=0)
+    job_requeue: bool = True
+    gres_autodetect: Literal["off", "nvml"] = "off"
+    jobcomp: Literal["none", "filetxt"] = "none"
+    debug: Literal["quiet", "fatal", "error", "info", "verbose", "debug"] = "info"
+    cgroup_constrain: list[Literal["cores", "devices", "ram", "swap"]] = ["cores", "devices", "ram"]
+
+
+class Controller(_Model):
+    hosts: list[Name] = Field(min_length=1)
+    addr: Text | None = None   # SlurmctldHost=<host>(<addr>) for the first host
+
+
+class Slurmdbd(_Model):
+    host: Name
+    port: Port = 6819
+    storage_host: Text = "127.0.0.1"
+    storage_port: Port = 3306
+    storage_user: Name = "slurm"
+    storage_db: Name = "slurm_acct_db"
+    enforce: list[Literal["associations", "limits", "qos", "safe", "wckeys", "nojobs", "nosteps"]] = [
+        "associations", "limits", "qos"]
+    track_gpu_types: bool = True   # AccountingStorageTRES gets gres/gpu:<type> for every type
+
+
+class Scratch(_Model):
+    path: AbsPath
+    size_gb: int | None = Field(default=None, ge=1)
+
+
+class Gpus(_Model):
+    type: Annotated[str, AfterValidator(lambda v: _name(v.lower()))]
+    count: int = Field(ge=1, le=64)
+    # one core list per GPU ("0-27"): gres.conf Cores=
+    cpu_affinity: list[Text] | None = None
+    # one MIG layout per GPU; [] leaves that GPU whole
+    mig: list[list[Text]] | None = None
+    device: AbsPath = "/dev/nvidia{index}"
+    mig_device: AbsPath = "/dev/nvidia-caps/nvidia-cap{index}"
+
+    @field_validator("device", "mig_device")
+    @classmethod
+    def _device_pattern(cls, v: str) -> str:
+        if "{index}" not in v:
+            raise ValueError(f"{v!r} must contain '{{index}}' (and may contain '{{node}}')")
+        try:
+            v.format(index=0, node="n")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"{v!r}: only {{index}} and {{node}} may be used ({exc})") from None
+        return v
+
+
+class NodeGroup(_Model):
+    name: Name
+    hostname: Text                      # pattern: "gpu-node{n}", "dgx{n:03d}"
+    count: int = Field(default=1, ge=1, le=100000)
+    start: int = Field(default=1, ge=0)
+    sockets: int = Field(ge=1)
+    cores_per_socket: int = Field(ge=1)
+    threads_per_core: int = Field(default=1, ge=1, le=8)
+    memory_mb: int = Field(ge=1)        # physical RAM
+    real_memory_mb: int | None = Field(default=None, ge=1)   # what Slurm may schedule
+    scratch: Scratch | None = None
+    ib_hcas: list[Name] = []
+    features: list[Name] = []
+    weight: int | None = Field(default=None, ge=0)
+    gpus: Gpus | None = None
+    addr: Text | None = None            # NodeAddr=
+    node_hostname: Name | None = None   # NodeHostname=
+    port: Port | None = None            # first node's Port=; the group's nodes count up from it
+
+    @field_validator("hostname")
+    @classmethod
+    def _hostname_pattern(cls, v: str) -> str:
+        try:
+            sample = v.format(n=1)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"{v!r}: only the field {{n}} may be used, e.g. 'gpu-node{{n}}' or 'dgx{{n:03d}}' ({exc})") from None
+        _name(sample)
+        return v
+
+    def node_names(self) -> list[str]:
+        return [self.hostname.format(n=i) for i in range(self.start, self.start + self.count)]
+
+    @property
+    def cpus(self) -> int:
+        return self.sockets * self.cores_per_socket * self.threads_per_core
+
+
+class Partition(_Model):
+    name: Name
+    nodes: list[Text] = Field(min_length=1)   # node names, hostlist expressions, node-group names, or ALL
+    default: bool = False
+    priority_tier: int = Field(default=1, ge=0, le=65533)
+    preempt_mode: PreemptMode | None = None
+    max_time: SlurmTime = "INFINITE"
+    default_time: SlurmTime | None = None
+    grace_time: int | None = Field(default=None, ge=0)     # seconds
+    allow_accounts: list[Name] | None = None
+    allow_qos: list[Name] | None = None
+    qos: Name | None = None
+    oversubscribe: Literal["NO", "YES", "EXCLUSIVE", "FORCE"] | None = None
+    state: Literal["UP", "DOWN", "DRAIN", "INACTIVE"] = "UP"
+
+
+class Qos(_Model):
+    name: Name
+    description: Text | None = None
+    priority: int = Field(default=0, ge=0)
+    preempt: list[Name] = []
+    preempt_mode: PreemptMode | None = None
+    grace_time: int | None = Field(default=None, ge=0)
+    max_wall: SlurmTime | None = None
+
+
+class Account(_Model):
+    name: Name
+    description: Text | None = None
+    organization: Name | None = None
+    users: list[Name] = []
+    qos: list[Name] = []
+    default_qos: Name | None = None
+
+
+class Switch(_Model):
+    name: Name
+    nodes: list[Text] = []       # node names or hostlist expressions
+    switches: list[Name] = []
+    link_speed: int | None = Field(default=None, ge=1)
+
+
+class Topology(_Model):
+    plugin: Literal["tree", "none"] = "tree"
+    switches: list[Switch] = []
+
+
+class Preemption(_Model):
+    type: Literal["partition_prio", "qos", "none"] = "partition_prio"
+    mode: PreemptMode = "OFF"     # cluster-wide PreemptMode
+    gang: bool = False
+
+
+class ClusterSpec(_Model):
+    name: Name
+    controller: Controller
+    slurmdbd: Slurmdbd | None = None
+    runtime: Runtime = Runtime()
+    preemption: Preemption = Preemption()
+    node_groups: list[NodeGroup] = Field(min_length=1)
+    partitions: list[Partition] = Field(min_length=1)
+    qos: list[Qos] = []
+    accounts: list[Account] = []
+    topology: Topology = Topology()
+
+    def nodes(self) -> list[tuple[NodeGroup, str]]:
+        return [(g, n) for g in self.node_groups for n in g.node_names()]
+
+
+def format_loc(loc: tuple[int | str, ...]) -> str:
+    """``('partitions', 1, 'nodes')`` -> ``'partitions[1].nodes'``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def spec_from_data(data: object, *, source: str = "spec") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source} must be a YAML mapping", hint="see examples/clusters/local.yaml")
+    try:
+        return ClusterSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        raise SpecError(msg, field=format_loc(tuple(err["loc"])) or None,
+                        hint=f"{len(exc.errors()) - 1} more error(s)" if len(exc.errors()) > 1 else None) from None
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    """Read and parse a cluster spec YAML (shape only; see :func:`gpuhpc.conf.validate.validate`)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read {p}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{p} is not valid YAML{where}") from None
+    return spec_from_data(data, source=str(p))
