@@ -1,0 +1,310 @@
+"""Submit jobs and follow them: :func:`submit` and the :class:`Job` handle.
+
+Two modes share the resource translation (:func:`gpuhpc.jobs.spec.sbatch_options`), the
+quota reservation and the handle:
+
+- script mode: ``submit(JobSpec(...))`` (what ``gpuhpc submit`` calls) renders a job
+  template and runs ``sbatch`` through :class:`~gpuhpc.slurm.SlurmClient`;
+- Python mode: ``submit(fn, *args, resources=Resources(...))`` runs ``fn`` through
+  submitit; :class:`~gpuhpc.jobs.checkpoint.Checkpointable` callables survive preemption
+  and time limits.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuhpc.errors import GpuhpcError, SlurmError, UserInputError
+from gpuhpc.jobs.spec import (DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, JobSpec, Resources,
+                              check_text, default_log_dir, parse_duration, sbatch_options)
+from gpuhpc.slurm.state import JobState, SlurmState
+
+_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+
+
+class JobFailed(GpuhpcError):
+    """The job ended in a state other than COMPLETED."""
+
+
+def check_job_id(job_id: Any) -> str:
+    text = str(job_id).strip()
+    if not _JOB_ID.match(text):
+        raise UserInputError(f"{text!r} is not a Slurm job id", field="job_id", hint="e.g. 1234 or 1234_5")
+    return text
+
+
+def _client(client=None):
+    if client is not None:
+        return client
+    from gpuhpc.slurm.client import SlurmClient
+
+    return SlurmClient()
+
+
+# ---------------------------------------------------------------- quota
+def _reserve(resources: Resources, name: str, client) -> Any:
+    """The ledger's pre-submit hold (None when the ledger is not in use)."""
+    from gpuhpc.ledger import hooks
+
+    if hooks.ledger_in_use() is None:
+        return None
+    try:
+        cluster = client.config().get("ClusterName", "") or "default"
+    except GpuhpcError:
+        cluster = "default"
+    return hooks.reserve(hooks.ChargeRequest(
+        cluster=cluster, user=getpass.getuser(), account=resources.account,
+        partition=resources.partition, qos=resources.qos, gpu_type=resources.gpu_type,
+        gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=1, job_name=name,
+    ))
+
+
+def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str]) -> str:
+    res = _reserve(resources, name, client)
+    try:
+        job_id = do_submit()
+    except BaseException:
+        if res is not None:
+            res.release()
+        raise
+    if res is not None:
+        res.attach_job(job_id)
+    return job_id
+
+
+# ---------------------------------------------------------------- script mode
+def submit_spec(spec: JobSpec, *, client=None) -> "Job":
+    """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`."""
+    from gpuhpc.jobs.render import render
+
+    script = render(spec)
+    os.makedirs(spec.log_directory, exist_ok=True)
+    c = _client(client)
+    job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script))
+    return Job(job_id, client=c, name=spec.name,
+               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
+
+
+# ---------------------------------------------------------------- Python mode
+class _SubmititCallable:
+    """Adapter submitit pickles: runs a :class:`Checkpointable`'s ``__call__``, calls its
+    ``checkpoint`` hook on SIGUSR2 and asks submitit to requeue (capped)."""
+
+    def __init__(self, fn: Any, max_requeues: int) -> None:
+        self.fn = fn
+        self.max_requeues = max_requeues
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from gpuhpc.jobs.checkpoint import restart_count
+
+        try:
+            self.fn.restarts = restart_count()
+        except AttributeError:
+            pass
+        return self.fn(*args, **kwargs)
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        from gpuhpc.jobs.checkpoint import restart_count
+
+        if self.fn.checkpoint(*args, **kwargs) is False:
+            return None
+        if restart_count() >= self.max_requeues:
+            print(f"gpuhpc: not requeueing: already requeued {restart_count()} times "
+                  f"(max {self.max_requeues})", flush=True)
+            return None
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None) -> dict:
+    """submitit parameters from THE sbatch translation (no second mapping)."""
+    additional: dict[str, Any] = {}
+    for opt, value in sbatch_options(resources, None, batch_signal=False):
+        additional[opt] = True if value is None else value
+    additional["requeue"] = True
+    minutes = -(-resources.time_s // 60)
+    setup = [
+        'export GPUHPC_JOB_ID="$SLURM_JOB_ID"',
+        'export GPUHPC_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"',
+        'export GPUHPC_SCRATCH="${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-$SLURM_JOB_ID"',
+        'mkdir -p -- "$GPUHPC_SCRATCH"',
+        "trap 'rm -rf -- \"$GPUHPC_SCRATCH\"' EXIT",
+    ]
+    return {"time": minutes, "signal_delay_s": grace, "job_name": name, "setup": setup,
+            "additional_parameters": additional}
+
+
+def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
+                     name: str | None, max_requeues: int, grace: int | str, folder: str | None,
+                     client) -> "Job":
+    import submitit
+
+    from gpuhpc.jobs.checkpoint import Checkpointable
+
+    if not callable(fn):
+        raise UserInputError(f"{fn!r} is not callable", field="fn")
+    if name is None:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+    name = check_text(name, "name", allow_empty=False)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name):
+        raise UserInputError(f"job name {name!r} must match [A-Za-z0-9._-]+ in Python mode", field="name")
+    grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
+    if grace_s >= resources.time_s:
+        raise UserInputError("grace must be shorter than the time limit", field="grace")
+    folder = folder or os.path.join(default_log_dir(), "submitit", "%j")
+    target: Any = fn
+    if isinstance(fn, Checkpointable):
+        target = _SubmititCallable(fn, max_requeues)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+    executor.update_parameters(**_submitit_params(resources, name, grace_s, None))
+    c = _client(client)
+    holder: dict[str, Any] = {}
+
+    def do_submit() -> str:
+        try:
+            sjob = executor.submit(target, *args, **kwargs)
+        except Exception as exc:  # submitit raises plain exceptions around sbatch
+            raise SlurmError(f"submitting {name} failed", stderr=str(exc)) from exc
+        holder["job"] = sjob
+        return str(sjob.job_id)
+
+    job_id = _with_reservation(resources, name, c, do_submit)
+    sjob = holder["job"]
+    return Job(job_id, client=c, name=name, submitit_job=sjob, log_path=str(sjob.paths.stdout))
+
+
+def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | None = None,
+           name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
+           grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
+           **kwargs: Any) -> "Job":
+    """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
+
+    ``gpuhpc.submit(fn, *args, resources=Resources(gpus=8, time="2h"), **kwargs)`` runs
+    ``fn(*args, **kwargs)`` on the cluster; make ``fn`` a :class:`Checkpointable` to
+    survive preemption and time limits (requeued at most ``max_requeues`` times; it gets
+    SIGUSR2 ``grace`` seconds before the time limit)."""
+    if isinstance(fn_or_spec, JobSpec):
+        if args or kwargs:
+            raise UserInputError("a JobSpec takes no extra arguments", field="args")
+        return submit_spec(fn_or_spec, client=client)
+    return _submit_callable(fn_or_spec, args, kwargs, resources=resources or Resources(), name=name,
+                            max_requeues=max_requeues, grace=grace, folder=folder, client=client)
+
+
+# ---------------------------------------------------------------- the handle
+class Job:
+    """A submitted job. ``state`` is a :class:`JobState`; ``slurm_state`` keeps the raw
+    string Slurm printed. PREEMPTED, REQUEUED and NODE_FAIL are never "finished": a
+    requeueable job comes back."""
+
+    def __init__(self, job_id: str, *, client=None, name: str | None = None,
+                 submitit_job: Any = None, log_path: str | None = None) -> None:
+        self.job_id = check_job_id(job_id)
+        self._client = client
+        self.name = name
+        self.submitit_job = submitit_job
+        self._log_path = log_path
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, name={self.name!r})"
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client()
+        return self._client
+
+    # ------------------------------------------------------------ state
+    def info(self) -> dict[str, Any]:
+        """State and accounting facts: from squeue while the job is known there, else sacct."""
+        rows = [r for r in self.client.queue(job_ids=[self.job_id]) if r.job_id == self.job_id]
+        if rows:
+            r = rows[0]
+            return {"job_id": self.job_id, "name": r.name, "state": r.state.state.value,
+                    "raw_state": r.state.raw, "reason": r.reason, "elapsed": r.elapsed,
+                    "time_limit": r.time_limit, "nodes": r.nodes, "nodelist": r.nodelist,
+                    "partition": r.partition, "account": r.account, "user": r.user,
+                    "tres_per_node": r.tres_per_node, "source": "squeue"}
+        acct = [a for a in self.client.accounting(job_ids=[self.job_id]) if a.job_id == self.job_id]
+        if acct:
+            a = acct[-1]
+            return {"job_id": self.job_id, "name": a.name, "state": a.state.state.value,
+                    "raw_state": a.state.raw, "reason": "", "elapsed_s": a.elapsed_s,
+                    "time_limit": a.time_limit, "nodelist": a.nodelist, "partition": a.partition,
+                    "account": a.account, "user": a.user, "exit_code": a.exit_code,
+                    "gpus": a.gpus, "source": "sacct"}
+        return {"job_id": self.job_id, "state": JobState.UNKNOWN.value, "raw_state": "", "source": "none"}
+
+    @property
+    def slurm_state(self) -> SlurmState:
+        info = self.info()
+        return SlurmState(JobState(info["state"]), info.get("raw_state", ""))
+
+    @property
+    def state(self) -> JobState:
+        return self.slurm_state.state
+
+    def restarts(self) -> int:
+        return self.client.restarts(self.job_id)
+
+    def done(self) -> bool:
+        st = self.state
+        if st.is_finished:
+            return True
+        if st in (JobState.PREEMPTED, JobState.NODE_FAIL):
+            rec = self.client.show_job(self.job_id)      # not requeueable (cap reached)
+            return bool(rec) and rec.get("Requeue") == "0"
+        return False
+
+    def wait(self, timeout: float | None = None, poll: float = 2.0) -> JobState:
+        """Block until the job is finished; returns the final state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} still {self.state.value} after {timeout}s")
+            time.sleep(poll)
+        return self.state
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait, then return the callable's result (Python mode) or None (script mode).
+        Raises :class:`JobFailed` when the job did not complete."""
+        final = self.wait(timeout)
+        if self.submitit_job is not None:
+            return self.submitit_job.result()
+        if final is not JobState.COMPLETED:
+            raise JobFailed(f"job {self.job_id} ended {final.value}", hint=f"gpuhpc logs {self.job_id}")
+        return None
+
+    def cancel(self) -> None:
+        self.client.cancel(self.job_id)
+
+    # ------------------------------------------------------------ logs
+    def log_path(self) -> str | None:
+        """StdOut= from ``scontrol show job`` while Slurm knows the job, else the path
+        recorded at submission, else a ``*-<id>.out`` file in the default log dir."""
+        rec = self.client.show_job(self.job_id)
+        if rec and rec.get("StdOut"):
+            return rec["StdOut"]
+        if self._log_path:
+            return self._log_path
+        d = default_log_dir()
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(f"-{self.job_id}.out"))
+        except FileNotFoundError:
+            names = []
+        if names:
+            return os.path.join(d, names[0])
+        sub = os.path.join(d, "submitit", self.job_id, f"{self.job_id}_0_log.out")
+        return sub if os.path.exists(sub) else None
+
+    def logs(self) -> str:
+        path = self.log_path()
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, errors="replace") as fh:
+            return fh.read()

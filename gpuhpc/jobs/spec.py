@@ -1,0 +1,386 @@
+"""Typed, validated job descriptions: :class:`Resources` and :class:`JobSpec`.
+
+Generic resource names (``gpus`` per node, ``gpu_type``, ``time`` ...) are translated to
+sbatch options in exactly one place, :func:`sbatch_options`; both the script path (sbatch
+templates) and the Python-callable path (submitit) use it.
+
+Stdlib only: ``gpuhpc submit`` imports this on every call and must start fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhpc.errors import UserInputError
+
+TEMPLATES = ("single", "torchrun", "deepspeed", "mpi")
+MPI_TYPES = ("auto", "pmix", "pmi2")
+#: The signal gpuhpc jobs get before preemption / the time limit. Not USR1: NCCL uses it.
+SIGNAL = "USR2"
+DEFAULT_GRACE_S = 60
+DEFAULT_MAX_REQUEUES = 10
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")      # partition, account, qos, gpu type
+_NODELIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
+_CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.&|!*\[\]():-]+$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+# ---------------------------------------------------------------- validation helpers
+def check_text(value: Any, field_name: str, *, allow_empty: bool = True) -> str:
+    """A user string that may reach a script: any unicode, but no control characters
+    (newline, tab, ESC, NUL ...). Everything else is quoted when rendered."""
+    if not isinstance(value, str):
+        raise UserInputError(f"expected a string, got {type(value).__name__}", field=field_name)
+    if _CONTROL.search(value):
+        bad = _CONTROL.search(value).group()  # type: ignore[union-attr]
+        raise UserInputError(f"control character {bad!r} is not allowed", field=field_name,
+                             hint="remove newlines, tabs and other control characters")
+    if not allow_empty and not value:
+        raise UserInputError("must not be empty", field=field_name)
+    return value
+
+
+def _check_re(value: Any, field_name: str, pattern: re.Pattern[str], what: str) -> str:
+    value = check_text(value, field_name, allow_empty=False)
+    if not pattern.match(value):
+        raise UserInputError(f"{value!r} is not a valid {what}", field=field_name)
+    return value
+
+
+def _check_int(value: Any, field_name: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool):
+        raise UserInputError("expected an integer", field=field_name)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int):
+        raise UserInputError(f"expected an integer, got {value!r}", field=field_name)
+    if value < minimum:
+        raise UserInputError(f"must be >= {minimum}, got {value}", field=field_name)
+    return value
+
+
+def parse_duration(value: Any, field_name: str = "time") -> int:
+    """``2h``, ``90m``, ``45s``, ``1d``, ``1h30m``, ``120`` (minutes, as sbatch),
+    ``HH:MM:SS``, ``MM:SS``, ``D-HH[:MM[:SS]]`` -> seconds."""
+    if isinstance(value, bool):
+        raise UserInputError("expected a duration", field=field_name)
+    if isinstance(value, int):
+        if value <= 0:
+            raise UserInputError("must be positive", field=field_name)
+        return value * 60
+    text = check_text(value, field_name, allow_empty=False).strip().lower()
+    if text.isdigit():
+        return parse_duration(int(text), field_name)
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if m and (m.group(1) or ":" in text):
+        days = int(m.group(1) or 0)
+        nums = [int(g) for g in m.group(2, 3, 4) if g is not None]
+        if m.group(1):                       # D-HH[:MM[:SS]]
+            nums += [0] * (3 - len(nums))
+            h, mi, s = nums
+        elif len(nums) == 2:                 # MM:SS
+            h, mi, s = 0, nums[0], nums[1]
+        else:                                # HH:MM:SS
+            h, mi, s = nums
+        total = days * 86400 + h * 3600 + mi * 60 + s
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(min|[smhd])", text)
+        if not parts or re.sub(r"\s+", "", "".join(a + b for a, b in parts)) != re.sub(r"\s+", "", text):
+            raise UserInputError(f"cannot parse duration {value!r}", field=field_name,
+                                 hint="use e.g. 2h, 90m, 1h30m, 1d, 02:00:00 or 1-00:00:00")
+        total = int(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
+    if total <= 0:
+        raise UserInputError("must be positive", field=field_name)
+    return total
+
+
+def format_slurm_time(seconds: int) -> str:
+    """Seconds -> sbatch ``--time`` (``D-HH:MM:SS``), rounded up to whole minutes."""
+    minutes = -(-seconds // 60)
+    d, rem = divmod(minutes * 60, 86400)
+    h, rem = divmod(rem, 3600)
+    mi, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{mi:02d}:{s:02d}" if d else f"{h:02d}:{mi:02d}:{s:02d}"
+
+
+def _check_mem(value: Any, field_name: str) -> str:
+    text = check_text(str(value) if isinstance(value, int) else value, field_name, allow_empty=False)
+    m = _MEM_RE.match(text.strip())
+    if not m:
+        raise UserInputError(f"cannot parse memory {value!r}", field=field_name, hint="use e.g. 64G, 500M, 64000")
+    return f"{m.group(1)}{m.group(2).upper()}"
+
+
+def _unknown(kind: str, data: Mapping[str, Any], valid: Sequence[str], prefix: str = "") -> None:
+    bad = sorted(set(data) - set(valid))
+    if bad:
+        raise UserInputError(f"unknown {kind} parameter(s) {', '.join(map(repr, bad))}",
+                             field=f"{prefix}{bad[0]}",
+                             hint=f"valid: {', '.join(sorted(valid))}")
+
+
+# ---------------------------------------------------------------- models
+@dataclass(frozen=True)
+class Resources:
+    """What a job needs, in generic names. ``gpus`` is GPUs *per node*; ``gpu_type`` is a
+    GPU model (``h100``) or a MIG profile (``1g.10gb``); ``time`` is a duration string
+    (``2h``, ``90m``, ``01:30:00``) or minutes."""
+
+    nodes: int = 1
+    gpus: int = 0
+    gpu_type: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | int = "1h"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    nodelist: str | None = None
+    exclude: str | None = None
+    exclusive: bool = False
+    tasks_per_node: int | None = None
+
+    def __post_init__(self) -> None:
+        self._validate("resources.")
+
+    def _validate(self, p: str) -> None:
+        _check_int(self.nodes, f"{p}nodes", minimum=1)
+        _check_int(self.gpus, f"{p}gpus", minimum=0)
+        if self.cpus_per_task is not None:
+            _check_int(self.cpus_per_task, f"{p}cpus_per_task", minimum=1)
+        if self.tasks_per_node is not None:
+            _check_int(self.tasks_per_node, f"{p}tasks_per_node", minimum=1)
+        if self.gpu_type is not None:
+            _check_re(self.gpu_type, f"{p}gpu_type", _NAME_RE, "GPU type (e.g. h100, 1g.10gb)")
+            if not self.gpus:
+                raise UserInputError("gpu_type given but gpus is 0", field=f"{p}gpus",
+                                     hint="set the number of GPUs per node, e.g. --gpus 1")
+        if self.mem is not None:
+            object.__setattr__(self, "mem", _check_mem(self.mem, f"{p}mem"))
+        for name in ("partition", "account", "qos"):
+            if getattr(self, name) is not None:
+                _check_re(getattr(self, name), f"{p}{name}", _NAME_RE, name)
+        for name in ("nodelist", "exclude"):
+            if getattr(self, name) is not None:
+                _check_re(getattr(self, name), f"{p}{name}", _NODELIST_RE, "node list")
+        if self.constraint is not None:
+            _check_re(self.constraint, f"{p}constraint", _CONSTRAINT_RE, "constraint")
+        if not isinstance(self.exclusive, bool):
+            raise UserInputError("expected true/false", field=f"{p}exclusive")
+        parse_duration(self.time, f"{p}time")
+
+    @property
+    def time_s(self) -> int:
+        return parse_duration(self.time)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], prefix: str = "resources.") -> "Resources":
+        valid = [f.name for f in dataclasses.fields(cls)]
+        _unknown("resource", data, valid, prefix)
+        try:
+            return cls(**dict(data))
+        except UserInputError:
+            raise
+
+
+def _default_log_dir() -> str:
+    env = os.environ.get("GPUHPC_LOG_DIR")
+    if env:
+        return os.path.expanduser(env)
+    data = os.environ.get("GPUHPC_DATA_DIR")
+    if data:
+        return os.path.join(os.path.expanduser(data), "logs")
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = os.path.expanduser(xdg) if xdg else os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "gpuhpc", "logs")
+
+
+def default_log_dir() -> str:
+    """``$GPUHPC_LOG_DIR``, else ``<gpuhpc data dir>/logs`` (``~/.local/share/gpuhpc/logs``)."""
+    return _default_log_dir()
+
+
+def safe_file_stem(name: str) -> str:
+    """A job name made safe for a file name (``%x`` would put ``/`` and ``%`` in paths)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "job"
+    return stem[:80]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A batch job: a command (argv list) run through one of the job templates.
+
+    ``command`` is an argv list; it is never given to a shell as a string. ``env`` values
+    are exported literally. ``checkpoint_dir`` may contain ``%j`` (the job id)."""
+
+    command: tuple[str, ...]
+    resources: Resources = field(default_factory=Resources)
+    name: str = "gpuhpc"
+    template: str = "single"
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    log_dir: str | None = None
+    checkpoint_dir: str | None = None
+    grace: str | int = DEFAULT_GRACE_S
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    requeue: bool = True
+    hold: bool = False
+    dependency: str | None = None
+    mpi: str = "auto"
+
+    def __post_init__(self) -> None:
+        cmd = self.command
+        if isinstance(cmd, str):
+            raise UserInputError("command must be a list of arguments, not a string", field="command",
+                                 hint="e.g. ['python', 'train.py', '--lr', '3e-4']")
+        cmd = tuple(cmd)
+        if not cmd:
+            raise UserInputError("no command given", field="command",
+                                 hint="put the command after --, e.g. gpuhpc submit -- python train.py")
+        for i, arg in enumerate(cmd):
+            check_text(arg, f"command[{i}]")
+        if not cmd[0]:
+            raise UserInputError("empty program name", field="command[0]")
+        object.__setattr__(self, "command", cmd)
+        if isinstance(self.resources, Mapping):
+            object.__setattr__(self, "resources", Resources.from_mapping(self.resources))
+        if not isinstance(self.resources, Resources):
+            raise UserInputError("expected a Resources", field="resources")
+        check_text(self.name, "name", allow_empty=False)
+        if len(self.name) > 200:
+            raise UserInputError("longer than 200 characters", field="name")
+        if self.template not in TEMPLATES:
+            raise UserInputError(f"unknown template {self.template!r}", field="template",
+                                 hint=f"valid: {', '.join(TEMPLATES)}")
+        if self.mpi not in MPI_TYPES:
+            raise UserInputError(f"unknown MPI type {self.mpi!r}", field="mpi", hint=f"valid: {', '.join(MPI_TYPES)}")
+        env = dict(self.env or {})
+        for k, v in env.items():
+            if not isinstance(k, str) or not _ENV_KEY_RE.match(k):
+                raise UserInputError(f"invalid environment variable name {k!r}", field=f"env.{k}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                v = str(v)
+                env[k] = v
+            check_text(v, f"env.{k}")
+        object.__setattr__(self, "env", env)
+        for name in ("workdir", "log_dir", "checkpoint_dir", "dependency"):
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), name, allow_empty=False)
+        if self.dependency is not None and not re.fullmatch(r"[A-Za-z0-9_:,?+]+", self.dependency):
+            raise UserInputError(f"invalid dependency {self.dependency!r}", field="dependency",
+                                 hint="e.g. afterok:123")
+        g = parse_duration(self.grace, "grace") if not isinstance(self.grace, int) else self.grace
+        _check_int(g, "grace", minimum=1)
+        if g >= self.resources.time_s:
+            raise UserInputError(f"grace ({g}s) must be shorter than the time limit ({self.resources.time_s}s)",
+                                 field="grace")
+        object.__setattr__(self, "grace", g)
+        _check_int(self.max_requeues, "max_requeues", minimum=0)
+        for name in ("requeue", "hold"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserInputError("expected true/false", field=name)
+
+    @property
+    def grace_s(self) -> int:
+        return int(self.grace)
+
+    @property
+    def log_directory(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.log_dir)) if self.log_dir else _default_log_dir()
+
+    @property
+    def output_path(self) -> str:
+        """``<log dir>/<safe name>-%j.out``; ``%`` in the directory is escaped for sbatch."""
+        return os.path.join(self.log_directory.replace("%", "%%"), f"{safe_file_stem(self.name)}-%j.out")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "JobSpec":
+        """Build from a YAML job file's mapping: the same names as the CLI options.
+
+        Resource keys may sit at the top level (``gpus: 8``) or under ``resources:``."""
+        if not isinstance(data, Mapping):
+            raise UserInputError("a job file must be a mapping", field="<job file>")
+        res_names = [f.name for f in dataclasses.fields(Resources)]
+        spec_names = [f.name for f in dataclasses.fields(cls)]
+        _unknown("job", data, [*spec_names, *res_names, "gpus_per_node"], "")
+        d = dict(data)
+        res = dict(d.pop("resources", None) or {})
+        if "gpus_per_node" in d:
+            res["gpus"] = d.pop("gpus_per_node")
+        for k in res_names:
+            if k in d:
+                res[k] = d.pop(k)
+        cmd = d.pop("command", None)
+        if isinstance(cmd, str):
+            raise UserInputError("command must be a list of arguments", field="command",
+                                 hint='e.g. command: ["python", "train.py"]')
+        return cls(command=tuple(cmd or ()), resources=Resources.from_mapping(res), **d)
+
+
+# ---------------------------------------------------------------- the one translation
+def tasks_per_node(spec: JobSpec) -> int:
+    r = spec.resources
+    if r.tasks_per_node:
+        return r.tasks_per_node
+    if spec.template in ("deepspeed", "mpi"):
+        return max(1, r.gpus)
+    return 1
+
+
+def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
+                   batch_signal: bool = True) -> list[tuple[str, str | None]]:
+    """THE translation of generic names to sbatch long options: ``[(option, value|None)]``.
+
+    ``batch_signal`` sends the warning signal to the batch shell (``B:``), whose trap
+    forwards it to the training process group (script mode). The Python path (submitit)
+    sets its own ``--signal`` on the job steps and passes ``spec=None``."""
+    r = resources
+    opts: list[tuple[str, str | None]] = []
+    if spec is not None:
+        opts.append(("job-name", spec.name))
+    opts.append(("nodes", str(r.nodes)))
+    if spec is not None:
+        opts.append(("ntasks-per-node", str(tasks_per_node(spec))))
+    elif r.tasks_per_node:
+        opts.append(("ntasks-per-node", str(r.tasks_per_node)))
+    if r.gpus:
+        opts.append(("gres", f"gpu:{r.gpu_type}:{r.gpus}" if r.gpu_type else f"gpu:{r.gpus}"))
+    if r.cpus_per_task:
+        opts.append(("cpus-per-task", str(r.cpus_per_task)))
+    if r.mem:
+        opts.append(("mem", r.mem))
+    opts.append(("time", format_slurm_time(r.time_s)))
+    for name in ("partition", "account", "qos", "constraint", "nodelist", "exclude"):
+        value = getattr(r, name)
+        if value is not None:
+            opts.append((name, value))
+    if r.exclusive:
+        opts.append(("exclusive", None))
+    if spec is not None:
+        opts.append(("output", spec.output_path))
+        opts.append(("open-mode", "append"))          # a requeued run appends to the same log
+        if spec.requeue:
+            opts.append(("requeue", None))
+            opts.append(("signal", f"{'B:' if batch_signal else ''}{SIGNAL}@{spec.grace_s}"))
+        else:
+            opts.append(("no-requeue", None))
+        if spec.workdir:
+            opts.append(("chdir", spec.workdir))
+        if spec.hold:
+            opts.append(("hold", None))
+        if spec.dependency:
+            opts.append(("dependency", spec.dependency))
+    return opts
