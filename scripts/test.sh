@@ -22,6 +22,7 @@ teardown() {
     say "teardown"
     bash scripts/cluster.sh down >/tmp/gpuhpc-teardown.log 2>&1 || { echo "cluster teardown failed:"; tail -20 /tmp/gpuhpc-teardown.log; }
     [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
+    bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true
   fi
   say "done (exit $rc)"
   exit $rc
@@ -32,6 +33,9 @@ if [ -x scripts/services/postgres.sh ]; then
   say "postgresql"
   export GPUHPC_TEST_PG_URL=$(bash scripts/services/postgres.sh start | tail -1)
 fi
+
+say "sshd on 127.0.0.1:2222 (SSH transport tests)"
+bash scripts/services/sshd.sh start >/dev/null
 
 say "cluster up (ansible-playbook ansible/site.yml -i ansible/inventories/local)"
 bash scripts/cluster.sh up >/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /tmp/gpuhpc-cluster-up.log; exit 1; }

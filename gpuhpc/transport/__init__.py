@@ -34,6 +34,13 @@ class Runner(Protocol):
 
 
 def default_runner() -> Runner:
+    """SSH to ``GPUHPC_SSH_HOST`` when it is set (laptop → login node), else run locally."""
+    import os
+
+    if os.environ.get("GPUHPC_SSH_HOST"):
+        from gpuhpc.transport.ssh import SSHRunner
+
+        return SSHRunner.from_env()
     from gpuhpc.transport.local import LocalRunner
 
     return LocalRunner()

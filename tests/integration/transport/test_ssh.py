@@ -1,0 +1,81 @@
+"""The SSH transport against a real sshd (scripts/services/sshd.sh) and the real cluster:
+the same SlurmClient code path a laptop uses to reach a login node."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.errors import TransportError
+from gpuhpc.slurm import SlurmClient
+from gpuhpc.transport.ssh import SSHRunner
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def ssh_env() -> dict[str, str]:
+    out = subprocess.run(["bash", str(REPO / "scripts/services/sshd.sh"), "start"], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    env = dict(kv.split("=", 1) for kv in out.split())
+    return {
+        "GPUHPC_SSH_HOST": env["GPUHPC_TEST_SSH_HOST"],
+        "GPUHPC_SSH_KEY": env["GPUHPC_TEST_SSH_KEY"],
+        "GPUHPC_SSH_KNOWN_HOSTS": env["GPUHPC_TEST_SSH_KNOWN_HOSTS"],
+        **({"GPUHPC_SSH_SLURM_CONF": os.environ["SLURM_CONF"]} if os.environ.get("SLURM_CONF") else {}),
+    }
+
+
+@pytest.fixture()
+def client(ssh_env) -> SlurmClient:
+    runner = SSHRunner.from_env(ssh_env)
+    yield SlurmClient(runner)
+    runner.close()
+
+
+def test_reads_cluster_over_ssh(client):
+    names = {n.name for n in client.nodes()}
+    assert {"gpu-node1", "mig-node1"} <= names
+    assert client.version[0] >= 22
+
+
+def test_submit_hostile_name_over_ssh_is_quoted(client, tmp_path):
+    marker = Path("/tmp/gpuhpc-ssh-pwned")
+    marker.unlink(missing_ok=True)
+    out = tmp_path / "out.txt"
+    script = "#!/bin/bash\necho \"name=$SLURM_JOB_NAME\"\n"
+    job_id = client.submit_script(script, extra=["--job-name", "x; touch /tmp/gpuhpc-ssh-pwned",
+                                                 "--partition", "cpu", "--output", str(out), "--time", "5"],
+                                  script_dir=str(tmp_path / "scripts"))
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            rows = client.queue(job_ids=[job_id])
+            if not rows or rows[0].state.is_finished:
+                break
+            time.sleep(1)
+        assert out.exists(), "job did not run"
+        assert "name=x; touch /tmp/gpuhpc-ssh-pwned" in out.read_text()
+        assert not marker.exists()
+        assert list((tmp_path / "scripts").glob("gpuhpc-*.sbatch")), "script not written over SFTP"
+    finally:
+        client.cancel(job_id)
+
+
+def test_unknown_host_key_is_rejected(ssh_env, tmp_path):
+    env = {**ssh_env, "GPUHPC_SSH_KNOWN_HOSTS": str(tmp_path / "empty_known_hosts")}
+    runner = SSHRunner.from_env(env)
+    with pytest.raises(TransportError):
+        runner.run(["true"])
+
+
+def test_cli_over_ssh(ssh_env):
+    env = {**os.environ, **ssh_env}
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "cluster", "status", "--json"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "gpu-node1" in res.stdout
