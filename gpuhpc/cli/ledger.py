@@ -1,0 +1,348 @@
+"""CLI for the cost and quota ledger: ``db``, ``ledger``, ``report`` and ``quota`` groups.
+
+Heavy modules (sqlalchemy, alembic, rich) are imported inside the commands.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+db_app = typer.Typer(help="Ledger database: migrations.", no_args_is_help=True)
+ledger_app = typer.Typer(help="Cost ledger: ingest usage, prices, accounts, Slurm sync.", no_args_is_help=True)
+price_app = typer.Typer(help="The price book: GPU-type / MIG rates, partition and QOS multipliers.",
+                        no_args_is_help=True)
+account_app = typer.Typer(help="Ledger accounts (projects).", no_args_is_help=True)
+user_app = typer.Typer(help="Ledger users and their account memberships.", no_args_is_help=True)
+report_app = typer.Typer(help="Cost reports.", no_args_is_help=True)
+quota_app = typer.Typer(help="Quotas: GPU-hours and/or money per period.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(db_app, name="db")
+    ledger_app.add_typer(price_app, name="price")
+    ledger_app.add_typer(account_app, name="account")
+    ledger_app.add_typer(user_app, name="user")
+    app.add_typer(ledger_app, name="ledger")
+    app.add_typer(report_app, name="report")
+    app.add_typer(quota_app, name="quota")
+
+
+def _when(text: str | None, what: str) -> dt.datetime | None:
+    """ISO date/time (UTC unless an offset is given), or relative like ``7d`` / ``12h``."""
+    if not text:
+        return None
+    from gpuhpc.errors import UserInputError
+
+    t = text.strip()
+    now = dt.datetime.now(dt.timezone.utc)
+    if t[:-1].isdigit() and t[-1:] in ("d", "h", "m"):
+        n = int(t[:-1])
+        return now - {"d": dt.timedelta(days=n), "h": dt.timedelta(hours=n), "m": dt.timedelta(minutes=n)}[t[-1]]
+    try:
+        v = dt.datetime.fromisoformat(t)
+    except ValueError:
+        raise UserInputError(f"{what}: cannot parse {text!r}", hint="use 2026-11-01, 2026-11-01T12:00 or 7d") from None
+    return v.replace(tzinfo=dt.timezone.utc) if v.tzinfo is None else v.astimezone(dt.timezone.utc)
+
+
+def _money(value: str | None, what: str):
+    if value is None:
+        return None
+    from gpuhpc.ledger.pricing import parse_money
+
+    return parse_money(value, what=what)
+
+
+def _redacted_url() -> str:
+    from sqlalchemy.engine import make_url
+
+    from gpuhpc.ledger.paths import db_url
+
+    return make_url(db_url()).render_as_string(hide_password=True)
+
+
+# ------------------------------------------------------------------ db
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Option("head", help="Target revision.")) -> None:
+    """Create or migrate the ledger database (GPUHPC_DB_URL, else the embedded SQLite file)."""
+    from gpuhpc.ledger import db
+
+    before, after = db.upgrade(None, revision)
+    sys.stderr.write(f"ledger database {_redacted_url()}: {before or 'empty'} -> {after}\n")
+
+
+@db_app.command("current")
+def db_current(json_: bool = typer.Option(False, "--json")) -> None:
+    """Show the schema revision of the ledger database and the one this gpuhpc needs."""
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import db
+
+    cur = db.current_revision(db.get_engine())
+    data = {"url": _redacted_url(), "current": cur, "head": db.SCHEMA_HEAD, "up_to_date": cur == db.SCHEMA_HEAD}
+    if json_:
+        print_json(data)
+    else:
+        sys.stdout.write(f"{data['url']}: {cur or 'no schema'} (head {db.SCHEMA_HEAD})"
+                         f"{'' if data['up_to_date'] else ' — run `gpuhpc db upgrade`'}\n")
+
+
+# ------------------------------------------------------------------ ledger
+@ledger_app.command("ingest")
+def ledger_ingest(
+    since: Optional[str] = typer.Option(None, help="Start of the sacct window (default: a day before the last "
+                                                   "ingest, or the oldest open reservation)."),
+    until: Optional[str] = typer.Option(None, help="End of the sacct window (default: now)."),
+    metrics_dir: Optional[Path] = typer.Option(None, help="Where gpuhpc.report() files are "
+                                                          "(default $GPUHPC_METRICS_DIR or ~/.local/share/gpuhpc/metrics)."),
+    json_: bool = typer.Option(False, "--json"),
+) -> None:
+    """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import db, ingest, paths
+    from gpuhpc.slurm.client import SlurmClient
+
+    db.check_schema()
+    start = _when(since, "--since") or ingest.default_since()
+    end = _when(until, "--until")
+    client = SlurmClient()
+    # Slurm first, outside any database transaction
+    open_jobs = ingest.open_reservation_jobs()
+    active = ingest.active_job_ids(client, open_jobs)
+    rows = ingest.fetch_sacct(client, start, end)
+    res = ingest.ingest_rows(rows, since=start, active=active)
+    res.metrics = ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
+    if json_:
+        print_json({"since": start.isoformat(), **res.as_dict()})
+    else:
+        sys.stdout.write(f"ingested {res.runs_seen} runs since {start:%Y-%m-%d %H:%M} UTC: {res.runs_new} new, "
+                         f"{res.runs_updated} updated, {res.charges} charges ({res.amount:,.2f}, "
+                         f"{res.gpu_hours:,.2f} GPU-h), {res.reservations_settled} reservations settled, "
+                         f"{res.reservations_expired} expired, {res.metrics} metrics\n")
+    if res.unpriced_runs:
+        from gpuhpc.cli._console import warn
+
+        warn(f"{res.unpriced_runs} runs used GPU types without a price (charged 0); "
+             "set one with `gpuhpc ledger price set --gpu-type TYPE --rate R` (or a '*' default)")
+
+
+@ledger_app.command("sync-slurm")
+def ledger_sync_slurm(
+    account: list[str] = typer.Option([], "--account", help="Only these accounts (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sacctmgr commands only."),
+    json_: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create accounts/users in slurmdbd and mirror GPU-hour quotas as QOS GrpTRESMins (NoDecay)."""
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import slurm_sync
+    from gpuhpc.slurm.client import SlurmClient
+
+    plans = slurm_sync.plan(accounts=account or None)
+    res = slurm_sync.sync(SlurmClient(), plans, dry_run=dry_run)
+    if json_:
+        print_json(res.as_dict())
+    else:
+        for c in res.commands:
+            sys.stdout.write(" ".join(c) + "\n")
+        sys.stderr.write(f"{len(plans)} accounts, {len(res.commands)} changes{' (dry run)' if dry_run else ''}\n")
+
+
+@price_app.command("set")
+def price_set(
+    gpu_type: Optional[str] = typer.Option(None, help="GPU type or MIG profile (h100, 3g.40gb, '*' = default)."),
+    rate: Optional[str] = typer.Option(None, help="Price per GPU-hour."),
+    of: Optional[str] = typer.Option(None, "--of", help="Price this type as a fraction of another GPU type."),
+    fraction: Optional[str] = typer.Option(None, help="With --of: exact fraction such as 3/7."),
+    partition: Optional[str] = typer.Option(None, help="Partition whose multiplier to set."),
+    qos: Optional[str] = typer.Option(None, help="QOS whose multiplier to set."),
+    multiplier: Optional[str] = typer.Option(None, help="Multiplier for --partition/--qos (0.6 = 40% cheaper)."),
+    effective: Optional[str] = typer.Option(None, help="Effective from (default now)."),
+    currency: str = typer.Option("USD"),
+) -> None:
+    """Set a GPU rate and/or a partition/QOS multiplier (effective-dated)."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.ledger import quota
+
+    eff = _when(effective, "--effective")
+    did = False
+    if gpu_type:
+        if of and not fraction:
+            raise UserInputError("--of needs --fraction (e.g. 3/7)")
+        quota.set_price(gpu_type, rate=_money(rate, "--rate"), base=of, fraction=fraction, effective_from=eff,
+                        currency=currency)
+        did = True
+    if partition or qos:
+        if multiplier is None:
+            raise UserInputError("--partition/--qos need --multiplier")
+        m = _money(multiplier, "--multiplier")
+        if partition:
+            quota.set_multiplier("partition", partition, m, effective_from=eff)
+        if qos:
+            quota.set_multiplier("qos", qos, m, effective_from=eff)
+        did = True
+    if not did:
+        raise UserInputError("nothing to set", hint="--gpu-type T --rate R, or --partition P --multiplier M")
+
+
+@price_app.command("load")
+def price_load(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="Price book YAML.")) -> None:
+    """Load a price book YAML (see docs/ledger.md)."""
+    from gpuhpc.ledger import pricebook
+
+    n = pricebook.load_file(file)
+    sys.stderr.write(f"loaded {n} price entries from {file}\n")
+
+
+@price_app.command("list")
+def price_list(json_: bool = typer.Option(False, "--json")) -> None:
+    """Show the price book."""
+    from gpuhpc.cli._console import console, print_json
+    from gpuhpc.ledger import quota
+
+    rows = quota.list_prices()
+    if json_:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    t = Table("kind", "name", "rate / multiplier", "effective from")
+    for r in rows:
+        val = (f"{r['rate']} {r['currency']}/GPU-h" if r.get("rate") is not None else
+               f"{r['fraction']} of {r['of']}" if r.get("of") else f"× {r['multiplier']}")
+        t.add_row(r["kind"], r["name"], val, r["effective_from"])
+    console().print(t)
+
+
+@account_app.command("add")
+def account_add(name: str, description: str = typer.Option("", help="Free text.")) -> None:
+    """Create a ledger account (project)."""
+    from gpuhpc.ledger import quota
+
+    created = quota.add_account(name, description=description)
+    sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
+
+
+@account_app.command("list")
+def account_list(json_: bool = typer.Option(False, "--json")) -> None:
+    """List accounts and their users (* = the user's default account)."""
+    from gpuhpc.cli._console import console, print_json
+    from gpuhpc.ledger import quota
+
+    rows = quota.list_accounts()
+    if json_:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    t = Table("account", "description", "users")
+    for r in rows:
+        t.add_row(r["account"], r["description"], ", ".join(r["users"]))
+    console().print(t)
+
+
+@user_app.command("add")
+def user_add(name: str, account: str = typer.Option(..., help="Account to join."),
+             default: bool = typer.Option(False, "--default", help="Make it the user's default account.")) -> None:
+    """Add a user to an account."""
+    from gpuhpc.ledger import quota
+
+    created = quota.add_user(name, account, default=default)
+    sys.stderr.write(f"user {name} {'added to' if created else 'already in'} {account}\n")
+
+
+# ------------------------------------------------------------------ quota
+@quota_app.command("set")
+def quota_set(
+    account: str,
+    user: Optional[str] = typer.Option(None, help="A per-user quota within the account."),
+    gpu_hours: Optional[str] = typer.Option(None, help="GPU-hours per period."),
+    money: Optional[str] = typer.Option(None, help="Money per period."),
+    period: str = typer.Option("month", help="day, week, month or total."),
+) -> None:
+    """Set an account's (or a user's) quota."""
+    from gpuhpc.ledger import quota
+
+    quota.set_quota(account, user=user, gpu_hours=_money(gpu_hours, "--gpu-hours"), money=_money(money, "--money"),
+                    period=period)
+
+
+@quota_app.command("remove")
+def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None:
+    """Remove an account's (or user's) quota."""
+    from gpuhpc.ledger import quota
+
+    ok = quota.remove_quota(account, user=user)
+    sys.stderr.write("quota removed\n" if ok else "no such quota\n")
+
+
+@quota_app.command("show")
+def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = typer.Option(False, "--json")) -> None:
+    """Usage vs quota for the current period."""
+    from gpuhpc.cli._console import console, print_json
+    from gpuhpc.ledger import quota
+
+    rows = quota.quota_status(account)
+    if json_:
+        print_json([r.as_dict() for r in rows])
+        return
+    from rich.table import Table
+
+    def fmt(used, held, budget, rem) -> str:
+        if budget is None:
+            return "-"
+        pct = (used + held) / budget * 100 if budget else 0
+        return f"{used:,.2f} + {held:,.2f} held / {budget:,.2f} ({pct:.0f}%), {rem:,.2f} left"
+
+    t = Table("account", "user", "period", "GPU-hours", "money")
+    for r in rows:
+        t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start:%Y-%m-%d}",
+                  fmt(r.used_gpu_hours, r.held_gpu_hours, r.gpu_hours_budget, r.remaining_gpu_hours),
+                  fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money))
+    console().print(t)
+
+
+# ------------------------------------------------------------------ report
+@report_app.command("cost")
+def report_cost(
+    by: str = typer.Option("account", help="user, account, partition or gpu-type."),
+    period: str = typer.Option("month", help="day, week or month."),
+    since: Optional[str] = typer.Option(None, help="Only runs started at/after (date or 7d)."),
+    until: Optional[str] = typer.Option(None, help="Only runs started before."),
+    json_: bool = typer.Option(False, "--json"),
+    csv_: bool = typer.Option(False, "--csv"),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML page with charts."),
+) -> None:
+    """Cost grouped by user/account/partition/GPU type per day/week/month."""
+    from gpuhpc.cli._console import console, print_json
+    from gpuhpc.ledger import reports
+
+    rep = reports.cost_report(by=by, period=period, since=_when(since, "--since"), until=_when(until, "--until"))
+    if html is not None:
+        html.write_text(reports.render_html(rep), encoding="utf-8")
+        sys.stderr.write(f"wrote {html}\n")
+    rows = rep.as_dicts()
+    if json_:
+        print_json(rows)
+        return
+    if csv_:
+        import csv
+
+        cols = ["period_start", "key", "gpu_hours", "cost", "jobs", *[f"cost_per_1m_{reports.unit(m)}" for m in rep.metrics]]
+        w = csv.writer(sys.stdout)
+        w.writerow([c if c != "key" else by for c in cols])
+        for r in rows:
+            w.writerow([r[c] if r[c] is not None else "" for c in cols])
+        return
+    if html is not None:
+        return
+    from rich.table import Table
+
+    t = Table("period", by, "GPU-hours", "cost", "jobs", *[f"$/1M {reports.unit(m)}" for m in rep.metrics],
+              title=f"cost by {by} per {period} (total {rep.total:,.2f})")
+    for r in rows:
+        t.add_row(r["period_start"], r["key"], f"{float(r['gpu_hours']):,.2f}", f"{float(r['cost']):,.2f}",
+                  str(r["jobs"]), *[r[f"cost_per_1m_{reports.unit(m)}"] or "" for m in rep.metrics])
+    console().print(t)

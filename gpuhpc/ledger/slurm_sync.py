@@ -1,0 +1,113 @@
+"""``gpuhpc ledger sync-slurm``: mirror ledger accounts, users and GPU-hour quotas into slurmdbd
+so that a user who calls ``sbatch`` directly is still held to the quota.
+
+For every ledger account: the Slurm account exists, every member has an association, and a
+QOS (``gpuhpc-<account>``; an account already named ``gpuhpc-*`` uses its own name) with
+``Flags=NoDecay`` and ``GrpTRESMins=gres/gpu=<GPU-hours × 60>`` is the account's (and its
+users') only and default QOS. At a new quota period the QOS's raw usage is reset (the period
+is remembered in the QOS description). Slurm enforces this only with
+``AccountingStorageEnforce=associations,limits,qos`` in slurm.conf.
+
+The ledger database is read first and closed; sacctmgr runs afterwards (no network call
+inside a DB transaction).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from gpuhpc.ledger import db, pricing
+from gpuhpc.ledger.orm import Account, Quota, utcnow
+
+DESC_PREFIX = "gpuhpc period="
+
+
+def qos_name(account: str) -> str:
+    return account if account.startswith("gpuhpc-") else f"gpuhpc-{account}"
+
+
+@dataclass(frozen=True)
+class AccountPlan:
+    account: str
+    description: str
+    users: tuple[str, ...]
+    qos: str
+    grp_gpu_minutes: int | None      # None: no GPU-hour quota (limit cleared)
+    period_start: dt.datetime | None
+
+
+@dataclass
+class SyncResult:
+    commands: list[list[str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"commands": [" ".join(c) for c in self.commands]}
+
+
+def plan(*, url: str | None = None, accounts: list[str] | None = None,
+         now: dt.datetime | None = None) -> list[AccountPlan]:
+    now = now or utcnow()
+    out = []
+    with db.session_scope(url) as s:
+        stmt = select(Account).order_by(Account.name)
+        if accounts:
+            stmt = stmt.where(Account.name.in_(accounts))
+        for a in s.scalars(stmt):
+            qrow = s.scalar(select(Quota).where(Quota.account_id == a.id, Quota.user_key == 0))
+            minutes = None
+            start = None
+            if qrow is not None and qrow.gpu_hours is not None:
+                minutes = int(qrow.gpu_hours * 60)
+                start = pricing.period_start(qrow.period.value, now)
+            users = tuple(sorted(m.user.name for m in a.memberships))
+            out.append(AccountPlan(a.name, a.description or a.name, users, qos_name(a.name), minutes, start))
+    return out
+
+
+def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResult:
+    """Apply ``plans`` through ``client.sacctmgr`` (idempotent: only what differs changes)."""
+    res = SyncResult()
+
+    def do(*words: str) -> None:
+        res.commands.append(["sacctmgr", "-i", *words])
+        if not dry_run:
+            client.sacctmgr(*words)
+
+    qos = {r["Name"]: r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "Description"])}
+    accts = {r["Account"] for r in client.sacctmgr_list("account", fields=["Account"])}
+    assocs = client.sacctmgr_list("association", fields=["Account", "User", "QOS", "DefaultQOS"])
+    users_of: dict[str, dict[str, dict]] = {}
+    for r in assocs:
+        users_of.setdefault(r["Account"], {})[r["User"]] = r
+    for p in plans:
+        want_limit = f"gres/gpu={p.grp_gpu_minutes}" if p.grp_gpu_minutes is not None else "gres/gpu=-1"
+        desc = f"{DESC_PREFIX}{p.period_start.date().isoformat()}" if p.period_start else "gpuhpc"
+        cur = qos.get(p.qos)
+        if cur is None:
+            do("add", "qos", p.qos, "Flags=NoDecay", f"GrpTRESMins={want_limit}", f"Description={desc}")
+        else:
+            have_limit = cur.get("GrpTRESMins", "")
+            limit_ok = (have_limit == want_limit) or (p.grp_gpu_minutes is None and "gres/gpu" not in have_limit)
+            if "NoDecay" not in cur.get("Flags", "") or not limit_ok:
+                do("modify", "qos", "where", f"name={p.qos}", "set", "Flags=NoDecay", f"GrpTRESMins={want_limit}")
+            if cur.get("Description", "") != desc:
+                # a new quota period: Slurm's usage starts again from zero, like the ledger's
+                do("modify", "qos", "where", f"name={p.qos}", "set", f"Description={desc}", "RawUsage=0")
+        if p.account not in accts:
+            do("add", "account", p.account, f"Description={p.description}", "Organization=gpuhpc",
+               f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+        else:
+            a = users_of.get(p.account, {}).get("", {})
+            if a.get("QOS") != p.qos or a.get("DefaultQOS") != p.qos:
+                do("modify", "account", "where", f"name={p.account}", "set", f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+        have_users = users_of.get(p.account, {})
+        for u in p.users:
+            ua = have_users.get(u)
+            if ua is None:
+                do("add", "user", u, f"Account={p.account}", f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+            elif ua.get("QOS") != p.qos or ua.get("DefaultQOS") != p.qos:
+                do("modify", "user", "where", f"name={u}", f"account={p.account}", "set", f"QOS={p.qos}",
+                   f"DefaultQOS={p.qos}")
+    return res
