@@ -23,6 +23,7 @@ teardown() {
     bash scripts/cluster.sh down >/tmp/gpuhpc-teardown.log 2>&1 || { echo "cluster teardown failed:"; tail -20 /tmp/gpuhpc-teardown.log; }
     [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
     bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true
+    bash scripts/services/s3.sh stop >/dev/null 2>&1 || true
   fi
   say "done (exit $rc)"
   exit $rc
@@ -33,6 +34,9 @@ if [ -x scripts/services/postgres.sh ]; then
   say "postgresql"
   export GPUHPC_TEST_PG_URL=$(bash scripts/services/postgres.sh start | tail -1)
 fi
+
+say "S3 (SeaweedFS) on 127.0.0.1:8333"
+bash scripts/services/s3.sh start >/dev/null
 
 say "sshd on 127.0.0.1:2222 (SSH transport tests)"
 bash scripts/services/sshd.sh start >/dev/null

@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # command-group modules under gpuhpc.cli; each defines register(app)
-_GROUPS = ("conf", "cluster", "submit", "jobs", "ledger", "topology", "node")
+_GROUPS = ("conf", "cluster", "submit", "jobs", "ledger", "topology", "node", "stage")
 
 _debug = False
 

@@ -1,0 +1,69 @@
+"""``gpuhpc stage``: move datasets and checkpoints between S3 and node-local storage."""
+from __future__ import annotations
+
+import typer
+
+from gpuhpc.cli._console import print_json
+
+stage_app = typer.Typer(help="Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials).",
+                        no_args_is_help=True)
+
+
+@stage_app.command("push")
+def push(local: str = typer.Argument(..., help="file or directory"),
+         url: str = typer.Argument(..., help="s3://BUCKET/PREFIX"),
+         create_bucket: bool = typer.Option(False, "--create-bucket", help="create the bucket if missing")) -> None:
+    """Upload a file or directory tree (multipart for large files)."""
+    from gpuhpc.staging.s3 import S3Stager, S3Url
+
+    dest = S3Url.parse(url, "URL")
+    stager = S3Stager.from_env()
+    if create_bucket:
+        stager.ensure_bucket(dest.bucket)
+    n = stager.push(local, dest)
+    typer.echo(f"pushed {n} file(s) to {dest}")
+
+
+@stage_app.command("pull")
+def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
+         local: str = typer.Argument(None, help="destination (omit with --cache)"),
+         cache: bool = typer.Option(False, "--cache", help="use the node-local cache ($GPUHPC_CACHE_DIR); prints the path"),
+         latest: bool = typer.Option(False, "--latest", help="only the newest object under the prefix (checkpoints)")) -> None:
+    """Download a prefix or object; each file lands atomically."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.staging.s3 import S3Stager, S3Url
+
+    src = S3Url.parse(url, "URL")
+    stager = S3Stager.from_env()
+    if latest:
+        newest = stager.latest(src)
+        if newest is None:
+            raise UserInputError(f"nothing under {src}", field="URL")
+        src = newest
+    if cache:
+        from gpuhpc.staging.cache import NodeCache
+
+        path, fetched = NodeCache(stager).fetch(src)
+        typer.echo(str(path))
+        return
+    if not local:
+        raise UserInputError("missing destination", field="LOCAL", hint="give a path or use --cache")
+    n = stager.pull(src, local)
+    typer.echo(f"pulled {n} file(s) from {src} to {local}", err=True)
+
+
+@stage_app.command("presign")
+def presign(url: str, expires: int = typer.Option(3600, "--expires", min=1, max=7 * 24 * 3600),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """A time-limited HTTPS GET URL for an object (share a checkpoint without credentials)."""
+    from gpuhpc.staging.s3 import S3Stager, S3Url
+
+    signed = S3Stager.from_env().presign(S3Url.parse(url, "URL"), expires)
+    if as_json:
+        print_json({"url": signed, "expires_s": expires})
+    else:
+        typer.echo(signed)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(stage_app, name="stage")

@@ -1,0 +1,184 @@
+"""Stage datasets and checkpoints to and from S3 (AWS or any S3 server: SeaweedFS, MinIO, Ceph).
+
+Configuration comes from the usual AWS variables (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) plus ``GPUHPC_S3_ENDPOINT_URL`` (or
+``AWS_ENDPOINT_URL``) for a non-AWS server. Downloads are atomic per file (temp name, then
+rename), so a job that is preempted mid-download never sees a half-written file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from boto3.exceptions import Boto3Error
+from botocore.exceptions import BotoCoreError, ClientError
+
+from gpuhpc.errors import StagingError, UserInputError
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class S3Url:
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, url: str, field: str = "url") -> "S3Url":
+        if not url.startswith("s3://") or len(url) <= 5:
+            raise UserInputError(f"not an S3 URL: {url!r}", field=field, hint="use s3://BUCKET/PREFIX")
+        bucket, _, key = url[5:].partition("/")
+        if not bucket or any(ord(c) < 32 for c in url):
+            raise UserInputError(f"invalid S3 URL: {url!r}", field=field, hint="use s3://BUCKET/PREFIX")
+        return cls(bucket, key)
+
+    def child(self, name: str) -> "S3Url":
+        base = self.key.rstrip("/")
+        return S3Url(self.bucket, f"{base}/{name}" if base else name)
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    key: str
+    size: int
+    etag: str
+    last_modified: float
+
+
+class S3Stager:
+    def __init__(self, *, endpoint_url: str | None = None, region: str | None = None,
+                 access_key: str | None = None, secret_key: str | None = None,
+                 multipart_threshold: int = 64 * MB, multipart_chunksize: int = 16 * MB,
+                 max_concurrency: int = 4) -> None:
+        self.endpoint_url = endpoint_url
+        self._client = boto3.client(
+            "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
+            aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                          s3={"addressing_style": "path"} if endpoint_url else None),
+        )
+        self._transfer = TransferConfig(multipart_threshold=multipart_threshold,
+                                        multipart_chunksize=multipart_chunksize,
+                                        max_concurrency=max_concurrency)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **kwargs) -> "S3Stager":
+        env = dict(os.environ if env is None else env)
+        return cls(endpoint_url=env.get("GPUHPC_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL") or None,
+                   region=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or None,
+                   access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+                   secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None, **kwargs)
+
+    # ------------------------------------------------------------ helpers
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ClientError, BotoCoreError, Boto3Error) as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+            raise StagingError(f"S3 {what} failed{f' ({code})' if code else ''}: {exc}") from exc
+
+    def ensure_bucket(self, bucket: str) -> None:
+        try:
+            self._client.head_bucket(Bucket=bucket)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket", "NotFound"):
+                self._call(f"create bucket {bucket}", self._client.create_bucket, Bucket=bucket)
+            else:
+                raise StagingError(f"S3 head bucket {bucket} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StagingError(f"S3 head bucket {bucket} failed: {exc}") from exc
+
+    def list(self, url: S3Url) -> Iterator[RemoteObject]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        prefix = url.key
+        try:
+            for page in paginator.paginate(Bucket=url.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    yield RemoteObject(obj["Key"], obj["Size"], obj["ETag"].strip('"'),
+                                       obj["LastModified"].timestamp())
+        except (ClientError, BotoCoreError) as exc:
+            raise StagingError(f"S3 list {url} failed: {exc}") from exc
+
+    # ------------------------------------------------------------ push / pull
+    def push(self, local: str | Path, url: S3Url) -> int:
+        """Upload a file, or a directory tree under the URL's prefix. Returns files sent."""
+        src = Path(local)
+        if not src.exists():
+            raise UserInputError(f"{src} does not exist", field="LOCAL")
+        files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        for path in files:
+            key = url.key if src.is_file() and url.key and not url.key.endswith("/") else \
+                url.child(path.name if src.is_file() else path.relative_to(src).as_posix()).key
+            sha = _sha256(path)
+            self._call(f"upload {path}", self._client.upload_file, str(path), url.bucket, key,
+                       ExtraArgs={"Metadata": {"sha256": sha}}, Config=self._transfer)
+        return len(files)
+
+    def pull(self, url: S3Url, local: str | Path) -> int:
+        """Download an object or every object under a prefix into ``local`` (a dir for a
+        prefix). Each file lands atomically. Returns files fetched."""
+        dest = Path(local)
+        objs = list(self.list(url))
+        exact = [o for o in objs if o.key == url.key]
+        if exact and not url.key.endswith("/"):
+            target = dest / Path(url.key).name if dest.is_dir() else dest
+            self._download(url.bucket, exact[0].key, target)
+            return 1
+        base = url.key.rstrip("/") + "/" if url.key else ""
+        n = 0
+        for obj in objs:
+            if not obj.key.startswith(base) or obj.key.endswith("/"):
+                continue
+            rel = obj.key[len(base):]
+            if ".." in Path(rel).parts:
+                raise StagingError(f"refusing to write outside {dest}: key {obj.key!r}")
+            self._download(url.bucket, obj.key, dest / rel)
+            n += 1
+        if n == 0:
+            raise StagingError(f"nothing found at {url}")
+        return n
+
+    def _download(self, bucket: str, key: str, target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        os.close(fd)
+        try:
+            self._call(f"download s3://{bucket}/{key}", self._client.download_file, bucket, key, tmp,
+                       Config=self._transfer)
+            os.replace(tmp, target)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def latest(self, url: S3Url) -> S3Url | None:
+        """Newest object under a prefix (e.g. the latest checkpoint), or None."""
+        objs = list(self.list(url))
+        if not objs:
+            return None
+        newest = max(objs, key=lambda o: (o.last_modified, o.key))
+        return S3Url(url.bucket, newest.key)
+
+    def presign(self, url: S3Url, expires_s: int = 3600) -> str:
+        return self._call("presign", self._client.generate_presigned_url, "get_object",
+                          Params={"Bucket": url.bucket, "Key": url.key}, ExpiresIn=expires_s)
+
+    def head(self, url: S3Url) -> RemoteObject:
+        r = self._call(f"head {url}", self._client.head_object, Bucket=url.bucket, Key=url.key)
+        return RemoteObject(url.key, r["ContentLength"], r["ETag"].strip('"'), r["LastModified"].timestamp())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(4 * MB), b""):
+            h.update(chunk)
+    return h.hexdigest()
