@@ -95,8 +95,8 @@ def check_schema(url: str | None = None) -> None:
     if rev != SCHEMA_HEAD:
         where = _redact(url)
         state = "has no ledger schema" if rev is None else f"is at schema revision {rev}"
-        raise LedgerError(f"the ledger database {where} {state}, but this gpuhpc needs {SCHEMA_HEAD}",
-                          hint="run `gpuhpc db upgrade`")
+        raise LedgerError(f"the ledger database {where} {state}, but this gpuhpc needs {SCHEMA_HEAD}: "
+                          "run `gpuhpc db upgrade`")
     _checked.add(url)
 
 

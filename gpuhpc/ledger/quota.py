@@ -126,8 +126,8 @@ def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetim
                                 array_size=req.array_size, partition=req.partition, qos=req.qos, at=now)
         if not wc.priced and any(q.money is not None for q in quotas):
             raise LedgerError(f"the price book has no rate for GPU type {req.gpu_type!r}, so the money quota "
-                              f"of account {account.name} cannot be checked",
-                              hint=f"an admin sets one: gpuhpc ledger price set --gpu-type {req.gpu_type} --rate ...")
+                              f"of account {account.name} cannot be checked: an admin sets one with "
+                              f"`gpuhpc ledger price set --gpu-type {req.gpu_type} --rate RATE`")
         buckets = [(q, bucket(s, q, now)) for q in quotas]
         for q, b in buckets:
             period = q.period.value
