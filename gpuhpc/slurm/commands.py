@@ -123,3 +123,8 @@ def sacctmgr(*words: str, immediate: bool = True) -> list[str]:
 def sacctmgr_list(entity: str, *filters: str, fields: Sequence[str]) -> list[str]:
     return ["sacctmgr", "--noheader", "--parsable2", "list", entity, *filters,
             f"format={','.join(fields)}"]
+
+
+def scontrol_reconfigure() -> list[str]:
+    """``scontrol reconfigure``: slurmctld re-reads slurm.conf, topology.conf, gres.conf ..."""
+    return ["scontrol", "reconfigure"]
