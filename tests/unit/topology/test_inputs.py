@@ -205,3 +205,21 @@ def test_host_names_from_descriptions():
     assert split_desc("node7") == ("node7", "")
     assert split_desc("MT4129 ConnectX7   Mellanox Technologies") is None
     assert split_desc("Mellanox Technologies Aggregation Node") is None
+
+
+def test_spec_reader_agrees_with_the_typed_model(repo_root):
+    """Our loose YAML reader and gpuhpc.spec's validated model give the same node names."""
+    from gpuhpc.spec.cluster import load_spec
+    from gpuhpc.topology.spec import spec_nodes
+
+    for path in sorted((repo_root / "examples" / "clusters").glob("*.yaml")):
+        typed = [name for _group, name in load_spec(path).nodes()]
+        assert spec_nodes(path) == typed, path
+
+
+def test_local_fabric_matches_local_spec(repo_root, cli):
+    rc, out, err = cli("topology", "from-ibnetdiscover",
+                       str(repo_root / "tests" / "integration" / "topology" / "local-fabric.out"),
+                       "--spec", str(repo_root / "examples" / "clusters" / "local.yaml"))
+    assert rc == 0 and "spec" not in err
+    assert "SwitchName=r0-leaf001 Nodes=gpu-node[1-2]" in out
