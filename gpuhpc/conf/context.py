@@ -188,6 +188,7 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
         "log_dir": log,
         "debug": rt.debug,
         "proctrack_type": f"proctrack/{rt.proctrack}",
+        "uses_cgroup": rt.proctrack == "cgroup" or "cgroup" in rt.task_plugins,
         "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins),
         "select_type_parameters": rt.select_type_parameters,
         "def_mem_per_cpu": rt.def_mem_per_cpu,
