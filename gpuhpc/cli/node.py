@@ -56,3 +56,21 @@ def register(app: typer.Typer) -> None:
             out.extend(f"# note: {n}" for n in inv.notes)
             out.extend(f"# warning: {w}" for w in inv.warnings)
         sys.stdout.write("\n".join(out) + "\n")
+
+    @node_app.command("clique")
+    def clique_cmd(
+        smi_xml: str | None = typer.Option(None, "--smi-xml", help="nvidia-smi -q -x output (default: run it)."),
+        node: str | None = typer.Option(None, "--node", help="Host name to print (default: this host)."),
+    ) -> None:
+        """Print 'HOST CLUSTERUUID.CLIQUEID' (the node's NVLink domain) for
+        `gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --cliques FILE`."""
+        import socket
+
+        from gpuhpc.errors import UserInputError
+        from gpuhpc.inventory import clique
+
+        cid = clique(smi_xml)
+        if cid is None:
+            raise UserInputError("the driver reports no NVLink clique for these GPUs (not an NVL/GB200 system, "
+                                 "or fabric manager not running)", field="--smi-xml" if smi_xml else None)
+        sys.stdout.write(f"{node or socket.gethostname().split('.')[0]} {cid}\n")

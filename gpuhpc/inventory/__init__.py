@@ -11,7 +11,7 @@ from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.inventory import smi
 from gpuhpc.inventory.gres import Inventory, build
 
-__all__ = ["Inventory", "Sources", "collect", "build", "smi"]
+__all__ = ["Inventory", "Sources", "collect", "build", "clique", "smi"]
 
 
 @dataclass
@@ -92,3 +92,29 @@ def collect(src: Sources, *, node: str | None = None, cpus: int | None = None, t
         lgip = smi.parse_mig_lgip(*texts["lgip"])
     return build(query=query, listing=listing, topo=topo, lgi=lgi, lgip=lgip, node=node, cpus=cpus,
                  type_style=type_style, type_override=type_override)
+
+
+def clique(smi_xml: str | None = None, *, runner=None) -> str | None:
+    """This node's NVLink domain as ``<ClusterUUID>.<CliqueId>`` (GB200/NVL systems), from
+    ``nvidia-smi -q -x`` (or ``-q`` text); None when the driver reports none."""
+    if smi_xml:
+        text, source = _read(smi_xml, "--smi-xml"), smi_xml
+    else:
+        import shutil
+
+        from gpuhpc.transport import default_runner
+
+        if not shutil.which("nvidia-smi"):
+            raise UserInputError("nvidia-smi not found on this host", hint="pass --smi-xml F")
+        res = (runner or default_runner()).run(["nvidia-smi", "-q", "-x"], timeout=60)
+        if not res.ok:
+            raise GpuhpcError(f"nvidia-smi -q -x failed (exit {res.returncode}): {res.stderr.strip()[:200]}")
+        text, source = res.stdout, "nvidia-smi -q -x"
+    q = smi.parse_query_text(text, source) if smi.sniff(text) == "query" else smi.parse_query_xml(text, source)
+    ids = {(g.cluster_uuid or "", g.clique_id) for g in q.gpus if g.clique_id}
+    if not ids:
+        return None
+    if len(ids) > 1:
+        raise GpuhpcError(f"GPUs of one node report different NVLink cliques: {sorted(ids)}")
+    cluster, cid = ids.pop()
+    return f"{cluster}.{cid}" if cluster else cid

@@ -254,8 +254,9 @@ def _detect_rails(fab: Fabric) -> None:
     fab.rails = rails
 
 
-def pick_rails(fab: Fabric, rail: str = "auto") -> tuple[list[Rail], set[str] | None]:
+def pick_rails(fab: Fabric, rail: str = "auto", warnings: list[str] | None = None) -> tuple[list[Rail], set[str] | None]:
     """``auto`` | ``all`` | comma list of HCA names -> (chosen rails, HCA names to use or None=all)."""
+    warnings = warnings if warnings is not None else []
     rails = fab.rails
     if not rails:
         return [], None
@@ -278,7 +279,7 @@ def pick_rails(fab: Fabric, rail: str = "auto") -> tuple[list[Rail], set[str] | 
         missing = r.names - set(wanted)
         if missing:
             n = len({h.host for h in r.hcas if h.name in missing})
-            fab.warnings.append(f"rail {r.index} also holds HCA name(s) {', '.join(sorted(missing, key=natural_key))} "
+            warnings.append(f"rail {r.index} also holds HCA name(s) {', '.join(sorted(missing, key=natural_key))} "
                                 f"({n} host(s)), not in --rail: those hosts are left out of that rail")
     return chosen, set(wanted)
 
@@ -306,13 +307,13 @@ class Tree:
 def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = None) -> Tree:
     """Place every host of the chosen rail(s) under the leaf its HCA is cabled to, then walk
     up through the non-edge switches to find spines (level 1), cores (level 2) ..."""
-    warnings = fab.warnings  # shared, in order
+    warnings = list(fab.warnings)
     if not fab.names:
         hosts = sorted({f"{h.host} ({h.name or 'HCA'})" for h in fab.hcas}) or [n.desc for n in fab.dump.cas()]
         warnings.append(f"no switches in this dump (CAs: {', '.join(hosts[:5])}): the host that ran "
                         "ibnetdiscover is not cabled to a switch, or its port is down; topology.conf has no switches")
         return Tree([], [], {}, warnings)
-    chosen, use_names = pick_rails(fab, rail)
+    chosen, use_names = pick_rails(fab, rail, warnings)
     if len(fab.rails) > 1:
         picked = {r.index for r in chosen}
         desc = "; ".join(f"rail {r.index}{'*' if r.index in picked else ''} = {r.label}: "

@@ -183,3 +183,16 @@ def test_cli_bad_file(F, capsys, tmp_path):
 def test_collect_sniffs_query_text(F):
     inv = collect(Sources(smi_xml=str(F / "q-text-h100-sxm-8gpu-535.183.01.txt")), cpus=128)
     assert len(inv.gpus) == 8 and inv.report["vcpus_per_gpu"] == 16
+
+
+def test_clique_from_xml(tmp_path, F, capsys):
+    xml = (F / "q-x-a100-sxm4-80gb-mig-4x1g-1of4gpus.xml").read_text()
+    assert main(["node", "clique", "--smi-xml", str(F / "q-x-a100-sxm4-80gb-mig-4x1g-1of4gpus.xml")]) == 2
+    assert "no NVLink clique" in capsys.readouterr().err
+    # a 550+ driver adds cliqueId/clusterUuid under <fabric>
+    xml = xml.replace("<gpu_reset_status>", "<fabric><state>Completed</state><status>Success</status>"
+                      "<cliqueId>32766</cliqueId><clusterUuid>aaaa-bbbb</clusterUuid></fabric><gpu_reset_status>", 1)
+    p = tmp_path / "q.xml"
+    p.write_text(xml)
+    assert main(["node", "clique", "--smi-xml", str(p), "--node", "nvl01"]) == 0
+    assert capsys.readouterr().out == "nvl01 aaaa-bbbb.32766\n"

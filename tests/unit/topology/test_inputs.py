@@ -223,3 +223,36 @@ def test_local_fabric_matches_local_spec(repo_root, cli):
                        "--spec", str(repo_root / "examples" / "clusters" / "local.yaml"))
     assert rc == 0 and "spec" not in err
     assert "SwitchName=r0-leaf001 Nodes=gpu-node[1-2]" in out
+
+
+def test_storage_plane_is_not_picked_by_auto():
+    compute = synth(levels=2, leaves=2, hosts_per_leaf=4, spines=2)
+    storage_hosts = [f"gpu{i:03d}" for i in range(1, 9)] + [f"stor{i:02d}" for i in range(1, 13)]
+    storage = synth(levels=2, leaves=4, hosts_per_leaf=5, spines=2, hosts=storage_hosts, host_prefix="s")
+    storage = (storage.replace("mlx5_0", "mlx5_7").replace("9803e103", "9803e104").replace("e8ebd303", "e8ebd304")
+               .replace("r0-", "stor-"))
+    res = topology_from_ibnetdiscover(compute + storage, source="two-planes")
+    assert res.fabric.planes and len(res.fabric.rails) == 2
+    storage_rail = next(r for r in res.fabric.rails if "mlx5_7" in r.names)
+    assert storage_rail.storage and len(storage_rail.hosts) > len(res.fabric.rails[0].hosts)
+    assert [r.names for r in res.tree.rails] == [{"mlx5_0"}]
+    leaves, _ = conf_map(res.text)
+    assert sorted(sum(leaves.values(), [])) == [f"gpu{i:03d}" for i in range(1, 9)]
+    assert "storage/mgmt?" in res.warnings[0]
+    # the admin can still ask for it explicitly
+    res = topology_from_ibnetdiscover(compute + storage, source="two-planes", rail="mlx5_7")
+    leaves, _ = conf_map(res.text)
+    assert len(sum(leaves.values(), [])) == 20
+
+
+def test_block_by_nvlink_domains_from_spec(tmp_path, cli):
+    dump = tmp_path / "f.out"
+    dump.write_text(synth(levels=2, leaves=3, hosts_per_leaf=6, host_prefix="nvl"))
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("name: t\nnode_groups:\n  - name: gb200\n    hostname: 'nvl{n:03d}'\n    count: 18\n"
+                    "    nvlink_domain_size: 9\n")
+    rc, out, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec), "--format", "block",
+                       "--block-by", "nvlink")
+    assert rc == 0, err
+    assert "BlockName=b1 Nodes=nvl[001-009]" in out and "BlockName=b2 Nodes=nvl[010-018]" in out
+    assert "BlockSizes=9,18" in out
