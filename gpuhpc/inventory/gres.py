@@ -205,7 +205,10 @@ def _apply_topo(entries: list[GpuEntry], topo: Topo, warnings: list[str], cpus: 
     if len(topo.gpus) != len(entries):
         warnings.append(f"topo -m lists {len(topo.gpus)} GPUs, the GPU list has {len(entries)}: matched by index")
     sets = [cpu_list(r.cpus) for r in topo.gpus]
-    total = cpus or (max((max(s) for s in sets if s), default=-1) + 1) or None
+    seen = max((max(s) for s in sets if s), default=-1) + 1
+    total = max(cpus or 0, seen) or None
+    if cpus and seen > cpus:
+        warnings.append(f"--cpus {cpus} but topo -m names CPU ids up to {seen - 1}: using {seen}")
     # SMT: thread siblings numbered N/2 apart (48-63,176-191 with 256 CPUs). Cores= wants cores.
     half = total // 2 if total else 0
     def contiguous(xs: list[int]) -> bool:

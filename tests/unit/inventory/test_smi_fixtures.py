@@ -212,11 +212,11 @@ esac
 """)
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
-    rc = main(["node", "inventory", "--json", "--node", "n1", "--cpus", "64"])
+    rc = main(["node", "inventory", "--json", "--node", "n1", "--cpus", "64"])  # too few: warned
     out = capsys.readouterr()
     assert rc == 0, out.err
     data = json.loads(out.out)
-    assert data["report"]["vcpus_per_gpu"] == 8
+    assert data["report"]["vcpus_per_gpu"] == 8 and any("--cpus 64" in w for w in data["warnings"])
     # GPU0 is in MIG mode per -L (mig -lgi failed here: no device files, a warning); GPU1 is whole
     assert data["gres_conf"][0].startswith("NodeName=n1 Name=gpu Type=3g.40gb Count=1")
     assert "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Cores=48-63 Links=12,-1," in "\n".join(data["gres_conf"])
