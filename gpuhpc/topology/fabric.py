@@ -207,6 +207,9 @@ def _detect_rails(fab: Fabric) -> None:
     per_host: dict[str, int] = Counter(h.host for h in named)
     multi = any(c > 1 for c in per_host.values())
     rails: list[Rail] = []
+    if not named:
+        fab.rails = rails
+        return
     if not multi:
         rails.append(Rail(0, "|".join(sorted({h.name for h in named}, key=natural_key)) or "HCA", {h.name for h in named}, named))
     elif len(comps) > 1:
@@ -361,6 +364,9 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
         from gpuhpc.topology.hostlist import compress
         warnings.append(f"{len(missing)} host(s) are not cabled to a switch, left out: {compress(missing)}")
     del rail_hosts
+    if not placed:
+        warnings.append(f"no host names in this fabric ({len(fab.names)} switches, {len(fab.dump.cas())} CAs, none "
+                        "with a '<host> <hca>' NodeDesc cabled to a switch): topology.conf has no switches")
     if len(chosen) > 1:
         warnings.append(f"{len(chosen)} rails chosen: each host is listed under one leaf per rail; Slurm's "
                         "topology/tree logs 'Multiple leaf switches contain nodes' and treats them as multi-homed")

@@ -256,3 +256,11 @@ def test_block_by_nvlink_domains_from_spec(tmp_path, cli):
     assert rc == 0, err
     assert "BlockName=b1 Nodes=nvl[001-009]" in out and "BlockName=b2 Nodes=nvl[010-018]" in out
     assert "BlockSizes=9,18" in out
+
+
+def test_fabric_without_host_names_warns():
+    text = HAND.replace('"gpu001 HCA-1"', '"MT4123 ConnectX6   Mellanox Technologies"').replace(
+        '"gpu002 HCA-1"', '"MT4123 ConnectX6   Mellanox Technologies"')
+    res = topology_from_ibnetdiscover(text, source="x")
+    assert "SwitchName" not in res.text
+    assert any(w.startswith("no host names in this fabric (3 switches, 3 CAs") for w in res.warnings)
