@@ -99,13 +99,15 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
                 "weight": g.weight,
             }
             node_rows.append(row)
-            # gres.conf: one row per (type, cores) on this node
-            per: dict[tuple[str, str | None], list[str]] = {}
+            # gres.conf: one row per (type, cores) on this node; with AutoDetect=nvml, MIG
+            # instances are found by NVML, so their rows carry Count= instead of File=
+            per: dict[tuple[str, str | None, bool], list[str]] = {}
             for d in gpus:
-                per.setdefault((d["type"], d["cores"]), []).append(d["file"])
-            for (typ, cores), files in per.items():
-                gres_rows.append({"nodes": name, "type": typ, "file": hostlist.compress(files),
-                                  "count": len(files), "cores": cores})
+                per.setdefault((d["type"], d["cores"], d["mig"]), []).append(d["file"])
+            for (typ, cores, mig), files in per.items():
+                by_nvml = mig and rt.gres_autodetect == "nvml"
+                gres_rows.append({"nodes": name, "type": typ, "file": None if by_nvml else hostlist.compress(files),
+                                  "count": len(files) if by_nvml else None, "cores": cores})
             nodes.append({
                 "name": name,
                 "group": g.name,
