@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
     @topo.command("from-ibnetdiscover")
     def from_ibnetdiscover(
         file: str = typer.Argument(..., metavar="FILE|-", help="ibnetdiscover output ('-' = stdin)."),
-        fmt: str = typer.Option("tree", "--format", help="tree (topology/tree) or block (topology/block)."),
+        fmt: str = typer.Option("tree", "--format", help="tree (topology/tree), block (topology/block), or spec (YAML for the cluster spec's topology:)."),
         rail: str = typer.Option("auto", "--rail",
                                  help="auto (the best compute rail), all, or HCA names: mlx5_0,HCA-1"),
         spec: str | None = typer.Option(None, "--spec", help="Cluster spec YAML: keep only its nodes, warn on differences."),

@@ -46,8 +46,8 @@ def topology_from_ibnetdiscover(text: str, *, source: str = "<stdin>", rail: str
                                 block_by: str = "leaf", block_size: int | None = None,
                                 domains: dict[str, str] | None = None) -> TopologyResult:
     """ibnetdiscover text -> topology.conf text plus warnings. Raises UserInputError (exit 2)."""
-    if fmt not in ("tree", "block"):
-        raise UserInputError(f"unknown format {fmt!r}", field="--format", hint="tree or block")
+    if fmt not in ("tree", "block", "spec"):
+        raise UserInputError(f"unknown format {fmt!r}", field="--format", hint="tree, block or spec")
     dump = parse(text, source)
     fab = analyse(dump)
     tree = build_tree(fab, rail=rail, spec_hosts=spec_hosts)
@@ -56,6 +56,10 @@ def topology_from_ibnetdiscover(text: str, *, source: str = "<stdin>", rail: str
     header = f"topology.conf for Slurm topology/{fmt}, from {source} by gpuhpc (rail: {chosen})"
     if fmt == "tree":
         out = tree_conf(tree, header=header)
+    elif fmt == "spec":
+        from gpuhpc.topology.writers import spec_yaml
+
+        out = spec_yaml(tree, header=f"cluster spec topology from {source} by gpuhpc (rail: {chosen})")
     else:
         if block_by == "leaf":
             groups = block_groups_by_leaf(tree)

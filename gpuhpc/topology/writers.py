@@ -74,3 +74,23 @@ def block_conf(groups: Mapping[str, list[str]], *, block_size: int | None = None
         sizes.append(sizes[-1] * 2)
     lines.append(f"BlockSizes={','.join(str(s) for s in sizes)}")
     return "\n".join(lines) + "\n"
+
+
+def spec_yaml(tree: Tree, *, header: str | None = None) -> str:
+    """The tree as the cluster spec's ``topology:`` section (gpuhpc.spec ``Topology``), so that
+    ``gpuhpc conf render`` writes topology.conf through slurm-conf/topology.conf.j2."""
+    import yaml
+
+    switches = []
+    for sw in tree.switches:
+        if sw.level == 0:
+            from gpuhpc.topology.hostlist import _split_top
+
+            switches.append({"name": sw.name, "nodes": _split_top(compress(sw.nodes))})
+        else:
+            switches.append({"name": sw.name, "switches": list(sw.children)})
+    lines = [f"# {h}" for h in (header or "").splitlines() if h]
+    lines.append("# paste into the cluster spec; `gpuhpc conf render` writes topology.conf from it")
+    body = yaml.safe_dump({"topology": {"plugin": "tree", "switches": switches}}, sort_keys=False,
+                          default_flow_style=None, width=120)
+    return "\n".join(lines) + "\n" + body

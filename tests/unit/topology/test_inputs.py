@@ -264,3 +264,17 @@ def test_fabric_without_host_names_warns():
     res = topology_from_ibnetdiscover(text, source="x")
     assert "SwitchName" not in res.text
     assert any(w.startswith("no host names in this fabric (3 switches, 3 CAs") for w in res.warnings)
+
+
+def test_spec_format_validates_against_the_spec_model(repo_root, cli):
+    import yaml
+
+    from gpuhpc.spec.cluster import Topology
+
+    rc, out, err = cli("topology", "from-ibnetdiscover",
+                       str(repo_root / "tests" / "integration" / "topology" / "local-fabric.out"), "--format", "spec")
+    assert rc == 0, err
+    topo = Topology(**yaml.safe_load(out)["topology"])
+    assert [(s.name, s.nodes, s.switches) for s in topo.switches] == [
+        ("r0-leaf001", ["gpu-node[1-2]"], []), ("r0-leaf002", ["cpu-node1", "mig-node1"], []),
+        ("r0-spine001", [], ["r0-leaf001", "r0-leaf002"])]
