@@ -2,10 +2,18 @@
 so that a user who calls ``sbatch`` directly is still held to the quota.
 
 For every ledger account: the Slurm account exists, every member has an association, and a
-QOS (``gpuhpc-<account>``; an account already named ``gpuhpc-*`` uses its own name) with
-``Flags=NoDecay`` and ``GrpTRESMins=gres/gpu=<GPU-hours × 60>`` is the account's (and its
-users') only and default QOS. At a new quota period the QOS's raw usage is reset (the period
-is remembered in the QOS description). Slurm enforces this only with
+QOS (``gpuhpc-<account>``; an account already named ``gpuhpc-*`` uses its own name) is the
+account's (and its users') only and default QOS, with
+
+* ``Flags=NoDecay`` and ``GrpTRESMins=gres/gpu=<GPU-hours × 60>``: the cumulative limit.
+  Slurm counts that usage only with ``PriorityType=priority/multifactor``, and without
+  ``AccountingStorageEnforce=safe`` it stops *new* jobs only once usage reached the limit;
+* ``MaxTRESMinsPerJob=gres/gpu=<remaining GPU-minutes>`` (budget − settled usage, refreshed
+  on every sync, e.g. after each ``ledger ingest``): a directly submitted job larger than
+  what is left pends with ``QOSMaxGRESMinutesPerJob``; this works with any priority plugin.
+
+At a new quota period the QOS's raw usage is reset (the period is remembered in the QOS
+description). Slurm enforces any of it only with
 ``AccountingStorageEnforce=associations,limits,qos`` in slurm.conf.
 
 The ledger database is read first and closed; sacctmgr runs afterwards (no network call
@@ -18,7 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import db, pricing
+from gpuhpc.ledger import db, pricing, quota
 from gpuhpc.ledger.orm import Account, Quota, utcnow
 
 DESC_PREFIX = "gpuhpc period="
@@ -35,6 +43,7 @@ class AccountPlan:
     users: tuple[str, ...]
     qos: str
     grp_gpu_minutes: int | None      # None: no GPU-hour quota (limit cleared)
+    max_job_gpu_minutes: int | None  # remaining GPU-minutes of the period (budget - used)
     period_start: dt.datetime | None
 
 
@@ -56,13 +65,16 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
             stmt = stmt.where(Account.name.in_(accounts))
         for a in s.scalars(stmt):
             qrow = s.scalar(select(Quota).where(Quota.account_id == a.id, Quota.user_key == 0))
-            minutes = None
+            minutes = remaining = None
             start = None
             if qrow is not None and qrow.gpu_hours is not None:
                 minutes = int(qrow.gpu_hours * 60)
                 start = pricing.period_start(qrow.period.value, now)
+                b = quota.bucket(s, qrow, now)
+                remaining = max(int((qrow.gpu_hours - b.used_gpu_hours) * 60), 0)
             users = tuple(sorted(m.user.name for m in a.memberships))
-            out.append(AccountPlan(a.name, a.description or a.name, users, qos_name(a.name), minutes, start))
+            out.append(AccountPlan(a.name, a.description or a.name, users, qos_name(a.name), minutes, remaining,
+                                   start))
     return out
 
 
@@ -75,7 +87,8 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
         if not dry_run:
             client.sacctmgr(*words)
 
-    qos = {r["Name"]: r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "Description"])}
+    qos = {r["Name"]: r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "MaxTRESMins",
+                                                                      "Description"])}
     accts = {r["Account"] for r in client.sacctmgr_list("account", fields=["Account"])}
     assocs = client.sacctmgr_list("association", fields=["Account", "User", "QOS", "DefaultQOS"])
     users_of: dict[str, dict[str, dict]] = {}
@@ -83,15 +96,21 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
         users_of.setdefault(r["Account"], {})[r["User"]] = r
     for p in plans:
         want_limit = f"gres/gpu={p.grp_gpu_minutes}" if p.grp_gpu_minutes is not None else "gres/gpu=-1"
+        want_max = f"gres/gpu={p.max_job_gpu_minutes}" if p.max_job_gpu_minutes is not None else "gres/gpu=-1"
         desc = f"{DESC_PREFIX}{p.period_start.date().isoformat()}" if p.period_start else "gpuhpc"
         cur = qos.get(p.qos)
         if cur is None:
-            do("add", "qos", p.qos, "Flags=NoDecay", f"GrpTRESMins={want_limit}", f"Description={desc}")
+            do("add", "qos", p.qos, "Flags=NoDecay", f"GrpTRESMins={want_limit}", f"MaxTRESMinsPerJob={want_max}",
+               f"Description={desc}")
         else:
-            have_limit = cur.get("GrpTRESMins", "")
-            limit_ok = (have_limit == want_limit) or (p.grp_gpu_minutes is None and "gres/gpu" not in have_limit)
-            if "NoDecay" not in cur.get("Flags", "") or not limit_ok:
-                do("modify", "qos", "where", f"name={p.qos}", "set", "Flags=NoDecay", f"GrpTRESMins={want_limit}")
+            def same(have: str, want: str, unset: bool) -> bool:
+                return have == want or (unset and "gres/gpu" not in have)
+
+            if ("NoDecay" not in cur.get("Flags", "")
+                    or not same(cur.get("GrpTRESMins", ""), want_limit, p.grp_gpu_minutes is None)
+                    or not same(cur.get("MaxTRESMins", ""), want_max, p.max_job_gpu_minutes is None)):
+                do("modify", "qos", "where", f"name={p.qos}", "set", "Flags=NoDecay", f"GrpTRESMins={want_limit}",
+                   f"MaxTRESMinsPerJob={want_max}")
             if cur.get("Description", "") != desc:
                 # a new quota period: Slurm's usage starts again from zero, like the ledger's
                 do("modify", "qos", "where", f"name={p.qos}", "set", f"Description={desc}", "RawUsage=0")

@@ -1,0 +1,183 @@
+"""The ledger against the real local Slurm cluster: preemption + requeue billing, and Slurm-side
+enforcement of a synced quota for a user who calls sbatch directly."""
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import re
+import time
+import uuid
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from gpuhpc.errors import SlurmError
+from gpuhpc.ledger import db, hooks, ingest, quota, slurm_sync
+from gpuhpc.ledger.pricing import to_decimal
+from gpuhpc.slurm import commands as cmd
+from gpuhpc.slurm import parsers
+from gpuhpc.slurm.client import SlurmClient
+
+pytestmark = pytest.mark.integration
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+ACCOUNT = "research"      # exists on the local cluster (docs/DEVELOPING.md)
+
+
+@pytest.fixture()
+def client():
+    return SlurmClient()
+
+
+@pytest.fixture()
+def jobs(client):
+    """Job ids to scancel at teardown (ours only)."""
+    ids: list[str] = []
+    yield ids
+    for j in ids:
+        client.run(cmd.scancel(j), check=False)
+
+
+def _wait(pred, timeout: float, what: str, step: float = 0.5):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _state(client, job_id: str):
+    rows = client.queue(job_ids=[job_id])
+    return rows[0] if rows else None
+
+
+def _runs(client, job_id: str) -> list[parsers.AcctRow]:
+    out = client.run(cmd.sacct(job_ids=[job_id], duplicates=True, fields=ingest.SACCT_FIELDS)).stdout
+    return [r for r in parsers.parse_sacct(out, fields=ingest.SACCT_FIELDS) if ingest.parse_time(r.start)]
+
+
+PREEMPTEE = """#!/bin/bash
+# first run: wait to be preempted; after Slurm requeues it: finish quickly
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 2; exit 0; fi
+sleep 300
+"""
+
+
+def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, client, jobs):
+    url = sqlite_url
+    db.upgrade(url)
+    user = getpass.getuser()
+    cluster = client.config().get("ClusterName", "")
+    quota.add_account(ACCOUNT, url=url)
+    quota.add_user(user, ACCOUNT, default=True, url=url)
+    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
+    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    quota.set_multiplier("partition", "gpu-hi", Decimal("1.5"), effective_from=T0, url=url)
+    quota.set_quota(ACCOUNT, money=Decimal("100000"), url=url)
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+
+    # the submit path: reserve (committed) -> sbatch -> attach in a new transaction
+    req = hooks.ChargeRequest(cluster=cluster, user=user, account=ACCOUNT, partition="gpu", qos=None,
+                              gpu_type="h100", gpus=8, time_limit_s=300, job_name="gpuhpc-ledger-test-a")
+    res = quota.reserve(req, url=url)
+    assert res.amount == Decimal("1.000000")          # 8 × 5 min × 2.50 × 0.6
+    a = client.submit_script(PREEMPTEE, extra=["-p", "gpu", "-N", "1", "--gres=gpu:h100:8", "--requeue", "-t", "5",
+                                               "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-a", "-o", "/dev/null"])
+    jobs.append(a)
+    quota.attach_job(res.id, a, url=url)
+    row = _wait(lambda: (s := _state(client, a)) and s.state.state.value == "RUNNING" and s, 60, "job A to run")
+    node = row.nodelist
+    b = client.submit_script("#!/bin/bash\nsleep 2\n", extra=[
+        "-p", "gpu-hi", "-w", node, "--gres=gpu:h100:8", "-t", "2", "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-b",
+        "-o", "/dev/null"])
+    jobs.append(b)
+    # A is preempted (GraceTime 30 s), requeued, and reruns after B (cred_expire ~10 s)
+    _wait(lambda: len(_runs(client, a)) >= 2 and _state(client, a) is None or
+          (lambda s: s is not None and s.state.state.is_finished)(_state(client, a)), 150, "job A to rerun and finish",
+          step=2)
+    _wait(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, b)), 30, "job B to finish")
+
+    runs_a = _runs(client, a)
+    assert len(runs_a) >= 2, [(r.state.raw, r.elapsed_s) for r in runs_a]
+    assert runs_a[0].state.state.value in ("PREEMPTED", "REQUEUED")
+    (run_b,) = _runs(client, b)
+
+    def cost(r: parsers.AcctRow, mult: Fraction) -> Decimal:
+        return to_decimal(Fraction(8 * r.elapsed_s, 3600) * Fraction(5, 2) * mult)
+
+    want_a = sum(cost(r, Fraction(3, 5)) for r in runs_a)
+    want_b = cost(run_b, Fraction(3, 2))
+
+    def ingest_now():
+        active = ingest.active_job_ids(client, [a, b])
+        rows = ingest.fetch_sacct(client, since)
+        return ingest.ingest_rows(rows, url=url, active=active)
+
+    ingest_now()
+    ingest_now()                                          # re-ingest: idempotent
+    from sqlalchemy import func, select
+
+    from gpuhpc.ledger.orm import Charge, Reservation, UsageRecord
+
+    with db.session_scope(url) as s:
+        def charged(job):
+            return Decimal(s.scalar(select(func.coalesce(func.sum(Charge.amount), 0)).join(
+                UsageRecord, Charge.usage_id == UsageRecord.id).where(UsageRecord.job_id == job,
+                                                                      UsageRecord.cluster == cluster)))
+        assert charged(a) == want_a
+        assert charged(b) == want_b
+        assert s.scalar(select(func.count()).select_from(UsageRecord).where(UsageRecord.job_id == a)) == len(runs_a)
+        assert s.get(Reservation, res.id).status.value == "settled"
+    (st,) = quota.quota_status(ACCOUNT, url=url)
+    assert st.held_money == 0
+
+
+def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
+    url = sqlite_url
+    db.upgrade(url)
+    user = getpass.getuser()
+    acct = f"gpuhpc-test-{uuid.uuid4().hex[:8]}"
+    quota.add_account(acct, description="gpuhpc ledger test", url=url)
+    quota.add_user(user, acct, url=url)
+    quota.set_quota(acct, gpu_hours=Decimal("1"), url=url)           # 60 GPU-minutes
+    qos = slurm_sync.qos_name(acct)
+    assert qos == acct
+    try:
+        plans = slurm_sync.plan(url=url, accounts=[acct])
+        first = slurm_sync.sync(client, plans)
+        assert first.commands
+        assert slurm_sync.sync(client, plans).commands == []          # idempotent
+        (q,) = [r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "MaxTRESMins"])
+                if r["Name"] == qos]
+        assert "NoDecay" in q["Flags"] and q["GrpTRESMins"] == "gres/gpu=60" and q["MaxTRESMins"] == "gres/gpu=60"
+        # a user going around gpuhpc: 8 GPUs × 60 min = 480 GPU-min > 60
+        try:
+            j = client.submit_script("#!/bin/bash\nsleep 1\n", extra=[
+                "-A", acct, "-p", "gpu", "--gres=gpu:h100:8", "-t", "60", "-J", "gpuhpc-ledger-test-limit",
+                "-o", "/dev/null"])
+        except SlurmError as exc:                                      # rejected by Slurm itself
+            assert re.search(r"limit|QOS|GRES|TRES", str(exc), re.I), exc
+            return
+        jobs.append(j)
+        row = _wait(lambda: (s := _state(client, j)) and s.reason not in ("None", "", "Priority") and s, 30,
+                    "a pending reason")
+        assert row.state.state.value == "PENDING", row
+        assert re.search(r"(GRES|TRES)Min", row.reason), row.reason    # QOSMaxGRESMinutesPerJob / QOSGrpGRESMinutes
+        # a job within the limit runs: 1 GPU × 1 min
+        ok = client.submit_script("#!/bin/bash\nexit 0\n", extra=[
+            "-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "1", "-J", "gpuhpc-ledger-test-ok", "-o", "/dev/null"])
+        jobs.append(ok)
+        _wait(lambda: (lambda s: s is None or s.state.state.value in ("RUNNING", "COMPLETED", "COMPLETING"))(
+            _state(client, ok)), 60, "the small job to start")
+    finally:
+        for jid in jobs:
+            client.run(cmd.scancel(jid), check=False)
+        _wait(lambda: all((lambda s: s is None or s.state.state.is_finished)(_state(client, x)) for x in jobs), 60,
+              "test jobs to leave the queue")
+        client.sacctmgr("delete", "user", "where", f"name={user}", f"account={acct}", check=False)
+        client.sacctmgr("delete", "account", "where", f"name={acct}", check=False)
+        client.sacctmgr("delete", "qos", "where", f"name={qos}", check=False)
+    assert not [r for r in client.sacctmgr_list("account", fields=["Account"]) if r["Account"] == acct]
