@@ -211,7 +211,6 @@ def parse_query_text(text: str, source: str = "nvidia-smi -q") -> SmiQuery:
 
 
 # ------------------------------------------------------------------ nvidia-smi topo -m / -mp
-_DEV = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|\S+)$")
 
 
 def parse_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo:

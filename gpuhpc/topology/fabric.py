@@ -19,7 +19,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.topology.hostlist import natural_key
+from gpuhpc.topology.hostlist import compress, natural_key
 from gpuhpc.topology.ibnetdiscover import Dump, Link, switch_label
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -329,11 +329,9 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
     if spec_set is not None:
         extra = sorted(all_hosts - spec_set, key=natural_key)
         if extra:
-            from gpuhpc.topology.hostlist import compress
             warnings.append(f"{len(extra)} host(s) in the fabric are not in the spec, left out: {compress(extra)}")
         gone = sorted(spec_set - all_hosts, key=natural_key)
         if gone:
-            from gpuhpc.topology.hostlist import compress
             warnings.append(f"{len(gone)} spec host(s) are not in the fabric (down, uncabled or NodeDesc unset): {compress(gone)}")
     placed: dict[str, list[str]] = defaultdict(list)      # host -> leaf ids
     leaf_hosts: dict[str, set[str]] = defaultdict(set)
@@ -355,15 +353,11 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
             leaf = hs[0].switch
             placed[host].append(leaf)
             leaf_hosts[leaf].add(host)
-    rail_hosts = {h.host for r in chosen for h in r.hcas}
     missing = sorted((all_hosts if spec_set is None else all_hosts & spec_set) - set(placed), key=natural_key)
     if missing and len(fab.rails) > 1:
-        from gpuhpc.topology.hostlist import compress
         warnings.append(f"{len(missing)} host(s) have no HCA on the chosen rail(s), left out: {compress(missing)}")
     elif missing:
-        from gpuhpc.topology.hostlist import compress
         warnings.append(f"{len(missing)} host(s) are not cabled to a switch, left out: {compress(missing)}")
-    del rail_hosts
     if not placed:
         warnings.append(f"no host names in this fabric ({len(fab.names)} switches, {len(fab.dump.cas())} CAs, none "
                         "with a '<host> <hca>' NodeDesc cabled to a switch): topology.conf has no switches")
