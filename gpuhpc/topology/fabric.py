@@ -146,7 +146,7 @@ def analyse(dump: Dump) -> Fabric:
             continue
         host, hca = split
         hcas.append(Hca(host, hca, ca.id, sw[0] if sw else None, sw[1] if sw else None, ca.line))
-    for sid, cas in unnamed.items():
+    for sid, cas in sorted(unnamed.items(), key=lambda kv: natural_key(names[kv[0]])):
         ports = ", ".join(str(p) for p, _ in sorted(cas)[:8]) + (" ..." if len(cas) > 8 else "")
         warnings.append(f"switch {names[sid]}: {len(cas)} CA(s) with a default NodeDesc "
                         f"({cas[0][1]!r}) on port(s) {ports}: no host name, left out "
@@ -171,6 +171,8 @@ def analyse(dump: Dump) -> Fabric:
     for link in dump.one_sided[:20]:
         fab.warnings.append(f"cable {_end(fab, link.a, link.a_port)} <-> {_end(fab, link.b, link.b_port)} "
                             f"(line {link.line}) is listed from one end only")
+    if len(dump.one_sided) > 20:
+        fab.warnings.append(f"... and {len(dump.one_sided) - 20} more cables listed from one end only")
     return fab
 
 
