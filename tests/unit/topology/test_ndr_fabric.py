@@ -127,3 +127,16 @@ def test_block_by_leaf(ndr_text):
     sizes = [l for l in res.text.splitlines() if l.startswith("BlockSizes=")]
     assert blocks and sizes == [sizes[0]] and sizes[0].startswith("BlockSizes=8,16,32")
     assert all(len(expand(b.split("Nodes=")[1])) <= 8 for b in blocks)
+
+
+def test_stdin_via_subprocess_like_ansible(ndr_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "topology", "from-ibnetdiscover", "-"],
+                         input=ndr_path.read_text(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert res.stdout.count("SwitchName=") == 18 and "warning" in res.stderr
+    bad = subprocess.run([sys.executable, "-m", "gpuhpc", "topology", "from-ibnetdiscover", "-"],
+                         input=ndr_path.read_text()[:5000], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == "" and "<stdin>:" in bad.stderr
