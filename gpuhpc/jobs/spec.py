@@ -282,7 +282,10 @@ class JobSpec:
         if self.dependency is not None and not re.fullmatch(r"[A-Za-z0-9_:,?+]+", self.dependency):
             raise UserInputError(f"invalid dependency {self.dependency!r}", field="dependency",
                                  hint="e.g. afterok:123")
-        g = parse_duration(self.grace, "grace") if not isinstance(self.grace, int) else self.grace
+        g = self.grace
+        if isinstance(g, str) and g.strip().isdigit():       # bare number = seconds
+            g = int(g.strip())
+        g = g if isinstance(g, int) and not isinstance(g, bool) else parse_duration(g, "grace")
         _check_int(g, "grace", minimum=1)
         if g >= self.resources.time_s:
             raise UserInputError(f"grace ({g}s) must be shorter than the time limit ({self.resources.time_s}s)",

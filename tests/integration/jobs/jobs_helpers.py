@@ -1,0 +1,44 @@
+"""Helpers shared by the jobs integration tests (a uniquely named module: other test
+directories have their own conftest.py)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuhpc.slurm.client import SlurmClient
+
+HERE = Path(__file__).resolve().parent
+
+
+def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+def job_state(slurm: SlurmClient, job_id: str) -> str:
+    rec = slurm.show_job(job_id)
+    return rec.get("JobState", "") if rec else ""
+
+
+def preempt(slurm: SlurmClient, nodelist: str, gres: str, track) -> str:
+    """A short gpu-hi job on the same GPUs: partition_prio preemption requeues the gpu job."""
+    job_id = slurm.submit_script(
+        "#!/bin/bash\nsleep 1\n",
+        extra=["--partition=gpu-hi", f"--nodelist={nodelist}", f"--gres={gres}", "--time=1",
+               "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
+    track(job_id)
+    return job_id

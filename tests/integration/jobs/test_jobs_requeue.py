@@ -1,0 +1,85 @@
+"""Script mode survives preemption (3x), a manual requeue and the time limit, recomputing at
+most one checkpoint interval per interruption, and ends as an uninterrupted run would."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from jobs_helpers import HERE, gpuhpc, job_state, preempt, wait_for
+
+sys.path.insert(0, str(HERE))
+from counter_train import uninterrupted  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+STEPS, EVERY, STEP_S = 1500, 10, 0.05
+NODE, GRES = "gpu-node2", "gpu:h100:8"
+
+
+def _runs(progress_text: str) -> list[dict]:
+    """[{restart, resume, last}] per run of the program, from its progress log."""
+    runs: list[dict] = []
+    for line in progress_text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["start"]:
+            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
+        elif parts[:1] == ["step"] and runs:
+            runs[-1]["last"] = int(parts[1])
+    return runs
+
+
+def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_path, slurm, track):
+    progress, result = tmp_path / "progress.log", tmp_path / "result.json"
+    res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
+                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-requeue",
+                 "--max-requeues", "8", "--json", "--",
+                 sys.executable, str(HERE / "counter_train.py"), "--steps", str(STEPS), "--every", str(EVERY),
+                 "--step-seconds", str(STEP_S), "--progress", str(progress), "--result", str(result))
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+
+    def progressed_since_start(n: int):
+        def check():
+            if job_state(slurm, job_id) != "RUNNING" or not progress.exists():
+                return False
+            runs = _runs(progress.read_text())
+            return bool(runs) and runs[-1]["last"] - runs[-1]["resume"] >= n
+        return check
+
+    for i, action in enumerate(["preempt", "preempt", "requeue", "preempt", "time_limit"]):
+        wait_for(progressed_since_start(2 * EVERY), 90, f"job {job_id} running again before {action} #{i}")
+        before = slurm.restarts(job_id)
+        if action == "preempt":
+            preempt(slurm, NODE, GRES, track)
+        elif action == "requeue":
+            slurm.requeue(job_id)
+        else:  # the limit hits within the --signal grace: USR2 now, the template requeues itself
+            slurm.update_job(job_id, TimeLimit="1")
+        wait_for(lambda: slurm.restarts(job_id) > before, 120, f"{action} #{i} of job {job_id} to requeue it")
+        if action == "time_limit":
+            slurm.update_job(job_id, TimeLimit="15")
+            assert job_state(slurm, job_id) != "TIMEOUT"
+
+    wait_for(lambda: job_state(slurm, job_id) == "COMPLETED", 150, f"job {job_id} to complete")
+
+    from gpuhpc.jobs.api import Job
+
+    job = Job(job_id, client=slurm)
+    assert job.state.value == "COMPLETED" and job.done()
+    assert json.loads(result.read_text()) == uninterrupted(STEPS)
+    runs = _runs(progress.read_text())
+    assert len(runs) >= 6, runs
+    for prev, cur in zip(runs, runs[1:]):
+        assert 0 <= prev["last"] - cur["resume"] <= EVERY, (prev, cur)
+    assert [r["restart"] for r in runs] == list(range(len(runs)))
+    # accounting shows the restarts: scontrol Restarts= and one sacct row per earlier run
+    assert slurm.restarts(job_id) >= 5
+    rows = [r for r in slurm.accounting(job_ids=[job_id], duplicates=True) if r.job_id == job_id]
+    assert len(rows) >= 6
+    assert rows[-1].state.state.value == "COMPLETED"
+    assert all(not r.state.is_finished for r in rows[:-1]), [r.state.raw for r in rows]
+    log = job.logs()
+    assert "SIGUSR2" in log and "requeueing job" in log
