@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write topology.conf from an ibnetdiscover dump."""
         from gpuhpc.topology import topology_from_ibnetdiscover
-        from gpuhpc.topology.spec import read_cliques, spec_domains, spec_nodes
+        from gpuhpc.topology.spec import read_cliques, spec_domains, spec_hcas, spec_nodes
 
         text, source = _read_input(file)
         hosts = spec_nodes(spec) if spec else None
@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
         if cliques:
             domains.update(read_cliques(cliques))
         res = topology_from_ibnetdiscover(text, source=source, rail=rail, spec_hosts=hosts, fmt=fmt,
-                                          block_by=block_by, block_size=block_size, domains=domains)
+                                          block_by=block_by, block_size=block_size, domains=domains,
+                                          compute_hcas=spec_hcas(spec) if spec else None)
         _warn_all(res.warnings)
         if output:
             write_atomic(output, res.text)

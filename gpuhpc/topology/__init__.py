@@ -44,13 +44,14 @@ class TopologyResult:
 def topology_from_ibnetdiscover(text: str, *, source: str = "<stdin>", rail: str = "auto",
                                 spec_hosts: list[str] | None = None, fmt: str = "tree",
                                 block_by: str = "leaf", block_size: int | None = None,
-                                domains: dict[str, str] | None = None) -> TopologyResult:
+                                domains: dict[str, str] | None = None,
+                                compute_hcas: set[str] | None = None) -> TopologyResult:
     """ibnetdiscover text -> topology.conf text plus warnings. Raises UserInputError (exit 2)."""
     if fmt not in ("tree", "block", "spec"):
         raise UserInputError(f"unknown format {fmt!r}", field="--format", hint="tree, block or spec")
     dump = parse(text, source)
     fab = analyse(dump)
-    tree = build_tree(fab, rail=rail, spec_hosts=spec_hosts)
+    tree = build_tree(fab, rail=rail, spec_hosts=spec_hosts, compute_hcas=compute_hcas)
     warnings = tree.warnings
     chosen = ", ".join(r.label for r in tree.rails) or "-"
     header = f"topology.conf for Slurm topology/{fmt}, from {source} by gpuhpc (rail: {chosen})"

@@ -259,10 +259,21 @@ def _detect_rails(fab: Fabric) -> None:
     fab.rails = rails
 
 
-def pick_rails(fab: Fabric, rail: str = "auto", warnings: list[str] | None = None) -> tuple[list[Rail], set[str] | None]:
-    """``auto`` | ``all`` | comma list of HCA names -> (chosen rails, HCA names to use or None=all)."""
+def pick_rails(fab: Fabric, rail: str = "auto", warnings: list[str] | None = None,
+               compute_hcas: set[str] | None = None) -> tuple[list[Rail], set[str] | None]:
+    """``auto`` | ``all`` | comma list of HCA names -> (chosen rails, HCA names to use or None=all).
+
+    ``compute_hcas`` (the spec's ``ib_hcas``) limits ``auto``/``all`` to rails holding those names."""
     warnings = warnings if warnings is not None else []
     rails = fab.rails
+    if compute_hcas and (rail or "auto").strip() in ("auto", "all"):
+        keep = [r for r in rails if r.names & compute_hcas]
+        if keep:
+            dropped = [r for r in rails if r not in keep]
+            if dropped:
+                warnings.append("rails with no HCA from the spec's ib_hcas left out: "
+                                + "; ".join(f"rail {r.index} = {r.label}" for r in dropped))
+            rails = keep
     if not rails:
         return [], None
     spec = (rail or "auto").strip()
@@ -309,7 +320,8 @@ class Tree:
         return {h: v[0] for h, v in self.hosts.items() if v}
 
 
-def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = None) -> Tree:
+def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = None,
+               compute_hcas: set[str] | None = None) -> Tree:
     """Place every host of the chosen rail(s) under the leaf its HCA is cabled to, then walk
     up through the non-edge switches to find spines (level 1), cores (level 2) ..."""
     warnings = list(fab.warnings)
@@ -318,7 +330,7 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
         warnings.append(f"no switches in this dump (CAs: {', '.join(hosts[:5])}): the host that ran "
                         "ibnetdiscover is not cabled to a switch, or its port is down; topology.conf has no switches")
         return Tree([], [], {}, warnings)
-    chosen, use_names = pick_rails(fab, rail, warnings)
+    chosen, use_names = pick_rails(fab, rail, warnings, compute_hcas)
     if len(fab.rails) > 1:
         picked = {r.index for r in chosen}
         desc = "; ".join(f"rail {r.index}{'*' if r.index in picked else ''} = {r.label}: "

@@ -141,3 +141,15 @@ def read_cliques(path: str | Path) -> dict[str, str]:
             raise UserInputError(f"expected 'HOST CLIQUE', got {line!r}", field=f"{p}:{lineno}")
         out[parts[0]] = " ".join(parts[1:])
     return out
+
+
+def spec_hcas(path: str | Path) -> set[str]:
+    """Compute HCA names the spec lists (``node_groups[*].ib_hcas``); storage HCAs are left out
+    of it by the admin, so ``--rail auto`` only picks among these."""
+    data = _load(path)
+    groups = data.get("node_groups") or data.get("nodegroups") or []
+    out: set[str] = set()
+    for g in groups if isinstance(groups, list) else []:
+        if isinstance(g, dict) and isinstance(g.get("ib_hcas"), list):
+            out.update(str(x) for x in g["ib_hcas"])
+    return out

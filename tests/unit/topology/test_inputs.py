@@ -278,3 +278,17 @@ def test_spec_format_validates_against_the_spec_model(repo_root, cli):
     assert [(s.name, s.nodes, s.switches) for s in topo.switches] == [
         ("r0-leaf001", ["gpu-node[1-2]"], []), ("r0-leaf002", ["cpu-node1", "mig-node1"], []),
         ("r0-spine001", [], ["r0-leaf001", "r0-leaf002"])]
+
+
+def test_spec_ib_hcas_exclude_storage_plane_from_auto(tmp_path, cli):
+    # two planes with the same hosts: mlx5_0 (compute) and mlx5_1 (storage, bigger leaves)
+    text = synth(levels=2, leaves=2, hosts_per_leaf=3, rails=2)
+    dump = tmp_path / "f.out"
+    dump.write_text(text)
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("name: t\nnode_groups:\n  - name: g\n    hostname: 'gpu{n:03d}'\n    count: 6\n"
+                    "    ib_hcas: [mlx5_1]\n")
+    rc, out, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec), "--rail", "all")
+    assert rc == 0, err
+    assert "SwitchName=r1-leaf001" in out and "r0-leaf" not in out
+    assert "no HCA from the spec's ib_hcas" in err
