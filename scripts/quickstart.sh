@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# quickstart.sh - README command (a): on a fresh Debian 12 machine (as root) set everything up
+# and run the main job:
+#   1. bootstrap: Debian packages (Slurm 22.05, MariaDB, ...) and .venv with gpuhpc
+#   2. stand up the local GPU Slurm cluster with our Ansible roles
+#   3. ledger: create the database, a price book and a quota for account "research"
+#   4. submit a sample training job on 2 H100s, preempt it with a high-priority job, and watch
+#      it checkpoint, requeue and resume to the same final result
+#   5. settle usage from sacct into the ledger and print the cost report
+# Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+unset SLURM_CONF
+
+say "1/5 bootstrap"
+bash scripts/bootstrap.sh
+export PATH="$REPO/.venv/bin:$PATH"
+
+say "2/5 local GPU Slurm cluster (ansible-playbook -i ansible/inventories/local ansible/site.yml)"
+bash scripts/cluster.sh up > /tmp/gpuhpc-quickstart-ansible.log 2>&1 \
+  || { tail -40 /tmp/gpuhpc-quickstart-ansible.log; exit 1; }
+grep -A8 "PLAY RECAP" /tmp/gpuhpc-quickstart-ansible.log || true
+sinfo
+gpuhpc cluster status
+
+say "3/5 ledger: schema, price book, quota"
+gpuhpc db upgrade
+gpuhpc ledger price set --gpu-type h100 --rate 2.50
+gpuhpc ledger price set --gpu-type 3g.40gb --of h100 --fraction 3/7
+gpuhpc ledger price set --gpu-type 1g.10gb --of h100 --fraction 1/7
+gpuhpc ledger price set --partition gpu --multiplier 0.6     # preemptible capacity is cheaper
+gpuhpc ledger account add research >/dev/null 2>&1 || true
+gpuhpc quota set research --gpu-hours 1000 --period month
+gpuhpc ledger price list
+
+say "4/5 sample training job: 2 × H100, checkpoint every 20 steps"
+DEMO=/var/tmp/gpuhpc-demo
+rm -rf "$DEMO/ckpt"; mkdir -p "$DEMO"
+JOB=$(gpuhpc submit --name sample-train --account research --partition gpu --nodelist gpu-node1 \
+        --gpus 2 --gpu-type h100 --time 30m --checkpoint-dir "$DEMO/ckpt" \
+        -- python3 "$REPO/examples/train.py" --steps 300 --ckpt-every 20 --step-seconds 0.1)
+echo "submitted job $JOB"
+until [ "$(squeue -h -j "$JOB" -o %T)" = RUNNING ]; do sleep 1; done
+sleep 8
+echo "preempting it with a high-priority job that needs all 8 GPUs of gpu-node1 ..."
+HI=$(gpuhpc submit --name urgent-eval --account research --partition gpu-hi --nodelist gpu-node1 \
+        --gpus 8 --gpu-type h100 --time 15m --no-requeue -- sleep 5)
+echo "high-priority job $HI"
+while :; do
+  state=$(gpuhpc status "$JOB" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
+  case "$state" in COMPLETED|FAILED|CANCELLED|TIMEOUT|OUT_OF_MEMORY) break ;; esac
+  sleep 3
+done
+echo "job $JOB finished: $state"
+gpuhpc logs "$JOB" | grep -E "resume_step|SIGUSR2|requeue|done" || true
+sacct -j "$JOB" --duplicates -X -o JobID,JobName,Partition,State,Elapsed,AllocTRES%50
+[ "$state" = COMPLETED ] || { echo "the sample job did not complete" >&2; exit 1; }
+
+say "5/5 settle usage into the ledger and report cost"
+gpuhpc ledger ingest
+gpuhpc report cost --by user --period day
+gpuhpc report cost --by gpu-type --period day --html "$DEMO/cost.html"
+gpuhpc quota show research
+echo
+echo "cost report with charts: $DEMO/cost.html"
+echo "next: source .venv/bin/activate; gpuhpc --help   (README.md has the tour)"
