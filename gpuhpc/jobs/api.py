@@ -99,13 +99,40 @@ class _SubmititCallable:
         self.max_requeues = max_requeues
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import signal
+
         from gpuhpc.jobs.checkpoint import restart_count
 
         try:
             self.fn.restarts = restart_count()
         except AttributeError:
             pass
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._save_on_term(args, kwargs))
         return self.fn(*args, **kwargs)
+
+    def _save_on_term(self, args: tuple, kwargs: dict) -> None:
+        """SIGTERM (scontrol requeue, scancel, the end of a grace period): Slurm kills the
+        job KillWait seconds later with no SIGUSR2. Snapshot the state where submitit
+        restarts from, then stop making progress that would be lost."""
+        import time
+
+        from submitit import JobEnvironment
+        from submitit.core import utils
+
+        try:
+            env = JobEnvironment()
+            if env.global_rank == 0:
+                path = env.paths.submitted_pickle
+                current = utils.DelayedSubmission.load(path)
+                if self.fn.checkpoint(*args, **kwargs) is not False:
+                    new = utils.DelayedSubmission(self, *args, **kwargs)
+                    new.set_timeout(current._timeout_min, current._timeout_countdown)
+                    with utils.temporary_save_path(path) as tmp:
+                        new.dump(tmp)
+                    print("gpuhpc: SIGTERM: state saved; waiting to be stopped", flush=True)
+        except Exception as exc:  # never die in a signal handler
+            print(f"gpuhpc: SIGTERM: could not save state: {exc}", flush=True)
+        time.sleep(120)
 
     def checkpoint(self, *args: Any, **kwargs: Any):
         from submitit.helpers import DelayedSubmission

@@ -41,16 +41,16 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
     job_id = json.loads(res.stdout)["job_id"]
     track(job_id)
 
-    def progressed_since_start(n: int):
+    def progressed_since_start(n: int, run: int):
         def check():
             if job_state(slurm, job_id) != "RUNNING" or not progress.exists():
                 return False
             runs = _runs(progress.read_text())
-            return bool(runs) and runs[-1]["last"] - runs[-1]["resume"] >= n
+            return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
         return check
 
     for i, action in enumerate(["preempt", "preempt", "requeue", "preempt", "time_limit"]):
-        wait_for(progressed_since_start(2 * EVERY), 90, f"job {job_id} running again before {action} #{i}")
+        wait_for(progressed_since_start(2 * EVERY, i + 1), 90, f"job {job_id} running again before {action} #{i}")
         before = slurm.restarts(job_id)
         if action == "preempt":
             preempt(slurm, NODE, GRES, track)

@@ -1,0 +1,34 @@
+"""A deterministic Checkpointable callable for the Python-API test (importable by the job
+through PYTHONPATH)."""
+from __future__ import annotations
+
+import time
+
+from gpuhpc.jobs.checkpoint import Checkpointable
+
+
+def advance(step: int, value: int) -> int:
+    return (value * 6364136223846793005 + 1442695040888963407 + step) % (1 << 61)
+
+
+def uninterrupted(steps: int) -> dict:
+    value = 1
+    for s in range(1, steps + 1):
+        value = advance(s, value)
+    return {"step": steps, "value": value}
+
+
+class Counter(Checkpointable):
+    def __init__(self) -> None:
+        self.state = (0, 1)          # (step, value): replaced in one assignment
+
+    def __call__(self, steps: int, step_seconds: float, progress: str) -> dict:
+        step, value = self.state
+        with open(progress, "a", buffering=1) as log:
+            log.write(f"start {self.restarts} {step}\n")
+            while step < steps:
+                time.sleep(step_seconds)
+                step, value = step + 1, advance(step + 1, value)
+                self.state = (step, value)
+                log.write(f"step {step}\n")
+        return {"step": step, "value": value}

@@ -1,0 +1,68 @@
+"""Python mode: a Checkpointable submitted with gpuhpc.submit survives a preemption and a
+manual requeue; its result equals an uninterrupted run."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from jobs_helpers import HERE, job_state, preempt, wait_for
+
+sys.path.insert(0, str(HERE))
+from jobs_counter_lib import Counter, uninterrupted  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+STEPS, STEP_S = 600, 0.05
+NODE, GRES = "gpu-node2", "gpu:h100:8"
+
+
+def _runs(text: str) -> list[dict]:
+    runs: list[dict] = []
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["start"]:
+            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
+        elif parts[:1] == ["step"] and runs:
+            runs[-1]["last"] = int(parts[1])
+    return runs
+
+
+def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slurm, track, monkeypatch):
+    import gpuhpc
+
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
+    progress = tmp_path / "progress.log"
+    job = gpuhpc.submit(
+        Counter(), STEPS, STEP_S, str(progress),
+        resources=gpuhpc.Resources(partition="gpu", gpus=8, gpu_type="h100", nodelist=NODE, time="15m"),
+        name="gpuhpc-test-pycall", grace=60, max_requeues=5)
+    track(job.job_id)
+    assert isinstance(job, gpuhpc.Job)
+
+    def progressed(n: int, run: int):
+        def check():
+            if job_state(slurm, job.job_id) != "RUNNING" or not progress.exists():
+                return False
+            runs = _runs(progress.read_text())
+            return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
+        return check
+
+    for i, action in enumerate(["preempt", "requeue"]):
+        wait_for(progressed(20, i + 1), 90, f"job {job.job_id} running before {action}")
+        before = slurm.restarts(job.job_id)
+        if action == "preempt":
+            preempt(slurm, NODE, GRES, track)
+        else:
+            slurm.requeue(job.job_id)
+        wait_for(lambda: slurm.restarts(job.job_id) > before, 120, f"{action} to requeue job {job.job_id}")
+        assert not job.state.is_finished
+
+    assert job.result(timeout=240) == uninterrupted(STEPS)
+    assert job.state is gpuhpc.JobState.COMPLETED
+    runs = _runs(progress.read_text())
+    assert len(runs) >= 3, runs
+    for prev, cur in zip(runs, runs[1:]):
+        assert 0 <= prev["last"] - cur["resume"] <= 1, (prev, cur)
+    assert runs[-1]["restart"] >= 2
+    assert "SIGUSR2" in job.logs() or "USR2" in job.logs()
