@@ -1,0 +1,123 @@
+"""Launchers and hostile input on the real cluster: a 2-node torchrun job's distributed
+environment, and job names/arguments/env values that must never reach a shell."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs_helpers import HERE, gpuhpc, job_state, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _finished(slurm, job_id):
+    return lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def test_torchrun_two_nodes_consistent_environment(jobs_env, slurm, track):
+    res = gpuhpc("submit", "--template", "torchrun", "--nodes", "2", "--gpus", "2", "--gpu-type", "h100",
+                 "--partition", "gpu", "--time", "15m", "--name", "gpuhpc-test-torchrun", "--json", "--",
+                 "python", str(HERE / "print_dist_env.py"), "--lr", "3e-4",
+                 env={"GPUHPC_TORCHRUN": str(HERE / "fake_torchrun.py")})
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    wait_for(_finished(slurm, job_id), 120, f"torchrun job {job_id}")
+    from gpuhpc.jobs.api import Job
+
+    job = Job(job_id, client=slurm)
+    log = job.logs()
+    assert job.state.value == "COMPLETED", log
+    envs = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("DIST_ENV ")]
+    assert len(envs) == 4, log
+    assert sorted(int(e["RANK"]) for e in envs) == [0, 1, 2, 3]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert {e["MASTER_ADDR"] for e in envs} == {envs[0]["MASTER_ADDR"]}
+    assert {e["MASTER_PORT"] for e in envs} == {envs[0]["MASTER_PORT"]}
+    by_node: dict[str, list] = {}
+    for e in envs:
+        by_node.setdefault(e["SLURM_NODEID"], []).append(e)
+        assert int(e["RANK"]) == int(e["GROUP_RANK"]) * 2 + int(e["LOCAL_RANK"])
+        assert e["GROUP_RANK"] == e["SLURM_NODEID"]
+        assert e["argv"] == ["--lr", "3e-4"]
+    assert sorted(by_node) == ["0", "1"]
+    assert {e["SLURMD_NODENAME"] for e in envs} == {"gpu-node1", "gpu-node2"}
+    for node_envs in by_node.values():
+        assert sorted(int(e["LOCAL_RANK"]) for e in node_envs) == [0, 1]
+    # MASTER_ADDR is the first node's NodeAddr (node names need not resolve)
+    first = next(e["SLURMD_NODENAME"] for e in envs if e["GROUP_RANK"] == "0")
+    rec = slurm.run(["scontrol", "--oneliner", "show", "node", first]).stdout
+    addr = [w.split("=", 1)[1] for w in rec.split() if w.startswith("NodeAddr=")]
+    assert addr and envs[0]["MASTER_ADDR"] == addr[0]
+
+
+HOSTILE_NAME = "x; touch /tmp/pwned"
+HOSTILE_ARGS = ["$(touch /tmp/pwned2)", "`touch /tmp/pwned3`", "a'b\"c", "ünïcødé ✓ ;|&<>*?", "--", "$HOME"]
+HOSTILE_ENV = "$(touch /tmp/pwned4); `touch /tmp/pwned5` 'q' \"dq\" ünï"
+PWNED = [Path(f"/tmp/pwned{s}") for s in ("", "2", "3", "4", "5")]
+
+
+def test_hostile_names_arguments_and_env_never_reach_a_shell(jobs_env, slurm, track):
+    for p in PWNED:
+        p.unlink(missing_ok=True)
+    printer = "import json, os, sys; print('ARGV ' + json.dumps([sys.argv[1:], os.environ['EVIL']]))"
+    res = gpuhpc("submit", "--partition", "cpu", "--time", "15m", "--name", HOSTILE_NAME, "--env",
+                 f"EVIL={HOSTILE_ENV}", "--json", "--", sys.executable, "-c", printer, *HOSTILE_ARGS)
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    wait_for(_finished(slurm, job_id), 90, f"job {job_id}")
+    from gpuhpc.jobs.api import Job
+
+    job = Job(job_id, client=slurm)
+    log = job.logs()
+    assert job.state.value == "COMPLETED", log
+    for p in PWNED:
+        assert not p.exists(), f"{p} was created: input reached a shell"
+    line = next(line for line in log.splitlines() if line.startswith("ARGV "))
+    assert json.loads(line[5:]) == [HOSTILE_ARGS, HOSTILE_ENV]
+    assert slurm.show_job(job_id)["JobName"] == HOSTILE_NAME
+    # the JSON listing carries the exact name back
+    listed = json.loads(gpuhpc("status", job_id, "--json").stdout)
+    assert listed["name"] == HOSTILE_NAME and listed["state"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("args", [
+    ["--name", "bad\nname"],
+    ["--env", "X=line1\nline2"],
+    ["--name", "esc\x1b[31m"],
+])
+def test_control_characters_are_rejected_before_sbatch(jobs_env, args):
+    res = gpuhpc("submit", "--partition", "cpu", *args, "--", "true")
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ") and "control character" in res.stderr
+    assert res.stdout == "" and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_control_character_in_argument_rejected(jobs_env):
+    res = gpuhpc("submit", "--partition", "cpu", "--", "echo", "a\nb")
+    assert res.returncode == 2 and "command[1]" in res.stderr
+
+
+def test_jobs_status_logs_cancel_json(jobs_env, slurm, track):
+    res = gpuhpc("submit", "--partition", "cpu", "--time", "15m", "--hold", "--name", "gpuhpc-test-manage",
+                 "--json", "--", "sleep", "30")
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    rows = json.loads(gpuhpc("jobs", "--json").stdout)
+    mine = [r for r in rows if r["job_id"] == job_id]
+    assert mine and mine[0]["state"] == "PENDING" and "gpu_hours" in mine[0]
+    st = json.loads(gpuhpc("status", job_id, "--json").stdout)
+    assert st["state"] == "PENDING" and st["finished"] is False
+    assert st["log"].endswith(f"gpuhpc-test-manage-{job_id}.out")
+    out = gpuhpc("cancel", job_id, "--json")
+    assert out.returncode == 0 and json.loads(out.stdout) == [{"job_id": job_id, "cancelled": True}]
+    wait_for(lambda: job_state(slurm, job_id) == "CANCELLED", 30, "cancel")
+    logs = gpuhpc("logs", job_id, "--json")
+    assert logs.returncode == 0 and json.loads(logs.stdout)["job_id"] == job_id
+    assert gpuhpc("status", "12x", "--json").returncode == 2
