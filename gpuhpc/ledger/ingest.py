@@ -42,6 +42,16 @@ SACCT_FIELDS: tuple[str, ...] = (
 STALE_HOLD = dt.timedelta(hours=6)   # a hold with no job id after this long is released
 
 
+def _fixed_local_tz() -> dt.tzinfo | None:
+    """The local zone as a fixed offset when it has no DST (fast path), else None."""
+    import time
+
+    return dt.timezone(dt.timedelta(seconds=-time.timezone)) if not time.daylight else None
+
+
+_LOCAL = _fixed_local_tz()
+
+
 def parse_time(text: str) -> dt.datetime | None:
     """sacct's local ``2026-11-30T02:50:08`` -> aware UTC (None for Unknown/None)."""
     t = (text or "").strip()
@@ -52,11 +62,12 @@ def parse_time(text: str) -> dt.datetime | None:
     except ValueError:
         return None
     if value.tzinfo is None:
-        value = value.astimezone()     # sacct prints the local time of the host
+        # sacct prints the local time of the host
+        value = value.replace(tzinfo=_LOCAL) if _LOCAL is not None else value.astimezone()
     return value.astimezone(dt.timezone.utc)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Run:
     cluster: str
     job_id: str
@@ -116,8 +127,9 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
         start = parse_time(r.start)
         if start is None:
             continue
+        gpus = {k: n for k, n in r.gpus.items() if n > 0}
         v.runs.append(Run(cluster, head, task, start, parse_time(r.end), r.state.raw.split()[0] if r.state.raw else "",
-                          max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, r.gpus, r.name[:255]))
+                          max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255]))
     yield from views.values()
 
 
@@ -152,20 +164,16 @@ class IngestResult:
         return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in self.__dict__.items()}
 
 
-def _price(book: pricing.PriceBook, run: Run) -> tuple[str, int, pricing.Price]:
-    gpus = {k: v for k, v in run.gpus.items() if v > 0}
+def _price(book: pricing.PriceCache, run: Run) -> tuple[str, int, pricing.Price]:
+    gpus = run.gpus
     if not gpus:
-        p = pricing.price_usage(book, gpu_type=None, gpus=0, seconds=run.elapsed_s, partition=run.partition,
-                                qos=run.qos, at=run.run_start)
-        return "", 0, p
+        return "", 0, book.price(None, 0, run.elapsed_s, run.partition, run.qos, run.run_start)
     if len(gpus) == 1:
         ((gt, n),) = gpus.items()
-        return gt, n, pricing.price_usage(book, gpu_type=gt, gpus=n, seconds=run.elapsed_s,
-                                          partition=run.partition, qos=run.qos, at=run.run_start)
+        return gt, n, book.price(gt, n, run.elapsed_s, run.partition, run.qos, run.run_start)
     hours, amount, priced = ZERO, ZERO, True
     for gt, n in sorted(gpus.items()):
-        p = pricing.price_usage(book, gpu_type=gt, gpus=n, seconds=run.elapsed_s, partition=run.partition,
-                                qos=run.qos, at=run.run_start)
+        p = book.price(gt, n, run.elapsed_s, run.partition, run.qos, run.run_start)
         hours += p.gpu_hours
         amount += p.amount
         priced = priced and p.priced
@@ -184,13 +192,41 @@ class _Books:
         for quota in q.lock_all_quotas(s):
             self.quotas[quota.account_id].append(quota)
         self._buckets: dict[tuple[int, dt.datetime], QuotaUsage] = {}
+        self._qcache: dict[tuple[str, str], list[Quota]] = {}
+        self._pstart: dict[tuple, dt.datetime] = {}
+        self._pending: dict[tuple[int, dt.datetime], list[Decimal]] = {}
 
     def quotas_for(self, account: str, user: str) -> list[Quota]:
-        acct = self.accounts.get(account)
-        if acct is None:
-            return []
-        uid = self.users.get(user)
-        return [x for x in self.quotas.get(acct.id, ()) if x.user_id is None or x.user_id == uid]
+        key = (account, user)
+        hit = self._qcache.get(key)
+        if hit is None:
+            acct = self.accounts.get(account)
+            uid = self.users.get(user)
+            hit = self._qcache[key] = [] if acct is None else \
+                [x for x in self.quotas.get(acct.id, ()) if x.user_id is None or x.user_id == uid]
+        return hit
+
+    def add_used(self, quota: Quota, at: dt.datetime, hours: Decimal, money: Decimal) -> None:
+        """Count usage in the quota's period containing ``at`` (applied in :meth:`apply`)."""
+        pkey = (quota.period, at.date())
+        start = self._pstart.get(pkey)
+        if start is None:
+            start = self._pstart[pkey] = pricing.period_start(quota.period.value, at)
+        key = (quota.id, start)
+        acc = self._pending.get(key)
+        if acc is None:
+            # get/create the counter row now, before this batch's charges exist in the table
+            self.bucket(quota, at)
+            acc = self._pending[key] = [ZERO, ZERO]
+        acc[0] += hours
+        acc[1] += money
+
+    def apply(self) -> None:
+        for key, (hours, money) in self._pending.items():
+            b = self._buckets[key]
+            b.used_gpu_hours = b.used_gpu_hours + hours
+            b.used_money = b.used_money + money
+        self._pending.clear()
 
     def bucket(self, quota: Quota, at: dt.datetime) -> QuotaUsage:
         key = (quota.id, pricing.period_start(quota.period.value, at))
@@ -200,7 +236,7 @@ class _Books:
         return b
 
 
-def _ingest_batch(s: Session, book: pricing.PriceBook, jobs: list[JobView], res: IngestResult,
+def _ingest_batch(s: Session, book: pricing.PriceCache, jobs: list[JobView], res: IngestResult,
                   active: set[str] | None) -> None:
     books = _Books(s)
     runs = [r for j in jobs for r in j.runs]
@@ -235,17 +271,15 @@ def _ingest_batch(s: Session, book: pricing.PriceBook, jobs: list[JobView], res:
         for h in s.scalars(select(ReservationHold).where(ReservationHold.reservation_id.in_(open_ids))):
             holds[h.reservation_id].append(h)
 
-    new_rows: list[dict] = []
+    new_rows: list[tuple] = []
     new_meta: list[tuple[Run, pricing.Price, Reservation | None]] = []
-    charges: list[dict] = []
+    charges: list[tuple] = []
     now = utcnow()
 
     def book_delta(run: Run, r: Reservation | None, d_hours: Decimal, d_amount: Decimal) -> dt.datetime:
         bucket_at = r.created_at if r is not None else run.run_start
         for quota in books.quotas_for(run.account, run.user):
-            b = books.bucket(quota, bucket_at)
-            b.used_gpu_hours = b.used_gpu_hours + d_hours
-            b.used_money = b.used_money + d_amount
+            books.add_used(quota, bucket_at, d_hours, d_amount)
         if r is not None and r.id in holds:
             for h in holds[r.id]:
                 take_h = min(max(d_hours, ZERO), h.gpu_hours)
@@ -268,11 +302,9 @@ def _ingest_batch(s: Session, book: pricing.PriceBook, jobs: list[JobView], res:
         r = resv.get((run.cluster, run.job_id))
         old = existing.get(run.key)
         if old is None:
-            new_rows.append(dict(cluster=run.cluster, job_id=run.job_id, array_task_id=run.array_task_id,
-                                 run_start=run.run_start, run_end=run.run_end, state=run.state[:32],
-                                 elapsed_s=run.elapsed_s, user_name=run.user, account_name=run.account,
-                                 partition=run.partition, qos=run.qos, gpu_type=gpu_type, gpus=ngpus,
-                                 job_name=run.job_name, gpu_hours=price.gpu_hours, amount=price.amount))
+            new_rows.append((run.cluster, run.job_id, run.array_task_id, run.run_start, run.run_end, run.state[:32],
+                             run.elapsed_s, run.user, run.account, run.partition, run.qos, gpu_type, ngpus,
+                             run.job_name, price.gpu_hours, price.amount))
             new_meta.append((run, price, r))
             res.runs_new += 1
             continue
@@ -286,18 +318,17 @@ def _ingest_batch(s: Session, book: pricing.PriceBook, jobs: list[JobView], res:
         res.runs_updated += 1
         if d_hours or d_amount:
             bucket_at = book_delta(run, r, d_hours, d_amount)
-            charges.append(dict(usage_id=uid, reservation_id=r.id if r else None, account_name=run.account,
-                                user_name=run.user, gpu_hours=d_hours, rate=price.rate, amount=d_amount,
-                                bucket_at=bucket_at, created_at=now))
+            charges.append((uid, r.id if r else None, run.account, run.user, d_hours, price.rate, d_amount,
+                            bucket_at, now))
     if new_rows:
-        ids = s.scalars(insert(UsageRecord).returning(UsageRecord.id, sort_by_parameter_order=True), new_rows).all()
+        ids = _insert_usage(s, new_rows)
         for uid, (run, price, r) in zip(ids, new_meta):
             bucket_at = book_delta(run, r, price.gpu_hours, price.amount)
-            charges.append(dict(usage_id=uid, reservation_id=r.id if r else None, account_name=run.account,
-                                user_name=run.user, gpu_hours=price.gpu_hours, rate=price.rate, amount=price.amount,
-                                bucket_at=bucket_at, created_at=now))
+            charges.append((uid, r.id if r else None, run.account, run.user, price.gpu_hours, price.rate,
+                            price.amount, bucket_at, now))
+    books.apply()
     if charges:
-        s.execute(insert(Charge), charges)
+        _insert_charges(s, charges)
     # settle reservations whose jobs are over
     for j in jobs:
         r = resv.get((j.cluster, j.job_id))
@@ -311,6 +342,58 @@ def _ingest_batch(s: Session, book: pricing.PriceBook, jobs: list[JobView], res:
             res.reservations_settled += 1
     s.flush()
     res.batches += 1
+
+
+_USAGE_COLS = ("cluster", "job_id", "array_task_id", "run_start", "run_end", "state", "elapsed_s", "user_name",
+               "account_name", "partition", "qos", "gpu_type", "gpus", "job_name", "gpu_hours", "amount")
+_CHARGE_COLS = ("usage_id", "reservation_id", "account_name", "user_name", "gpu_hours", "rate", "amount",
+                "bucket_at", "created_at")
+
+
+def _ts(v: dt.datetime | None) -> str | None:
+    """How SQLAlchemy stores our UTCDateTime on SQLite (naive UTC, microseconds)."""
+    if v is None:
+        return None
+    if v.tzinfo is not dt.timezone.utc:
+        v = v.astimezone(dt.timezone.utc)
+    return v.isoformat(" ", "microseconds")[:26]     # drop "+00:00"
+
+
+def _insert_usage(s: Session, rows: list[tuple]) -> list[int]:
+    """Insert usage records (tuples in _USAGE_COLS order), returning their ids in order. On
+    SQLite (where this transaction holds the write lock) ids are assigned here and rows go
+    straight to the driver; elsewhere through SQLAlchemy with RETURNING."""
+    conn = s.connection()
+    if conn.dialect.name != "sqlite":
+        return list(s.scalars(insert(UsageRecord).returning(UsageRecord.id, sort_by_parameter_order=True),
+                              [dict(zip(_USAGE_COLS, r)) for r in rows]))
+    first = (conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM usage_records").scalar() or 0) + 1
+    ids = list(range(first, first + len(rows)))
+    params = [(i, c, j, task, _ts(st), _ts(en), state, el, u, a, p, qos, gt, g, name, str(h), str(amt))
+              for i, (c, j, task, st, en, state, el, u, a, p, qos, gt, g, name, h, amt) in zip(ids, rows)]
+    cur = conn.connection.dbapi_connection.cursor()
+    cur.executemany(f"INSERT INTO usage_records (id, {', '.join(_USAGE_COLS)}) "
+                    f"VALUES ({', '.join('?' * (len(_USAGE_COLS) + 1))})", params)
+    cur.close()
+    return ids
+
+
+def _insert_charges(s: Session, rows: list[tuple]) -> None:
+    conn = s.connection()
+    if conn.dialect.name != "sqlite":
+        s.execute(insert(Charge), [dict(zip(_CHARGE_COLS, r)) for r in rows])
+        return
+    now = {}
+    params = []
+    for uid, rid, a, u, h, rate, amt, bucket_at, created in rows:
+        c = now.get(created)
+        if c is None:
+            c = now[created] = _ts(created)
+        params.append((uid, rid, a, u, str(h), str(rate), str(amt), _ts(bucket_at), c))
+    cur = conn.connection.dbapi_connection.cursor()
+    cur.executemany(f"INSERT INTO charges ({', '.join(_CHARGE_COLS)}) VALUES ({', '.join('?' * len(_CHARGE_COLS))})",
+                    params)
+    cur.close()
 
 
 def expire_stale_holds(s: Session, now: dt.datetime, res: IngestResult) -> None:
@@ -340,10 +423,24 @@ def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: 
 
     ``active``: job ids (array job ids) still in the queue, from squeue; when given, a job
     that left the queue settles its reservation even if sacct's last word was PREEMPTED."""
+    import gc
+
+    # bulk object creation: the cyclic GC would rescan every live row again and again
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _ingest_rows(rows, url=url, batch_size=batch_size, default_cluster=default_cluster, since=since,
+                            on_batch=on_batch, active=active)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active) -> IngestResult:
     res = IngestResult()
     with db.session_scope(url) as s:
         _lock_state(s)
-        book = q.load_price_book(s)
+        book = pricing.PriceCache(q.load_price_book(s))
     for batch in _batches(group_jobs(rows, default_cluster), batch_size):
         with db.session_scope(url) as s:
             _lock_state(s)

@@ -219,8 +219,7 @@ class UsageRecord(Base):
     the key includes the run's start time so a re-ingest never counts a run twice."""
 
     __tablename__ = "usage_records"
-    __table_args__ = (UniqueConstraint("cluster", "job_id", "array_task_id", "run_start"),
-                      Index("ix_usage_records_end", "run_end"))
+    __table_args__ = (UniqueConstraint("cluster", "job_id", "array_task_id", "run_start"),)
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     cluster: Mapped[str] = mapped_column(String(64))
     job_id: Mapped[str] = mapped_column(String(32))        # array job id, or the job id
@@ -247,7 +246,7 @@ class Charge(Base):
     __tablename__ = "charges"
     __table_args__ = (Index("ix_charges_account_bucket", "account_name", "bucket_at"),)
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    usage_id: Mapped[int] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"), index=True)
+    usage_id: Mapped[int] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"))
     reservation_id: Mapped[int | None] = mapped_column(ForeignKey("reservations.id", ondelete="SET NULL"))
     account_name: Mapped[str] = mapped_column(String(64))
     user_name: Mapped[str] = mapped_column(String(64))

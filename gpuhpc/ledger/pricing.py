@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN, Decimal
 from fractions import Fraction
+from typing import NamedTuple
 
 from gpuhpc.errors import LedgerError, UserInputError
 
@@ -139,8 +140,7 @@ class PriceBook:
         return base * self.multiplier("partition", partition, at) * self.multiplier("qos", qos, at)
 
 
-@dataclass(frozen=True)
-class Price:
+class Price(NamedTuple):
     gpu_hours: Decimal
     rate: Decimal          # effective rate per GPU-hour, multipliers applied
     amount: Decimal
@@ -162,6 +162,42 @@ def worst_case(book: PriceBook, *, gpu_type: str | None, gpus: int, time_limit_s
     """Worst case of a submission: gpus × time limit × rate × array size."""
     return price_usage(book, gpu_type=gpu_type, gpus=gpus * max(array_size, 1), seconds=time_limit_s,
                        partition=partition, qos=qos, at=at)
+
+
+def q6(num: int, den: int) -> Decimal:
+    """num/den rounded half-even to 6 decimals, in integers (same result as :func:`to_decimal`)."""
+    n = num * 1_000_000
+    quo, rem = divmod(n, den)
+    twice = 2 * rem
+    if twice > den or (twice == den and quo % 2):
+        quo += 1
+    return Decimal(quo).scaleb(-6)
+
+
+class PriceCache:
+    """Fast repeated pricing for ingest: effective rates memoised per (type, partition, QOS,
+    price-book segment); integer rounding. Same results as :func:`price_usage`."""
+
+    def __init__(self, book: PriceBook) -> None:
+        self.book = book
+        dates = {e.effective_from for lst in book.prices.values() for e in lst}
+        dates |= {d for lst in book.multipliers.values() for d, _ in lst}
+        self._edges = sorted(dates)
+        self._rates: dict[tuple, tuple[Fraction | None, Decimal]] = {}
+
+    def price(self, gpu_type: str | None, gpus: int, seconds: int, partition: str | None, qos: str | None,
+              at: dt.datetime) -> Price:
+        key = (gpu_type, partition, qos, bisect.bisect_right(self._edges, at))
+        hit = self._rates.get(key)
+        if hit is None:
+            r = self.book.effective_rate(gpu_type, partition, qos, at)
+            hit = self._rates[key] = (r, to_decimal(r) if r is not None else Decimal(0).quantize(QUANTUM))
+        rate, rate_d = hit
+        units = max(gpus, 0) * max(seconds, 0)
+        hours = q6(units, 3600)
+        if rate is None:
+            return Price(hours, rate_d, Decimal(0).quantize(QUANTUM), priced=False)
+        return Price(hours, rate_d, q6(units * rate.numerator, 3600 * rate.denominator))
 
 
 def period_start(period: str, at: dt.datetime) -> dt.datetime:

@@ -95,10 +95,12 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
         "-o", "/dev/null"])
     jobs.append(b)
     # A is preempted (GraceTime 30 s), requeued, and reruns after B (cred_expire ~10 s)
-    _wait(lambda: len(_runs(client, a)) >= 2 and _state(client, a) is None or
-          (lambda s: s is not None and s.state.state.is_finished)(_state(client, a)), 150, "job A to rerun and finish",
-          step=2)
-    _wait(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, b)), 30, "job B to finish")
+    def done(job: str) -> bool:
+        s = _state(client, job)
+        return s is None or s.state.state.is_finished
+
+    _wait(lambda: done(a) and len(_runs(client, a)) >= 2, 150, "job A to be preempted, rerun and finish", step=2)
+    _wait(lambda: done(b), 30, "job B to finish")
 
     runs_a = _runs(client, a)
     assert len(runs_a) >= 2, [(r.state.raw, r.elapsed_s) for r in runs_a]

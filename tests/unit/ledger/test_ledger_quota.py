@@ -149,3 +149,15 @@ def test_hooks_import_is_cheap():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_models_and_migrations_agree(tmp_path):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from gpuhpc.ledger.orm import Base
+
+    url = f"sqlite:///{tmp_path / 'drift.db'}"
+    db.upgrade(url)
+    with db.get_engine(url).connect() as c:
+        assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []

@@ -112,9 +112,6 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id', name=op.f('pk_usage_records')),
     sa.UniqueConstraint('cluster', 'job_id', 'array_task_id', 'run_start', name=op.f('uq_usage_records_cluster_job_id_array_task_id_run_start'))
     )
-    with op.batch_alter_table('usage_records', schema=None) as batch_op:
-        batch_op.create_index('ix_usage_records_end', ['run_end'], unique=False)
-
     op.create_table('users',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('name', sa.String(length=64), nullable=False),
@@ -139,7 +136,6 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('charges', schema=None) as batch_op:
         batch_op.create_index('ix_charges_account_bucket', ['account_name', 'bucket_at'], unique=False)
-        batch_op.create_index(batch_op.f('ix_charges_usage_id'), ['usage_id'], unique=False)
 
     op.create_table('memberships',
     sa.Column('id', sa.Integer(), nullable=False),
@@ -198,14 +194,10 @@ def downgrade() -> None:
     op.drop_table('quotas')
     op.drop_table('memberships')
     with op.batch_alter_table('charges', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_charges_usage_id'))
         batch_op.drop_index('ix_charges_account_bucket')
 
     op.drop_table('charges')
     op.drop_table('users')
-    with op.batch_alter_table('usage_records', schema=None) as batch_op:
-        batch_op.drop_index('ix_usage_records_end')
-
     op.drop_table('usage_records')
     with op.batch_alter_table('reservations', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_reservations_status'))
