@@ -72,7 +72,10 @@ def db_upgrade(revision: str = typer.Option("head", help="Target revision.")) ->
     from gpuhpc.ledger import db
 
     before, after = db.upgrade(None, revision)
-    sys.stderr.write(f"ledger database {_redacted_url()}: {before or 'empty'} -> {after}\n")
+    if before == after:
+        sys.stderr.write(f"ledger database {_redacted_url()}: already at {after}\n")
+    else:
+        sys.stderr.write(f"ledger database {_redacted_url()}: {before or 'empty'} -> {after}\n")
 
 
 @db_app.command("current")
