@@ -1,0 +1,136 @@
+"""Run the rendered single template under bash with a fake Slurm environment: the USR2
+trap forwards to the program, then requeues via `scontrol requeue` (a stub that records
+its arguments); the restart cap; checkpoint env; scratch cleanup. No Slurm needed."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.jobs.render import render
+from gpuhpc.jobs.spec import JobSpec, Resources
+
+PROGRAM = r"""
+import os, signal, sys, time
+from gpuhpc.jobs import checkpoint as ckpt
+ckpt.install_signal_handler()
+out = sys.argv[1]
+with open(out, "w") as fh:
+    fh.write(" ".join([os.environ["GPUHPC_RESTART_COUNT"], os.environ["GPUHPC_LATEST_CHECKPOINT"] or "-",
+                       os.environ["GPUHPC_SCRATCH"]]) + "\n")
+open(out + ".ready", "w").close()
+while not ckpt.stop_requested():
+    time.sleep(0.05)
+local = os.path.join(ckpt.scratch_dir(), "step-7.txt")
+open(local, "w").write("7")
+ckpt.save_atomic(local)
+sys.exit(0)
+"""
+
+
+def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool = True):
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    log = tmp_path / "scontrol.log"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bindir / "scontrol").chmod(0o755)
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    out = tmp_path / f"out-{restart}.txt"
+    spec = JobSpec(command=(sys.executable, str(prog), str(out)), checkpoint_dir=str(tmp_path / "ck" / "%j"),
+                   resources=Resources(time="1h"), grace=20, max_requeues=max_requeues)
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+               SLURM_RESTART_COUNT=str(restart), GPUHPC_SCRATCH_ROOT=str(tmp_path / "scratch"))
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 15
+    while not Path(str(out) + ".ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    if send_signal:
+        proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=20)
+    return proc.returncode, out.read_text().split(), (log.read_text() if log.exists() else ""), err
+
+
+def test_usr2_is_forwarded_and_the_job_requeues_itself(tmp_path):
+    rc, seen, scontrol, err = _run(tmp_path, restart=0)
+    assert rc == 0, err
+    assert seen[0] == "0" and seen[1] == "-"
+    assert scontrol.strip() == "requeue 4242"
+    ck = tmp_path / "ck" / "4242"
+    assert (ck / "step-7.txt").read_text() == "7" and os.readlink(ck / "latest") == "step-7.txt"
+    assert not [p for p in ck.iterdir() if p.name.startswith(".")]      # no temp files left
+    assert not Path(seen[2]).exists()                                    # scratch cleaned at exit
+    # the restarted run sees the restart count and the latest checkpoint
+    rc, seen, _, err = _run(tmp_path, restart=1)
+    assert seen[0] == "1" and seen[1] == str(ck / "step-7.txt")
+
+
+def test_requeue_cap(tmp_path):
+    rc, _, scontrol, err = _run(tmp_path, restart=3, max_requeues=3)
+    assert "requeue 4242" not in scontrol
+    assert "JobId=4242 Requeue=0" in scontrol and "not requeueing" in err
+
+
+def test_shell_save_helper_is_atomic_and_exported(tmp_path):
+    spec = JobSpec(command=("bash", "-c", 'echo 1 > "$GPUHPC_SCRATCH/c.bin"; gpuhpc_save_checkpoint "$GPUHPC_SCRATCH/c.bin"; '
+                                          'mkdir -p "$GPUHPC_SCRATCH/d"; echo 2 > "$GPUHPC_SCRATCH/d/x"; '
+                                          'gpuhpc_save_checkpoint "$GPUHPC_SCRATCH/d" ckpt-dir'),
+                   checkpoint_dir=str(tmp_path / "ck"))
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    env = dict(os.environ, SLURM_JOB_ID="7", GPUHPC_SCRATCH_ROOT=str(tmp_path / "s"))
+    res = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    ck = tmp_path / "ck"
+    assert (ck / "c.bin").read_text() == "1\n" and (ck / "ckpt-dir" / "x").read_text() == "2\n"
+    assert os.readlink(ck / "latest") == "ckpt-dir"
+    assert sorted(p.name for p in ck.iterdir()) == ["c.bin", "ckpt-dir", "latest"]
+    assert not (tmp_path / "s" / "gpuhpc-7").exists()
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_exit_code_passes_through_without_signal(tmp_path, exit_code):
+    spec = JobSpec(command=(sys.executable, "-c", f"raise SystemExit({exit_code})"),
+                   checkpoint_dir=str(tmp_path / "ck"))
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    res = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_JOB_ID="8"),
+                         capture_output=True, text=True, timeout=20)
+    assert res.returncode == exit_code, res.stderr
+
+
+def test_program_that_ignores_usr2_is_requeued_after_the_grace_budget(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bindir / "scontrol").chmod(0o755)
+    ready = tmp_path / "ready"
+    prog = (f"import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+            f"open({str(ready)!r}, 'w').close(); time.sleep(8)")
+    spec = JobSpec(command=(sys.executable, "-c", prog), grace=4, checkpoint_dir=str(tmp_path / "ck"))
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="9")
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 15
+        while not ready.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGUSR2)
+        proc.wait(timeout=15)
+    took = time.monotonic() - t0
+    assert 2 <= took < 7, took
+    assert log.read_text().strip() == "requeue 9"
+    assert "did not exit within the grace period" in (tmp_path / "err").read_text()
