@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Submit latency: ``gpuhpc submit`` (a fresh process each time: CLI cold start, parsing,
+rendering, quota hook, sbatch) against raw ``sbatch`` of the same rendered script.
+
+    python bench/submit_latency.py [-n 50] [--partition cpu]
+
+Jobs are submitted held (``--hold``) to a CPU partition and cancelled by id at the end.
+Prints the median and mean wall time of each and their ratio (goal: <= 1.5x). Also times
+``python -m gpuhpc.cli.submit`` (the typer-free entry point) for reference.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    res = subprocess.run(argv, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed: {res.stderr.strip()}")
+    return dt, res.stdout.strip().splitlines()[-1].split(";")[0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=50, help="submissions per variant (default 50)")
+    ap.add_argument("--partition", default="cpu")
+    args = ap.parse_args()
+
+    gpuhpc = shutil.which("gpuhpc") or os.path.join(os.path.dirname(sys.executable), "gpuhpc")
+    tmp = tempfile.mkdtemp(prefix="gpuhpc-bench-")
+    env = dict(os.environ, GPUHPC_LOG_DIR=tmp)
+    opts = ["--partition", args.partition, "--time", "15m", "--hold", "--name", "gpuhpc-bench"]
+    cmd = ["--", "true"]
+    # the very script gpuhpc submits, for raw sbatch
+    script = os.path.join(tmp, "job.sbatch")
+    dry = subprocess.run([gpuhpc, "submit", *opts, "--dry-run", *cmd], capture_output=True, text=True, env=env)
+    if dry.returncode != 0:
+        raise SystemExit(f"gpuhpc submit --dry-run failed: {dry.stderr.strip()}")
+    with open(script, "w") as fh:
+        fh.write(dry.stdout)
+
+    variants = {
+        "sbatch": ["sbatch", "--parsable", script],
+        "gpuhpc submit": [gpuhpc, "submit", *opts, *cmd],
+        "python -m gpuhpc.cli.submit": [sys.executable, "-m", "gpuhpc.cli.submit", *opts, *cmd],
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    job_ids: list[str] = []
+    try:
+        for name, argv in variants.items():            # one warm-up each (page cache)
+            job_ids.append(_timed(argv, env)[1])
+        for _ in range(args.n):                          # interleaved: same load for all
+            for name, argv in variants.items():
+                dt, job_id = _timed(argv, env)
+                times[name].append(dt)
+                job_ids.append(job_id)
+    finally:
+        for i in range(0, len(job_ids), 100):
+            subprocess.run(["scancel", *job_ids[i:i + 100]], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    base = statistics.median(times["sbatch"])
+    print(f"submit latency over {args.n} submissions each (partition {args.partition}, held, cancelled)")
+    print(f"{'variant':<30} {'median ms':>10} {'mean ms':>10} {'ratio':>7}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{name:<30} {med * 1000:>10.1f} {statistics.mean(ts) * 1000:>10.1f} {med / base:>6.2f}x")
+    ratio = statistics.median(times["gpuhpc submit"]) / base
+    print(f"ratio gpuhpc submit / sbatch (median): {ratio:.2f}x (goal <= 1.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
