@@ -99,7 +99,8 @@ def sacct_rows(n: int, first_job: int):
 
 
 def raw_insert(path: str, rows) -> float:
-    """Baseline: executemany of the same runs into usage_records, one transaction per 2000."""
+    """Baseline: executemany of the same runs into usage_records, one transaction per 5000
+    (the ingest batch size)."""
     import sqlite3
 
     c = sqlite3.connect(path, isolation_level=None)
@@ -113,11 +114,11 @@ def raw_insert(path: str, rows) -> float:
         ((gt, g),) = r.gpus.items()
         tuples.append(("local", r.job_id, -1, start, end, "COMPLETED", r.elapsed_s, r.user, r.account, r.partition,
                        r.qos, gt, g, r.name, "1.333333", "2.000000"))
-    for off in range(0, len(tuples), 2000):
+    for off in range(0, len(tuples), 5000):
         c.execute("BEGIN IMMEDIATE")
         c.executemany("INSERT INTO usage_records (cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s,"
                       " user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount) "
-                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", tuples[off:off + 2000])
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", tuples[off:off + 5000])
         c.execute("COMMIT")
     dt_ = time.perf_counter() - t
     c.close()
@@ -129,6 +130,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--ingest", type=int, default=50_000)
     ap.add_argument("--decisions", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpuhpc-bench-") as tmp:
         path = os.path.join(tmp, "ledger.db")
@@ -142,20 +144,21 @@ def main() -> int:
               f"p99 {p99:.2f} ms over {len(lat)} decisions (goal p99 <= 5 ms) [loaded in {load_s:.1f} s]")
 
         rows = sacct_rows(args.ingest, 50_000_000)
-        raw_path = os.path.join(tmp, "raw.db")
-        raw_url = f"sqlite:///{raw_path}"
-        db.upgrade(raw_url)
-        raw_s = raw_insert(raw_path, rows)
-        ing_path = os.path.join(tmp, "ingest.db")
-        ing_url = f"sqlite:///{ing_path}"
-        setup(ing_url)
-        t = time.perf_counter()
-        res = ingest.ingest_rows(rows, url=ing_url, batch_size=2000)
-        ing_s = time.perf_counter() - t
-        assert res.runs_new == args.ingest, res
-        raw_rate, ing_rate = args.ingest / raw_s, args.ingest / ing_s
-        print(f"ingest: {ing_rate:,.0f} runs/s (priced, charged, quota counters) vs raw executemany "
-              f"{raw_rate:,.0f} rows/s into the same table: ratio {ing_rate / raw_rate:.2f} (goal >= 0.33)")
+        raw_times, ing_times = [], []
+        for rep in range(args.repeat):          # best of N: the machine is shared
+            raw_path = os.path.join(tmp, f"raw{rep}.db")
+            db.upgrade(f"sqlite:///{raw_path}")
+            raw_times.append(raw_insert(raw_path, rows))
+            ing_url = f"sqlite:///{os.path.join(tmp, f'ingest{rep}.db')}"
+            setup(ing_url)
+            t = time.perf_counter()
+            res = ingest.ingest_rows(rows, url=ing_url)
+            ing_times.append(time.perf_counter() - t)
+            assert res.runs_new == args.ingest, res
+        raw_rate, ing_rate = args.ingest / min(raw_times), args.ingest / min(ing_times)
+        print(f"ingest of {args.ingest:,} runs: {ing_rate:,.0f} runs/s (priced, charged, quota counters) vs raw "
+              f"executemany {raw_rate:,.0f} rows/s into the same table: ratio {ing_rate / raw_rate:.2f} "
+              f"(goal >= 0.33; best of {args.repeat})")
     return 0
 
 

@@ -107,6 +107,7 @@ class JobView:
 def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[JobView]:
     """Group sacct allocation rows by (cluster, job id), in input order."""
     views: dict[tuple[str, str], JobView] = {}
+    gpu_cache: dict[tuple, dict[str, int]] = {}
     for r in rows:
         if "." in r.job_id:            # a step, not an allocation
             continue
@@ -127,7 +128,10 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
         start = parse_time(r.start)
         if start is None:
             continue
-        gpus = {k: n for k, n in r.gpus.items() if n > 0}
+        tres_key = tuple(r.alloc_tres.items())
+        gpus = gpu_cache.get(tres_key)
+        if gpus is None:
+            gpus = gpu_cache[tres_key] = {k: n for k, n in r.gpus.items() if n > 0}
         v.runs.append(Run(cluster, head, task, start, parse_time(r.end), r.state.raw.split()[0] if r.state.raw else "",
                           max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255]))
     yield from views.values()
@@ -359,6 +363,17 @@ def _ts(v: dt.datetime | None) -> str | None:
     return v.isoformat(" ", "microseconds")[:26]     # drop "+00:00"
 
 
+_TS_MEMO: dict[dt.datetime, str] = {}
+
+
+def _ts_memo(v: dt.datetime) -> str:
+    """_ts for values seen twice in a batch (a run's start is also its charge's bucket time)."""
+    hit = _TS_MEMO.get(v)
+    if hit is None:
+        hit = _TS_MEMO[v] = _ts(v)
+    return hit
+
+
 def _insert_usage(s: Session, rows: list[tuple]) -> list[int]:
     """Insert usage records (tuples in _USAGE_COLS order), returning their ids in order. On
     SQLite (where this transaction holds the write lock) ids are assigned here and rows go
@@ -369,7 +384,7 @@ def _insert_usage(s: Session, rows: list[tuple]) -> list[int]:
                               [dict(zip(_USAGE_COLS, r)) for r in rows]))
     first = (conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM usage_records").scalar() or 0) + 1
     ids = list(range(first, first + len(rows)))
-    params = [(i, c, j, task, _ts(st), _ts(en), state, el, u, a, p, qos, gt, g, name, str(h), str(amt))
+    params = [(i, c, j, task, _ts_memo(st), _ts(en), state, el, u, a, p, qos, gt, g, name, str(h), str(amt))
               for i, (c, j, task, st, en, state, el, u, a, p, qos, gt, g, name, h, amt) in zip(ids, rows)]
     cur = conn.connection.dbapi_connection.cursor()
     cur.executemany(f"INSERT INTO usage_records (id, {', '.join(_USAGE_COLS)}) "
@@ -383,13 +398,9 @@ def _insert_charges(s: Session, rows: list[tuple]) -> None:
     if conn.dialect.name != "sqlite":
         s.execute(insert(Charge), [dict(zip(_CHARGE_COLS, r)) for r in rows])
         return
-    now = {}
-    params = []
-    for uid, rid, a, u, h, rate, amt, bucket_at, created in rows:
-        c = now.get(created)
-        if c is None:
-            c = now[created] = _ts(created)
-        params.append((uid, rid, a, u, str(h), str(rate), str(amt), _ts(bucket_at), c))
+    params = [(uid, rid, a, u, str(h), str(rate), str(amt), _ts_memo(bucket_at), _ts_memo(created))
+              for uid, rid, a, u, h, rate, amt, bucket_at, created in rows]
+    _TS_MEMO.clear()
     cur = conn.connection.dbapi_connection.cursor()
     cur.executemany(f"INSERT INTO charges ({', '.join(_CHARGE_COLS)}) VALUES ({', '.join('?' * len(_CHARGE_COLS))})",
                     params)
@@ -415,7 +426,7 @@ def _lock_state(s: Session) -> IngestState:
     return st
 
 
-def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: int = 2000,
+def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: int = 5000,
                 default_cluster: str = "", since: dt.datetime | None = None,
                 on_batch: Callable[[IngestResult], None] | None = None,
                 active: set[str] | None = None) -> IngestResult:

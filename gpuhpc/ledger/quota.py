@@ -9,11 +9,12 @@ PostgreSQL (always in quota-id order, so no deadlocks), ``BEGIN IMMEDIATE`` in S
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gpuhpc.errors import LedgerError, QuotaExceeded, UserInputError
@@ -26,14 +27,16 @@ ZERO = Decimal(0)
 
 # ------------------------------------------------------------------ price book
 def load_price_book(session: Session) -> pricing.PriceBook:
+    conn = session.connection()
     book = pricing.PriceBook()
-    for p in session.scalars(select(GpuPrice)):
+    st = _reserve_statements()
+    for p in conn.execute(st["prices"]):
         if p.rate is not None:
             book.add_price(p.gpu_type, p.effective_from, rate=p.rate)
         else:
             book.add_price(p.gpu_type, p.effective_from, base=p.base_gpu_type,
                            fraction=f"{p.fraction_num}/{p.fraction_den}")
-    for m in session.scalars(select(PriceMultiplier)):
+    for m in conn.execute(st["multipliers"]):
         book.add_multiplier(m.kind.value, m.name, m.effective_from, m.multiplier)
     return book
 
@@ -105,61 +108,99 @@ def _fmt_hours(d: Decimal) -> str:
     return f"{d:,.2f} GPU-h"
 
 
-def _who(session: Session, q: Quota, account: Account) -> str:
-    if q.user_id is None:
-        return f"account {account.name}"
-    return f"user {session.get(User, q.user_id).name} in account {account.name}"
+@functools.cache
+def _reserve_statements() -> dict:
+    """Statements of the quota decision, built once (their SQL and cache keys are reused)."""
+    return {
+        "user": select(User.id).where(User.name == bindparam("name")),
+        "account": select(Account.id, Account.name).where(Account.name == bindparam("name")),
+        "memberships": select(Account.id, Account.name, Membership.is_default)
+        .join(Membership, Membership.account_id == Account.id).where(Membership.user_id == bindparam("uid")),
+        "quotas": select(Quota.id, Quota.user_id, Quota.period, Quota.gpu_hours, Quota.money)
+        .where(Quota.account_id == bindparam("aid")).order_by(Quota.id).with_for_update(),
+        "bucket": select(QuotaUsage.id, QuotaUsage.used_gpu_hours, QuotaUsage.used_money, QuotaUsage.held_gpu_hours,
+                         QuotaUsage.held_money)
+        .where(QuotaUsage.quota_id == bindparam("qid"), QuotaUsage.period_start == bindparam("start")),
+        "insert": insert(Reservation).returning(Reservation.id),
+        "hold_bucket": update(QuotaUsage).where(QuotaUsage.id == bindparam("bid"))
+        .values(held_gpu_hours=bindparam("h"), held_money=bindparam("m")),
+        "hold": insert(ReservationHold),
+        "prices": select(GpuPrice.gpu_type, GpuPrice.rate, GpuPrice.base_gpu_type, GpuPrice.fraction_num,
+                         GpuPrice.fraction_den, GpuPrice.effective_from),
+        "multipliers": select(PriceMultiplier.kind, PriceMultiplier.name, PriceMultiplier.multiplier,
+                              PriceMultiplier.effective_from),
+    }
 
 
 def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None) -> hooks.Reservation:
     """Hold the worst case of ``req`` against every quota that applies, in one committed
-    transaction. Raises QuotaExceeded (nothing is held) when any quota would be overspent."""
+    transaction. Raises QuotaExceeded (nothing is held) when any quota would be overspent.
+
+    Written with Core statements: this is the latency-critical quota decision."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
         raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
     now = now or utcnow()
+    st = _reserve_statements()
     with db.session_scope(url) as s:
-        user = _user(s, req.user)
-        account = resolve_account(s, user, req.account)
-        quotas = quotas_for(s, account.id, user.id if user else None, lock=True) if account else []
+        conn = s.connection()
+        user_id = conn.execute(st["user"], {"name": req.user}).scalar()
+        if req.account:
+            acct = conn.execute(st["account"], {"name": req.account}).first()
+        elif user_id is not None:
+            ms = conn.execute(st["memberships"], {"uid": user_id}).all()
+            pick = [m for m in ms if m.is_default] or (ms if len(ms) == 1 else [])
+            acct = pick[0] if pick else None
+        else:
+            acct = None
+        quotas = []
+        if acct is not None:
+            quotas = [qr for qr in conn.execute(st["quotas"], {"aid": acct.id})
+                      if qr.user_id is None or qr.user_id == user_id]
         book = load_price_book(s)
         wc = pricing.worst_case(book, gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
                                 array_size=req.array_size, partition=req.partition, qos=req.qos, at=now)
-        if not wc.priced and any(q.money is not None for q in quotas):
+        if not wc.priced and any(qr.money is not None for qr in quotas):
             raise LedgerError(f"the price book has no rate for GPU type {req.gpu_type!r}, so the money quota "
-                              f"of account {account.name} cannot be checked: an admin sets one with "
+                              f"of account {acct.name} cannot be checked: an admin sets one with "
                               f"`gpuhpc ledger price set --gpu-type {req.gpu_type} --rate RATE`")
-        buckets = [(q, bucket(s, q, now)) for q in quotas]
-        for q, b in buckets:
-            period = q.period.value
-            if q.money is not None:
-                committed = b.used_money + b.held_money
-                if committed + wc.amount > q.money:
+        buckets = []
+        for qr in quotas:
+            start = pricing.period_start(qr.period.value, now)
+            b = conn.execute(st["bucket"], {"qid": qr.id, "start": start}).first()
+            if b is None:
+                row = bucket(s, s.get(Quota, qr.id), now)
+                b = (row.id, row.used_gpu_hours, row.used_money, row.held_gpu_hours, row.held_money)
+            buckets.append((qr, tuple(b)))
+        for qr, (_bid, used_h, used_m, held_h, held_m) in buckets:
+            who = (f"account {acct.name}" if qr.user_id is None else f"user {req.user} in account {acct.name}")
+            period = qr.period.value
+            if qr.money is not None:
+                committed = used_m + held_m
+                if committed + wc.amount > qr.money:
                     raise QuotaExceeded(
-                        f"quota exceeded for {_who(s, q, account)} ({period}): budget {_fmt_money(q.money)}, "
-                        f"committed {_fmt_money(committed)} (used {_fmt_money(b.used_money)} + held "
-                        f"{_fmt_money(b.held_money)}), remaining {_fmt_money(max(q.money - committed, ZERO))}; "
+                        f"quota exceeded for {who} ({period}): budget {_fmt_money(qr.money)}, "
+                        f"committed {_fmt_money(committed)} (used {_fmt_money(used_m)} + held "
+                        f"{_fmt_money(held_m)}), remaining {_fmt_money(max(qr.money - committed, ZERO))}; "
                         f"this job needs up to {_fmt_money(wc.amount)}")
-            if q.gpu_hours is not None:
-                committed = b.used_gpu_hours + b.held_gpu_hours
-                if committed + wc.gpu_hours > q.gpu_hours:
+            if qr.gpu_hours is not None:
+                committed = used_h + held_h
+                if committed + wc.gpu_hours > qr.gpu_hours:
                     raise QuotaExceeded(
-                        f"quota exceeded for {_who(s, q, account)} ({period}): budget {_fmt_hours(q.gpu_hours)}, "
-                        f"committed {_fmt_hours(committed)} (used {_fmt_hours(b.used_gpu_hours)} + held "
-                        f"{_fmt_hours(b.held_gpu_hours)}), remaining "
-                        f"{_fmt_hours(max(q.gpu_hours - committed, ZERO))}; this job needs up to "
-                        f"{_fmt_hours(wc.gpu_hours)}")
-        r = Reservation(cluster=req.cluster, user_name=req.user, account_name=account.name if account else req.account,
-                        partition=req.partition, qos=req.qos, gpu_type=req.gpu_type, gpus=req.gpus,
-                        time_limit_s=req.time_limit_s, array_size=req.array_size, job_name=req.job_name[:255],
-                        gpu_hours=wc.gpu_hours, amount=wc.amount, status=ReservationStatus.held, created_at=now)
-        s.add(r)
-        s.flush()
-        for _q, b in buckets:
-            b.held_gpu_hours = b.held_gpu_hours + wc.gpu_hours
-            b.held_money = b.held_money + wc.amount
-            s.add(ReservationHold(reservation_id=r.id, quota_usage_id=b.id, gpu_hours=wc.gpu_hours, money=wc.amount))
-        s.flush()
-        return hooks.Reservation(id=r.id, gpu_hours=wc.gpu_hours, amount=wc.amount, account=r.account_name, _url=url)
+                        f"quota exceeded for {who} ({period}): budget {_fmt_hours(qr.gpu_hours)}, "
+                        f"committed {_fmt_hours(committed)} (used {_fmt_hours(used_h)} + held "
+                        f"{_fmt_hours(held_h)}), remaining {_fmt_hours(max(qr.gpu_hours - committed, ZERO))}; "
+                        f"this job needs up to {_fmt_hours(wc.gpu_hours)}")
+        account_name = acct.name if acct is not None else req.account
+        rid = conn.execute(st["insert"], dict(
+            cluster=req.cluster, user_name=req.user, account_name=account_name, partition=req.partition,
+            qos=req.qos, gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
+            array_size=req.array_size, job_name=req.job_name[:255], gpu_hours=wc.gpu_hours, amount=wc.amount,
+            status=ReservationStatus.held, created_at=now)).scalar_one()
+        for _qr, (bid, _uh, _um, held_h, held_m) in buckets:
+            conn.execute(st["hold_bucket"], {"bid": bid, "h": held_h + wc.gpu_hours, "m": held_m + wc.amount})
+            conn.execute(st["hold"], dict(reservation_id=rid, quota_usage_id=bid, gpu_hours=wc.gpu_hours,
+                                          money=wc.amount))
+        return hooks.Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, _url=url)
 
 
 def _lock_quotas_of_holds(s: Session, holds: Sequence[ReservationHold]) -> None:
@@ -182,10 +223,12 @@ def release_holds(s: Session, r: Reservation) -> None:
 
 def release(reservation_id: int, *, url: str | None = None) -> None:
     with db.session_scope(url) as s:
+        # lock order everywhere: quota rows (by id) first, then reservation rows; ingest does the same
+        holds = list(s.scalars(select(ReservationHold).where(ReservationHold.reservation_id == reservation_id)))
+        _lock_quotas_of_holds(s, holds)
         r = s.scalar(select(Reservation).where(Reservation.id == reservation_id).with_for_update())
         if r is None or r.status in (ReservationStatus.released, ReservationStatus.settled):
             return
-        _lock_quotas_of_holds(s, r.holds)
         release_holds(s, r)
         r.status = ReservationStatus.released
 
