@@ -102,3 +102,17 @@ def test_kill_9_mid_ingest_then_rerun_is_exact(any_url):
     assert total == want and usage_total == want
     (st,) = quota.quota_status("research", url=any_url)
     assert st.used_money == want
+
+
+def test_postgres_schema_matches_models(pg_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from gpuhpc.ledger.orm import Base
+
+    db.upgrade(pg_url)
+    assert db.current_revision(db.get_engine(pg_url)) == db.SCHEMA_HEAD
+    with db.get_engine(pg_url).connect() as c:
+        assert compare_metadata(MigrationContext.configure(c), Base.metadata) == []
+    db.downgrade(pg_url, "base")
+    assert db.current_revision(db.get_engine(pg_url)) is None
