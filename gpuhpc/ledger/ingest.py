@@ -113,7 +113,10 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
             continue
         cluster = r.cluster or default_cluster
         head, _, tail = r.job_id.partition("_")
-        head = head.split("+", 1)[0]
+        het = None
+        if "+" in head:                       # heterogeneous job component "123+1"
+            head, _, comp = head.partition("+")
+            het = int(comp) if comp.isdigit() else 0
         key = (cluster, head)
         v = views.get(key)
         if v is None:
@@ -121,7 +124,7 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
         if tail and not tail.isdigit():       # "123_[4-9]": tasks not started yet
             v.pending_tasks = True
             continue
-        task = int(tail) if tail else -1
+        task = int(tail) if tail else (-1 if het is None else -100 - het)   # het components: -100, -101, ...
         prev = v.latest.get(task)
         if prev is None or (r.submit, r.start) >= (prev[0], ""):
             v.latest[task] = (r.submit, r.state.state)
@@ -134,7 +137,10 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
             gpus = gpu_cache[tres_key] = {k: n for k, n in r.gpus.items() if n > 0}
         v.runs.append(Run(cluster, head, task, start, parse_time(r.end), r.state.raw.split()[0] if r.state.raw else "",
                           max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255]))
-    yield from views.values()
+    for v in views.values():
+        if len(v.runs) > 1:                   # the same run listed twice: keep the last word on it
+            v.runs = list({r.key: r for r in v.runs}.values())
+        yield v
 
 
 def _batches(jobs: Iterable[JobView], size: int) -> Iterator[list[JobView]]:

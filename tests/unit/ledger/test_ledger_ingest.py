@@ -163,3 +163,13 @@ def test_report_groups_and_periods(ledger):
     assert reports.render_html(rep).count("<tr>") == 3
     with pytest.raises(Exception):
         reports.cost_report(by="nope", url=ledger)
+
+
+def test_het_job_components_and_duplicate_rows(ledger):
+    data = rows(row("950+0", "COMPLETED", ts(0), ts(60), 3600, gpus=8),
+                row("950+1", "COMPLETED", ts(0), ts(60), 3600, gpus=1, gpu_type="3g.40gb", partition="mig"),
+                row("951", "COMPLETED", ts(0), ts(60), 3600),
+                row("951", "COMPLETED", ts(0), ts(60), 3600))
+    res = ingest.ingest_rows(data, url=ledger)
+    assert res.runs_new == 3
+    assert totals(ledger) == (3, Decimal("12.000000") + Decimal("1.071429") + Decimal("12.000000"))
