@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # postgres.sh start|stop|wipe|url - a throwaway PostgreSQL 15 cluster on 127.0.0.1:$PORT
 # (default 55432) under $D (default /var/tmp/gpuhpc-pg), no systemd. Idempotent: `start` on a
-# running cluster only prints the URL. `start` prints the URL the ledger tests read:
-#   GPUHPC_TEST_PG_URL=postgresql+psycopg://postgres@127.0.0.1:55432/postgres
+# running cluster only prints the URL. `start` and `url` print the SQLAlchemy URL, alone on
+# the last line, for the ledger tests:
+#   export GPUHPC_TEST_PG_URL=$(scripts/services/postgres.sh start | tail -1)
+#   -> postgresql+psycopg://postgres@127.0.0.1:55432/postgres
 set -euo pipefail
 D=${D:-/var/tmp/gpuhpc-pg}; PORT=${PORT:-${PGPORT_TEST:-55432}}
 BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -29,9 +31,9 @@ EOC
     "${AS[@]}" "$BIN/pg_ctl" -D "$D/pgdata" -l "$D/pgdata/pg.log" -w -t 60 start >/dev/null
   fi
   "${AS[@]}" "$BIN/psql" -h 127.0.0.1 -p "$PORT" -U postgres -qtAc "select 1" >/dev/null
-  echo "GPUHPC_TEST_PG_URL=$URL"
+  echo "$URL"
   ;;
-url) echo "GPUHPC_TEST_PG_URL=$URL" ;;
+url) echo "$URL" ;;
 stop) if running; then "${AS[@]}" "$BIN/pg_ctl" -D "$D/pgdata" -m fast -w stop >/dev/null; fi ;;
 wipe)
   if running; then "${AS[@]}" "$BIN/pg_ctl" -D "$D/pgdata" -m immediate -w stop >/dev/null 2>&1 || true; fi
