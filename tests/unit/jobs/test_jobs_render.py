@@ -113,3 +113,20 @@ def test_all_templates_listed():
 
     assert {p.name for p in template_dir().glob("*.sbatch.j2")} >= {
         "single.sbatch.j2", "torchrun.sbatch.j2", "deepspeed.sbatch.j2", "mpi.sbatch.j2"}
+
+
+@pytest.mark.parametrize("template", ["single", "torchrun", "deepspeed", "mpi"])
+def test_cached_skeleton_equals_direct_jinja_render(template, tmp_path, monkeypatch):
+    from gpuhpc.jobs.render import context, render_jinja
+
+    monkeypatch.setenv("GPUHPC_CACHE_DIR", str(tmp_path / "cache"))
+    for spec in (
+        JobSpec(command=("python", "t.py", *HOSTILE), template=template, name="x; touch /tmp/pwned",
+                resources=Resources(nodes=2, gpus=8, gpu_type="h100"), env={"V": "$(x) 'y'", "W": "\\"}),
+        JobSpec(command=("a",), template=template, checkpoint_dir="/ck/%j", grace=5, mpi="pmi2",
+                requeue=False),
+    ):
+        first = render(spec)                               # builds the cache
+        assert list((tmp_path / "cache" / "templates").iterdir())
+        assert render(spec) == first == render_jinja(template, context(spec))
+        assert "\x00" not in first
