@@ -24,6 +24,7 @@ from gpuhpc.ledger import paths
 # keep in sync with migrations/versions (a unit test checks it): lets every command check
 # the schema without loading Alembic
 SCHEMA_HEAD = "0001"
+KNOWN_REVISIONS = ("0001",)   # every revision in migrations/versions, oldest first
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
@@ -92,6 +93,9 @@ def check_schema(url: str | None = None) -> None:
     if url in _checked:
         return
     rev = current_revision(get_engine(url))
+    if rev is not None and rev not in KNOWN_REVISIONS:
+        raise LedgerError(f"the ledger database {_redact(url)} is at schema revision {rev}, written by a newer "
+                          f"gpuhpc than this one (which knows up to {SCHEMA_HEAD}): upgrade gpuhpc")
     if rev != SCHEMA_HEAD:
         where = _redact(url)
         state = "has no ledger schema" if rev is None else f"is at schema revision {rev}"

@@ -114,7 +114,19 @@ def test_schema_behind_head_refuses(tmp_path, monkeypatch):
 
 
 def test_schema_head_constant_matches_migrations():
+    from alembic.script import ScriptDirectory
+
     assert db.head_revision() == db.SCHEMA_HEAD
+    script = ScriptDirectory.from_config(db.alembic_config("sqlite://"))
+    assert tuple(reversed([r.revision for r in script.walk_revisions()])) == db.KNOWN_REVISIONS
+
+
+def test_schema_from_a_newer_gpuhpc_is_refused(ledger_url):
+    with db.get_engine(ledger_url).begin() as c:
+        c.execute(text("update alembic_version set version_num='9999'"))
+    db._checked.discard(ledger_url)
+    with pytest.raises(LedgerError, match="newer gpuhpc"):
+        quota.quota_status(url=ledger_url)
 
 
 def test_migration_downgrade_and_upgrade(tmp_path):
