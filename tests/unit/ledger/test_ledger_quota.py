@@ -106,10 +106,11 @@ def test_schema_behind_head_refuses(tmp_path, monkeypatch):
     with pytest.raises(LedgerError, match="gpuhpc db upgrade"):
         hooks.reserve(req())
     db.upgrade(url)
-    with db.get_engine(url).begin() as c:
-        c.execute(text("update alembic_version set version_num='0000'"))
+    # this gpuhpc ships a newer migration than the database has
+    monkeypatch.setattr(db, "SCHEMA_HEAD", "0002")
+    monkeypatch.setattr(db, "KNOWN_REVISIONS", ("0001", "0002"))
     db._checked.discard(url)
-    with pytest.raises(LedgerError, match="gpuhpc db upgrade"):
+    with pytest.raises(LedgerError, match="is at schema revision 0001.*run `gpuhpc db upgrade`"):
         quota.quota_status(url=url)
 
 
