@@ -13,13 +13,16 @@ import os
 import time
 
 
-def _job_key() -> tuple[str, str, str | None]:
+_warned = False
+
+
+def _job_key() -> tuple[str, str, str | None] | None:
     cluster = os.environ.get("SLURM_CLUSTER_NAME", "") or "default"
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     task = os.environ.get("SLURM_ARRAY_TASK_ID")
     job = array_job or os.environ.get("SLURM_JOB_ID")
     if not job:
-        raise RuntimeError("gpuhpc.report() must be called inside a Slurm job (SLURM_JOB_ID is not set)")
+        return None
     return cluster, job, (task if array_job and task is not None else None)
 
 
@@ -45,7 +48,17 @@ def report(**metrics: float) -> None:
             return
     from gpuhpc.ledger.paths import metrics_dir
 
-    cluster, job, task = _job_key()
+    key = _job_key()
+    if key is None:            # not in a Slurm job (a local test run): nothing to attribute it to
+        global _warned
+        if not _warned:
+            import warnings
+
+            warnings.warn("gpuhpc.report(): not inside a Slurm job (no SLURM_JOB_ID); metrics not recorded",
+                          stacklevel=2)
+            _warned = True
+        return
+    cluster, job, task = key
     folder = metrics_dir() / cluster
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{job}_{task}" if task is not None else job

@@ -150,8 +150,15 @@ def test_metrics_and_cost_report(ledger, tmp_path, monkeypatch):
     assert "<svg" in page and "h100" in page and "2.7778" in page
     assert "<script" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
     assert "https://" not in page
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):
         metrics.report(samples_per_s=float("nan"))
+    import gpuhpc
+
+    assert gpuhpc.report is metrics.report
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("RANK")
+    with pytest.warns(UserWarning, match="not inside a Slurm job"):
+        metrics.report(samples_per_s=1.0)          # outside Slurm: a warning, not a crash
 
 
 def test_report_groups_and_periods(ledger):
