@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gpuhpc.errors import SpecError
 from gpuhpc.spec import hostlist
-from gpuhpc.spec.cluster import ClusterSpec
+from gpuhpc.spec.cluster import ClusterSpec, time_minutes
 from gpuhpc.spec.gpus import check_mig_layout, gpu_model
 
 MIN_CPUS_PER_GPU = 2
@@ -184,6 +184,9 @@ def validate(spec: ClusterSpec) -> list[str]:
         if p.preempt_mode == "SUSPEND" and not pre.gang:
             raise SpecError("PreemptMode=SUSPEND requires GANG", field=f"{pf}.preempt_mode",
                             hint="set preemption.gang: true")
+        if p.default_time and time_minutes(p.default_time) > time_minutes(p.max_time):
+            raise SpecError(f"default_time {p.default_time} is longer than max_time {p.max_time}",
+                            field=f"{pf}.default_time")
         for li, q in enumerate(p.allow_qos or []):
             if q not in known_qos:
                 raise SpecError(f"unknown QOS {q!r}", field=f"{pf}.allow_qos[{li}]")

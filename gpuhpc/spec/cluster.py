@@ -64,6 +64,31 @@ def slurm_time(v: str | int) -> str:
     return s
 
 
+def time_minutes(s: str) -> float:
+    """A validated Slurm time string in minutes (INFINITE/UNLIMITED: infinity)."""
+    if s in ("INFINITE", "UNLIMITED"):
+        return float("inf")
+    days, rest = (s.split("-", 1) if "-" in s else ("0", s))
+    parts = [int(p) for p in rest.split(":")]
+    if "-" in s:       # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+        h, m, sec = parts
+    elif len(parts) == 1:
+        h, m, sec = 0, parts[0], 0
+    elif len(parts) == 2:
+        h, m, sec = 0, parts[0], parts[1]
+    else:
+        h, m, sec = parts
+    return int(days) * 1440 + h * 60 + m + sec / 60
+
+
+def _cluster_name(v: str) -> str:
+    _name(v)
+    if v != v.lower() or len(v) > 40:
+        raise ValueError(f"{v!r}: Slurm cluster names are lowercase, at most 40 characters")
+    return v
+
+
 def _preempt_mode(v: str) -> str:
     s = v.strip().upper()
     if s not in PREEMPT_MODES:
@@ -254,7 +279,7 @@ class Preemption(_Model):
 
 
 class ClusterSpec(_Model):
-    name: Name
+    name: Annotated[str, AfterValidator(_cluster_name)]
     controller: Controller
     slurmdbd: Slurmdbd | None = None
     runtime: Runtime = Runtime()

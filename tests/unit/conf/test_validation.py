@@ -14,6 +14,8 @@ def _run(capsys, argv):
 
 
 def _set(data, path, value):
+    if path == ["partitions", 0, "max_time"] and value == "1:00:00":
+        data["partitions"][0]["default_time"] = "2:00:00"
     cur = data
     for key in path[:-1]:
         cur = cur[key]
@@ -46,6 +48,10 @@ CASES = [
      "partitions[0].max_time", "minutes/seconds must be < 60"),
     ("bad-time-format", ["partitions", 0, "max_time"], "two days",
      "partitions[0].max_time", "not a Slurm time"),
+    ("default-time-above-max", ["partitions", 0, "max_time"], "1:00:00",
+     "partitions[0].default_time", "longer than max_time"),
+    ("uppercase-cluster-name", ["name"], "Local",
+     "name", "lowercase"),
     ("two-defaults", ["partitions", 1, "default"], True,
      "partitions[1].default", "more than one default"),
     ("duplicate-partition", ["partitions", 1, "name"], "gpu",
