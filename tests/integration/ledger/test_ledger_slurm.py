@@ -59,6 +59,12 @@ def _runs(client, job_id: str) -> list[parsers.AcctRow]:
     return [r for r in parsers.parse_sacct(out, fields=ingest.SACCT_FIELDS) if ingest.parse_time(r.start)]
 
 
+def _wait_sacct_final(client, job_id: str) -> None:
+    """slurmdbd learns of a job's end a moment after squeue does."""
+    _wait(lambda: (lambda rs: bool(rs) and rs[-1].state.state.is_finished)(_runs(client, job_id)), 30,
+          f"sacct to show job {job_id} finished")
+
+
 PREEMPTEE = """#!/bin/bash
 # first run: wait to be preempted; after Slurm requeues it: finish quickly
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 2; exit 0; fi
@@ -101,6 +107,8 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
 
     _wait(lambda: done(a) and len(_runs(client, a)) >= 2, 150, "job A to be preempted, rerun and finish", step=2)
     _wait(lambda: done(b), 30, "job B to finish")
+    _wait_sacct_final(client, a)
+    _wait_sacct_final(client, b)
 
     runs_a = _runs(client, a)
     assert len(runs_a) >= 2, [(r.state.raw, r.elapsed_s) for r in runs_a]
@@ -183,3 +191,38 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
         client.sacctmgr("delete", "account", "where", f"name={acct}", check=False)
         client.sacctmgr("delete", "qos", "where", f"name={qos}", check=False)
     assert not [r for r in client.sacctmgr_list("account", fields=["Account"]) if r["Account"] == acct]
+
+
+def test_job_reports_throughput_and_gets_cost_per_sample(sqlite_url, client, jobs, tmp_path, repo_root):
+    import shlex
+    import sys
+
+    from gpuhpc.ledger import reports
+
+    url = sqlite_url
+    db.upgrade(url)
+    quota.set_price("h100", rate=Decimal("3.60"), effective_from=T0, url=url)
+    metrics_dir = tmp_path / "metrics"
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    py = shlex.quote(sys.executable)
+    script = (f"#!/bin/bash\nexport PYTHONPATH={shlex.quote(str(repo_root))}\n"
+              f"export GPUHPC_METRICS_DIR={shlex.quote(str(metrics_dir))}\n"
+              f"{py} -c 'import gpuhpc, time; gpuhpc.report(samples_per_s=1000.0); time.sleep(2); "
+              f"gpuhpc.report(samples_per_s=3000.0)'\n")
+    j = client.submit_script(script, extra=["-p", "gpu", "--gres=gpu:h100:1", "-t", "2", "-A", ACCOUNT,
+                                            "-J", "gpuhpc-ledger-test-metrics", "-o", str(tmp_path / "out.txt")])
+    jobs.append(j)
+    _wait(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, j)), 90, "the metrics job")
+    _wait_sacct_final(client, j)
+    ingest.ingest_rows(ingest.fetch_sacct(client, since), url=url)
+    assert ingest.ingest_metrics(metrics_dir, url=url) == 1
+    (run,) = _runs(client, j)
+    assert run.state.state.value == "COMPLETED", (tmp_path / "out.txt").read_text()
+    rep = reports.cost_report(by="gpu-type", period="day", since=since, url=url)
+    (row,) = [r for r in rep.rows if r.key == "h100" and any(job.endswith(f":{j}") for job in r.jobs)]
+    assert "samples_per_s" in rep.metrics
+    # cost = 1 GPU × elapsed × 3.60/h = elapsed/1000; samples = 2000/s × elapsed -> 0.5 per 1M samples
+    cost_j = to_decimal(Fraction(run.elapsed_s, 3600) * Fraction(18, 5))
+    if len(row.jobs) == 1:
+        assert row.cost == cost_j
+        assert row.per_million("samples_per_s") == (cost_j * 1_000_000 / (2000 * run.elapsed_s)).quantize(Decimal("0.0001"))
