@@ -55,9 +55,9 @@ def default_checkpoint_dir() -> str:
     """``$GPUHPC_CHECKPOINT_ROOT/%j``, else ``<gpuhpc data dir>/checkpoints/%j``."""
     root = os.environ.get("GPUHPC_CHECKPOINT_ROOT")
     if not root:
-        from gpuhpc.jobs.spec import default_log_dir
+        from gpuhpc.jobs.spec import data_dir
 
-        root = os.path.join(os.path.dirname(default_log_dir()), "checkpoints")
+        root = os.path.join(data_dir(), "checkpoints")
     return os.path.join(os.path.expanduser(root), "%j")
 
 

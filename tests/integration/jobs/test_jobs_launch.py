@@ -17,10 +17,12 @@ def _finished(slurm, job_id):
     return lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
-def test_torchrun_two_nodes_consistent_environment(jobs_env, slurm, track):
+def test_torchrun_two_nodes_consistent_environment(jobs_env, tmp_path, slurm, track):
+    out = tmp_path / "ranks"
+    out.mkdir()
     res = gpuhpc("submit", "--template", "torchrun", "--nodes", "2", "--gpus", "2", "--gpu-type", "h100",
                  "--partition", "gpu", "--time", "15m", "--name", "gpuhpc-test-torchrun", "--json", "--",
-                 "python", str(HERE / "print_dist_env.py"), "--lr", "3e-4",
+                 "python", str(HERE / "print_dist_env.py"), str(out), "--lr", "3e-4",
                  env={"GPUHPC_TORCHRUN": str(HERE / "fake_torchrun.py")})
     assert res.returncode == 0, res.stderr
     job_id = json.loads(res.stdout)["job_id"]
@@ -31,7 +33,7 @@ def test_torchrun_two_nodes_consistent_environment(jobs_env, slurm, track):
     job = Job(job_id, client=slurm)
     log = job.logs()
     assert job.state.value == "COMPLETED", log
-    envs = [json.loads(line.split(" ", 1)[1]) for line in log.splitlines() if line.startswith("DIST_ENV ")]
+    envs = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     assert len(envs) == 4, log
     assert sorted(int(e["RANK"]) for e in envs) == [0, 1, 2, 3]
     assert {e["WORLD_SIZE"] for e in envs} == {"4"}
@@ -121,3 +123,34 @@ def test_jobs_status_logs_cancel_json(jobs_env, slurm, track):
     logs = gpuhpc("logs", job_id, "--json")
     assert logs.returncode == 0 and json.loads(logs.stdout)["job_id"] == job_id
     assert gpuhpc("status", "12x", "--json").returncode == 2
+
+
+def test_mpi_and_deepspeed_templates_start_one_rank_per_gpu(jobs_env, tmp_path, slurm, track):
+    printer = ("import os, sys; e = os.environ.get; open(os.path.join(sys.argv[1], e('SLURM_PROCID')), 'w').write("
+               "' '.join(['RANKINFO', e('SLURM_PROCID'), e('PMI_RANK') or e('PMIX_RANK') or 'None', "
+               "e('RANK', 'None'), e('LOCAL_RANK', 'None'), e('WORLD_SIZE', 'None'), e('MASTER_ADDR', 'None')]))")
+    ids = {}
+    for template in ("mpi", "deepspeed"):
+        (tmp_path / template).mkdir()
+        res = gpuhpc("submit", "--template", template, "--nodes", "2", "--gpus", "2", "--gpu-type", "h100",
+                     "--partition", "gpu", "--time", "15m", "--name", f"gpuhpc-test-{template}", "--json", "--",
+                     sys.executable, "-c", printer, str(tmp_path / template))
+        assert res.returncode == 0, res.stderr
+        ids[template] = json.loads(res.stdout)["job_id"]
+        track(ids[template])
+    from gpuhpc.jobs.api import Job
+
+    for template, job_id in ids.items():
+        wait_for(_finished(slurm, job_id), 120, f"{template} job {job_id}")
+        job = Job(job_id, client=slurm)
+        log = job.logs()
+        assert job.state.value == "COMPLETED", log
+        rows = [p.read_text().split()[1:] for p in (tmp_path / template).iterdir()]
+        assert sorted(int(r[0]) for r in rows) == [0, 1, 2, 3], log
+        if template == "mpi":
+            assert "mpi: srun --mpi=pmix" in log or "mpi: srun --mpi=pmi2" in log
+            assert sorted(r[1] for r in rows) == ["0", "1", "2", "3"]       # PMI rank from the plugin
+        else:
+            assert all(r[2] == r[0] and r[4] == "4" for r in rows)          # RANK, WORLD_SIZE
+            assert sorted(r[3] for r in rows) == ["0", "0", "1", "1"]       # LOCAL_RANK per node
+            assert {r[5] for r in rows} != {"None"}
