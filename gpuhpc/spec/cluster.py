@@ -39,6 +39,16 @@ def _path(v: str) -> str:
     return v
 
 
+_WORD_RE = re.compile(r"^[A-Za-z0-9_.,=:/+@%\[\]-]+$")
+
+
+def _word(v: str) -> str:
+    """One token of a Slurm config line: no spaces, quotes, '#' or control characters."""
+    if not _WORD_RE.match(v):
+        raise ValueError(f"{v!r} may only contain letters, digits and _ . , = : / + @ % [ ] -")
+    return v
+
+
 def _text(v: str) -> str:
     if _CTRL_RE.search(v):
         raise ValueError("control characters are not allowed")
@@ -99,6 +109,7 @@ def _preempt_mode(v: str) -> str:
 Name = Annotated[str, AfterValidator(_name)]
 AbsPath = Annotated[str, AfterValidator(_path)]
 Text = Annotated[str, AfterValidator(_text)]
+Word = Annotated[str, AfterValidator(_word)]
 SlurmTime = Annotated[str, AfterValidator(slurm_time)]
 PreemptMode = Annotated[str, AfterValidator(_preempt_mode)]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -131,9 +142,9 @@ class Runtime(_Model):
     task_plugins: list[Literal["affinity", "cgroup", "none"]] = ["affinity", "cgroup"]
     select_type_parameters: Literal["CR_Core_Memory", "CR_CPU_Memory", "CR_Core", "CR_CPU"] = "CR_Core_Memory"
     def_mem_per_cpu: int | None = Field(default=None, ge=1)
-    scheduler_parameters: list[Text] = []
-    slurmctld_parameters: list[Text] = []
-    slurmd_parameters: list[Text] = []
+    scheduler_parameters: list[Word] = []
+    slurmctld_parameters: list[Word] = []
+    slurmd_parameters: list[Word] = []
     return_to_service: Literal[0, 1, 2] = 1
     min_job_age: int | None = Field(default=None, ge=2)
     kill_wait: int | None = Field(default=None, ge=0)
@@ -146,13 +157,13 @@ class Runtime(_Model):
 
 class Controller(_Model):
     hosts: list[Name] = Field(min_length=1)
-    addr: Text | None = None   # SlurmctldHost=<host>(<addr>) for the first host
+    addr: Word | None = None   # SlurmctldHost=<host>(<addr>) for the first host
 
 
 class Slurmdbd(_Model):
     host: Name
     port: Port = 6819
-    storage_host: Text = "127.0.0.1"
+    storage_host: Word = "127.0.0.1"
     storage_port: Port = 3306
     storage_user: Name = "slurm"
     storage_db: Name = "slurm_acct_db"
@@ -170,9 +181,9 @@ class Gpus(_Model):
     type: Annotated[str, AfterValidator(lambda v: _name(v.lower()))]
     count: int = Field(ge=1, le=64)
     # one core list per GPU ("0-27"): gres.conf Cores=
-    cpu_affinity: list[Text] | None = None
+    cpu_affinity: list[Word] | None = None
     # one MIG layout per GPU; [] leaves that GPU whole
-    mig: list[list[Text]] | None = None
+    mig: list[list[Word]] | None = None
     device: AbsPath = "/dev/nvidia{index}"
     mig_device: AbsPath = "/dev/nvidia-caps/nvidia-cap{index}"
 
@@ -203,7 +214,7 @@ class NodeGroup(_Model):
     features: list[Name] = []
     weight: int | None = Field(default=None, ge=0)
     gpus: Gpus | None = None
-    addr: Text | None = None            # NodeAddr=
+    addr: Word | None = None            # NodeAddr=
     node_hostname: Name | None = None   # NodeHostname=
     port: Port | None = None            # first node's Port=; the group's nodes count up from it
 
@@ -227,7 +238,7 @@ class NodeGroup(_Model):
 
 class Partition(_Model):
     name: Name
-    nodes: list[Text] = Field(min_length=1)   # node names, hostlist expressions, node-group names, or ALL
+    nodes: list[Word] = Field(min_length=1)   # node names, hostlist expressions, node-group names, or ALL
     default: bool = False
     priority_tier: int = Field(default=1, ge=0, le=65533)
     preempt_mode: PreemptMode | None = None
@@ -262,7 +273,7 @@ class Account(_Model):
 
 class Switch(_Model):
     name: Name
-    nodes: list[Text] = []       # node names or hostlist expressions
+    nodes: list[Word] = []       # node names or hostlist expressions
     switches: list[Name] = []
     link_speed: int | None = Field(default=None, ge=1)
 
