@@ -330,8 +330,16 @@ class Job:
         return sub if os.path.exists(sub) else None
 
     def logs(self) -> str:
-        path = self.log_path()
-        if not path or not os.path.exists(path):
-            return ""
-        with open(path, errors="replace") as fh:
-            return fh.read()
+        """The job's output; a separate stderr file (submitit jobs) is appended."""
+        paths = [self.log_path()]
+        rec = self.client.show_job(self.job_id)
+        if rec and rec.get("StdErr") and rec.get("StdErr") != rec.get("StdOut"):
+            paths.append(rec["StdErr"])
+        elif self.submitit_job is not None:
+            paths.append(str(self.submitit_job.paths.stderr))
+        text = []
+        for path in paths:
+            if path and os.path.exists(path):
+                with open(path, errors="replace") as fh:
+                    text.append(fh.read())
+        return "".join(text)

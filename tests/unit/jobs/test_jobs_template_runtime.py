@@ -134,3 +134,30 @@ def test_program_that_ignores_usr2_is_requeued_after_the_grace_budget(tmp_path):
     assert 2 <= took < 7, took
     assert log.read_text().strip() == "requeue 9"
     assert "did not exit within the grace period" in (tmp_path / "err").read_text()
+
+
+def test_sigterm_is_forwarded_and_the_program_may_finish_its_checkpoint(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bindir / "scontrol").chmod(0o755)
+    ready, saved = tmp_path / "ready", tmp_path / "saved"
+    prog = (f"import signal, time, sys\n"
+            f"def term(*a):\n    time.sleep(0.5); open({str(saved)!r}, 'w').close(); sys.exit(0)\n"
+            f"signal.signal(signal.SIGTERM, term)\nopen({str(ready)!r}, 'w').close()\ntime.sleep(30)\n")
+    (tmp_path / "prog.py").write_text(prog)
+    spec = JobSpec(command=(sys.executable, str(tmp_path / "prog.py")), checkpoint_dir=str(tmp_path / "ck"))
+    script = tmp_path / "job.sh"
+    script.write_text(render(spec))
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="10")
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 15
+    while not ready.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 143 and saved.exists(), err
+    assert not log.exists()              # no self-requeue on SIGTERM: Slurm does it
