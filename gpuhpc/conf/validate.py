@@ -202,10 +202,15 @@ def validate(spec: ClusterSpec) -> list[str]:
     sw_names = [s.name for s in spec.topology.switches]
     if d := _dupes(sw_names):
         raise SpecError(f"duplicate switch {d!r}", field=f"topology.switches[{sw_names.index(d, sw_names.index(d) + 1)}].name")
+    leaf_of: dict[str, str] = {}
     for si, s in enumerate(spec.topology.switches):
         if not s.nodes and not s.switches:
             raise SpecError("a switch needs nodes or switches", field=f"topology.switches[{si}]")
-        resolve_nodes(spec, list(s.nodes), f"topology.switches[{si}].nodes")
+        for n in resolve_nodes(spec, list(s.nodes), f"topology.switches[{si}].nodes"):
+            if n in leaf_of:
+                raise SpecError(f"node {n!r} is already under switch {leaf_of[n]!r}",
+                                field=f"topology.switches[{si}].nodes", hint="a node hangs off exactly one leaf switch")
+            leaf_of[n] = s.name
         for ci, c in enumerate(s.switches):
             if c not in sw_names:
                 raise SpecError(f"unknown switch {c!r}", field=f"topology.switches[{si}].switches[{ci}]")

@@ -74,6 +74,8 @@ CASES = [
      "node_groups[2].port", "slurmctld port"),
     ("switch-unknown-node", ["topology", "switches", 0, "nodes"], ["gpu-node9"],
      "topology.switches[0].nodes[0]", "unknown node"),
+    ("node-under-two-leaves", ["topology", "switches", 1, "nodes"], ["gpu-node2", "gpu-node1"],
+     "topology.switches[1].nodes", "already under switch 'leaf1'"),
     ("switch-unknown-switch", ["topology", "switches", 2, "switches"], ["leaf1", "leaf3"],
      "topology.switches[2].switches[1]", "unknown switch"),
     ("unknown-field", ["node_groups", 0, "gpu"], {"type": "h100"},
