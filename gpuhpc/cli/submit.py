@@ -10,7 +10,6 @@ nor rich (``gpuhpc submit`` must not be much slower than ``sbatch``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -142,6 +141,8 @@ def run(argv: list[str]) -> int:
 
     job = submit_spec(spec)
     if ns.json:
+        import json
+
         sys.stdout.write(json.dumps({"job_id": job.job_id, "name": spec.name, "log": job._log_path}) + "\n")
     else:
         sys.stdout.write(f"{job.job_id}\n")
