@@ -509,8 +509,13 @@ def open_reservation_jobs(*, url: str | None = None) -> list[str]:
         return sorted({r.job_id for r in q.open_reservations(s) if r.job_id})
 
 
-def fetch_sacct(client, since: dt.datetime, until: dt.datetime | None = None) -> list[AcctRow]:
-    """All users' allocations, every run of requeued jobs (``--duplicates``). No DB open here."""
+def fetch_sacct(client, since: dt.datetime, until: dt.datetime | None = None,
+                job_ids: Iterable[str] = ()) -> list[AcctRow]:
+    """All users' allocations, every run of requeued jobs (``--duplicates``). No DB open here.
+
+    ``job_ids`` (jobs with open reservations) are also asked for by id: the time-window query
+    lists a job only once slurmdbd has its eligible time, and never lists a job that was
+    cancelled before it became eligible, whose hold must still be released."""
     from gpuhpc.slurm import commands as cmd
     from gpuhpc.slurm import parsers
 
@@ -519,7 +524,14 @@ def fetch_sacct(client, since: dt.datetime, until: dt.datetime | None = None) ->
 
     argv = cmd.sacct(since=local(since), until=local(until) if until else None, all_users=True,
                      allocations=True, duplicates=True, fields=SACCT_FIELDS)
-    return parsers.parse_sacct(client.run(argv).stdout, fields=SACCT_FIELDS)
+    rows = parsers.parse_sacct(client.run(argv).stdout, fields=SACCT_FIELDS)
+    seen = {r.array_job_id for r in rows}
+    missing = sorted({str(j) for j in job_ids} - seen)
+    for i in range(0, len(missing), 200):
+        argv = cmd.sacct(job_ids=missing[i:i + 200], all_users=True, allocations=True, duplicates=True,
+                         fields=SACCT_FIELDS)
+        rows += parsers.parse_sacct(client.run(argv).stdout, fields=SACCT_FIELDS)
+    return rows
 
 
 # ------------------------------------------------------------------ throughput metrics

@@ -65,6 +65,21 @@ def _wait_sacct_final(client, job_id: str) -> None:
           f"sacct to show job {job_id} finished")
 
 
+def _fetch_window(client, since: dt.datetime, need: dict[str, int]) -> list[parsers.AcctRow]:
+    """sacct's time-window query (what `ledger ingest` runs) lists a job only once slurmdbd
+    has its eligible time, a second or two after it ended; the periodic ingest picks such a
+    job up next time (its window overlaps), the test waits for it."""
+    def ready():
+        rows = ingest.fetch_sacct(client, since)
+        have: dict[str, int] = {}
+        for r in rows:
+            if ingest.parse_time(r.start):
+                have[r.array_job_id] = have.get(r.array_job_id, 0) + 1
+        return rows if all(have.get(j, 0) >= n for j, n in need.items()) else None
+
+    return _wait(ready, 30, f"sacct's time window to list {need}", step=1)
+
+
 PREEMPTEE = """#!/bin/bash
 # first run: wait to be preempted; after Slurm requeues it: finish quickly
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then sleep 2; exit 0; fi
@@ -123,7 +138,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
 
     def ingest_now():
         active = ingest.active_job_ids(client, [a, b])
-        rows = ingest.fetch_sacct(client, since)
+        rows = _fetch_window(client, since, {a: len(runs_a), b: 1})
         return ingest.ingest_rows(rows, url=url, active=active)
 
     ingest_now()
@@ -214,7 +229,7 @@ def test_job_reports_throughput_and_gets_cost_per_sample(sqlite_url, client, job
     jobs.append(j)
     _wait(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, j)), 90, "the metrics job")
     _wait_sacct_final(client, j)
-    ingest.ingest_rows(ingest.fetch_sacct(client, since), url=url)
+    ingest.ingest_rows(_fetch_window(client, since, {j: 1}), url=url)
     assert ingest.ingest_metrics(metrics_dir, url=url) == 1
     (run,) = _runs(client, j)
     assert run.state.state.value == "COMPLETED", (tmp_path / "out.txt").read_text()
