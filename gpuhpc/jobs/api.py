@@ -205,7 +205,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
     return Job(job_id, client=c, name=name, submitit_job=sjob, log_path=str(sjob.paths.stdout))
 
 
-def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | None = None,
+def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | dict | None = None,
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
            **kwargs: Any) -> "Job":
@@ -219,6 +219,8 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
         if args or kwargs:
             raise UserInputError("a JobSpec takes no extra arguments", field="args")
         return submit_spec(fn_or_spec, client=client)
+    if isinstance(resources, dict):          # a plain mapping: unknown names list the valid ones
+        resources = Resources.from_mapping(resources)
     return _submit_callable(fn_or_spec, args, kwargs, resources=resources or Resources(), name=name,
                             max_requeues=max_requeues, grace=grace, folder=folder, client=client)
 

@@ -1,5 +1,5 @@
-"""Python mode: a Checkpointable submitted with gpuhpc.submit survives a preemption and a
-manual requeue; its result equals an uninterrupted run."""
+"""Python mode: a Checkpointable submitted with gpuhpc.submit survives a preemption, a
+manual requeue and the time limit; its result equals an uninterrupted run."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +13,7 @@ from jobs_counter_lib import Counter, uninterrupted  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-STEPS, STEP_S = 600, 0.05
+STEPS, STEP_S = 1200, 0.05
 NODE, GRES = "gpu-node2", "gpu:h100:8"
 
 
@@ -48,21 +48,25 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
             return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
         return check
 
-    for i, action in enumerate(["preempt", "requeue"]):
+    for i, action in enumerate(["preempt", "requeue", "time_limit"]):
         wait_for(progressed(20, i + 1), 90, f"job {job.job_id} running before {action}")
         before = slurm.restarts(job.job_id)
         if action == "preempt":
             preempt(slurm, NODE, GRES, track)
-        else:
+        elif action == "requeue":
             slurm.requeue(job.job_id)
+        else:  # the limit is now within the signal grace: submitit gets USR2 and requeues
+            slurm.update_job(job.job_id, TimeLimit="1")
         wait_for(lambda: slurm.restarts(job.job_id) > before, 120, f"{action} to requeue job {job.job_id}")
+        if action == "time_limit":
+            slurm.update_job(job.job_id, TimeLimit="15")
         assert not job.state.is_finished
 
     assert job.result(timeout=240) == uninterrupted(STEPS)
     assert job.state is gpuhpc.JobState.COMPLETED
     runs = _runs(progress.read_text())
-    assert len(runs) >= 3, runs
+    assert len(runs) >= 4, runs
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= 1, (prev, cur)
-    assert runs[-1]["restart"] >= 2
+    assert runs[-1]["restart"] >= 3
     assert "SIGUSR2" in job.logs() or "USR2" in job.logs()

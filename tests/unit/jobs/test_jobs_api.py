@@ -162,3 +162,11 @@ def test_gpus_per_node_from_squeue():
     assert _gpus_per_node("gres/gpu:h100=8") == 8
     assert _gpus_per_node("gres:gpu:2") == 2
     assert _gpus_per_node("N/A") == 0
+
+
+def test_resources_as_mapping_lists_valid_names():
+    from gpuhpc.errors import UserInputError
+
+    with pytest.raises(UserInputError) as exc:
+        api.submit(print, resources={"gpu_count": 2}, client=FakeClient())
+    assert "gpu_type" in exc.value.one_line() and "gpus" in exc.value.one_line()
