@@ -154,3 +154,15 @@ def test_mpi_and_deepspeed_templates_start_one_rank_per_gpu(jobs_env, tmp_path, 
             assert all(r[2] == r[0] and r[4] == "4" for r in rows)          # RANK, WORLD_SIZE
             assert sorted(r[3] for r in rows) == ["0", "0", "1", "1"]       # LOCAL_RANK per node
             assert {r[5] for r in rows} != {"None"}
+
+
+def test_logs_follow_until_the_job_ends(jobs_env, slurm, track):
+    res = gpuhpc("submit", "--partition", "cpu", "--time", "15m", "--name", "gpuhpc-test-follow", "--json", "--",
+                 "bash", "-c", "echo first; sleep 4; echo second")
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    followed = gpuhpc("logs", job_id, "-f", timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    assert "first" in followed.stdout and "second" in followed.stdout
+    assert job_state(slurm, job_id) == "COMPLETED"

@@ -74,7 +74,8 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
     assert len(runs) >= 6, runs
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= EVERY, (prev, cur)
-    assert [r["restart"] for r in runs] == list(range(len(runs)))
+    restarts = [r["restart"] for r in runs]
+    assert restarts[0] == 0 and restarts == sorted(set(restarts))      # GPUHPC_RESTART_COUNT counts up
     # accounting shows the restarts: scontrol Restarts= and one sacct row per earlier run
     assert slurm.restarts(job_id) >= 5
     rows = [r for r in slurm.accounting(job_ids=[job_id], duplicates=True) if r.job_id == job_id]
