@@ -34,7 +34,7 @@ want=$(cat pyproject.toml constraints.txt | md5sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "pip install -e '.[test,postgres,ansible]'"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -c constraints.txt -e '.[test,postgres,ansible]' 2>&1 \
+  .venv/bin/python -m pip install -q -c constraints.txt -e '.[test,postgres,ansible]' --config-settings editable_mode=compat 2>&1 \
     | grep -v -E "^WARNING: (Location|The directory)" || true
   .venv/bin/python -c "import gpuhpc, sqlalchemy, submitit, typer" 
   echo "$want" > "$stamp"

@@ -12,10 +12,22 @@ import posixpath
 import uuid
 from collections.abc import Iterable, Sequence
 
+from typing import TYPE_CHECKING
+
 from gpuhpc.errors import SlurmError
 from gpuhpc.slurm import commands as cmd
-from gpuhpc.slurm import parsers
 from gpuhpc.transport import CommandResult, Runner, default_runner
+
+if TYPE_CHECKING:
+    from gpuhpc.slurm import parsers
+
+
+def _parsers():
+    # imported on first use: `gpuhpc submit` needs only parse_sbatch_parsable, and building the
+    # parsers' dataclasses costs milliseconds of CLI start-up
+    from gpuhpc.slurm import parsers
+
+    return parsers
 
 
 class SlurmClient:
@@ -34,17 +46,17 @@ class SlurmClient:
 
     @functools.cached_property
     def version(self) -> tuple[int, int, int]:
-        return parsers.parse_version(self.run(cmd.sinfo_version()).stdout)
+        return _parsers().parse_version(self.run(cmd.sinfo_version()).stdout)
 
     # ------------------------------------------------------------ cluster
     def nodes(self) -> list[parsers.NodeInfo]:
-        return parsers.parse_nodes(self.run(cmd.scontrol_show("node")).stdout)
+        return _parsers().parse_nodes(self.run(cmd.scontrol_show("node")).stdout)
 
     def partitions(self) -> list[parsers.PartitionInfo]:
-        return parsers.parse_partitions(self.run(cmd.scontrol_show("partition")).stdout)
+        return _parsers().parse_partitions(self.run(cmd.scontrol_show("partition")).stdout)
 
     def topology(self) -> list[dict[str, str]]:
-        return parsers.parse_oneliner_records(self.run(cmd.scontrol_show("topology")).stdout)
+        return _parsers().parse_oneliner_records(self.run(cmd.scontrol_show("topology")).stdout)
 
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict (``Key = Value`` lines)."""
@@ -67,9 +79,9 @@ class SlurmClient:
             path = posixpath.join(script_dir, f"gpuhpc-{uuid.uuid4().hex[:12]}.sbatch")
             self.runner.write_file(path, script, 0o755)
             argv = cmd.sbatch(path, extra=[*(["--chdir", workdir] if workdir else []), *extra])
-            return parsers.parse_sbatch_parsable(self.run(argv).stdout)
+            return _parsers().parse_sbatch_parsable(self.run(argv).stdout)
         argv = cmd.sbatch(None, extra=[*(["--chdir", workdir] if workdir else []), *extra])
-        return parsers.parse_sbatch_parsable(self.run(argv, input=script).stdout)
+        return _parsers().parse_sbatch_parsable(self.run(argv, input=script).stdout)
 
     def queue(self, *, user: str | None = None, job_ids: Iterable[str] = ()) -> list[parsers.QueueRow]:
         ids = list(job_ids)
@@ -79,14 +91,14 @@ class SlurmClient:
             if ids and "Invalid job id" in (res.stderr + res.stdout):
                 return []
             raise SlurmError("squeue failed", argv=list(res.argv), stderr=res.stderr, returncode=res.returncode)
-        return parsers.parse_squeue(res.stdout)
+        return _parsers().parse_squeue(res.stdout)
 
     def accounting(self, *, job_ids: Iterable[str] = (), user: str | None = None,
                    all_users: bool = False, since: str | None = None, until: str | None = None,
                    duplicates: bool = False, allocations: bool = True) -> list[parsers.AcctRow]:
         argv = cmd.sacct(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
                          duplicates=duplicates, allocations=allocations)
-        return parsers.parse_sacct(self.run(argv).stdout)
+        return _parsers().parse_sacct(self.run(argv).stdout)
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         res = self.run(cmd.scontrol_show("job", job_id), check=False)
@@ -94,7 +106,7 @@ class SlurmClient:
             if "Invalid job id" in (res.stderr + res.stdout):
                 return None
             raise SlurmError("scontrol show job failed", argv=list(res.argv), stderr=res.stderr)
-        recs = parsers.parse_oneliner_records(res.stdout)
+        recs = _parsers().parse_oneliner_records(res.stdout)
         return recs[0] if recs else None
 
     def restarts(self, job_id: str) -> int:
@@ -121,7 +133,7 @@ class SlurmClient:
 
     def sacctmgr_list(self, entity: str, *filters: str, fields: Sequence[str]) -> list[dict[str, str]]:
         out = self.run(cmd.sacctmgr_list(entity, *filters, fields=fields)).stdout
-        return parsers.parse_parsable2(out, list(fields))
+        return _parsers().parse_parsable2(out, list(fields))
 
 
 def pyslurm_backend(client: SlurmClient):
@@ -133,7 +145,7 @@ def pyslurm_backend(client: SlurmClient):
         return None
     ver = getattr(pyslurm, "__version__", "")
     try:
-        major, minor, _ = parsers.parse_version(ver)
+        major, minor, _ = _parsers().parse_version(ver)
     except SlurmError:
         return None
     if (major, minor) != client.version[:2]:
