@@ -5,9 +5,7 @@ so ``gpuhpc topology from-ibnetdiscover fabric.out > topology.conf`` is safe in 
 """
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import typer
@@ -36,17 +34,9 @@ def _read_input(path: str) -> tuple[str, str]:
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder + rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from gpuhpc.fsutil import write_atomic as _write
+
+    _write(path, text)
 
 
 def _warn_all(warnings: list[str]) -> None:

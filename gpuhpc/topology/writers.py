@@ -84,9 +84,9 @@ def spec_yaml(tree: Tree, *, header: str | None = None) -> str:
     switches = []
     for sw in tree.switches:
         if sw.level == 0:
-            from gpuhpc.topology.hostlist import _split_top
+            from gpuhpc.topology.hostlist import split_top
 
-            switches.append({"name": sw.name, "nodes": _split_top(compress(sw.nodes))})
+            switches.append({"name": sw.name, "nodes": split_top(compress(sw.nodes))})
         else:
             switches.append({"name": sw.name, "switches": list(sw.children)})
     lines = [f"# {h}" for h in (header or "").splitlines() if h]

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 from gpuhpc.errors import TransportError
+from gpuhpc.fsutil import write_atomic
 from gpuhpc.transport import CommandResult
 
 
@@ -31,17 +31,7 @@ class LocalRunner:
         return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     def write_file(self, path: str, content: str, mode: int = 0o644) -> None:
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(content)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, content, mode)
 
     def read_file(self, path: str) -> str:
         return Path(path).read_text()
