@@ -36,7 +36,10 @@ def job_rows(user: str | None = None) -> list[dict[str, Any]]:
     from gpuhpc.slurm.client import SlurmClient
 
     rows = []
-    queue = SlurmClient().queue(user=user or getpass.getuser())
+    client = SlurmClient()
+    # over SSH "my jobs" are the remote login's (GPUHPC_SSH_HOST=user@host), not the laptop user's
+    me = getattr(client.runner, "user", None) or getpass.getuser()
+    queue = client.queue(user=user or me)
     for r in sorted(queue, key=lambda q: (int(q.job_id_raw) if q.job_id_raw.isdigit() else 0, q.job_id)):
         gpus = _gpus_per_node(r.tres_per_node) * max(1, r.nodes)
         el = _elapsed_s(r.elapsed)
@@ -129,13 +132,8 @@ def register(app: typer.Typer) -> None:
         while True:
             path = path or job.log_path()
             if path:
-                try:
-                    with open(path, errors="replace") as fh:
-                        fh.seek(pos)
-                        chunk = fh.read()
-                        pos = fh.tell()
-                except FileNotFoundError:
-                    chunk = ""
+                text = job.read_text(path)
+                chunk, pos = text[pos:], len(text)
                 if chunk:
                     sys.stdout.write(chunk)
                     sys.stdout.flush()

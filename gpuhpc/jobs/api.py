@@ -339,9 +339,22 @@ class Job:
             paths.append(rec["StdErr"])
         elif self.submitit_job is not None:
             paths.append(str(self.submitit_job.paths.stderr))
-        text = []
-        for path in paths:
-            if path and os.path.exists(path):
+        return "".join(self.read_text(p) for p in paths if p)
+
+    def read_text(self, path: str) -> str:
+        """Read a log file where the job's Slurm client runs (locally, or over SSH when
+        GPUHPC_SSH_HOST is set); a file that does not exist yet reads as empty."""
+        from gpuhpc.errors import TransportError
+        from gpuhpc.transport.local import LocalRunner
+
+        runner = self.client.runner
+        if isinstance(runner, LocalRunner):
+            try:
                 with open(path, errors="replace") as fh:
-                    text.append(fh.read())
-        return "".join(text)
+                    return fh.read()
+            except FileNotFoundError:
+                return ""
+        try:
+            return runner.read_file(path)
+        except TransportError:
+            return ""

@@ -2,6 +2,7 @@
 the same SlurmClient code path a laptop uses to reach a login node."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,29 @@ def test_cli_over_ssh(ssh_env):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "gpu-node1" in res.stdout
+
+
+def test_submit_jobs_and_logs_through_the_cli_over_ssh(ssh_env, tmp_path):
+    """The researcher's laptop path: gpuhpc submit / jobs / logs with GPUHPC_SSH_HOST set."""
+    env = {**os.environ, **ssh_env, "GPUHPC_LEDGER": "off"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpuhpc", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=120)
+    res = run("submit", "--partition", "cpu", "--time", "15m", "--name", "ssh-demo; id",
+              "--log-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "ckpt"), "--json",
+              "--", "echo", "hello from $(hostname)")
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            st = run("status", job_id, "--json")
+            if st.returncode == 0 and json.loads(st.stdout)["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+            time.sleep(1)
+        logs = run("logs", job_id)
+        assert logs.returncode == 0, logs.stderr
+        assert "hello from $(hostname)" in logs.stdout      # the argument reached the program verbatim
+        jobs = run("jobs", "--json")
+        assert jobs.returncode == 0, jobs.stderr
+    finally:
+        run("cancel", job_id)
