@@ -5,8 +5,9 @@ rendering, quota hook, sbatch) against raw ``sbatch`` of the same rendered scrip
     python bench/submit_latency.py [-n 50] [--partition cpu]
 
 Jobs are submitted held (``--hold``) to a CPU partition and cancelled by id at the end.
-Prints the median and mean wall time of each and their ratio (goal: <= 1.5x). Also times
-``python -m gpuhpc.cli.submit`` (the typer-free entry point) for reference.
+Prints the median and mean wall time of each and their ratio (goal: <= 1.5x), with the
+ledger off and with a SQLite ledger enforcing a quota, and the interpreter's own start-up
+(``python -c``) as the floor any Python CLI pays.
 """
 from __future__ import annotations
 
@@ -52,21 +53,31 @@ def main() -> int:
     with open(script, "w") as fh:
         fh.write(dry.stdout)
 
+    # the ledger in use: a fresh SQLite ledger with a price and a quota on the account
+    ledger_env = dict(env, GPUHPC_DATA_DIR=os.path.join(tmp, "ledger"))
+    env["GPUHPC_LEDGER"] = "off"
+    for admin in (["db", "upgrade"], ["ledger", "price", "set", "--gpu-type", "*", "--rate", "1"],
+                  ["ledger", "account", "add", "research"], ["quota", "set", "research", "--gpu-hours", "1000000"]):
+        subprocess.run([gpuhpc, *admin], env=ledger_env, capture_output=True, check=True)
+
     variants = {
-        "sbatch": ["sbatch", "--parsable", script],
-        "gpuhpc submit": [gpuhpc, "submit", *opts, *cmd],
-        "python -m gpuhpc.cli.submit": [sys.executable, "-m", "gpuhpc.cli.submit", *opts, *cmd],
+        "sbatch": (["sbatch", "--parsable", script], env),
+        "gpuhpc submit": ([gpuhpc, "submit", *opts, *cmd], env),
+        "gpuhpc submit + SQLite quota": ([gpuhpc, "submit", *opts, "--account", "research", *cmd], ledger_env),
+        "python -c pass (floor)": ([sys.executable, "-c", "print('-')"], env),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     job_ids: list[str] = []
     try:
-        for name, argv in variants.items():            # one warm-up each (page cache)
-            job_ids.append(_timed(argv, env)[1])
+        for name, (argv, venv) in variants.items():    # one warm-up each (page cache)
+            job_ids.append(_timed(argv, venv)[1])
+            job_ids = [j for j in job_ids if j.isdigit()]
         for _ in range(args.n):                          # interleaved: same load for all
-            for name, argv in variants.items():
-                dt, job_id = _timed(argv, env)
+            for name, (argv, venv) in variants.items():
+                dt, job_id = _timed(argv, venv)
                 times[name].append(dt)
-                job_ids.append(job_id)
+                if job_id.isdigit():
+                    job_ids.append(job_id)
     finally:
         for i in range(0, len(job_ids), 100):
             subprocess.run(["scancel", *job_ids[i:i + 100]], capture_output=True)
@@ -79,7 +90,9 @@ def main() -> int:
         med = statistics.median(ts)
         print(f"{name:<30} {med * 1000:>10.1f} {statistics.mean(ts) * 1000:>10.1f} {med / base:>6.2f}x")
     ratio = statistics.median(times["gpuhpc submit"]) / base
-    print(f"ratio gpuhpc submit / sbatch (median): {ratio:.2f}x (goal <= 1.5x)")
+    print(f"ratio gpuhpc submit / sbatch (median): {ratio:.2f}x (goal <= 1.5x; ledger off)")
+    ratio = statistics.median(times["gpuhpc submit + SQLite quota"]) / base
+    print(f"ratio gpuhpc submit with the SQLite quota check / sbatch (median): {ratio:.2f}x")
     return 0
 
 
