@@ -20,13 +20,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpuhpc.errors import LedgerError
 from gpuhpc.ledger import paths
+# the schema head (kept in sync with migrations/versions, a unit test checks it; lets every
+# command check the schema without loading Alembic) and the busy timeout live in the stdlib-only
+# fast path of the quota decision, which needs them too
+from gpuhpc.ledger.fastpath import KNOWN_REVISIONS, SCHEMA_HEAD, SQLITE_BUSY_TIMEOUT_MS  # noqa: F401
 
-# keep in sync with migrations/versions (a unit test checks it): lets every command check
-# the schema without loading Alembic
-SCHEMA_HEAD = "0001"
-KNOWN_REVISIONS = ("0001",)   # every revision in migrations/versions, oldest first
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
-SQLITE_BUSY_TIMEOUT_MS = 60_000
 
 
 def _sqlite_file(url: str) -> Path | None:

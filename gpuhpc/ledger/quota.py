@@ -17,8 +17,8 @@ from decimal import Decimal
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from gpuhpc.errors import LedgerError, QuotaExceeded, UserInputError
-from gpuhpc.ledger import db, hooks, pricing
+from gpuhpc.errors import LedgerError, UserInputError
+from gpuhpc.ledger import db, fastpath, hooks, pricing
 from gpuhpc.ledger.orm import (Account, Charge, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier,
                                Quota, QuotaUsage, Reservation, ReservationHold, ReservationStatus, User, utcnow)
 
@@ -100,14 +100,6 @@ def bucket(session: Session, quota: Quota, at: dt.datetime) -> QuotaUsage:
 
 
 # ------------------------------------------------------------------ reserve / release
-def _fmt_money(d: Decimal) -> str:
-    return f"{d:,.2f}"
-
-
-def _fmt_hours(d: Decimal) -> str:
-    return f"{d:,.2f} GPU-h"
-
-
 @functools.cache
 def _reserve_statements() -> dict:
     """Statements of the quota decision, built once (their SQL and cache keys are reused)."""
@@ -160,9 +152,7 @@ def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetim
         wc = pricing.worst_case(book, gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
                                 array_size=req.array_size, partition=req.partition, qos=req.qos, at=now)
         if not wc.priced and any(qr.money is not None for qr in quotas):
-            raise LedgerError(f"the price book has no rate for GPU type {req.gpu_type!r}, so the money quota "
-                              f"of account {acct.name} cannot be checked: an admin sets one with "
-                              f"`gpuhpc ledger price set --gpu-type {req.gpu_type} --rate RATE`")
+            raise fastpath.unpriced(req.gpu_type, acct.name)
         buckets = []
         for qr in quotas:
             start = pricing.period_start(qr.period.value, now)
@@ -173,23 +163,7 @@ def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetim
             buckets.append((qr, tuple(b)))
         for qr, (_bid, used_h, used_m, held_h, held_m) in buckets:
             who = (f"account {acct.name}" if qr.user_id is None else f"user {req.user} in account {acct.name}")
-            period = qr.period.value
-            if qr.money is not None:
-                committed = used_m + held_m
-                if committed + wc.amount > qr.money:
-                    raise QuotaExceeded(
-                        f"quota exceeded for {who} ({period}): budget {_fmt_money(qr.money)}, "
-                        f"committed {_fmt_money(committed)} (used {_fmt_money(used_m)} + held "
-                        f"{_fmt_money(held_m)}), remaining {_fmt_money(max(qr.money - committed, ZERO))}; "
-                        f"this job needs up to {_fmt_money(wc.amount)}")
-            if qr.gpu_hours is not None:
-                committed = used_h + held_h
-                if committed + wc.gpu_hours > qr.gpu_hours:
-                    raise QuotaExceeded(
-                        f"quota exceeded for {who} ({period}): budget {_fmt_hours(qr.gpu_hours)}, "
-                        f"committed {_fmt_hours(committed)} (used {_fmt_hours(used_h)} + held "
-                        f"{_fmt_hours(held_h)}), remaining {_fmt_hours(max(qr.gpu_hours - committed, ZERO))}; "
-                        f"this job needs up to {_fmt_hours(wc.gpu_hours)}")
+            fastpath.check_quota(who, qr.period.value, qr.money, qr.gpu_hours, used_h, used_m, held_h, held_m, wc)
         account_name = acct.name if acct is not None else req.account
         rid = conn.execute(st["insert"], dict(
             cluster=req.cluster, user_name=req.user, account_name=account_name, partition=req.partition,
