@@ -144,8 +144,23 @@ class _SubmititCallable:
         if restart_count() >= self.max_requeues:
             print(f"gpuhpc: not requeueing: already requeued {restart_count()} times "
                   f"(max {self.max_requeues})", flush=True)
+            _forbid_requeue()
             return None
         return DelayedSubmission(self, *args, **kwargs)
+
+
+def _forbid_requeue() -> None:
+    """At the requeue cap, make the running job non-requeueable, as the script templates do:
+    otherwise a preemption (PreemptMode=REQUEUE) would requeue it past the cap."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return
+    from gpuhpc.errors import GpuhpcError
+
+    try:
+        _client().update_job(job_id, Requeue="0")
+    except GpuhpcError as exc:
+        print(f"gpuhpc: could not mark job {job_id} non-requeueable: {exc}", flush=True)
 
 
 def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None) -> dict:

@@ -70,3 +70,35 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
         assert 0 <= prev["last"] - cur["resume"] <= 1, (prev, cur)
     assert runs[-1]["restart"] >= 3
     assert "SIGUSR2" in job.logs() or "USR2" in job.logs()
+
+
+def test_python_callable_requeue_cap_holds_against_preemption(jobs_env, tmp_path, slurm, track, monkeypatch):
+    """--max-requeues in Python mode: once the cap is reached a preemption ends the job
+    instead of Slurm requeueing it again (the job is made non-requeueable)."""
+    import gpuhpc
+
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
+    progress = tmp_path / "progress.log"
+    job = gpuhpc.submit(
+        Counter(), STEPS, STEP_S, str(progress),
+        resources=gpuhpc.Resources(partition="gpu", gpus=8, gpu_type="h100", nodelist=NODE, time="15m"),
+        name="gpuhpc-test-pycap", grace=60, max_requeues=1)
+    track(job.job_id)
+
+    def running_run(run: int):
+        def check():
+            if job_state(slurm, job.job_id) != "RUNNING" or not progress.exists():
+                return False
+            runs = _runs(progress.read_text())
+            return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= 10
+        return check
+
+    wait_for(running_run(1), 90, f"job {job.job_id} running")
+    preempt(slurm, NODE, GRES, track)
+    wait_for(lambda: slurm.restarts(job.job_id) == 1, 120, f"first preemption to requeue job {job.job_id}")
+    wait_for(running_run(2), 120, f"job {job.job_id} running again")
+    preempt(slurm, NODE, GRES, track)                 # the cap (1) is reached: no second requeue
+    wait_for(job.done, 150, f"job {job.job_id} to end at the requeue cap")
+    assert slurm.restarts(job.job_id) == 1
+    assert job.state is not gpuhpc.JobState.COMPLETED
+    assert "not requeueing" in job.logs()
