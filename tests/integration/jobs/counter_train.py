@@ -14,17 +14,7 @@ import sys
 import time
 
 from gpuhpc.jobs import checkpoint as ckpt
-
-
-def advance(step: int, value: int) -> int:
-    return (value * 6364136223846793005 + 1442695040888963407 + step) % (1 << 61)
-
-
-def uninterrupted(steps: int) -> dict:
-    value = 1
-    for s in range(1, steps + 1):
-        value = advance(s, value)
-    return {"step": steps, "value": value}
+from jobs_counter_lib import advance, uninterrupted  # noqa: F401  (same recurrence as the Python-API test)
 
 
 def main() -> int:
