@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from gpuhpc.errors import GpuhpcError
+from gpuhpc.cli import run_guarded
 
 app = typer.Typer(
     name="gpuhpc",
@@ -44,36 +44,40 @@ for _name in _GROUPS:
     _mod.register(app)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point: runs the app and maps errors to exit codes."""
+def _is_click_exception(exc: Exception) -> bool:
+    bases = tuple(b for b in (getattr(typer, "TyperException", None),) if b is not None)
     try:
-        app(args=argv, prog_name="gpuhpc", standalone_mode=False)
-    except GpuhpcError as exc:
-        if _debug or os.environ.get("GPUHPC_DEBUG"):
-            raise
-        sys.stderr.write(f"error: {exc.one_line()}\n")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
-    except SystemExit as exc:  # typer.Exit inside commands
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    except Exception as exc:  # click usage errors and friends
         import click
 
-        if isinstance(exc, click.exceptions.Exit):
+        bases += (click.ClickException,)
+    except ImportError:
+        pass
+    return isinstance(exc, bases) and hasattr(exc, "show") and hasattr(exc, "exit_code")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: runs the app and maps errors to exit codes."""
+    def _call() -> int:
+        app(args=argv, prog_name="gpuhpc", standalone_mode=False)
+        return 0
+
+    try:
+        return run_guarded(_call, lambda: _debug)
+    except SystemExit as exc:  # typer.Exit inside commands
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+    except Exception as exc:  # click usage errors and friends (typer >= 0.2x vendors click)
+        if isinstance(exc, typer.Exit):
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, typer.Abort):
             sys.stderr.write("aborted\n")
             return 1
-        if isinstance(exc, click.ClickException):
+        if _is_click_exception(exc):
             exc.show()
             return exc.exit_code  # UsageError -> 2
         if _debug or os.environ.get("GPUHPC_DEBUG"):
             raise
         sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -151,21 +151,10 @@ def run(argv: list[str]) -> int:
 
 
 def fast_main(argv: list[str]) -> int:
-    """Entry point without typer/rich: ``gpuhpc submit ...`` (see gpuhpc.cli.main)."""
-    import os
+    """Entry point without typer/rich: ``gpuhpc submit ...`` (see gpuhpc.cli.entry)."""
+    from gpuhpc.cli import run_guarded
 
-    from gpuhpc.errors import GpuhpcError
-
-    try:
-        return run(argv)
-    except GpuhpcError as exc:
-        if os.environ.get("GPUHPC_DEBUG"):
-            raise
-        sys.stderr.write(f"error: {exc.one_line()}\n")
-        return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
+    return run_guarded(lambda: run(argv))
 
 
 def register(app) -> None:
