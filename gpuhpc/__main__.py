@@ -1,5 +1,5 @@
 import sys
 
-from gpuhpc.cli.main import main
+from gpuhpc.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -10,6 +10,7 @@ nor rich (``gpuhpc submit`` must not be much slower than ``sbatch``).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from typing import Any
 
@@ -35,7 +36,9 @@ class _Parser(argparse.ArgumentParser):
         raise UserInputError(message, hint="see gpuhpc submit --help")
 
 
+@functools.cache
 def parser() -> argparse.ArgumentParser:
+    """The ``gpuhpc submit`` option parser (built once; parsing does not change it)."""
     p = _Parser(prog="gpuhpc submit", allow_abbrev=False,
                 description="Render a job template (job-templates/) and submit it with sbatch. "
                             "Put the command after --. Options override a --file job file.",

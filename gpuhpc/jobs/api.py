@@ -53,7 +53,7 @@ def _reserve(resources: Resources, name: str, client) -> Any:
     if hooks.ledger_in_use() is None:
         return None
     try:
-        cluster = client.config().get("ClusterName", "") or "default"
+        cluster = client.cluster_name() or "default"
     except GpuhpcError:
         cluster = "default"
     return hooks.reserve(hooks.ChargeRequest(

@@ -31,12 +31,15 @@ VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "en
              "checkpoint_dir", "command", "nproc_per_node", "mpi")
 
 
+_REPO_TEMPLATES = Path(__file__).resolve().parents[2] / "job-templates"
+
+
 def template_dir() -> Path:
     """``$GPUHPC_TEMPLATE_DIR`` or the repository's ``job-templates/``."""
     env = os.environ.get("GPUHPC_TEMPLATE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "job-templates"
+    return _REPO_TEMPLATES
 
 
 def sbatch_quote(value: object) -> str:

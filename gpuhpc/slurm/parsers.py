@@ -290,6 +290,22 @@ def parse_duration_s(text: str) -> int | None:
     return days * 86400 + h * 3600 + m * 60 + s
 
 
+def slurm_conf_value(text: str, key: str) -> str | None:
+    """The value of ``key`` (case-insensitive, as slurmctld reads it) in slurm.conf text; None
+    when it is not set there *or* the file has ``Include`` lines (it may be set in one)."""
+    found = None
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.split(None, 1)[0].lower() == "include":
+            return None
+        k, sep, v = line.partition("=")
+        if sep and k.strip().lower() == key.lower():
+            found = v.strip().split(None, 1)[0] if v.strip() else ""
+    return found
+
+
 def parse_version(text: str) -> tuple[int, int, int]:
     """``slurm 22.05.8`` or ``slurm-wlm 22.05.8`` -> (22, 5, 8)."""
     m = re.search(r"(\d+)\.(\d+)\.(\d+)", text)

@@ -14,6 +14,10 @@ class LocalRunner:
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self._env = env
 
+    def getenv(self, key: str) -> str | None:
+        """``key`` as the commands this runner starts see it."""
+        return (self._env or {}).get(key) or os.environ.get(key)
+
     def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
         full_env = None

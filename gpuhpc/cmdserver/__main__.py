@@ -1,0 +1,39 @@
+"""``python -m gpuhpc.cmdserver serve --socket PATH``: run the command server (the C client
+starts it like this, detached). Use ``gpuhpc cmdserver start|stop|status`` interactively."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gpuhpc.cmdserver import ensure_private_dir, socket_path
+
+    p = argparse.ArgumentParser(prog="python -m gpuhpc.cmdserver")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run the server in the foreground")
+    s.add_argument("--socket", default=None, help="socket path (default: this interpreter's)")
+    s.add_argument("--idle", type=float, default=float(os.environ.get("GPUHPC_CMDSERVER_IDLE") or 900),
+                   help="exit after this many seconds without a command (default 900)")
+    s.add_argument("--log", default=None, help="append events here (default: next to the socket)")
+    ns = p.parse_args(argv)
+    from gpuhpc.cmdserver.server import serve
+
+    sock = ns.socket or socket_path()
+    try:
+        ensure_private_dir(os.path.dirname(sock) or ".")
+    except PermissionError as exc:
+        sys.stderr.write(f"error: --socket: {exc}\n")
+        return 2
+    log_path = ns.log or sock.rsplit(".", 1)[0] + ".log"
+    try:
+        log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600),
+                        "a", encoding="utf-8")
+    except OSError:
+        log = None
+    return serve(sock, idle=ns.idle, log=log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Compile ``client.c`` for this interpreter and install it (``gpuhpc cmdserver
+install-client``). The interpreter path and server id are baked into the binary."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+from gpuhpc.cmdserver import server_id
+from gpuhpc.errors import GpuhpcError, UserInputError
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.c")
+
+
+def default_dest() -> str:
+    """Where pip put the ``gpuhpc`` console script for this interpreter."""
+    return os.path.join(sysconfig.get_path("scripts"), "gpuhpc")
+
+
+def _c_string(text: str) -> str:
+    if any(c in text for c in '"\\') or not text.isprintable():
+        raise UserInputError(f"cannot bake {text!r} into the client (quotes, backslashes or "
+                             "control characters)", field="python")
+    return f'"{text}"'
+
+
+def build(dest: str | None = None, cc: str | None = None, python: str | None = None) -> str:
+    """Compile the client to ``dest`` (atomically replacing what is there). Tries a static
+    binary first (the fastest to start), then a dynamic one. Returns ``dest``."""
+    dest = os.path.abspath(dest or default_dest())
+    python = python or sys.executable
+    cc = cc or os.environ.get("CC") or "cc"
+    if not os.path.isdir(os.path.dirname(dest)):
+        raise UserInputError(f"{os.path.dirname(dest)} is not a directory", field="--dest")
+    defs = [f"-DGPUHPC_PYTHON={_c_string(python)}", f"-DGPUHPC_SERVER_ID={_c_string(server_id(python))}"]
+    fd, tmp = tempfile.mkstemp(prefix=".gpuhpc-client-", dir=os.path.dirname(dest))
+    os.close(fd)
+    try:
+        errors = ""
+        for extra in (["-static"], []):
+            argv = [cc, "-std=c99", "-O2", "-Wall", "-Wextra", *extra, *defs, "-o", tmp, SOURCE]
+            try:
+                res = subprocess.run(argv, capture_output=True, text=True)
+            except FileNotFoundError as exc:
+                raise GpuhpcError(f"no C compiler {cc!r} (apt-get install gcc, or pass --cc)") from exc
+            if res.returncode == 0:
+                break
+            errors = res.stderr.strip()
+        else:
+            raise GpuhpcError(f"compiling the client failed: {errors.splitlines()[-1] if errors else '?'}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest

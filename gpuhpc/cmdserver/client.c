@@ -1,0 +1,265 @@
+/*
+ * gpuhpc command-server client (see gpuhpc/cmdserver/__init__.py for the design).
+ *
+ * A small C front-end for the gpuhpc CLI, in the manner of Mercurial's chg: it hands its
+ * argv, environment, cwd, umask and its stdin/stdout/stderr descriptors to a warm Python
+ * server over a Unix socket, forwards signals to the worker that runs the command, and exits
+ * with that command's exit code. Whenever the server cannot be used it execs the plain Python
+ * CLI (GPUHPC_PYTHON -P -m gpuhpc ...), so behaviour never depends on the server.
+ *
+ * Built by `gpuhpc cmdserver install-client`, which bakes in:
+ *   GPUHPC_PYTHON     the interpreter of the gpuhpc install (sys.executable)
+ *   GPUHPC_SERVER_ID  12 hex digits naming this install's server socket
+ *
+ * Protocol (all integers big-endian):
+ *   client -> server  "GPH1" u32 LEN, with SCM_RIGHTS fds 0,1,2; then LEN bytes of
+ *                     NUL-terminated fields: cwd, umask (octal), argc, argv[0..argc), env...
+ *   server -> client  5-byte messages: 'P' i32 pid (command started; pid leads its process
+ *                     group), 'X' i32 exit code (done), 'F' i32 0 (not served: run it yourself)
+ *
+ * Environment: GPUHPC_CMDSERVER=off runs the Python CLI directly; =noautostart uses a running
+ * server but never starts one. GPUHPC_RUNTIME_DIR overrides where the socket lives
+ * (default $XDG_RUNTIME_DIR/gpuhpc, else /tmp/gpuhpc-UID).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef GPUHPC_PYTHON
+#error "build with -DGPUHPC_PYTHON=\"/path/to/python\" (gpuhpc cmdserver install-client)"
+#endif
+#ifndef GPUHPC_SERVER_ID
+#error "build with -DGPUHPC_SERVER_ID=\"<hex>\" (gpuhpc cmdserver install-client)"
+#endif
+
+extern char **environ;
+
+static volatile pid_t worker_pid = 0;
+
+/* Run the command with the plain Python CLI: never returns. */
+static void exec_python(int argc, char **argv)
+{
+    char **args = calloc((size_t)argc + 4, sizeof(char *));
+    if (!args) {
+        perror("gpuhpc");
+        _exit(1);
+    }
+    args[0] = GPUHPC_PYTHON;
+    args[1] = "-P"; /* no cwd on sys.path: a ./typer.py must not shadow anything */
+    args[2] = "-m";
+    args[3] = "gpuhpc";
+    for (int i = 1; i < argc; i++)
+        args[i + 3] = argv[i];
+    execv(GPUHPC_PYTHON, args);
+    fprintf(stderr, "gpuhpc: cannot run %s: %s\n", GPUHPC_PYTHON, strerror(errno));
+    _exit(127);
+}
+
+/* The per-user socket directory: created 0700 if missing; refused unless it is a real
+ * directory owned by us and closed to everyone else (a socket planted by someone else
+ * would receive our environment and terminal). */
+static int runtime_dir(char *buf, size_t size)
+{
+    const char *over = getenv("GPUHPC_RUNTIME_DIR");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (over && *over)
+        n = snprintf(buf, size, "%s", over);
+    else if (xdg && *xdg)
+        n = snprintf(buf, size, "%s/gpuhpc", xdg);
+    else
+        n = snprintf(buf, size, "/tmp/gpuhpc-%u", (unsigned)getuid());
+    if (n < 0 || (size_t)n >= size)
+        return -1;
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (lstat(buf, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077))
+        return -1;
+    return 0;
+}
+
+/* Start the server detached (double fork, new session, stdio on /dev/null). */
+static void spawn_server(const char *sock)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return;
+    if (pid == 0) {
+        setsid();
+        if (fork() != 0)
+            _exit(0);
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+            if (null > 2)
+                close(null);
+        }
+        execl(GPUHPC_PYTHON, GPUHPC_PYTHON, "-P", "-m", "gpuhpc.cmdserver", "serve", "--socket", sock,
+              (char *)NULL);
+        _exit(127);
+    }
+    waitpid(pid, NULL, 0);
+}
+
+static void forward(int sig)
+{
+    pid_t pid = worker_pid;
+    if (pid > 0 && kill(-pid, sig) != 0)
+        kill(pid, sig);
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Read one 5-byte message; 0 on success, -1 on EOF or error. */
+static int read_msg(int fd, char *kind, int32_t *value)
+{
+    unsigned char b[5];
+    size_t got = 0;
+    while (got < sizeof b) {
+        ssize_t r = read(fd, b + got, sizeof b - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    *kind = (char)b[0];
+    *value = (int32_t)(((uint32_t)b[1] << 24) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 8) | b[4]);
+    return 0;
+}
+
+/* Append s and its NUL to the request buffer. */
+static int put(char **buf, size_t *len, size_t *cap, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    if (*len + n > *cap) {
+        size_t ncap = (*cap + n) * 2;
+        char *nb = realloc(*buf, ncap);
+        if (!nb)
+            return -1;
+        *buf = nb;
+        *cap = ncap;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *mode = getenv("GPUHPC_CMDSERVER");
+    if (mode && (!strcmp(mode, "off") || !strcmp(mode, "0") || !strcmp(mode, "no")))
+        exec_python(argc, argv);
+    int autostart = !(mode && !strcmp(mode, "noautostart"));
+
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (runtime_dir(dir, sizeof dir) != 0 ||
+        snprintf(addr.sun_path, sizeof addr.sun_path, "%s/cmd-%s.sock", dir, GPUHPC_SERVER_ID) >=
+            (int)sizeof addr.sun_path)
+        exec_python(argc, argv);
+
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        exec_python(argc, argv);
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        if (autostart && (errno == ENOENT || errno == ECONNREFUSED))
+            spawn_server(addr.sun_path);
+        exec_python(argc, argv);
+    }
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0 || cred.uid != getuid())
+        exec_python(argc, argv);
+
+    /* the request */
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap), num[32];
+    char cwd[8192];
+    if (!buf || !getcwd(cwd, sizeof cwd))
+        exec_python(argc, argv);
+    mode_t mask = umask(022);
+    umask(mask);
+    int bad = put(&buf, &len, &cap, cwd);
+    snprintf(num, sizeof num, "%o", (unsigned)mask);
+    bad |= put(&buf, &len, &cap, num);
+    snprintf(num, sizeof num, "%d", argc);
+    bad |= put(&buf, &len, &cap, num);
+    for (int i = 0; i < argc; i++)
+        bad |= put(&buf, &len, &cap, argv[i]);
+    for (char **e = environ; *e; e++)
+        bad |= put(&buf, &len, &cap, *e);
+    if (bad || len > 0x7fffffff)
+        exec_python(argc, argv);
+
+    unsigned char hdr[8] = {'G', 'P', 'H', '1', (unsigned char)(len >> 24), (unsigned char)(len >> 16),
+                            (unsigned char)(len >> 8), (unsigned char)len};
+    int fds[3] = {0, 1, 2};
+    char ctl[CMSG_SPACE(sizeof fds)];
+    memset(ctl, 0, sizeof ctl);
+    struct iovec iov = {.iov_base = hdr, .iov_len = sizeof hdr};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    ssize_t sent;
+    do
+        sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    if (sent != (ssize_t)sizeof hdr || write_all(fd, buf, len) != 0)
+        exec_python(argc, argv); /* nothing ran yet */
+    free(buf);
+
+    char kind;
+    int32_t value;
+    if (read_msg(fd, &kind, &value) != 0 || kind == 'F') {
+        close(fd);
+        exec_python(argc, argv); /* the server declined or died before starting the command */
+    }
+    if (kind != 'P') {
+        fprintf(stderr, "gpuhpc: command server protocol error\n");
+        return 1;
+    }
+    worker_pid = (pid_t)value;
+    struct sigaction sa = {.sa_handler = forward};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaction(sigs[i], &sa, NULL);
+    if (read_msg(fd, &kind, &value) != 0 || kind != 'X') {
+        fprintf(stderr, "gpuhpc: the command server worker (pid %d) ended without an exit code\n",
+                (int)worker_pid);
+        return 1;
+    }
+    return (int)value;
+}
