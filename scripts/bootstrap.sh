@@ -39,4 +39,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -c "import gpuhpc, sqlalchemy, submitit, typer" 
   echo "$want" > "$stamp"
 fi
+# the compiled front-end (gpuhpc/cmdserver): .venv/bin/gpuhpc becomes the C client, which hands
+# commands to a warm command server (GPUHPC_CMDSERVER=off runs the Python CLI instead). Rebuilt
+# when missing, when pip put the Python console script back, or when client.c changed.
+if [ "$(head -c4 .venv/bin/gpuhpc 2>/dev/null | od -An -c | tr -d ' ')" != '177ELF' ] \
+   || [ gpuhpc/cmdserver/client.c -nt .venv/bin/gpuhpc ]; then
+  say "building the gpuhpc client (gpuhpc cmdserver install-client)"
+  .venv/bin/python -m gpuhpc cmdserver install-client >/dev/null
+fi
 say "python ok ($(.venv/bin/python --version), gpuhpc $(.venv/bin/python -c 'import gpuhpc; print(gpuhpc.__version__)'))"

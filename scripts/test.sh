@@ -24,6 +24,7 @@ teardown() {
     [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
     bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true
     bash scripts/services/s3.sh stop >/dev/null 2>&1 || true
+    .venv/bin/python -m gpuhpc cmdserver stop >/dev/null 2>&1 || true
   fi
   say "done (exit $rc)"
   exit $rc

@@ -23,7 +23,7 @@ app = typer.Typer(
 )
 
 # command-group modules under gpuhpc.cli; each defines register(app)
-_GROUPS = ("conf", "cluster", "submit", "jobs", "ledger", "topology", "node", "stage")
+_GROUPS = ("conf", "cluster", "submit", "jobs", "ledger", "topology", "node", "stage", "cmdserver")
 
 _debug = False
 
@@ -58,8 +58,13 @@ def _is_click_exception(exc: Exception) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: runs the app and maps errors to exit codes."""
     def _call() -> int:
-        app(args=argv, prog_name="gpuhpc", standalone_mode=False)
-        return 0
+        # without standalone mode typer *returns* the exit code of typer.Exit (and 130 for a
+        # Ctrl-C, which it turns into Exit(130)); commands themselves return None
+        rv = app(args=argv, prog_name="gpuhpc", standalone_mode=False)
+        code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+        if code == 130:
+            sys.stderr.write("interrupted\n")
+        return code
 
     try:
         return run_guarded(_call, lambda: _debug)

@@ -1,10 +1,14 @@
 """The pre-forking command server behind the C client (design: :mod:`gpuhpc.cmdserver`).
 
-The master process imports the CLI once (:data:`PRELOAD`), binds the socket and keeps exactly
-one spare worker forked and blocked in ``accept()``; the fork therefore happens between
-commands, not on a command's critical path. A worker that accepts a connection tells the
-master (which forks the next spare at once, so a long ``gpuhpc logs -f`` never blocks other
-commands), serves that one command and exits.
+The master imports the CLI once (:data:`PRELOAD`), walks the common path once
+(:func:`rehearse`), binds the socket and keeps :data:`_SPARES` forked workers blocked in
+``accept()``, so that no fork happens on a command's critical path. A worker that accepts a
+connection tells the master (which refills the spares, so a long ``gpuhpc logs -f`` never
+blocks other commands) and serves the command. After a ``submit`` that left the process as it
+found it (:class:`_State`) the worker goes back to ``accept()``; after anything else it exits.
+
+The master stops when idle, on SIGTERM, when gpuhpc's code changes (:class:`CodeWatch`) or
+when its socket is removed; idle workers notice within a second and exit, busy ones finish.
 
 Wire format: see ``client.c``.
 """

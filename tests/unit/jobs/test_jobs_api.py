@@ -17,8 +17,8 @@ class FakeClient:
         self.rows = list(queue_rows)
         self.show = show
 
-    def config(self):
-        return {"ClusterName": "testc"}
+    def cluster_name(self):
+        return "testc"
 
     def submit_script(self, script, **kw):
         if self.fail:

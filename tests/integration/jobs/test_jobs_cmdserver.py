@@ -1,0 +1,109 @@
+"""The compiled client and command server on the real cluster: jobs submitted through it run,
+are listed, followed and cancelled through it; hostile names stay harmless; quota holds are
+reserved and attached by reused workers; concurrent submissions all go through."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from jobs_helpers import gpuhpc, job_state, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_submit_status_logs_cancel_through_the_server(cmd_client, jobs_env, slurm, track):
+    tag = uuid.uuid4().hex[:8]
+    res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", "gpuhpc-test-cs", "--json", "--",
+                         "bash", "-c", f"echo hello-{tag}; echo env=$GPUHPC_RESTART_COUNT")
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", ""), 120, f"job {job_id} to finish")
+    logs = cmd_client.run("logs", job_id)
+    assert logs.returncode == 0 and f"hello-{tag}" in logs.stdout and "env=0" in logs.stdout
+    status = json.loads(cmd_client.run("status", job_id, "--json").stdout)
+    assert status["state"] == "COMPLETED"
+
+    long = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", "gpuhpc-test-cs-long", "--", "sleep", "600")
+    assert long.returncode == 0, long.stderr
+    long_id = long.stdout.strip()
+    track(long_id)
+    listed = json.loads(cmd_client.run("jobs", "--json").stdout)
+    assert long_id in {str(j["job_id"]) for j in listed}
+    wait_for(lambda: job_state(slurm, long_id) == "RUNNING", 120, f"job {long_id} to start")
+
+    # logs -f runs until Ctrl-C, which the client forwards
+    follow = subprocess.Popen([cmd_client.path, "logs", "-f", long_id], env=cmd_client.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert follow.poll() is None
+    follow.send_signal(signal.SIGINT)
+    _out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130, err
+
+    assert cmd_client.run("cancel", long_id).returncode == 0
+    wait_for(lambda: job_state(slurm, long_id) in ("CANCELLED", ""), 60, f"job {long_id} to be cancelled")
+
+
+def test_hostile_name_and_argument_through_the_server(cmd_client, jobs_env, slurm, track, tmp_path):
+    for f in ("/tmp/pwned", "/tmp/pwned2"):
+        if os.path.exists(f):
+            os.unlink(f)
+    res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", "x; touch /tmp/pwned", "--", "echo",
+                         "$(touch /tmp/pwned2)", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    track(job_id)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", ""), 120, f"job {job_id} to finish")
+    assert not os.path.exists("/tmp/pwned") and not os.path.exists("/tmp/pwned2")
+    assert "$(touch /tmp/pwned2)" in cmd_client.run("logs", job_id).stdout
+
+
+def test_quota_holds_through_reused_workers(cmd_client, jobs_env, slurm, track, monkeypatch):
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
+                 ["quota", "set", "research", "--gpu-hours", "1", "--period", "month"]):
+        res = gpuhpc(*argv)
+        assert res.returncode == 0, (argv, res.stderr)
+    ids = []
+    for _ in range(4):                # 4 x 0.25 GPU-hours fills the quota exactly
+        res = cmd_client.run("submit", "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "15m",
+                             "-A", "research", "--hold", "--name", "gpuhpc-test-cs-quota", "--", "true")
+        assert res.returncode == 0, res.stderr
+        ids.append(res.stdout.strip())
+        track(ids[-1])
+    over = cmd_client.run("submit", "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "15m",
+                          "-A", "research", "--hold", "--name", "gpuhpc-test-cs-over", "--", "true")
+    assert over.returncode == 3 and over.stderr.startswith("error: quota exceeded") and over.stdout == ""
+    assert not [r for r in slurm.queue(user="root") if r.name == "gpuhpc-test-cs-over"]
+    shown = json.loads(gpuhpc("quota", "show", "--json").stdout)
+    row = next(q for q in shown if q["account"] == "research" and q["user"] is None)
+    assert float(row["held_gpu_hours"]) == pytest.approx(1.0)
+    import sqlite3
+
+    db = next(jobs_env.rglob("*.db"))
+    with sqlite3.connect(db) as conn:
+        attached = {r[0] for r in conn.execute("SELECT job_id FROM reservations WHERE job_id IS NOT NULL")}
+    assert set(ids) <= attached, "every hold is attached to its job id"
+
+
+def test_concurrent_submissions(cmd_client, jobs_env, track):
+    def one(i: int) -> subprocess.CompletedProcess:
+        return cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--hold", "--name", f"gpuhpc-test-cs-par{i}",
+                              "--", "true")
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    for res in results:
+        assert res.returncode == 0, res.stderr
+        track(res.stdout.strip())
+    assert len({r.stdout.strip() for r in results}) == 16
