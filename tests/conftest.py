@@ -95,3 +95,19 @@ def cmd_client(_cmd_client_session):
     the end of the session)."""
     _cmd_client_session.start()
     return _cmd_client_session
+
+
+@pytest.fixture
+def make_cmd_client(tmp_path):
+    """Build a client with a private, not yet started server; all are stopped afterwards."""
+    made: list[CmdClient] = []
+
+    def make() -> CmdClient:
+        root = tmp_path / f"c{len(made)}"
+        root.mkdir()
+        made.append(CmdClient(root))
+        return made[-1]
+
+    yield make
+    for client in made:
+        client.stop()

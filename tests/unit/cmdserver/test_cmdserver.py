@@ -133,10 +133,8 @@ def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
     assert res.returncode == 0 and "#SBATCH" in res.stdout
 
 
-def test_autostart_and_stop(tmp_path):
-    from conftest import CmdClient
-
-    c = CmdClient(tmp_path)
+def test_autostart_and_stop(make_cmd_client):
+    c = make_cmd_client()
     assert c.pid() is None
     first = c.run("submit", "--dry-run", "--", "true")       # no server: Python CLI + start one
     assert first.returncode == 0
@@ -153,10 +151,8 @@ def test_autostart_and_stop(tmp_path):
     assert c.pid() is None and not Path(c.socket).exists()
 
 
-def test_a_code_change_retires_the_server(tmp_path):
-    from conftest import CmdClient
-
-    c = CmdClient(tmp_path)
+def test_a_code_change_retires_the_server(make_cmd_client):
+    c = make_cmd_client()
     pid = c.start()
     module = Path(server.__file__)
     st = module.stat()
