@@ -20,3 +20,12 @@ def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def bundled_dir(name: str) -> Path:
+    """A template directory shipped with gpuhpc (``job-templates``, ``slurm-conf``): the
+    checkout's top-level one when running from a checkout (or an editable install), else the
+    copy a wheel carries in ``gpuhpc/_data/`` (see setup.py)."""
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / name
+    return checkout if checkout.is_dir() else package / "_data" / name

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError
+from gpuhpc.fsutil import bundled_dir
 
 # output file -> template; slurmdbd.conf only when the spec has a slurmdbd section
 CONF_FILES = ("slurm.conf", "gres.conf", "cgroup.conf", "topology.conf", "slurmdbd.conf")
@@ -22,7 +23,7 @@ STORAGE_PASS_PLACEHOLDER = "CHANGE-ME"
 def templates_dir() -> Path:
     """``slurm-conf/`` of this checkout (``GPUHPC_SLURM_CONF_DIR`` overrides)."""
     env = os.environ.get("GPUHPC_SLURM_CONF_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "slurm-conf"
+    path = Path(env) if env else bundled_dir("slurm-conf")
     if not (path / "slurm.conf.j2").is_file():
         raise GpuhpcError(f"slurm-conf templates not found at {path}", hint="set GPUHPC_SLURM_CONF_DIR")
     return path

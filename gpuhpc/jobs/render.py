@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.fsutil import bundled_dir
 from gpuhpc.jobs.spec import JobSpec, check_text, sbatch_options
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
@@ -31,15 +32,15 @@ VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "en
              "checkpoint_dir", "command", "nproc_per_node", "mpi")
 
 
-_REPO_TEMPLATES = Path(__file__).resolve().parents[2] / "job-templates"
+_BUNDLED_TEMPLATES = bundled_dir("job-templates")
 
 
 def template_dir() -> Path:
-    """``$GPUHPC_TEMPLATE_DIR`` or the repository's ``job-templates/``."""
+    """``$GPUHPC_TEMPLATE_DIR``, else ``job-templates/`` (the checkout's, or the wheel's copy)."""
     env = os.environ.get("GPUHPC_TEMPLATE_DIR")
     if env:
         return Path(env)
-    return _REPO_TEMPLATES
+    return _BUNDLED_TEMPLATES
 
 
 def sbatch_quote(value: object) -> str:

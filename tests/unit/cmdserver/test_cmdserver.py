@@ -178,3 +178,19 @@ def test_request_parsing_rejects_garbage(cmd_client):
         assert s.recv(16) == b""      # no fds, bad magic, too long: closed, nothing ran
         s.close()
     assert cmd_client.run("submit", "--dry-run", "--", "true").returncode == 0
+
+
+def test_a_killed_server_is_replaced(make_cmd_client):
+    c = make_cmd_client()
+    pid = c.start()
+    os.kill(pid, signal.SIGKILL)                 # leaves its socket file behind
+    deadline = time.monotonic() + 10
+    while c.pid() == pid:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert Path(c.socket).exists()
+    res = c.run("submit", "--dry-run", "--", "true")     # refused connection: Python CLI + a new server
+    assert res.returncode == 0 and "#SBATCH" in res.stdout
+    new = c.start()
+    assert new != pid
+    _same(c.run("submit", "--dry-run", "--", "true"), res)
