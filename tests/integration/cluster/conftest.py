@@ -6,7 +6,6 @@ Every test cancels the jobs it submitted (by id).
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -38,12 +37,3 @@ def submit(slurm: SlurmClient) -> Iterator[Callable[..., str]]:
         slurm.cancel(job_id)   # scancel of a finished job is a no-op
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import NODES, wait_for
+from polling import wait_for
+
+from .conftest import NODES
 
 REPO = Path(__file__).resolve().parents[3]
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")

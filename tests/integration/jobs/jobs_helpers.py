@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpuhpc.slurm.client import SlurmClient
@@ -16,17 +15,6 @@ HERE = Path(__file__).resolve().parent
 def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)
 
 
 def job_state(slurm: SlurmClient, job_id: str) -> str:

@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jobs_helpers import gpuhpc, job_state, wait_for
+from jobs_helpers import gpuhpc, job_state
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 

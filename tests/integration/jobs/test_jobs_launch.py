@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs_helpers import HERE, gpuhpc, job_state, wait_for
+from jobs_helpers import HERE, gpuhpc, job_state
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, job_state, preempt, wait_for
+from jobs_helpers import HERE, job_state, preempt
+from polling import wait_for
 
 sys.path.insert(0, str(HERE))
 from jobs_counter_lib import Counter, uninterrupted  # noqa: E402

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, gpuhpc, job_state, preempt, wait_for
+from jobs_helpers import HERE, gpuhpc, job_state, preempt
+from polling import wait_for
 
 sys.path.insert(0, str(HERE))
 from counter_train import uninterrupted  # noqa: E402
