@@ -74,12 +74,16 @@ def test_unknown_host_key_is_rejected(ssh_env, tmp_path):
         runner.run(["true"])
 
 
-def test_cli_over_ssh(ssh_env):
+def test_cli_over_ssh(ssh_env, cmd_client):
     env = {**os.environ, **ssh_env}
     res = subprocess.run([sys.executable, "-m", "gpuhpc", "cluster", "status", "--json"], env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "gpu-node1" in res.stdout
+    # the same through the compiled client and its command server (a laptop's usual gpuhpc)
+    via_server = cmd_client.run("cluster", "status", "--json", env=ssh_env)
+    assert via_server.returncode == 0, via_server.stderr
+    assert "gpu-node1" in via_server.stdout
 
 
 def test_submit_jobs_and_logs_through_the_cli_over_ssh(ssh_env, tmp_path):
