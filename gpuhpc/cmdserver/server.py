@@ -1,11 +1,14 @@
 """The pre-forking command server behind the C client (design: :mod:`gpuhpc.cmdserver`).
 
 The master imports the CLI once (:data:`PRELOAD`), walks the common path once
-(:func:`rehearse`), binds the socket and keeps :data:`_SPARES` forked workers blocked in
-``accept()``, so that no fork happens on a command's critical path. A worker that accepts a
-connection tells the master (which refills the spares, so a long ``gpuhpc logs -f`` never
-blocks other commands) and serves the command. After a ``submit`` that left the process as it
-found it (:class:`_State`) the worker goes back to ``accept()``; after anything else it exits.
+(:func:`rehearse`), binds the socket and keeps a forked worker blocked in ``accept()``, so
+that no fork happens on a command's critical path. A worker that accepts a connection tells
+the master and serves the command. After a ``submit`` that left the process as it found it
+(:class:`_State`) the worker goes back to ``accept()``; after anything else it exits. The
+master forks another worker only once every worker has been busy for :data:`_REFILL_DELAY`
+(concurrent or long commands: ``logs -f`` never blocks others) or one has exited, and when
+more than :data:`_SPARES` are idle it retires all but the most recently used (the one with
+the warmest caches).
 
 The master stops when idle, on SIGTERM, when gpuhpc's code changes (:class:`CodeWatch`) or
 when its socket is removed; idle workers notice within a second and exit, busy ones finish.
@@ -32,7 +35,9 @@ _HDR = struct.Struct("!4sI")
 _MSG = struct.Struct("!ci")          # worker -> client and worker -> master messages
 _MAX_REQUEST = 64 << 20              # argv + environment
 _MAX_WORKERS = 256
-_SPARES = 2                          # forked workers waiting in accept()
+_SPARES = 1                          # idle workers waiting in accept()
+_REFILL_DELAY = 0.05                 # fork another once every worker has been busy this long (s)
+_RETIRE = signal.SIGRTMIN + 3        # master -> idle worker: exit (never forwarded by the client)
 _MAX_REUSE = 500                     # commands one worker serves at most
 
 # imported once by the master so that workers start warm; heavy optional stacks (boto3,
@@ -418,6 +423,29 @@ def serve_one(conn: socket.socket, code: CodeWatch, master_env: dict[str, str], 
         conn.close()
 
 
+class _Retired(Exception):
+    pass
+
+
+_in_accept = False
+_retiring = False
+
+
+def _on_retire(_signum, _frame) -> None:
+    """The master has enough idle workers: leave now if idle, else after this command."""
+    global _retiring
+    _retiring = True
+    if _in_accept:
+        raise _Retired
+
+
+def _retire(pid: int) -> None:
+    try:
+        os.kill(pid, _RETIRE)
+    except ProcessLookupError:
+        pass
+
+
 def _worker(listener: socket.socket, code: CodeWatch, master_env: dict[str, str], note_w: int,
             close_fds: list[int], master: int) -> None:
     """A worker's life: warm up, then serve commands until one may have left state behind,
@@ -425,6 +453,7 @@ def _worker(listener: socket.socket, code: CodeWatch, master_env: dict[str, str]
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(_RETIRE, _on_retire)
     signal.set_wakeup_fd(-1)
     for fd in close_fds:
         os.close(fd)
@@ -433,17 +462,21 @@ def _worker(listener: socket.socket, code: CodeWatch, master_env: dict[str, str]
     clean = _State()
     listener.settimeout(1.0)
     served = 0
+    global _in_accept
     try:
-        while served < _MAX_REUSE:
+        while served < _MAX_REUSE and not _retiring:
+            _in_accept = True
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
+                _in_accept = False
                 if os.getppid() != master:
                     break                 # the master stopped: so do idle workers
                 continue
+            _in_accept = False
             os.write(note_w, _MSG.pack(b"A", os.getpid()))
             served += 1
-            if not serve_one(conn, code, master_env, note_w, clean) or not clean.unchanged():
+            if not serve_one(conn, code, master_env, note_w, clean) or not clean.unchanged() or _retiring:
                 break
             os.write(note_w, _MSG.pack(b"R", os.getpid()))
     except BaseException:
@@ -503,26 +536,33 @@ def serve(sock_path: str, idle: float = 900.0, log=None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-    spares: set[int] = set()
-    busy: set[int] = set()
+    spares: dict[int, float] = {}          # idle workers (in accept) -> idle since
+    busy: dict[int, float] = {}            # serving a command -> since
+    retiring: set[int] = set()
     early_deaths = 0
     refill = True
     last = time.monotonic()
     pending = b""
     try:
         while not stopping:
-            # refill when none is left, else once a command has finished: forking (and the
-            # page faults after it) then competes less with the command being served
-            while (not spares or refill) and len(spares) < _SPARES and len(busy) < _MAX_WORKERS:
+            now = time.monotonic()
+            # One idle worker, the one that served last, keeps the warmest caches. Fork
+            # another only when none is idle and the busy ones run a long command (or exited);
+            # a submit is back well within _REFILL_DELAY, so loops never fork.
+            if (len(spares) < _SPARES and len(busy) < _MAX_WORKERS
+                    and (refill or all(now - t >= _REFILL_DELAY for t in busy.values()))):
                 pid = os.fork()
                 if pid == 0:
                     _worker(listener, code, master_env, note_w,
                             [note_r, wake_r, wake_w, lock_fd] + ([code.fd] if code.fd is not None else []), master)
-                spares.add(pid)
-            refill = False
+                spares[pid] = now
+                refill = False
+            timeout = 1.0
+            if len(spares) < _SPARES and busy:
+                timeout = min(1.0, max(0.001, min(busy.values()) + _REFILL_DELAY - now))
             try:
                 ready, _, _ = select.select([note_r, wake_r] + ([code.fd] if code.fd is not None else []),
-                                            [], [], 1.0)
+                                            [], [], timeout)
             except InterruptedError:
                 ready = []
             if wake_r in ready:
@@ -534,15 +574,19 @@ def serve(sock_path: str, idle: float = 900.0, log=None) -> int:
                 while len(pending) >= _MSG.size:
                     kind, pid = _MSG.unpack(pending[:_MSG.size])
                     pending = pending[_MSG.size:]
+                    last = time.monotonic()
                     if kind == b"A":      # accepted a command
-                        busy.add(pid)
+                        spares.pop(pid, None)
+                        busy[pid] = last
                         early_deaths = 0
-                        spares.discard(pid)
-                        last = time.monotonic()
-                    elif kind == b"R":    # ready for another
-                        busy.discard(pid)
-                        spares.add(pid)
-                        last = time.monotonic()
+                    elif kind == b"R":    # back in accept(): the warmest; retire older idle ones
+                        busy.pop(pid, None)
+                        spares[pid] = last
+                        for old in sorted(spares, key=spares.get)[:max(0, len(spares) - _SPARES)]:
+                            if old != pid:
+                                _retire(old)
+                                del spares[old]
+                                retiring.add(old)
                     elif kind == b"S":
                         stopping.append("gpuhpc changed on disk")
             while True:                      # reap
@@ -552,13 +596,16 @@ def serve(sock_path: str, idle: float = 900.0, log=None) -> int:
                     break
                 if pid == 0:
                     break
-                busy.discard(pid)
-                refill = True
-                if pid in spares:            # died without accepting
-                    spares.discard(pid)
+                was_busy = busy.pop(pid, None) is not None
+                if pid in retiring:
+                    retiring.discard(pid)
+                elif pid in spares:          # died without accepting
+                    del spares[pid]
                     early_deaths += 1
                     if early_deaths >= 5:
                         stopping.append("workers keep dying")
+                elif was_busy:               # served a command it could not be reused after
+                    refill = True
             if not busy and time.monotonic() - last > idle:
                 stopping.append(f"idle for {idle:g}s")
             try:
