@@ -4,6 +4,7 @@ renders exactly what the checkout renders. (Builds with pip's build isolation: n
 like the rest of CI's set-up.)"""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +16,15 @@ RUN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhpc.cli import e
 
 
 def test_wheel_carries_templates_and_renders_like_the_checkout(tmp_path):
+    src = tmp_path / "src"                  # build from a copy: pip builds in-tree (build/)
+    for name in ("pyproject.toml", "setup.py", "README.md", "gpuhpc", "job-templates", "slurm-conf"):
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     dist = tmp_path / "dist"
-    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     wheel = next(dist.glob("gpuhpc-*.whl"))
