@@ -17,7 +17,8 @@
  *   server -> client  5-byte messages: 'P' i32 pid (command started; pid leads its process
  *                     group), 'X' i32 exit code (done), 'F' i32 0 (not served: run it yourself)
  *
- * Environment: GPUHPC_CMDSERVER=off runs the Python CLI directly; =noautostart uses a running
+ * `gpuhpc cmdserver ...` always runs the Python CLI. Environment: GPUHPC_CMDSERVER=off runs the
+ * Python CLI directly; =noautostart uses a running
  * server but never starts one. GPUHPC_RUNTIME_DIR overrides where the socket lives
  * (default $XDG_RUNTIME_DIR/gpuhpc, else /tmp/gpuhpc-UID).
  */
@@ -178,6 +179,13 @@ int main(int argc, char **argv)
     if (mode && (!strcmp(mode, "off") || !strcmp(mode, "0") || !strcmp(mode, "no")))
         exec_python(argc, argv);
     int autostart = !(mode && !strcmp(mode, "noautostart"));
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-')
+            continue;
+        if (!strcmp(argv[i], "cmdserver"))
+            exec_python(argc, argv); /* managing the server never goes through (or starts) it */
+        break;
+    }
 
     char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
     struct sockaddr_un addr = {.sun_family = AF_UNIX};

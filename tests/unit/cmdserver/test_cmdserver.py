@@ -136,6 +136,9 @@ def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
 def test_autostart_and_stop(make_cmd_client):
     c = make_cmd_client()
     assert c.pid() is None
+    assert c.run("cmdserver", "stop").returncode == 0     # managing it never starts one
+    time.sleep(1.0)
+    assert c.pid() is None and not list(c.runtime.glob("*.sock"))
     first = c.run("submit", "--dry-run", "--", "true")       # no server: Python CLI + start one
     assert first.returncode == 0
     deadline = time.monotonic() + 60
