@@ -17,6 +17,18 @@ def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subproc
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def research_quota(monkeypatch, gpu_hours: float) -> None:
+    """Turn the ledger on (SQLite under the test's GPUHPC_DATA_DIR) with account ``research``,
+    user root in it, and a monthly GPU-hour quota on it."""
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
+                 ["quota", "set", "research", "--gpu-hours", str(gpu_hours), "--period", "month"]):
+        res = gpuhpc(*argv)
+        assert res.returncode == 0, (argv, res.stderr)
+
+
 def job_state(slurm: SlurmClient, job_id: str) -> str:
     rec = slurm.show_job(job_id)
     return rec.get("JobState", "") if rec else ""

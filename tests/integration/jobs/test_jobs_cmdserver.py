@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jobs_helpers import gpuhpc, job_state
+from jobs_helpers import gpuhpc, research_quota, job_state
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -68,13 +68,7 @@ def test_hostile_name_and_argument_through_the_server(cmd_client, jobs_env, slur
 
 
 def test_quota_holds_through_reused_workers(cmd_client, jobs_env, slurm, track, monkeypatch):
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", "1", "--period", "month"]):
-        res = gpuhpc(*argv)
-        assert res.returncode == 0, (argv, res.stderr)
+    research_quota(monkeypatch, gpu_hours=1)
     ids = []
     for _ in range(4):                # 4 x 0.25 GPU-hours fills the quota exactly
         res = cmd_client.run("submit", "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "15m",

@@ -6,19 +6,13 @@ import json
 
 import pytest
 
-from jobs_helpers import gpuhpc
+from jobs_helpers import gpuhpc, research_quota
 
 pytestmark = pytest.mark.integration
 
 
 def test_quota_is_reserved_before_sbatch(jobs_env, slurm, track, monkeypatch):
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", "1", "--period", "month"]):
-        res = gpuhpc(*argv)
-        assert res.returncode == 0, (argv, res.stderr)
+    research_quota(monkeypatch, gpu_hours=1)
     big = gpuhpc("submit", "-p", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "-t", "2h",
                  "-A", "research", "--hold", "--name", "gpuhpc-test-quota-big", "--", "true")
     assert big.returncode == 3, big.stderr
