@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from jobs_helpers import gpuhpc, research_quota, job_state
+from jobs_helpers import gpuhpc, job_state, research_quota
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
