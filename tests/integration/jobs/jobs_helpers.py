@@ -29,6 +29,19 @@ def research_quota(monkeypatch, gpu_hours: float) -> None:
         assert res.returncode == 0, (argv, res.stderr)
 
 
+def progress_runs(progress_text: str) -> list[dict]:
+    """[{restart, resume, last}] per run of a counter program (counter_train.py, the
+    Python-API Counter), from its progress log of ``start R RESUME`` and ``step N`` lines."""
+    runs: list[dict] = []
+    for line in progress_text.splitlines():
+        parts = line.split()
+        if parts[:1] == ["start"]:
+            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
+        elif parts[:1] == ["step"] and runs:
+            runs[-1]["last"] = int(parts[1])
+    return runs
+
+
 def job_state(slurm: SlurmClient, job_id: str) -> str:
     rec = slurm.show_job(job_id)
     return rec.get("JobState", "") if rec else ""

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, job_state, preempt
+from jobs_helpers import HERE, job_state, preempt, progress_runs
 from polling import wait_for
 
 sys.path.insert(0, str(HERE))
@@ -16,17 +16,6 @@ pytestmark = pytest.mark.integration
 
 STEPS, STEP_S = 1200, 0.05
 NODE, GRES = "gpu-node2", "gpu:h100:8"
-
-
-def _runs(text: str) -> list[dict]:
-    runs: list[dict] = []
-    for line in text.splitlines():
-        parts = line.split()
-        if parts[:1] == ["start"]:
-            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
-        elif parts[:1] == ["step"] and runs:
-            runs[-1]["last"] = int(parts[1])
-    return runs
 
 
 def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slurm, track, monkeypatch):
@@ -45,7 +34,7 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
         def check():
             if job_state(slurm, job.job_id) != "RUNNING" or not progress.exists():
                 return False
-            runs = _runs(progress.read_text())
+            runs = progress_runs(progress.read_text())
             return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
         return check
 
@@ -65,7 +54,7 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
 
     assert job.result(timeout=240) == uninterrupted(STEPS)
     assert job.state is gpuhpc.JobState.COMPLETED
-    runs = _runs(progress.read_text())
+    runs = progress_runs(progress.read_text())
     assert len(runs) >= 4, runs
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= 1, (prev, cur)
@@ -90,7 +79,7 @@ def test_python_callable_requeue_cap_holds_against_preemption(jobs_env, tmp_path
         def check():
             if job_state(slurm, job.job_id) != "RUNNING" or not progress.exists():
                 return False
-            runs = _runs(progress.read_text())
+            runs = progress_runs(progress.read_text())
             return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= 10
         return check
 

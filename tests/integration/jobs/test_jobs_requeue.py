@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, gpuhpc, job_state, preempt
+from jobs_helpers import HERE, gpuhpc, job_state, preempt, progress_runs
 from polling import wait_for
 
 sys.path.insert(0, str(HERE))
@@ -17,18 +17,6 @@ pytestmark = pytest.mark.integration
 
 STEPS, EVERY, STEP_S = 1500, 10, 0.05
 NODE, GRES = "gpu-node2", "gpu:h100:8"
-
-
-def _runs(progress_text: str) -> list[dict]:
-    """[{restart, resume, last}] per run of the program, from its progress log."""
-    runs: list[dict] = []
-    for line in progress_text.splitlines():
-        parts = line.split()
-        if parts[:1] == ["start"]:
-            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
-        elif parts[:1] == ["step"] and runs:
-            runs[-1]["last"] = int(parts[1])
-    return runs
 
 
 def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_path, slurm, track):
@@ -46,7 +34,7 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
         def check():
             if job_state(slurm, job_id) != "RUNNING" or not progress.exists():
                 return False
-            runs = _runs(progress.read_text())
+            runs = progress_runs(progress.read_text())
             return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
         return check
 
@@ -71,7 +59,7 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
     job = Job(job_id, client=slurm)
     assert job.state.value == "COMPLETED" and job.done()
     assert json.loads(result.read_text()) == uninterrupted(STEPS)
-    runs = _runs(progress.read_text())
+    runs = progress_runs(progress.read_text())
     assert len(runs) >= 6, runs
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= EVERY, (prev, cur)
