@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpuhpc.ledger import db, hooks, ingest, quota  # noqa: E402
-from gpuhpc.ledger.ingest import SACCT_FIELDS  # noqa: E402
+from gpuhpc.slurm.commands import SACCT_RUN_FIELDS as SACCT_FIELDS  # noqa: E402
 from gpuhpc.slurm.commands import SEP  # noqa: E402
 from gpuhpc.slurm.parsers import parse_sacct  # noqa: E402
 

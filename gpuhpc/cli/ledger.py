@@ -114,8 +114,8 @@ def ledger_ingest(
     client = SlurmClient()
     # Slurm first, outside any database transaction
     open_jobs = ingest.open_reservation_jobs()
-    active = ingest.active_job_ids(client, open_jobs)
-    rows = ingest.fetch_sacct(client, start, end, job_ids=open_jobs)
+    active = client.active_job_ids(open_jobs)
+    rows = client.job_runs(start, end, job_ids=open_jobs)
     res = ingest.ingest_rows(rows, since=start, active=active)
     res.metrics = ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
     if json_:

@@ -34,11 +34,6 @@ from gpuhpc.slurm.state import JobState
 
 ZERO = Decimal(0)
 SOURCE = "sacct"
-# sacct fields the ledger needs (no "Restarts": Slurm 22.05's sacct has no such field)
-SACCT_FIELDS: tuple[str, ...] = (
-    "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
-    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "QOS", "Cluster", "Timelimit",
-)
 STALE_HOLD = dt.timedelta(hours=6)   # a hold with no job id after this long is released
 
 
@@ -492,46 +487,9 @@ def default_since(*, url: str | None = None, now: dt.datetime | None = None) -> 
     return min(cands)
 
 
-def active_job_ids(client, job_ids: Iterable[str]) -> set[str] | None:
-    """Which of ``job_ids`` squeue still shows as not finished (None if squeue failed)."""
-    ids = sorted(set(job_ids))
-    if not ids:
-        return set()
-    try:
-        rows = client.queue(job_ids=ids)
-    except Exception:
-        return None
-    return {(r.array_job_id or r.job_id_raw or r.job_id).split("_")[0] for r in rows if not r.state.state.is_finished}
-
-
 def open_reservation_jobs(*, url: str | None = None) -> list[str]:
     with db.session_scope(url) as s:
         return sorted({r.job_id for r in q.open_reservations(s) if r.job_id})
-
-
-def fetch_sacct(client, since: dt.datetime, until: dt.datetime | None = None,
-                job_ids: Iterable[str] = ()) -> list[AcctRow]:
-    """All users' allocations, every run of requeued jobs (``--duplicates``). No DB open here.
-
-    ``job_ids`` (jobs with open reservations) are also asked for by id: the time-window query
-    lists a job only once slurmdbd has its eligible time, and never lists a job that was
-    cancelled before it became eligible, whose hold must still be released."""
-    from gpuhpc.slurm import commands as cmd
-    from gpuhpc.slurm import parsers
-
-    def local(t: dt.datetime) -> str:
-        return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
-
-    argv = cmd.sacct(since=local(since), until=local(until) if until else None, all_users=True,
-                     allocations=True, duplicates=True, fields=SACCT_FIELDS)
-    rows = parsers.parse_sacct(client.run(argv).stdout, fields=SACCT_FIELDS)
-    seen = {r.array_job_id for r in rows}
-    missing = sorted({str(j) for j in job_ids} - seen)
-    for i in range(0, len(missing), 200):
-        argv = cmd.sacct(job_ids=missing[i:i + 200], all_users=True, allocations=True, duplicates=True,
-                         fields=SACCT_FIELDS)
-        rows += parsers.parse_sacct(client.run(argv).stdout, fields=SACCT_FIELDS)
-    return rows
 
 
 # ------------------------------------------------------------------ throughput metrics

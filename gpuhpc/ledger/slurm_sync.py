@@ -17,7 +17,8 @@ description). Slurm enforces any of it only with
 ``AccountingStorageEnforce=associations,limits,qos`` in slurm.conf.
 
 The ledger database is read first and closed; sacctmgr runs afterwards (no network call
-inside a DB transaction).
+inside a DB transaction), through :class:`~gpuhpc.slurm.client.SlurmClient`, which builds the
+command lines.
 """
 from __future__ import annotations
 
@@ -79,13 +80,15 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
 
 
 def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResult:
-    """Apply ``plans`` through ``client.sacctmgr`` (idempotent: only what differs changes)."""
+    """Apply ``plans`` through the :class:`~gpuhpc.slurm.client.SlurmClient`'s sacctmgr methods
+    (idempotent: only what differs changes). ``dry_run`` lists the command lines, runs nothing."""
     res = SyncResult()
 
-    def do(*words: str) -> None:
-        res.commands.append(["sacctmgr", "-i", *words])
-        if not dry_run:
-            client.sacctmgr(*words)
+    def add(entity: str, name: str, *settings: tuple[str, str]) -> None:
+        res.commands.append(client.sacctmgr_add(entity, name, settings, dry_run=dry_run))
+
+    def modify(entity: str, where: list[tuple[str, str]], *settings: tuple[str, str]) -> None:
+        res.commands.append(client.sacctmgr_modify(entity, where, settings, dry_run=dry_run))
 
     qos = {r["Name"]: r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "MaxTRESMins",
                                                                       "Description"])}
@@ -98,10 +101,11 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
         want_limit = f"gres/gpu={p.grp_gpu_minutes}" if p.grp_gpu_minutes is not None else "gres/gpu=-1"
         want_max = f"gres/gpu={p.max_job_gpu_minutes}" if p.max_job_gpu_minutes is not None else "gres/gpu=-1"
         desc = f"{DESC_PREFIX}{p.period_start.date().isoformat()}" if p.period_start else "gpuhpc"
+        limits = (("Flags", "NoDecay"), ("GrpTRESMins", want_limit), ("MaxTRESMinsPerJob", want_max))
+        qos_assoc = (("QOS", p.qos), ("DefaultQOS", p.qos))
         cur = qos.get(p.qos)
         if cur is None:
-            do("add", "qos", p.qos, "Flags=NoDecay", f"GrpTRESMins={want_limit}", f"MaxTRESMinsPerJob={want_max}",
-               f"Description={desc}")
+            add("qos", p.qos, *limits, ("Description", desc))
         else:
             def same(have: str, want: str, unset: bool) -> bool:
                 return have == want or (unset and "gres/gpu" not in have)
@@ -109,24 +113,21 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
             if ("NoDecay" not in cur.get("Flags", "")
                     or not same(cur.get("GrpTRESMins", ""), want_limit, p.grp_gpu_minutes is None)
                     or not same(cur.get("MaxTRESMins", ""), want_max, p.max_job_gpu_minutes is None)):
-                do("modify", "qos", "where", f"name={p.qos}", "set", "Flags=NoDecay", f"GrpTRESMins={want_limit}",
-                   f"MaxTRESMinsPerJob={want_max}")
+                modify("qos", [("name", p.qos)], *limits)
             if cur.get("Description", "") != desc:
                 # a new quota period: Slurm's usage starts again from zero, like the ledger's
-                do("modify", "qos", "where", f"name={p.qos}", "set", f"Description={desc}", "RawUsage=0")
+                modify("qos", [("name", p.qos)], ("Description", desc), ("RawUsage", "0"))
         if p.account not in accts:
-            do("add", "account", p.account, f"Description={p.description}", "Organization=gpuhpc",
-               f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+            add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"), *qos_assoc)
         else:
             a = users_of.get(p.account, {}).get("", {})
             if a.get("QOS") != p.qos or a.get("DefaultQOS") != p.qos:
-                do("modify", "account", "where", f"name={p.account}", "set", f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+                modify("account", [("name", p.account)], *qos_assoc)
         have_users = users_of.get(p.account, {})
         for u in p.users:
             ua = have_users.get(u)
             if ua is None:
-                do("add", "user", u, f"Account={p.account}", f"QOS={p.qos}", f"DefaultQOS={p.qos}")
+                add("user", u, ("Account", p.account), *qos_assoc)
             elif ua.get("QOS") != p.qos or ua.get("DefaultQOS") != p.qos:
-                do("modify", "user", "where", f"name={u}", f"account={p.account}", "set", f"QOS={p.qos}",
-                   f"DefaultQOS={p.qos}")
+                modify("user", [("name", u), ("account", p.account)], *qos_assoc)
     return res

@@ -7,6 +7,7 @@ only when its major.minor matches the cluster's (PyPI has no pyslurm for Slurm 2
 """
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import posixpath
 import uuid
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from typing import TYPE_CHECKING
 
-from gpuhpc.errors import SlurmError
+from gpuhpc.errors import GpuhpcError, SlurmError
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.transport import CommandResult, Runner, default_runner
 
@@ -152,6 +153,64 @@ class SlurmClient:
     def sacctmgr_list(self, entity: str, *filters: str, fields: Sequence[str]) -> list[dict[str, str]]:
         out = self.run(cmd.sacctmgr_list(entity, *filters, fields=fields)).stdout
         return _parsers().parse_parsable2(out, list(fields))
+
+    def sacctmgr_add(self, entity: str, name: str, settings: Sequence[tuple[str, str]] = (), *,
+                     dry_run: bool = False) -> list[str]:
+        """``sacctmgr -i add``; returns the command line it ran (or, with ``dry_run``, would run)."""
+        argv = cmd.sacctmgr_add(entity, name, settings)
+        if not dry_run:
+            self.run(argv)
+        return argv
+
+    def sacctmgr_modify(self, entity: str, where: Sequence[tuple[str, str]], settings: Sequence[tuple[str, str]],
+                        *, dry_run: bool = False) -> list[str]:
+        """``sacctmgr -i modify ... where ... set ...``; returns the command line."""
+        argv = cmd.sacctmgr_modify(entity, where, settings)
+        if not dry_run:
+            self.run(argv)
+        return argv
+
+    def sacctmgr_delete(self, entity: str, where: Sequence[tuple[str, str]], *, check: bool = True) -> CommandResult:
+        return self.run(cmd.sacctmgr_delete(entity, where), check=check)
+
+    # ------------------------------------------------------------ accounting for billing
+    def job_runs(self, since: dt.datetime, until: dt.datetime | None = None,
+                 job_ids: Iterable[str] = ()) -> list[parsers.AcctRow]:
+        """Every run of every user's jobs (``sacct --allusers --allocations --duplicates``:
+        a requeued job's runs each have their own row) that overlaps ``[since, until)``.
+
+        ``job_ids`` are also asked for by id: the time-window query lists a job only once
+        slurmdbd has its eligible time, and never lists a job that was cancelled before it
+        became eligible."""
+        p = _parsers()
+        fields = cmd.SACCT_RUN_FIELDS
+
+        def local(t: dt.datetime) -> str:       # sacct reads times in the host's local zone
+            return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+        argv = cmd.sacct(since=local(since), until=local(until) if until else None, all_users=True,
+                         allocations=True, duplicates=True, fields=fields)
+        rows = p.parse_sacct(self.run(argv).stdout, fields=fields)
+        seen = {r.array_job_id for r in rows}
+        missing = sorted({str(j) for j in job_ids} - seen)
+        for i in range(0, len(missing), 200):
+            argv = cmd.sacct(job_ids=missing[i:i + 200], all_users=True, allocations=True, duplicates=True,
+                             fields=fields)
+            rows += p.parse_sacct(self.run(argv).stdout, fields=fields)
+        return rows
+
+    def active_job_ids(self, job_ids: Iterable[str]) -> set[str] | None:
+        """Which of ``job_ids`` (array job ids) squeue still shows unfinished; None when
+        squeue could not say."""
+        ids = sorted({str(j) for j in job_ids})
+        if not ids:
+            return set()
+        try:
+            rows = self.queue(job_ids=ids)
+        except GpuhpcError:
+            return None
+        return {(r.array_job_id or r.job_id_raw or r.job_id).split("_")[0] for r in rows
+                if not r.state.state.is_finished}
 
 
 def pyslurm_backend(client: SlurmClient):

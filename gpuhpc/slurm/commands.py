@@ -128,3 +128,27 @@ def sacctmgr_list(entity: str, *filters: str, fields: Sequence[str]) -> list[str
 def scontrol_reconfigure() -> list[str]:
     """``scontrol reconfigure``: slurmctld re-reads slurm.conf, topology.conf, gres.conf ..."""
     return ["scontrol", "reconfigure"]
+
+
+# sacct fields for billing (``SlurmClient.job_runs``): every run of every job, no steps.
+# No "Restarts" (Slurm 22.05's sacct has no such field) and no NodeList (long, unused there).
+SACCT_RUN_FIELDS: tuple[str, ...] = (
+    "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
+    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "QOS", "Cluster", "Timelimit",
+)
+
+
+def sacctmgr_add(entity: str, name: str, settings: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """``sacctmgr -i add <entity> <name> Key=Value ...`` (settings in the order given)."""
+    return sacctmgr("add", entity, name, *(f"{k}={v}" for k, v in settings))
+
+
+def sacctmgr_modify(entity: str, where: Sequence[tuple[str, str]], settings: Sequence[tuple[str, str]]) -> list[str]:
+    """``sacctmgr -i modify <entity> where k=v ... set Key=Value ...``."""
+    return sacctmgr("modify", entity, "where", *(f"{k}={v}" for k, v in where), "set",
+                    *(f"{k}={v}" for k, v in settings))
+
+
+def sacctmgr_delete(entity: str, where: Sequence[tuple[str, str]]) -> list[str]:
+    """``sacctmgr -i delete <entity> where k=v ...``."""
+    return sacctmgr("delete", entity, "where", *(f"{k}={v}" for k, v in where))

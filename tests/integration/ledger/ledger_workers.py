@@ -38,7 +38,7 @@ def reserve_main(url: str, start_at: float, attempts: int) -> None:
 
 def synthetic_rows(n_jobs: int):
     """Deterministic sacct rows: n_jobs jobs, every 5th requeued once (two runs)."""
-    from gpuhpc.ledger.ingest import SACCT_FIELDS
+    from gpuhpc.slurm.commands import SACCT_RUN_FIELDS as SACCT_FIELDS
     from gpuhpc.slurm.commands import SEP
     from gpuhpc.slurm.parsers import parse_sacct
 

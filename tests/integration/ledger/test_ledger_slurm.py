@@ -55,8 +55,7 @@ def _state(client, job_id: str):
 
 
 def _runs(client, job_id: str) -> list[parsers.AcctRow]:
-    out = client.run(cmd.sacct(job_ids=[job_id], duplicates=True, fields=ingest.SACCT_FIELDS)).stdout
-    return [r for r in parsers.parse_sacct(out, fields=ingest.SACCT_FIELDS) if ingest.parse_time(r.start)]
+    return [r for r in client.accounting(job_ids=[job_id], duplicates=True) if ingest.parse_time(r.start)]
 
 
 def _wait_sacct_final(client, job_id: str) -> None:
@@ -70,7 +69,7 @@ def _fetch_window(client, since: dt.datetime, need: dict[str, int]) -> list[pars
     has its eligible time, a second or two after it ended; the periodic ingest picks such a
     job up next time (its window overlaps), the test waits for it."""
     def ready():
-        rows = ingest.fetch_sacct(client, since)
+        rows = client.job_runs(since)
         have: dict[str, int] = {}
         for r in rows:
             if ingest.parse_time(r.start):
@@ -137,7 +136,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
     want_b = cost(run_b, Fraction(3, 2))
 
     def ingest_now():
-        active = ingest.active_job_ids(client, [a, b])
+        active = client.active_job_ids([a, b])
         rows = _fetch_window(client, since, {a: len(runs_a), b: 1})
         return ingest.ingest_rows(rows, url=url, active=active)
 
@@ -202,9 +201,9 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
             client.run(cmd.scancel(jid), check=False)
         _wait(lambda: all((lambda s: s is None or s.state.state.is_finished)(_state(client, x)) for x in jobs), 60,
               "test jobs to leave the queue")
-        client.sacctmgr("delete", "user", "where", f"name={user}", f"account={acct}", check=False)
-        client.sacctmgr("delete", "account", "where", f"name={acct}", check=False)
-        client.sacctmgr("delete", "qos", "where", f"name={qos}", check=False)
+        client.sacctmgr_delete("user", [("name", user), ("account", acct)], check=False)
+        client.sacctmgr_delete("account", [("name", acct)], check=False)
+        client.sacctmgr_delete("qos", [("name", qos)], check=False)
     assert not [r for r in client.sacctmgr_list("account", fields=["Account"]) if r["Account"] == acct]
 
 

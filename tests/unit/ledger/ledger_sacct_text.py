@@ -1,7 +1,7 @@
-"""Build sacct --parsable2 text (0x1f-delimited, ingest.SACCT_FIELDS) for tests."""
+"""Build sacct --parsable2 text (0x1f-delimited, SACCT_RUN_FIELDS) for tests."""
 from __future__ import annotations
 
-from gpuhpc.ledger.ingest import SACCT_FIELDS
+from gpuhpc.slurm.commands import SACCT_RUN_FIELDS as SACCT_FIELDS
 from gpuhpc.slurm.commands import SEP
 from gpuhpc.slurm.parsers import parse_sacct
 

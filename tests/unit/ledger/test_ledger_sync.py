@@ -1,4 +1,4 @@
-"""sync-slurm planning and idempotency against a recording client (the real sacctmgr run is
+"""sync-slurm planning and idempotency against a SlurmClient over a recording runner (the real sacctmgr run is
 in tests/integration/ledger/test_ledger_slurm.py)."""
 from __future__ import annotations
 
@@ -6,23 +6,30 @@ import datetime as dt
 from decimal import Decimal
 
 from gpuhpc.ledger import quota, slurm_sync
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.transport import CommandResult
 
 
-class RecordingClient:
-    """Answers sacctmgr list queries from in-memory state and records changes."""
+class RecordingRunner:
+    """A Runner that answers ``sacctmgr list`` from in-memory state and records every other
+    command line (built by gpuhpc.slurm, as on the real cluster)."""
 
     def __init__(self, qos=(), accounts=(), assocs=()):
-        self.qos = list(qos)
-        self.accounts = list(accounts)
-        self.assocs = list(assocs)
+        self.tables = {"qos": list(qos), "account": list(accounts), "association": list(assocs)}
         self.calls: list[tuple[str, ...]] = []
 
-    def sacctmgr_list(self, entity, *filters, fields):
-        src = {"qos": self.qos, "account": self.accounts, "association": self.assocs}[entity]
-        return [{f: r.get(f, "") for f in fields} for r in src]
+    def run(self, argv, *, input=None, timeout=None, env=None):
+        if argv[:4] == ["sacctmgr", "--noheader", "--parsable2", "list"]:
+            fields = argv[-1].removeprefix("format=").split(",")
+            out = "".join("|".join(r.get(f, "") for f in fields) + "\n" for r in self.tables[argv[4]])
+            return CommandResult(tuple(argv), 0, out, "")
+        assert argv[:2] == ["sacctmgr", "-i"], argv
+        self.calls.append(tuple(argv[2:]))
+        return CommandResult(tuple(argv), 0, "", "")
 
-    def sacctmgr(self, *words, check=True):
-        self.calls.append(words)
+
+def RecordingClient(**state) -> SlurmClient:
+    return SlurmClient(RecordingRunner(**state))
 
 
 def test_plan_and_commands(ledger_url):
@@ -35,11 +42,11 @@ def test_plan_and_commands(ledger_url):
     assert (p.qos, p.grp_gpu_minutes, p.max_job_gpu_minutes, p.users) == ("gpuhpc-proj", 630, 630, ("alice", "bob"))
     c = RecordingClient()
     res = slurm_sync.sync(c, [p])
-    assert c.calls[0] == ("add", "qos", "gpuhpc-proj", "Flags=NoDecay", "GrpTRESMins=gres/gpu=630",
+    assert c.runner.calls[0] == ("add", "qos", "gpuhpc-proj", "Flags=NoDecay", "GrpTRESMins=gres/gpu=630",
                           "MaxTRESMinsPerJob=gres/gpu=630", "Description=gpuhpc period=2026-11-01")
     assert ("add", "account", "proj", "Description=proj", "Organization=gpuhpc", "QOS=gpuhpc-proj",
-            "DefaultQOS=gpuhpc-proj") in c.calls
-    assert ("add", "user", "bob", "Account=proj", "QOS=gpuhpc-proj", "DefaultQOS=gpuhpc-proj") in c.calls
+            "DefaultQOS=gpuhpc-proj") in c.runner.calls
+    assert ("add", "user", "bob", "Account=proj", "QOS=gpuhpc-proj", "DefaultQOS=gpuhpc-proj") in c.runner.calls
     assert len(res.commands) == 4
     # already in place: nothing to do
     done = RecordingClient(
@@ -54,4 +61,4 @@ def test_plan_and_commands(ledger_url):
     again = slurm_sync.sync(done, [p2], dry_run=True)
     assert again.commands == [["sacctmgr", "-i", "modify", "qos", "where", "name=gpuhpc-proj", "set",
                                "Description=gpuhpc period=2026-12-01", "RawUsage=0"]]
-    assert done.calls == []                                   # dry run ran nothing
+    assert done.runner.calls == []                                   # dry run ran nothing
