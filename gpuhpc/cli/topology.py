@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         output: str | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
     ) -> None:
         """Write a synthetic ibnetdiscover dump (same format as the real tool)."""
-        from gpuhpc.topology.hostlist import expand
+        from gpuhpc.hostlist import expand
         from gpuhpc.topology.synth import synth
 
         names = expand(hosts) if hosts else None

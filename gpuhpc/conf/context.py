@@ -11,7 +11,7 @@ import posixpath
 from typing import Any
 
 from gpuhpc.conf.validate import resolve_nodes
-from gpuhpc.spec import hostlist
+from gpuhpc import hostlist
 from gpuhpc.spec.cluster import ClusterSpec, NodeGroup
 
 FAKE_GPU_MAJOR = 195     # nvidia's character-device major

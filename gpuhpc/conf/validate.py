@@ -5,8 +5,8 @@ problem and returns the list of warnings (e.g. a low CPU:GPU ratio). It never to
 """
 from __future__ import annotations
 
-from gpuhpc.errors import SpecError
-from gpuhpc.spec import hostlist
+from gpuhpc import hostlist
+from gpuhpc.errors import SpecError, UserInputError
 from gpuhpc.spec.cluster import ClusterSpec, time_minutes
 from gpuhpc.spec.gpus import check_mig_layout, gpu_model
 
@@ -38,8 +38,8 @@ def resolve_nodes(spec: ClusterSpec, terms: list[str], field: str) -> list[str]:
             continue
         try:
             expanded = hostlist.expand(term)
-        except ValueError as exc:
-            raise SpecError(str(exc), field=f"{field}[{i}]") from None
+        except UserInputError as exc:
+            raise SpecError(exc.message, field=f"{field}[{i}]", hint=exc.hint) from None
         for n in expanded:
             if n not in known:
                 raise SpecError(f"unknown node {n!r}", field=f"{field}[{i}]",
@@ -112,9 +112,11 @@ def validate(spec: ClusterSpec) -> list[str]:
                                 field=f"{gf}.gpus.cpu_affinity", hint="one core list per GPU, e.g. '0-27'")
             for ai, aff in enumerate(gp.cpu_affinity):
                 try:
-                    ids = hostlist.parse_ranges(aff)
-                except ValueError as exc:
-                    raise SpecError(str(exc), field=f"{gf}.gpus.cpu_affinity[{ai}]") from None
+                    ids = hostlist.expand_ranges(aff)
+                except UserInputError as exc:
+                    raise SpecError(exc.message, field=f"{gf}.gpus.cpu_affinity[{ai}]", hint=exc.hint) from None
+                if not ids:
+                    raise SpecError("empty core list", field=f"{gf}.gpus.cpu_affinity[{ai}]", hint="e.g. '0-27'")
                 if max(ids) >= cores:
                     raise SpecError(f"core {max(ids)} does not exist (the node has {cores} cores, 0-{cores - 1})",
                                     field=f"{gf}.gpus.cpu_affinity[{ai}]")

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.hostlist import compress_ranges, expand_ranges
 from gpuhpc.inventory.smi import Gpu, GpuInstance, GpuInstanceProfile, MigDevice, SmiQuery, Topo
 
 VCPU_PER_GPU_MIN = 2
@@ -45,35 +46,6 @@ def short_type(product: str | None) -> str:
 def slurm_type(product: str | None) -> str:
     """Slurm AutoDetect=nvml's type string: ``nvidia_h100_80gb_hbm3``."""
     return re.sub(r"\s+", "_", (product or "gpu").strip().lower())
-
-
-def cpu_list(text: str) -> list[int]:
-    out: list[int] = []
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return out
-
-
-def ranges(nums: list[int]) -> str:
-    nums = sorted(set(nums))
-    if not nums:
-        return ""
-    out, start, prev = [], nums[0], nums[0]
-    for n in nums[1:] + [None]:  # type: ignore[list-item]
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if n is not None:
-            start = prev = n
-    return ",".join(out)
 
 
 def mig_caps_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
@@ -204,7 +176,7 @@ def build(*, query: SmiQuery | None = None, listing: list[Gpu] | None = None, to
 def _apply_topo(entries: list[GpuEntry], topo: Topo, warnings: list[str], cpus: int | None) -> None:
     if len(topo.gpus) != len(entries):
         warnings.append(f"topo -m lists {len(topo.gpus)} GPUs, the GPU list has {len(entries)}: matched by index")
-    sets = [cpu_list(r.cpus) for r in topo.gpus]
+    sets = [expand_ranges(r.cpus) for r in topo.gpus]
     seen = max((max(s) for s in sets if s), default=-1) + 1
     total = max(cpus or 0, seen) or None
     if cpus and seen > cpus:
@@ -222,7 +194,7 @@ def _apply_topo(entries: list[GpuEntry], topo: Topo, warnings: list[str], cpus: 
         e.cpus = row.cpus
         e.numa = row.numa if row.numa not in ("N/A",) else ""
         s = sets[i]
-        e.cores = ranges([c for c in s if c < half]) if smt else ranges(s)
+        e.cores = compress_ranges([c for c in s if c < half]) if smt else compress_ranges(s)
         if not s:
             warnings.append(f"GPU{e.index}: topo -m gives no CPU affinity (GB200 and some VMs do): Cores= left out; "
                             f"use the cores of NUMA node {row.numa or '?'} from lscpu")
@@ -280,7 +252,7 @@ def _report(entries: list[GpuEntry], topo: Topo | None, cpus: int | None, warnin
     vcpus = cpus
     inferred = False
     if vcpus is None and topo and all(r.cpus for r in topo.gpus):
-        ids = [c for r in topo.gpus for c in cpu_list(r.cpus)]
+        ids = [c for r in topo.gpus for c in expand_ranges(r.cpus)]
         if ids:
             vcpus = max(ids) + 1
             inferred = True

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.hostlist import compress, expand, natural_key
 from gpuhpc.topology.fabric import Fabric, Tree, analyse, build_tree
-from gpuhpc.topology.hostlist import compress, expand
 from gpuhpc.topology.ibnetdiscover import Dump, parse
 from gpuhpc.topology.writers import block_conf, block_groups_by_domain, block_groups_by_leaf, tree_conf
 
@@ -72,7 +72,7 @@ def topology_from_ibnetdiscover(text: str, *, source: str = "<stdin>", rail: str
             groups = block_groups_by_domain(domains, placed if placed else None)
             lost = sorted(set(placed) - set(domains))
             if lost:
-                warnings.append(f"{len(lost)} host(s) have no NVLink domain, left out of the blocks: {compress(lost)}")
+                warnings.append(f"{len(lost)} host(s) have no NVLink domain, left out of the blocks: {compress(sorted(lost, key=natural_key))}")
         else:
             raise UserInputError(f"unknown grouping {block_by!r}", field="--block-by", hint="leaf or nvlink")
         out = block_conf(groups, block_size=block_size, header=header, warnings=warnings)

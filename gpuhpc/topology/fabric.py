@@ -19,7 +19,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.topology.hostlist import compress, natural_key
+from gpuhpc.hostlist import compress, natural_key
 from gpuhpc.topology.ibnetdiscover import Dump, Link, switch_label
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

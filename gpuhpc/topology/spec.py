@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.topology.hostlist import expand
+from gpuhpc.hostlist import expand
 
 
 def _names_of_group(group: dict[str, Any], where: str) -> list[str]:

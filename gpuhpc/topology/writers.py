@@ -4,8 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.hostlist import compress, compress_terms, natural_key
 from gpuhpc.topology.fabric import Tree
-from gpuhpc.topology.hostlist import compress, natural_key
 
 
 def tree_conf(tree: Tree, *, header: str | None = None) -> str:
@@ -64,7 +64,7 @@ def block_conf(groups: Mapping[str, list[str]], *, block_size: int | None = None
     for i, (key, ch) in enumerate(blocks, 1):
         dup = seen.intersection(ch)
         if dup:
-            warn.append(f"node(s) {compress(dup)} fall in more than one block")
+            warn.append(f"node(s) {compress(sorted(dup, key=natural_key))} fall in more than one block")
         seen.update(ch)
         lines.append(f"# b{i}: {key}")
         lines.append(f"BlockName=b{i} Nodes={compress(ch)}")
@@ -84,9 +84,7 @@ def spec_yaml(tree: Tree, *, header: str | None = None) -> str:
     switches = []
     for sw in tree.switches:
         if sw.level == 0:
-            from gpuhpc.topology.hostlist import split_top
-
-            switches.append({"name": sw.name, "nodes": split_top(compress(sw.nodes))})
+            switches.append({"name": sw.name, "nodes": compress_terms(sorted(sw.nodes, key=natural_key))})
         else:
             switches.append({"name": sw.name, "switches": list(sw.children)})
     lines = [f"# {h}" for h in (header or "").splitlines() if h]

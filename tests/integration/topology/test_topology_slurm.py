@@ -18,7 +18,7 @@ import pytest
 
 from gpuhpc.slurm import SlurmClient
 from gpuhpc.slurm import commands as cmd
-from gpuhpc.topology.hostlist import expand
+from gpuhpc.hostlist import expand
 
 HERE = Path(__file__).resolve().parent
 DUMP = HERE / "local-fabric.out"

@@ -6,7 +6,7 @@ import pytest
 from gpuhpc.cli.main import main
 from gpuhpc.errors import UserInputError
 from gpuhpc.inventory import Sources, collect, smi
-from gpuhpc.inventory.gres import build, cpu_list, mig_caps_minor, short_type, slurm_type
+from gpuhpc.inventory.gres import build, mig_caps_minor, short_type, slurm_type
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +148,6 @@ def test_garbage_gives_line(parser, text):
     with pytest.raises(UserInputError) as exc:
         parser(text, "f")
     assert exc.value.field.startswith("f:")
-
-
-def test_cpu_list():
-    assert cpu_list("0-2,5") == [0, 1, 2, 5] and cpu_list("") == []
 
 
 def test_cli_files_json(F, capsys):

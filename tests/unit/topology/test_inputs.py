@@ -5,7 +5,7 @@ import pytest
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.topology import parse, topology_from_ibnetdiscover
-from gpuhpc.topology.hostlist import expand
+from gpuhpc.hostlist import expand
 from gpuhpc.topology.synth import synth
 
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 import pytest
 
 from gpuhpc.topology import topology_from_ibnetdiscover
-from gpuhpc.topology.hostlist import expand
+from gpuhpc.hostlist import expand
 
 # a CA block's node line and its one port line, as two consecutive lines
 _CA_BLOCK = re.compile(
