@@ -19,6 +19,8 @@ _LAZY = {
     "Resources": "gpuhpc.jobs.spec",
     "JobSpec": "gpuhpc.jobs.spec",
     "Checkpointable": "gpuhpc.jobs.checkpoint",
+    "should_stop": "gpuhpc.jobs.coord",
+    "save_shard": "gpuhpc.jobs.checkpoint",
     "report": "gpuhpc.ledger.metrics",
     "SlurmClient": "gpuhpc.slurm.client",
     "JobState": "gpuhpc.slurm.state",

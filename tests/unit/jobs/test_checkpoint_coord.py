@@ -1,0 +1,106 @@
+"""gpuhpc.should_stop without torch: several local processes agree on one stop step through
+the file protocol, whether they exchange a "collective" every step (a barrier) or not."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuhpc.jobs import coord
+
+CTX = mp.get_context("fork")
+
+
+def _rank(r: int, world: int, directory: str, barrier, ready, out, step_s: float, limit: int) -> None:
+    c = coord.StopCoordinator(rank=r, world_size=world, directory=directory, timeout=20)
+    c.install()
+    ready.put(r)
+    step = 0
+    while step < limit:
+        step += 1
+        time.sleep(step_s * (1 + r % 3))             # ranks run at different speeds
+        if barrier is not None:
+            barrier.wait(timeout=30)                  # a collective: nobody gets 2 steps ahead
+        if c.should_stop(step):
+            break
+    out.put((r, step))
+
+
+def _run(tmp_path, world: int, signal_ranks: list[int], coupled: bool, step_s: float = 0.01,
+         limit: int = 100000) -> dict[int, int]:
+    barrier = CTX.Barrier(world) if coupled else None
+    ready, out = CTX.Queue(), CTX.Queue()
+    procs = [CTX.Process(target=_rank, args=(r, world, str(tmp_path / "stop"), barrier, ready, out, step_s, limit))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=20)
+    time.sleep(0.3)
+    for i, r in enumerate(signal_ranks):
+        os.kill(procs[r].pid, signal.SIGUSR2)
+        time.sleep(0.05 * i)                           # the warning reaches ranks at different times
+    stops = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=10)
+        assert p.exitcode == 0
+    return stops
+
+
+@pytest.mark.parametrize("coupled", [True, False])
+@pytest.mark.parametrize("signal_ranks", [[3], [0], [1, 2, 3, 0]])
+def test_all_ranks_stop_after_the_same_step(tmp_path, coupled, signal_ranks):
+    stops = _run(tmp_path, 4, signal_ranks, coupled)
+    assert len(set(stops.values())) == 1, stops
+    decision = int((tmp_path / "stop" / "decision").read_text())
+    assert set(stops.values()) == {decision}
+
+
+def test_a_dead_peer_makes_the_others_stop_after_the_timeout(tmp_path):
+    d = tmp_path / "stop"
+    c = coord.StopCoordinator(rank=0, world_size=2, directory=d, timeout=0.5)
+    coord.request_stop(d)
+    assert c.should_stop(5) is False                  # announced, carries on one step
+    t0 = time.monotonic()
+    assert c.should_stop(6) is True                   # rank 1 never answers
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert not (d / "decision").exists()
+
+
+def test_single_process_uses_the_local_flag_and_the_request_file(tmp_path):
+    c = coord.StopCoordinator(rank=0, world_size=1, directory=tmp_path / "s")
+    assert not c.should_stop(1)
+    coord.request_stop(tmp_path / "s")
+    assert c.should_stop(2) and c.should_stop(3)
+
+
+def test_rank_zero_removes_the_protocol_dirs_of_earlier_runs(tmp_path):
+    old = tmp_path / ".gpuhpc-stop" / "7.0"
+    old.mkdir(parents=True)
+    (old / "decision").write_text("3\n")
+    c = coord.StopCoordinator(rank=0, world_size=2, directory=tmp_path / ".gpuhpc-stop" / "7.1")
+    assert not c.should_stop(1)
+    assert not old.exists()
+
+
+def test_shell_entry_point_agrees_with_python(tmp_path):
+    """Two shell "ranks" (python -m gpuhpc.jobs.coord should-stop STEP, stateless per call)."""
+    d = tmp_path / "stop"
+    env = dict(os.environ, GPUHPC_STOP_DIR=str(d), WORLD_SIZE="2", GPUHPC_STOP_TIMEOUT="10")
+
+    def call(r: int, step: int) -> int:
+        return subprocess.run([sys.executable, "-m", "gpuhpc.jobs.coord", "should-stop", str(step)],
+                              env={**env, "RANK": str(r)}, timeout=30).returncode
+
+    assert call(0, 1) == 1 and call(1, 1) == 1          # nothing requested
+    subprocess.run([sys.executable, "-m", "gpuhpc.jobs.coord", "request"], env={**env, "RANK": "0"}, check=True)
+    assert call(1, 4) == 1                             # rank 1 announces at 4 and carries on
+    assert call(0, 5) == 1                             # rank 0 announces at 5 -> decision 6
+    assert (d / "decision").read_text().strip() == "6"
+    assert call(1, 5) == 1 and call(1, 6) == 0 and call(0, 6) == 0
+    assert subprocess.run([sys.executable, "-m", "gpuhpc.jobs.coord", "bogus"]).returncode == 2
