@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpuhpc.ledger import db, hooks, ingest, quota  # noqa: E402
+from gpuhpc.ledger import admin, db, hooks, ingest, quota  # noqa: E402
 from gpuhpc.slurm.commands import SACCT_RUN_FIELDS as SACCT_FIELDS  # noqa: E402
 from gpuhpc.slurm.commands import SEP  # noqa: E402
 from gpuhpc.slurm.parsers import parse_sacct  # noqa: E402
@@ -34,12 +34,12 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
 
 def setup(url: str) -> None:
     db.upgrade(url)
-    quota.add_account("research", url=url)
-    quota.add_user("alice", "research", default=True, url=url)
-    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
-    quota.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=url)
-    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
-    quota.set_quota("research", money=Decimal("1000000000"), gpu_hours=Decimal("1000000000"), url=url)
+    admin.add_account("research", url=url)
+    admin.add_user("alice", "research", default=True, url=url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
+    admin.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    admin.set_quota("research", money=Decimal("1000000000"), gpu_hours=Decimal("1000000000"), url=url)
 
 
 def bulk_usage(path: str, n: int) -> float:

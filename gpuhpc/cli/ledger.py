@@ -167,14 +167,14 @@ def price_set(
 ) -> None:
     """Set a GPU rate and/or a partition/QOS multiplier (effective-dated)."""
     from gpuhpc.errors import UserInputError
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
     eff = _when(effective, "--effective")
     did = False
     if gpu_type:
         if of and not fraction:
             raise UserInputError("--of needs --fraction (e.g. 3/7)")
-        quota.set_price(gpu_type, rate=_money(rate, "--rate"), base=of, fraction=fraction, effective_from=eff,
+        admin.set_price(gpu_type, rate=_money(rate, "--rate"), base=of, fraction=fraction, effective_from=eff,
                         currency=currency)
         did = True
     if partition or qos:
@@ -182,9 +182,9 @@ def price_set(
             raise UserInputError("--partition/--qos need --multiplier")
         m = _money(multiplier, "--multiplier")
         if partition:
-            quota.set_multiplier("partition", partition, m, effective_from=eff)
+            admin.set_multiplier("partition", partition, m, effective_from=eff)
         if qos:
-            quota.set_multiplier("qos", qos, m, effective_from=eff)
+            admin.set_multiplier("qos", qos, m, effective_from=eff)
         did = True
     if not did:
         raise UserInputError("nothing to set", hint="--gpu-type T --rate R, or --partition P --multiplier M")
@@ -203,9 +203,9 @@ def price_load(file: Path = typer.Argument(..., exists=True, dir_okay=False, hel
 def price_list(json_: bool = typer.Option(False, "--json")) -> None:
     """Show the price book."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    rows = quota.list_prices()
+    rows = admin.list_prices()
     if json_:
         print_json(rows)
         return
@@ -222,9 +222,9 @@ def price_list(json_: bool = typer.Option(False, "--json")) -> None:
 @account_app.command("add")
 def account_add(name: str, description: str = typer.Option("", help="Free text.")) -> None:
     """Create a ledger account (project)."""
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    created = quota.add_account(name, description=description)
+    created = admin.add_account(name, description=description)
     sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
 
 
@@ -232,9 +232,9 @@ def account_add(name: str, description: str = typer.Option("", help="Free text."
 def account_list(json_: bool = typer.Option(False, "--json")) -> None:
     """List accounts and their users (* = the user's default account)."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    rows = quota.list_accounts()
+    rows = admin.list_accounts()
     if json_:
         print_json(rows)
         return
@@ -250,9 +250,9 @@ def account_list(json_: bool = typer.Option(False, "--json")) -> None:
 def user_add(name: str, account: str = typer.Option(..., help="Account to join."),
              default: bool = typer.Option(False, "--default", help="Make it the user's default account.")) -> None:
     """Add a user to an account."""
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    created = quota.add_user(name, account, default=default)
+    created = admin.add_user(name, account, default=default)
     sys.stderr.write(f"user {name} {'added to' if created else 'already in'} {account}\n")
 
 
@@ -266,18 +266,18 @@ def quota_set(
     period: str = typer.Option("month", help="day, week, month or total."),
 ) -> None:
     """Set an account's (or a user's) quota."""
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    quota.set_quota(account, user=user, gpu_hours=_money(gpu_hours, "--gpu-hours"), money=_money(money, "--money"),
+    admin.set_quota(account, user=user, gpu_hours=_money(gpu_hours, "--gpu-hours"), money=_money(money, "--money"),
                     period=period)
 
 
 @quota_app.command("remove")
 def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None:
     """Remove an account's (or user's) quota."""
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    ok = quota.remove_quota(account, user=user)
+    ok = admin.remove_quota(account, user=user)
     sys.stderr.write("quota removed\n" if ok else "no such quota\n")
 
 
@@ -285,9 +285,9 @@ def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None
 def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = typer.Option(False, "--json")) -> None:
     """Usage vs quota for the current period."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import quota
+    from gpuhpc.ledger import admin
 
-    rows = quota.quota_status(account)
+    rows = admin.quota_status(account)
     if json_:
         print_json([r.as_dict() for r in rows])
         return

@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from gpuhpc.errors import LedgerError
 from gpuhpc.ledger import paths
 # the schema head (kept in sync with migrations/versions, a unit test checks it; lets every
-# command check the schema without loading Alembic) and the busy timeout live in the stdlib-only
-# fast path of the quota decision, which needs them too
-from gpuhpc.ledger.fastpath import KNOWN_REVISIONS, SCHEMA_HEAD, SQLITE_BUSY_TIMEOUT_MS  # noqa: F401
+# command check the schema without loading Alembic) and the busy timeout live with the quota
+# decision (DB-API, no SQLAlchemy), which needs them too
+from gpuhpc.ledger import quota
+from gpuhpc.ledger.quota import KNOWN_REVISIONS, SCHEMA_HEAD, SQLITE_BUSY_TIMEOUT_MS  # noqa: F401
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
@@ -91,15 +92,9 @@ def check_schema(url: str | None = None) -> None:
     url = url or paths.db_url()
     if url in _checked:
         return
-    rev = current_revision(get_engine(url))
-    if rev is not None and rev not in KNOWN_REVISIONS:
-        raise LedgerError(f"the ledger database {_redact(url)} is at schema revision {rev}, written by a newer "
-                          f"gpuhpc than this one (which knows up to {SCHEMA_HEAD}): upgrade gpuhpc")
-    if rev != SCHEMA_HEAD:
-        where = _redact(url)
-        state = "has no ledger schema" if rev is None else f"is at schema revision {rev}"
-        raise LedgerError(f"the ledger database {where} {state}, but this gpuhpc needs {SCHEMA_HEAD}: "
-                          "run `gpuhpc db upgrade`")
+    problem = quota.schema_problem(current_revision(get_engine(url)), _redact(url))
+    if problem:
+        raise LedgerError(problem)
     _checked.add(url)
 
 

@@ -1,8 +1,7 @@
 """The reservation API the submit path calls (``gpuhpc submit`` → reserve → sbatch → attach/release).
 
-Importing this module is cheap (stdlib only). On an SQLite ledger the reservation, attach and
-release normally run in :mod:`gpuhpc.ledger.fastpath` (sqlite3 only); SQLAlchemy
-(:mod:`gpuhpc.ledger.quota`) is imported only for PostgreSQL or when the fast path falls back.
+Importing this module is cheap (stdlib only). The reservation, attach and release are
+:mod:`gpuhpc.ledger.quota` (DB-API SQL: ``sqlite3`` or ``psycopg``, never SQLAlchemy).
 
     req = ChargeRequest(cluster="local", user="alice", account="research", partition="gpu",
                         qos=None, gpu_type="h100", gpus=8, time_limit_s=3600, array_size=4)
@@ -47,20 +46,12 @@ class Reservation:
 
     def attach_job(self, job_id: str) -> None:
         """Record the Slurm job id (new transaction, after sbatch succeeded)."""
-        from gpuhpc.ledger import fastpath
-
-        if self._url and fastpath.attach_job(self.id, str(job_id), self._url):
-            return
         from gpuhpc.ledger import quota
 
         quota.attach_job(self.id, str(job_id), url=self._url)
 
     def release(self) -> None:
         """sbatch failed: give the whole hold back (idempotent)."""
-        from gpuhpc.ledger import fastpath
-
-        if self._url and fastpath.release(self.id, self._url):
-            return
         from gpuhpc.ledger import quota
 
         quota.release(self.id, url=self._url)
@@ -92,11 +83,6 @@ def reserve(req: ChargeRequest) -> Reservation | None:
     url = ledger_in_use()
     if url is None:
         return None
-    from gpuhpc.ledger import fastpath
-
-    res = fastpath.reserve(req, url)
-    if res is not None:
-        return res
     from gpuhpc.ledger import quota
 
     return quota.reserve(req, url=url)

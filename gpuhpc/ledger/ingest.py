@@ -26,7 +26,7 @@ from sqlalchemy import delete, insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpuhpc.ledger import db, pricing
-from gpuhpc.ledger import quota as q
+from gpuhpc.ledger import admin as q
 from gpuhpc.ledger.orm import (Account, Charge, IngestState, JobMetric, Quota, QuotaUsage, Reservation,
                                ReservationHold, ReservationStatus, UsageRecord, User, utcnow)
 from gpuhpc.slurm.parsers import AcctRow
@@ -342,8 +342,7 @@ def _ingest_batch(s: Session, book: pricing.PriceCache, jobs: list[JobView], res
         # a job no longer in the queue is over even if its last record says PREEMPTED/NODE_FAIL
         done = j.finished or (active is not None and j.job_id not in active and not j.pending_tasks)
         if done and (r.array_size <= 1 or len(j.latest) >= r.array_size):
-            q.release_holds(s, r)
-            r.status = ReservationStatus.settled
+            q.release_holds(s, r, ReservationStatus.settled)
             res.reservations_settled += 1
     s.flush()
     res.batches += 1
@@ -410,11 +409,10 @@ def _insert_charges(s: Session, rows: list[tuple]) -> None:
 
 def expire_stale_holds(s: Session, now: dt.datetime, res: IngestResult) -> None:
     """Holds whose sbatch never reported back (no job id after STALE_HOLD) are released."""
-    for r in s.scalars(select(Reservation).where(Reservation.status == ReservationStatus.held,
-                                                 Reservation.job_id.is_(None),
-                                                 Reservation.created_at < now - STALE_HOLD)):
-        q.release_holds(s, r)
-        r.status = ReservationStatus.released
+    for r in list(s.scalars(select(Reservation).where(Reservation.status == ReservationStatus.held,
+                                                      Reservation.job_id.is_(None),
+                                                      Reservation.created_at < now - STALE_HOLD))):
+        q.release_holds(s, r, ReservationStatus.released, now)
         res.reservations_expired += 1
 
 

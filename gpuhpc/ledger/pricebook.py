@@ -16,7 +16,7 @@ import datetime as dt
 from pathlib import Path
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.ledger import pricing, quota
+from gpuhpc.ledger import admin, pricing
 
 
 def load_file(path: Path, *, url: str | None = None) -> int:
@@ -43,7 +43,7 @@ def load(data: dict, *, url: str | None = None, source: str = "price book") -> i
         eff = dt.datetime.fromisoformat(eff)
     if isinstance(eff, dt.datetime) and eff.tzinfo is None:
         eff = eff.replace(tzinfo=dt.timezone.utc)
-    eff = eff or quota.utcnow()
+    eff = eff or admin.utcnow()
     currency = str(data.get("currency", "USD"))
     n = 0
     for gpu_type, spec in (data.get("gpus") or {}).items():
@@ -51,15 +51,15 @@ def load(data: dict, *, url: str | None = None, source: str = "price book") -> i
         if isinstance(spec, dict):
             if set(spec) != {"of", "fraction"}:
                 raise UserInputError("give {of: BASE, fraction: N/D}", field=field)
-            quota.set_price(str(gpu_type), base=str(spec["of"]), fraction=str(spec["fraction"]), effective_from=eff,
+            admin.set_price(str(gpu_type), base=str(spec["of"]), fraction=str(spec["fraction"]), effective_from=eff,
                             currency=currency, url=url)
         else:
-            quota.set_price(str(gpu_type), rate=pricing.parse_money(spec, what=field), effective_from=eff,
+            admin.set_price(str(gpu_type), rate=pricing.parse_money(spec, what=field), effective_from=eff,
                             currency=currency, url=url)
         n += 1
     for kind, key in (("partition", "partitions"), ("qos", "qos")):
         for name, mult in (data.get(key) or {}).items():
-            quota.set_multiplier(kind, str(name), pricing.parse_money(mult, what=f"{key}.{name}"), effective_from=eff,
+            admin.set_multiplier(kind, str(name), pricing.parse_money(mult, what=f"{key}.{name}"), effective_from=eff,
                                  url=url)
             n += 1
     return n

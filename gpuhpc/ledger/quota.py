@@ -1,410 +1,353 @@
-"""Quota decisions: atomic reservations (pre-submit holds), release, attach, and the admin
-operations on accounts, users, prices and quotas.
+"""The quota decision: reserve, attach, release. One implementation, for SQLite and PostgreSQL.
 
-Every quota has one :class:`~gpuhpc.ledger.orm.QuotaUsage` counter row per period holding
-settled usage and open holds, so a decision reads a handful of rows no matter how many
-usage records exist. Writers serialise on the quota rows: ``SELECT ... FOR UPDATE`` in
-PostgreSQL (always in quota-id order, so no deadlocks), ``BEGIN IMMEDIATE`` in SQLite.
+Plain DB-API SQL (``sqlite3`` or ``psycopg``), no SQLAlchemy: on the embedded SQLite ledger
+``gpuhpc submit`` pays for the standard library only. The ORM (:mod:`gpuhpc.ledger.admin`,
+:mod:`~gpuhpc.ledger.ingest`, :mod:`~gpuhpc.ledger.reports`) runs the same functions inside its
+own transactions through :func:`gpuhpc.ledger.admin.session_tx`, so the period counters and
+the release of holds are also written in one place.
+
+Every quota has one ``quota_usage`` counter row per period holding settled usage and open
+holds, so a decision reads a handful of rows however many usage records exist. Writers
+serialise on the quota rows: ``SELECT ... FOR UPDATE`` in quota-id order on PostgreSQL (READ
+COMMITTED; the same order everywhere, so no deadlocks), ``BEGIN IMMEDIATE`` on SQLite (WAL,
+60 s busy timeout).
+
+Stored values are the ones SQLAlchemy's dialects write and read, so both layers share the
+tables: on SQLite ``Numeric`` is bound as ``float(Decimal)`` and read back as
+``Decimal("%.6f" % value)``, datetimes are naive UTC ``YYYY-MM-DD HH:MM:SS.ffffff``; on
+PostgreSQL they are ``numeric`` and ``timestamptz``. Enums are stored as their values.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import functools
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import os
+import re
+from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
-from sqlalchemy.orm import Session
+from gpuhpc.errors import LedgerError, QuotaExceeded, UserInputError
+from gpuhpc.ledger import hooks, pricing
 
-from gpuhpc.errors import LedgerError, UserInputError
-from gpuhpc.ledger import db, fastpath, hooks, pricing
-from gpuhpc.ledger.orm import (Account, Charge, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier,
-                               Quota, QuotaUsage, Reservation, ReservationHold, ReservationStatus, User, utcnow)
-
+# The schema revision this gpuhpc needs: the one place it is written (db.py imports it; a
+# unit test checks it against migrations/versions, so a new migration must update it).
+SCHEMA_HEAD = "0001"
+KNOWN_REVISIONS = ("0001",)   # every revision in migrations/versions, oldest first
+SQLITE_BUSY_TIMEOUT_MS = 60_000
 ZERO = Decimal(0)
+UTC = dt.timezone.utc
+OPEN = ("held", "submitted")
 
 
-# ------------------------------------------------------------------ price book
-def load_price_book(session: Session) -> pricing.PriceBook:
-    conn = session.connection()
+# ------------------------------------------------------------------ connection
+class Tx:
+    """An open transaction on a DB-API connection, with the dialect's differences: the
+    parameter style, ``FOR UPDATE``, and how numbers and times are stored."""
+
+    def __init__(self, conn: Any, dialect: str) -> None:
+        if dialect not in ("sqlite", "postgresql"):
+            raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {dialect}")
+        self.conn = conn
+        self.pg = dialect == "postgresql"
+        self.for_update = " FOR UPDATE" if self.pg else ""   # SQLite: BEGIN IMMEDIATE locks already
+        self.cur = conn.cursor()
+
+    def q(self, sql: str, params: tuple | list = ()) -> Any:
+        self.cur.execute(sql.replace("?", "%s") if self.pg else sql, params)
+        return self.cur
+
+    def one(self, sql: str, params: tuple | list = ()) -> tuple | None:
+        return self.q(sql, params).fetchone()
+
+    def insert(self, sql: str, params: tuple | list) -> int:
+        """An INSERT; returns the new row's id (the database assigns it)."""
+        if self.pg:
+            return self.q(sql + " RETURNING id", params).fetchone()[0]
+        return self.q(sql, params).lastrowid
+
+    # values
+    def num(self, d: Decimal) -> Any:
+        return d if self.pg else float(d)
+
+    def dec(self, v: Any) -> Decimal:
+        if v is None:
+            raise LedgerError("a NULL where the ledger keeps a number")
+        if isinstance(v, Decimal):
+            return v
+        return Decimal("%.6f" % v) if isinstance(v, (int, float)) else Decimal(str(v))
+
+    def ts(self, d: dt.datetime) -> Any:
+        d = d.astimezone(UTC)
+        return d if self.pg else d.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+    def parse_ts(self, v: Any) -> dt.datetime:
+        if isinstance(v, dt.datetime):
+            return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
+        return dt.datetime.fromisoformat(v).replace(tzinfo=UTC)
+
+
+def redact(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def schema_problem(rev: str | None, where: str) -> str | None:
+    """Why a database at revision ``rev`` cannot be used (None when it can)."""
+    if rev is not None and rev not in KNOWN_REVISIONS:
+        return (f"the ledger database {where} is at schema revision {rev}, written by a newer gpuhpc than "
+                f"this one (which knows up to {SCHEMA_HEAD}): upgrade gpuhpc")
+    if rev != SCHEMA_HEAD:
+        state = "has no ledger schema" if rev is None else f"is at schema revision {rev}"
+        return f"the ledger database {where} {state}, but this gpuhpc needs {SCHEMA_HEAD}: run `gpuhpc db upgrade`"
+    return None
+
+
+def _check_schema(tx: Tx, url: str) -> None:
+    try:
+        row = tx.one("SELECT version_num FROM alembic_version")
+    except Exception:           # no such table: an empty database
+        row = None
+    problem = schema_problem(row[0] if row else None, redact(url))
+    if problem:
+        raise LedgerError(problem)
+
+
+def sqlite_file(url: str) -> str:
+    """The file of a ``sqlite:///FILE`` URL."""
+    path = url.split("://", 1)[1].split("?", 1)[0]
+    path = path[1:] if path.startswith("/") else path
+    if not path or path == ":memory:":
+        raise LedgerError(f"{url}: the ledger needs a database file, not an in-memory SQLite database")
+    return path
+
+
+@contextlib.contextmanager
+def transaction(url: str) -> Iterator[Tx]:
+    """One committed transaction on ``url`` (schema checked), rolled back on any error."""
+    if url.startswith("sqlite:"):
+        import sqlite3
+        from urllib.parse import quote
+
+        path = sqlite_file(url)
+        try:   # mode=rw: never create an empty file where a ledger was expected
+            conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
+                                   timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        except sqlite3.OperationalError:
+            raise LedgerError(f"the ledger database {path} does not exist: run `gpuhpc db upgrade`") from None
+        try:
+            # db.get_engine's connection set-up, then BEGIN IMMEDIATE: concurrent writers queue
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            tx = Tx(conn, "sqlite")
+            _check_schema(tx, url)
+            yield tx
+            conn.execute("COMMIT")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+    elif url.startswith("postgresql"):
+        import psycopg
+
+        conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
+        try:
+            tx = Tx(conn, "postgresql")
+            _check_schema(tx, url)
+            yield tx
+            conn.commit()
+        finally:
+            conn.rollback()
+            conn.close()
+    else:
+        raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {redact(url)}")
+
+
+def _url(url: str | None) -> str:
+    if url:
+        return url
+    from gpuhpc.ledger.paths import db_url
+
+    return db_url()
+
+
+# ------------------------------------------------------------------ price book and counters
+def load_price_book(tx: Tx) -> pricing.PriceBook:
     book = pricing.PriceBook()
-    st = _reserve_statements()
-    for p in conn.execute(st["prices"]):
-        if p.rate is not None:
-            book.add_price(p.gpu_type, p.effective_from, rate=p.rate)
+    for gpu_type, rate, base, num, den, eff in tx.q(
+            "SELECT gpu_type, rate, base_gpu_type, fraction_num, fraction_den, effective_from FROM gpu_prices").fetchall():
+        if rate is not None:
+            book.add_price(gpu_type, tx.parse_ts(eff), rate=tx.dec(rate))
+        elif base is not None and num and den:
+            book.add_price(gpu_type, tx.parse_ts(eff), base=base, fraction=f"{num}/{den}")
         else:
-            book.add_price(p.gpu_type, p.effective_from, base=p.base_gpu_type,
-                           fraction=f"{p.fraction_num}/{p.fraction_den}")
-    for m in conn.execute(st["multipliers"]):
-        book.add_multiplier(m.kind.value, m.name, m.effective_from, m.multiplier)
+            raise LedgerError(f"the price of {gpu_type} from {eff} has neither a rate nor a base type and fraction")
+    for kind, name, mult, eff in tx.q("SELECT kind, name, multiplier, effective_from FROM price_multipliers").fetchall():
+        book.add_multiplier(kind, name, tx.parse_ts(eff), tx.dec(mult))
     return book
 
 
-# ------------------------------------------------------------------ lookups
-def _account(session: Session, name: str) -> Account | None:
-    return session.scalar(select(Account).where(Account.name == name))
-
-
-def _user(session: Session, name: str) -> User | None:
-    return session.scalar(select(User).where(User.name == name))
-
-
-def resolve_account(session: Session, user: User | None, account: str | None) -> Account | None:
-    """The named account, else the user's default (or only) membership."""
-    if account:
-        return _account(session, account)
-    if user is None:
-        return None
-    ms = session.scalars(select(Membership).where(Membership.user_id == user.id)).all()
-    default = [m for m in ms if m.is_default] or (ms if len(ms) == 1 else [])
-    return session.get(Account, default[0].account_id) if default else None
-
-
-def quotas_for(session: Session, account_id: int, user_id: int | None, *, lock: bool) -> list[Quota]:
-    """The account's quota and the user's quota in that account, locked in id order."""
-    cond = Quota.account_id == account_id
-    users = [None] if user_id is None else [None, user_id]
-    stmt = select(Quota).where(cond).order_by(Quota.id)
-    if lock:
-        stmt = stmt.with_for_update()
-    return [q for q in session.scalars(stmt) if q.user_id in users]
-
-
-def lock_all_quotas(session: Session) -> list[Quota]:
-    return list(session.scalars(select(Quota).order_by(Quota.id).with_for_update()))
-
-
-def bucket(session: Session, quota: Quota, at: dt.datetime) -> QuotaUsage:
-    """The counter row of ``quota`` for the period containing ``at``, created on first use
-    from the charges already booked in that period. Call with the quota row locked."""
-    start = pricing.period_start(quota.period.value, at)
-    row = session.scalar(select(QuotaUsage).where(QuotaUsage.quota_id == quota.id,
-                                                  QuotaUsage.period_start == start))
+def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
+            at: dt.datetime) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
+    """``(id, used GPU-h, used money, held GPU-h, held money)`` of the quota's counter row for
+    the period containing ``at``, created on first use from the charges already booked in that
+    period. Call with the quota row locked."""
+    start = pricing.period_start(period, at)
+    row = tx.one("SELECT id, used_gpu_hours, used_money, held_gpu_hours, held_money FROM quota_usage "
+                 "WHERE quota_id = ? AND period_start = ?", (quota_id, tx.ts(start)))
     if row is not None:
-        return row
-    account = session.get(Account, quota.account_id)
-    stmt = select(func.coalesce(func.sum(Charge.gpu_hours), 0), func.coalesce(func.sum(Charge.amount), 0)).where(
-        Charge.account_name == account.name, Charge.bucket_at >= start)
-    end = pricing.period_end(quota.period.value, start)
+        return (row[0], *(tx.dec(v) for v in row[1:]))
+    sql = ("SELECT coalesce(sum(gpu_hours), 0), coalesce(sum(amount), 0) FROM charges "
+           "WHERE account_name = ? AND bucket_at >= ?")
+    params: list = [account, tx.ts(start)]
+    end = pricing.period_end(period, start)
     if end is not None:
-        stmt = stmt.where(Charge.bucket_at < end)
-    if quota.user_id is not None:
-        stmt = stmt.where(Charge.user_name == session.get(User, quota.user_id).name)
-    hours, money = session.execute(stmt).one()
-    row = QuotaUsage(quota_id=quota.id, period_start=start, used_gpu_hours=Decimal(hours),
-                     used_money=Decimal(money), held_gpu_hours=ZERO, held_money=ZERO)
-    session.add(row)
-    session.flush()
-    return row
+        sql += " AND bucket_at < ?"
+        params.append(tx.ts(end))
+    if user is not None:
+        sql += " AND user_name = ?"
+        params.append(user)
+    hours, money = (tx.dec(v) for v in tx.one(sql, params))
+    bid = tx.insert("INSERT INTO quota_usage (quota_id, period_start, used_gpu_hours, used_money, held_gpu_hours, "
+                    "held_money) VALUES (?, ?, ?, ?, ?, ?)",
+                    (quota_id, tx.ts(start), tx.num(hours), tx.num(money), tx.num(ZERO), tx.num(ZERO)))
+    return bid, hours, money, ZERO, ZERO
 
 
-# ------------------------------------------------------------------ reserve / release
-@functools.cache
-def _reserve_statements() -> dict:
-    """Statements of the quota decision, built once (their SQL and cache keys are reused)."""
-    return {
-        "user": select(User.id).where(User.name == bindparam("name")),
-        "account": select(Account.id, Account.name).where(Account.name == bindparam("name")),
-        "memberships": select(Account.id, Account.name, Membership.is_default)
-        .join(Membership, Membership.account_id == Account.id).where(Membership.user_id == bindparam("uid")),
-        "quotas": select(Quota.id, Quota.user_id, Quota.period, Quota.gpu_hours, Quota.money)
-        .where(Quota.account_id == bindparam("aid")).order_by(Quota.id).with_for_update(),
-        "bucket": select(QuotaUsage.id, QuotaUsage.used_gpu_hours, QuotaUsage.used_money, QuotaUsage.held_gpu_hours,
-                         QuotaUsage.held_money)
-        .where(QuotaUsage.quota_id == bindparam("qid"), QuotaUsage.period_start == bindparam("start")),
-        "insert": insert(Reservation).returning(Reservation.id),
-        "hold_bucket": update(QuotaUsage).where(QuotaUsage.id == bindparam("bid"))
-        .values(held_gpu_hours=bindparam("h"), held_money=bindparam("m")),
-        "hold": insert(ReservationHold),
-        "prices": select(GpuPrice.gpu_type, GpuPrice.rate, GpuPrice.base_gpu_type, GpuPrice.fraction_num,
-                         GpuPrice.fraction_den, GpuPrice.effective_from),
-        "multipliers": select(PriceMultiplier.kind, PriceMultiplier.name, PriceMultiplier.multiplier,
-                              PriceMultiplier.effective_from),
-    }
+def counter_of(tx: Tx, quota_id: int, at: dt.datetime) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
+    """:func:`counter` for a quota known by id only."""
+    period, account, user = tx.one("SELECT q.period, a.name, u.name FROM quotas q JOIN accounts a ON a.id = "
+                                   "q.account_id LEFT JOIN users u ON u.id = q.user_id WHERE q.id = ?", (quota_id,))
+    return counter(tx, quota_id, period, account, user, at)
+
+
+# ------------------------------------------------------------------ the decision
+def check_quota(who: str, period: str, money: Decimal | None, gpu_hours: Decimal | None,
+                used_h: Decimal, used_m: Decimal, held_h: Decimal, held_m: Decimal, wc: pricing.Price) -> None:
+    """Raise QuotaExceeded when ``wc`` does not fit one quota's period."""
+    for budget, used, held, need, fmt in ((money, used_m, held_m, wc.amount, "{:,.2f}"),
+                                          (gpu_hours, used_h, held_h, wc.gpu_hours, "{:,.2f} GPU-h")):
+        if budget is None:
+            continue
+        committed = used + held
+        if committed + need > budget:
+            raise QuotaExceeded(
+                f"quota exceeded for {who} ({period}): budget {fmt.format(budget)}, "
+                f"committed {fmt.format(committed)} (used {fmt.format(used)} + held "
+                f"{fmt.format(held)}), remaining {fmt.format(max(budget - committed, ZERO))}; "
+                f"this job needs up to {fmt.format(need)}")
+
+
+def unpriced(gpu_type: str | None, account: str) -> LedgerError:
+    return LedgerError(f"the price book has no rate for GPU type {gpu_type!r}, so the money quota "
+                       f"of account {account} cannot be checked: an admin sets one with "
+                       f"`gpuhpc ledger price set --gpu-type {gpu_type} --rate RATE`")
+
+
+def _account_of(tx: Tx, req: hooks.ChargeRequest) -> tuple[int | None, tuple[int, str] | None]:
+    """(user id, (account id, name)): the named account, else the user's default (or only) one."""
+    row = tx.one("SELECT id FROM users WHERE name = ?", (req.user,))
+    user_id = row[0] if row else None
+    if req.account:
+        return user_id, tx.one("SELECT id, name FROM accounts WHERE name = ?", (req.account,))
+    if user_id is None:
+        return None, None
+    ms = tx.q("SELECT a.id, a.name, m.is_default FROM accounts a JOIN memberships m ON m.account_id = a.id "
+              "WHERE m.user_id = ?", (user_id,)).fetchall()
+    pick = [m for m in ms if m[2]] or (ms if len(ms) == 1 else [])
+    return user_id, (tuple(pick[0][:2]) if pick else None)
+
+
+def reserve_in(tx: Tx, req: hooks.ChargeRequest, now: dt.datetime, url: str | None = None) -> hooks.Reservation:
+    """The decision inside an open transaction ``tx``: hold the worst case of ``req`` against
+    every quota that applies (the account's, and the user's in it), or raise QuotaExceeded."""
+    if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
+        raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
+    user_id, acct = _account_of(tx, req)
+    quotas = []
+    if acct is not None:
+        quotas = [(qid, uid, period, None if h is None else tx.dec(h), None if m is None else tx.dec(m))
+                  for qid, uid, period, h, m in tx.q(
+                      "SELECT id, user_id, period, gpu_hours, money FROM quotas WHERE account_id = ? ORDER BY id"
+                      + tx.for_update, (acct[0],)).fetchall()
+                  if uid is None or uid == user_id]
+    wc = pricing.worst_case(load_price_book(tx), gpu_type=req.gpu_type, gpus=req.gpus,
+                            time_limit_s=req.time_limit_s, array_size=req.array_size,
+                            partition=req.partition, qos=req.qos, at=now)
+    if not wc.priced and any(money is not None for *_, money in quotas):
+        raise unpriced(req.gpu_type, acct[1])
+    counters = []
+    for qid, uid, period, hours, money in quotas:
+        bid, used_h, used_m, held_h, held_m = counter(tx, qid, period, acct[1], None if uid is None else req.user, now)
+        who = f"account {acct[1]}" if uid is None else f"user {req.user} in account {acct[1]}"
+        check_quota(who, period, money, hours, used_h, used_m, held_h, held_m, wc)
+        counters.append((bid, held_h, held_m))
+    account_name = acct[1] if acct is not None else req.account
+    rid = tx.insert("INSERT INTO reservations (cluster, user_name, account_name, partition, qos, gpu_type, gpus, "
+                    "time_limit_s, array_size, job_name, gpu_hours, amount, status, job_id, created_at, closed_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'held', NULL, ?, NULL)",
+                    (req.cluster, req.user, account_name, req.partition, req.qos, req.gpu_type, req.gpus,
+                     req.time_limit_s, req.array_size, req.job_name[:255], tx.num(wc.gpu_hours), tx.num(wc.amount),
+                     tx.ts(now)))
+    for bid, held_h, held_m in counters:
+        tx.q("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
+             (tx.num(held_h + wc.gpu_hours), tx.num(held_m + wc.amount), bid))
+        tx.q("INSERT INTO reservation_holds (reservation_id, quota_usage_id, gpu_hours, money) VALUES (?, ?, ?, ?)",
+             (rid, bid, tx.num(wc.gpu_hours), tx.num(wc.amount)))
+    return hooks.Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, _url=url)
 
 
 def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None) -> hooks.Reservation:
-    """Hold the worst case of ``req`` against every quota that applies, in one committed
-    transaction. Raises QuotaExceeded (nothing is held) when any quota would be overspent.
-
-    Written with Core statements: this is the latency-critical quota decision."""
+    """Hold the worst case of ``req`` in one committed transaction (before sbatch). Raises
+    QuotaExceeded (nothing held) when a quota would be overspent; LedgerError when the schema
+    is not at head (naming ``gpuhpc db upgrade``)."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
         raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
-    now = now or utcnow()
-    st = _reserve_statements()
-    with db.session_scope(url) as s:
-        conn = s.connection()
-        user_id = conn.execute(st["user"], {"name": req.user}).scalar()
-        if req.account:
-            acct = conn.execute(st["account"], {"name": req.account}).first()
-        elif user_id is not None:
-            ms = conn.execute(st["memberships"], {"uid": user_id}).all()
-            pick = [m for m in ms if m.is_default] or (ms if len(ms) == 1 else [])
-            acct = pick[0] if pick else None
-        else:
-            acct = None
-        quotas = []
-        if acct is not None:
-            quotas = [qr for qr in conn.execute(st["quotas"], {"aid": acct.id})
-                      if qr.user_id is None or qr.user_id == user_id]
-        book = load_price_book(s)
-        wc = pricing.worst_case(book, gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
-                                array_size=req.array_size, partition=req.partition, qos=req.qos, at=now)
-        if not wc.priced and any(qr.money is not None for qr in quotas):
-            raise fastpath.unpriced(req.gpu_type, acct.name)
-        buckets = []
-        for qr in quotas:
-            start = pricing.period_start(qr.period.value, now)
-            b = conn.execute(st["bucket"], {"qid": qr.id, "start": start}).first()
-            if b is None:
-                row = bucket(s, s.get(Quota, qr.id), now)
-                b = (row.id, row.used_gpu_hours, row.used_money, row.held_gpu_hours, row.held_money)
-            buckets.append((qr, tuple(b)))
-        for qr, (_bid, used_h, used_m, held_h, held_m) in buckets:
-            who = (f"account {acct.name}" if qr.user_id is None else f"user {req.user} in account {acct.name}")
-            fastpath.check_quota(who, qr.period.value, qr.money, qr.gpu_hours, used_h, used_m, held_h, held_m, wc)
-        account_name = acct.name if acct is not None else req.account
-        rid = conn.execute(st["insert"], dict(
-            cluster=req.cluster, user_name=req.user, account_name=account_name, partition=req.partition,
-            qos=req.qos, gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
-            array_size=req.array_size, job_name=req.job_name[:255], gpu_hours=wc.gpu_hours, amount=wc.amount,
-            status=ReservationStatus.held, created_at=now)).scalar_one()
-        for _qr, (bid, _uh, _um, held_h, held_m) in buckets:
-            conn.execute(st["hold_bucket"], {"bid": bid, "h": held_h + wc.gpu_hours, "m": held_m + wc.amount})
-            conn.execute(st["hold"], dict(reservation_id=rid, quota_usage_id=bid, gpu_hours=wc.gpu_hours,
-                                          money=wc.amount))
-        return hooks.Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, _url=url)
-
-
-def _lock_quotas_of_holds(s: Session, holds: Sequence[ReservationHold]) -> None:
-    ids = sorted({s.get(QuotaUsage, h.quota_usage_id).quota_id for h in holds})
-    if ids:
-        list(s.scalars(select(Quota.id).where(Quota.id.in_(ids)).order_by(Quota.id).with_for_update()))
-
-
-def release_holds(s: Session, r: Reservation) -> None:
-    """Give back what ``r`` still holds (caller holds the quota locks or runs on SQLite)."""
-    for h in s.scalars(select(ReservationHold).where(ReservationHold.reservation_id == r.id)):
-        if h.gpu_hours or h.money:
-            b = s.get(QuotaUsage, h.quota_usage_id)
-            b.held_gpu_hours = b.held_gpu_hours - h.gpu_hours
-            b.held_money = b.held_money - h.money
-            h.gpu_hours = ZERO
-            h.money = ZERO
-    r.closed_at = utcnow()
-
-
-def release(reservation_id: int, *, url: str | None = None) -> None:
-    with db.session_scope(url) as s:
-        # lock order everywhere: quota rows (by id) first, then reservation rows; ingest does the same
-        holds = list(s.scalars(select(ReservationHold).where(ReservationHold.reservation_id == reservation_id)))
-        _lock_quotas_of_holds(s, holds)
-        r = s.scalar(select(Reservation).where(Reservation.id == reservation_id).with_for_update())
-        if r is None or r.status in (ReservationStatus.released, ReservationStatus.settled):
-            return
-        release_holds(s, r)
-        r.status = ReservationStatus.released
+    url = _url(url)
+    with transaction(url) as tx:
+        return reserve_in(tx, req, now or dt.datetime.now(UTC), url)
 
 
 def attach_job(reservation_id: int, job_id: str, *, url: str | None = None) -> None:
-    with db.session_scope(url) as s:
-        r = s.get(Reservation, reservation_id)
-        if r is None:
+    """Record the Slurm job id (its own transaction, after sbatch succeeded)."""
+    with transaction(_url(url)) as tx:
+        tx.q("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
+             "WHERE id = ?", (str(job_id).split(";", 1)[0].strip(), reservation_id))
+        if tx.cur.rowcount != 1:
             raise LedgerError(f"no reservation {reservation_id}")
-        r.job_id = str(job_id).split(";", 1)[0].strip()
-        if r.status == ReservationStatus.held:
-            r.status = ReservationStatus.submitted
 
 
-# ------------------------------------------------------------------ admin
-def add_account(name: str, *, description: str = "", url: str | None = None) -> bool:
-    _check_name(name, "account")
-    with db.session_scope(url) as s:
-        if _account(s, name):
-            return False
-        s.add(Account(name=name, description=description))
-        return True
+def release_holds(tx: Tx, reservation_id: int, status: str, now: dt.datetime) -> None:
+    """Give back what a reservation still holds and close it as ``status`` (released or
+    settled). The caller holds the quota locks (PostgreSQL) or runs on SQLite."""
+    for hid, bid, h, m in tx.q("SELECT id, quota_usage_id, gpu_hours, money FROM reservation_holds "
+                               "WHERE reservation_id = ? ORDER BY id", (reservation_id,)).fetchall():
+        h, m = tx.dec(h), tx.dec(m)
+        if not (h or m):
+            continue
+        held_h, held_m = (tx.dec(v) for v in tx.one("SELECT held_gpu_hours, held_money FROM quota_usage WHERE id = ?",
+                                                    (bid,)))
+        tx.q("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
+             (tx.num(held_h - h), tx.num(held_m - m), bid))
+        tx.q("UPDATE reservation_holds SET gpu_hours = ?, money = ? WHERE id = ?", (tx.num(ZERO), tx.num(ZERO), hid))
+    tx.q("UPDATE reservations SET status = ?, closed_at = ? WHERE id = ?", (status, tx.ts(now), reservation_id))
 
 
-def add_user(name: str, account: str, *, default: bool = False, url: str | None = None) -> bool:
-    _check_name(name, "user")
-    with db.session_scope(url) as s:
-        acct = _account(s, account)
-        if acct is None:
-            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
-        user = _user(s, name)
-        if user is None:
-            user = User(name=name)
-            s.add(user)
-            s.flush()
-        m = s.scalar(select(Membership).where(Membership.user_id == user.id, Membership.account_id == acct.id))
-        if default:
-            for other in s.scalars(select(Membership).where(Membership.user_id == user.id)):
-                other.is_default = False
-        if m is None:
-            s.add(Membership(user_id=user.id, account_id=acct.id, is_default=default))
-            return True
-        m.is_default = default or m.is_default
-        return False
+def lock_quotas_of(tx: Tx, reservation_id: int) -> None:
+    """Lock the quota rows a reservation holds against, in id order (the order every writer
+    uses: quota rows first, then reservation rows)."""
+    if tx.pg:
+        tx.q("SELECT id FROM quotas WHERE id IN (SELECT u.quota_id FROM reservation_holds h JOIN quota_usage u ON "
+             "u.id = h.quota_usage_id WHERE h.reservation_id = ?) ORDER BY id FOR UPDATE", (reservation_id,))
 
 
-def _check_name(name: str, what: str) -> None:
-    if not name or len(name) > 64 or any(not (c.isalnum() or c in "-_.") for c in name):
-        raise UserInputError(f"invalid {what} name {name!r}", hint="letters, digits, '-', '_', '.'; up to 64")
-
-
-def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = None, fraction: str | None = None,
-              effective_from: dt.datetime | None = None, currency: str = "USD", url: str | None = None) -> None:
-    if not gpu_type:
-        raise UserInputError("--gpu-type is required")
-    if (rate is None) == (base is None):
-        raise UserInputError("give either --rate or --of BASE_GPU_TYPE --fraction N/D")
-    eff = effective_from or utcnow()
-    frac = pricing.parse_fraction(fraction or "1") if base else None
-    with db.session_scope(url) as s:
-        row = s.scalar(select(GpuPrice).where(GpuPrice.gpu_type == gpu_type, GpuPrice.effective_from == eff))
-        if row is None:
-            row = GpuPrice(gpu_type=gpu_type, effective_from=eff)
-            s.add(row)
-        row.rate = rate
-        row.base_gpu_type = base
-        row.fraction_num = frac.numerator if frac else None
-        row.fraction_den = frac.denominator if frac else None
-        row.currency = currency
-
-
-def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from: dt.datetime | None = None,
-                   url: str | None = None) -> None:
-    k = MultiplierKind(kind)
-    eff = effective_from or utcnow()
-    with db.session_scope(url) as s:
-        row = s.scalar(select(PriceMultiplier).where(PriceMultiplier.kind == k, PriceMultiplier.name == name,
-                                                     PriceMultiplier.effective_from == eff))
-        if row is None:
-            row = PriceMultiplier(kind=k, name=name, effective_from=eff, multiplier=multiplier)
-            s.add(row)
-        row.multiplier = multiplier
-
-
-def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | None = None,
-              money: Decimal | None = None, period: str = "month", url: str | None = None) -> None:
-    if gpu_hours is None and money is None:
-        raise UserInputError("give --gpu-hours and/or --money")
-    p = Period(period) if period in Period.__members__ else None
-    if p is None:
-        raise UserInputError(f"unknown period {period!r}", hint="day, week, month or total")
-    with db.session_scope(url) as s:
-        acct = _account(s, account)
-        if acct is None:
-            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
-        uid = None
-        if user:
-            u = _user(s, user)
-            if u is None:
-                raise UserInputError(f"no user {user!r}", hint=f"gpuhpc ledger user add {user} --account {account}")
-            uid = u.id
-        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)).with_for_update())
-        if q is None:
-            q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p)
-            s.add(q)
-        elif q.period != p:
-            # counters are per period: start afresh (they are rebuilt from charges)
-            for b in s.scalars(select(QuotaUsage).where(QuotaUsage.quota_id == q.id)):
-                s.delete(b)
-        q.period = p
-        q.gpu_hours = gpu_hours
-        q.money = money
-        q.updated_at = utcnow()
-
-
-def remove_quota(account: str, *, user: str | None = None, url: str | None = None) -> bool:
-    with db.session_scope(url) as s:
-        acct = _account(s, account)
-        if acct is None:
-            return False
-        uid = _user(s, user).id if user and _user(s, user) else None
-        if user and uid is None:
-            return False
-        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)))
-        if q is None:
-            return False
-        s.delete(q)
-        return True
-
-
-@dataclass(frozen=True)
-class QuotaStatus:
-    account: str
-    user: str | None
-    period: str
-    period_start: dt.datetime
-    gpu_hours_budget: Decimal | None
-    money_budget: Decimal | None
-    used_gpu_hours: Decimal
-    held_gpu_hours: Decimal
-    used_money: Decimal
-    held_money: Decimal
-
-    @property
-    def remaining_money(self) -> Decimal | None:
-        return None if self.money_budget is None else self.money_budget - self.used_money - self.held_money
-
-    @property
-    def remaining_gpu_hours(self) -> Decimal | None:
-        return None if self.gpu_hours_budget is None else self.gpu_hours_budget - self.used_gpu_hours - self.held_gpu_hours
-
-    def as_dict(self) -> dict:
-        return {"account": self.account, "user": self.user, "period": self.period,
-                "period_start": self.period_start.isoformat(),
-                "gpu_hours_budget": self.gpu_hours_budget, "used_gpu_hours": self.used_gpu_hours,
-                "held_gpu_hours": self.held_gpu_hours, "remaining_gpu_hours": self.remaining_gpu_hours,
-                "money_budget": self.money_budget, "used_money": self.used_money, "held_money": self.held_money,
-                "remaining_money": self.remaining_money}
-
-
-def quota_status(account: str | None = None, *, url: str | None = None, now: dt.datetime | None = None) -> list[QuotaStatus]:
-    now = now or utcnow()
-    out = []
-    with db.session_scope(url) as s:
-        stmt = select(Quota).join(Account).order_by(Account.name, Quota.user_key)
-        if account:
-            stmt = stmt.where(Account.name == account)
-            if _account(s, account) is None:
-                raise UserInputError(f"no account {account!r}")
-        for q in list(s.scalars(stmt.with_for_update())):
-            b = bucket(s, q, now)
-            out.append(QuotaStatus(q.account.name, q.user.name if q.user else None, q.period.value, b.period_start,
-                                   q.gpu_hours, q.money, b.used_gpu_hours, b.held_gpu_hours, b.used_money,
-                                   b.held_money))
-    return out
-
-
-def list_accounts(*, url: str | None = None) -> list[dict]:
-    with db.session_scope(url) as s:
-        rows = []
-        for a in s.scalars(select(Account).order_by(Account.name)):
-            users = sorted((m.user.name + ("*" if m.is_default else "")) for m in a.memberships)
-            rows.append({"account": a.name, "description": a.description, "users": users})
-        return rows
-
-
-def list_prices(*, url: str | None = None) -> list[dict]:
-    with db.session_scope(url) as s:
-        out = []
-        for p in s.scalars(select(GpuPrice).order_by(GpuPrice.gpu_type, GpuPrice.effective_from)):
-            out.append({"kind": "gpu", "name": p.gpu_type, "rate": p.rate,
-                        "of": p.base_gpu_type, "fraction": f"{p.fraction_num}/{p.fraction_den}" if p.base_gpu_type else None,
-                        "currency": p.currency, "effective_from": p.effective_from.isoformat()})
-        for m in s.scalars(select(PriceMultiplier).order_by(PriceMultiplier.kind, PriceMultiplier.name,
-                                                             PriceMultiplier.effective_from)):
-            out.append({"kind": m.kind.value, "name": m.name, "multiplier": m.multiplier,
-                        "effective_from": m.effective_from.isoformat()})
-        return out
-
-
-def open_reservations(s: Session, cluster: str | None = None) -> Iterable[Reservation]:
-    stmt = select(Reservation).where(Reservation.status.in_([ReservationStatus.held, ReservationStatus.submitted]))
-    if cluster:
-        stmt = stmt.where(Reservation.cluster == cluster)
-    return s.scalars(stmt)
+def release(reservation_id: int, *, url: str | None = None) -> None:
+    """sbatch failed: give the whole hold back (idempotent)."""
+    with transaction(_url(url)) as tx:
+        lock_quotas_of(tx, reservation_id)
+        row = tx.one("SELECT status FROM reservations WHERE id = ?" + tx.for_update, (reservation_id,))
+        if row is None or row[0] not in OPEN:
+            return
+        release_holds(tx, reservation_id, "released", dt.datetime.now(UTC))

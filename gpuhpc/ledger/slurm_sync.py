@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import db, pricing, quota
+from gpuhpc.ledger import admin, db, pricing
 from gpuhpc.ledger.orm import Account, Quota, utcnow
 
 DESC_PREFIX = "gpuhpc period="
@@ -71,7 +71,7 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
             if qrow is not None and qrow.gpu_hours is not None:
                 minutes = int(qrow.gpu_hours * 60)
                 start = pricing.period_start(qrow.period.value, now)
-                b = quota.bucket(s, qrow, now)
+                b = admin.bucket(s, qrow, now)
                 remaining = max(int((qrow.gpu_hours - b.used_gpu_hours) * 60), 0)
             users = tuple(sorted(m.user.name for m in a.memberships))
             out.append(AccountPlan(a.name, a.description or a.name, users, qos_name(a.name), minutes, remaining,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from gpuhpc.ledger import db, quota
+from gpuhpc.ledger import admin, db
 from gpuhpc.ledger.orm import Charge, Reservation, UsageRecord
 
 pytestmark = pytest.mark.integration
@@ -35,11 +35,11 @@ def _env() -> dict[str, str]:
 
 def _prepare(url: str, *, budget: str) -> None:
     db.upgrade(url)
-    quota.add_account("research", url=url)
-    quota.add_user("alice", "research", default=True, url=url)
-    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
-    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
-    quota.set_quota("research", money=Decimal(budget), period="total", url=url)
+    admin.add_account("research", url=url)
+    admin.add_user("alice", "research", default=True, url=url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    admin.set_quota("research", money=Decimal(budget), period="total", url=url)
 
 
 def test_eight_processes_never_overspend(any_url):
@@ -57,7 +57,7 @@ def test_eight_processes_never_overspend(any_url):
     ok = sum(r["ok"] for r in results)
     assert ok == 33, results
     assert sum(r["refused"] for r in results) == 64 - 33
-    (st,) = quota.quota_status("research", url=any_url)
+    (st,) = admin.quota_status("research", url=any_url)
     assert st.held_money == Decimal("247.500000") and st.used_money == 0
     with db.session_scope(any_url) as s:
         assert s.scalar(select(func.count()).select_from(Reservation)) == 33
@@ -100,7 +100,7 @@ def test_kill_9_mid_ingest_then_rerun_is_exact(any_url):
         total = Decimal(s.scalar(select(func.sum(Charge.amount)))).quantize(Decimal("0.000001"))
         usage_total = Decimal(s.scalar(select(func.sum(UsageRecord.amount)))).quantize(Decimal("0.000001"))
     assert total == want and usage_total == want
-    (st,) = quota.quota_status("research", url=any_url)
+    (st,) = admin.quota_status("research", url=any_url)
     assert st.used_money == want
 
 
@@ -139,6 +139,6 @@ def test_ingest_and_reservations_concurrently(any_url):
     _, err = ing.communicate(timeout=180)
     assert ing.returncode == 0, err
     assert ok == 400
-    (st,) = quota.quota_status("research", url=any_url)
+    (st,) = admin.quota_status("research", url=any_url)
     assert st.held_money == Decimal("7.5") * 400
     assert st.used_money == ledger_workers.expected_total(1500)

@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 
 from gpuhpc.errors import SlurmError
-from gpuhpc.ledger import db, hooks, ingest, quota, slurm_sync
+from gpuhpc.ledger import admin, db, hooks, ingest, quota, slurm_sync
 from gpuhpc.ledger.pricing import to_decimal
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.slurm import parsers
@@ -91,12 +91,12 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
     db.upgrade(url)
     user = getpass.getuser()
     cluster = client.config().get("ClusterName", "")
-    quota.add_account(ACCOUNT, url=url)
-    quota.add_user(user, ACCOUNT, default=True, url=url)
-    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
-    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
-    quota.set_multiplier("partition", "gpu-hi", Decimal("1.5"), effective_from=T0, url=url)
-    quota.set_quota(ACCOUNT, money=Decimal("100000"), url=url)
+    admin.add_account(ACCOUNT, url=url)
+    admin.add_user(user, ACCOUNT, default=True, url=url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    admin.set_multiplier("partition", "gpu-hi", Decimal("1.5"), effective_from=T0, url=url)
+    admin.set_quota(ACCOUNT, money=Decimal("100000"), url=url)
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
 
     # the submit path: reserve (committed) -> sbatch -> attach in a new transaction
@@ -155,7 +155,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
         assert charged(b) == want_b
         assert s.scalar(select(func.count()).select_from(UsageRecord).where(UsageRecord.job_id == a)) == len(runs_a)
         assert s.get(Reservation, res.id).status.value == "settled"
-    (st,) = quota.quota_status(ACCOUNT, url=url)
+    (st,) = admin.quota_status(ACCOUNT, url=url)
     assert st.held_money == 0
 
 
@@ -164,9 +164,9 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
     db.upgrade(url)
     user = getpass.getuser()
     acct = f"gpuhpc-test-{uuid.uuid4().hex[:8]}"
-    quota.add_account(acct, description="gpuhpc ledger test", url=url)
-    quota.add_user(user, acct, url=url)
-    quota.set_quota(acct, gpu_hours=Decimal("1"), url=url)           # 60 GPU-minutes
+    admin.add_account(acct, description="gpuhpc ledger test", url=url)
+    admin.add_user(user, acct, url=url)
+    admin.set_quota(acct, gpu_hours=Decimal("1"), url=url)           # 60 GPU-minutes
     qos = slurm_sync.qos_name(acct)
     assert qos == acct
     try:
@@ -215,7 +215,7 @@ def test_job_reports_throughput_and_gets_cost_per_sample(sqlite_url, client, job
 
     url = sqlite_url
     db.upgrade(url)
-    quota.set_price("h100", rate=Decimal("3.60"), effective_from=T0, url=url)
+    admin.set_price("h100", rate=Decimal("3.60"), effective_from=T0, url=url)
     metrics_dir = tmp_path / "metrics"
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
     py = shlex.quote(sys.executable)

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from gpuhpc.ledger import db, hooks, ingest, quota, reports
+from gpuhpc.ledger import admin, db, hooks, ingest, reports
 from gpuhpc.ledger.orm import Charge, Reservation, UsageRecord
 
 from ledger_sacct_text import row, rows
@@ -25,12 +25,12 @@ def ts(minutes: float) -> str:
 
 @pytest.fixture()
 def ledger(ledger_url):
-    quota.add_account("research", url=ledger_url)
-    quota.add_user("alice", "research", default=True, url=ledger_url)
-    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=ledger_url)
-    quota.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=ledger_url)
-    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=ledger_url)
-    quota.set_quota("research", money=Decimal("1000"), url=ledger_url)
+    admin.add_account("research", url=ledger_url)
+    admin.add_user("alice", "research", default=True, url=ledger_url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=ledger_url)
+    admin.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=ledger_url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=ledger_url)
+    admin.set_quota("research", money=Decimal("1000"), url=ledger_url)
     return ledger_url
 
 
@@ -54,7 +54,7 @@ def test_requeued_job_charged_per_run_once(ledger):
     r2 = ingest.ingest_rows(data, url=ledger)                              # re-ingest: nothing new
     assert (r2.runs_new, r2.runs_updated, r2.charges) == (0, 0, 0)
     assert totals(ledger) == (3, want)
-    (st,) = quota.quota_status("research", url=ledger)
+    (st,) = admin.quota_status("research", url=ledger)
     assert st.used_money == want
 
 
@@ -82,12 +82,12 @@ def test_reservation_hold_consumed_then_released(ledger):
     r.attach_job("400")
     ingest.ingest_rows(rows(row("400_0", "COMPLETED", ts(0), ts(1), 60),
                             row("400_1", "RUNNING", ts(0), "Unknown", 30)), url=ledger)
-    (st,) = quota.quota_status("research", url=ledger)
+    (st,) = admin.quota_status("research", url=ledger)
     assert st.used_money == Decimal("0.300000")              # 8 × 90 s × 1.5 / 3600
     assert st.held_money == Decimal("23.700000")             # hold consumed by the charges
     ingest.ingest_rows(rows(row("400_0", "COMPLETED", ts(0), ts(1), 60),
                             row("400_1", "COMPLETED", ts(0), ts(2), 120)), url=ledger)
-    (st,) = quota.quota_status("research", url=ledger)
+    (st,) = admin.quota_status("research", url=ledger)
     assert st.used_money == Decimal("0.600000") and st.held_money == 0
     with db.session_scope(ledger) as s:
         assert s.get(Reservation, r.id).status.value == "settled"
@@ -104,7 +104,7 @@ def test_preempted_job_left_queue_settles_with_active_set(ledger):
     ingest.ingest_rows(data, url=ledger, active=set())
     with db.session_scope(ledger) as s:
         assert s.get(Reservation, r.id).status.value == "settled"
-    (st,) = quota.quota_status("research", url=ledger)
+    (st,) = admin.quota_status("research", url=ledger)
     assert st.held_money == 0
 
 
@@ -116,9 +116,9 @@ def test_mig_and_cpu_runs(ledger):
 
 def test_quota_created_after_usage_counts_the_period(ledger):
     ingest.ingest_rows(rows(row("700", "COMPLETED", ts(0), ts(60), 3600, account="research")), url=ledger)
-    quota.remove_quota("research", url=ledger)
-    quota.set_quota("research", gpu_hours=Decimal("10"), url=ledger)
-    (st,) = quota.quota_status("research", url=ledger)
+    admin.remove_quota("research", url=ledger)
+    admin.set_quota("research", gpu_hours=Decimal("10"), url=ledger)
+    (st,) = admin.quota_status("research", url=ledger)
     assert st.used_gpu_hours == Decimal("8") and st.remaining_gpu_hours == Decimal("2")
 
 

@@ -11,22 +11,22 @@ import pytest
 from sqlalchemy import text
 
 from gpuhpc.errors import LedgerError, QuotaExceeded
-from gpuhpc.ledger import db, hooks, quota
+from gpuhpc.ledger import admin, db, hooks, quota
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def _setup(url, money="100", gpu_hours=None, user_money=None):
-    quota.add_account("research", url=url)
-    quota.add_user("alice", "research", default=True, url=url)
-    quota.add_user("bob", "research", url=url)
-    quota.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
-    quota.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=url)
-    quota.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
-    quota.set_quota("research", money=Decimal(money) if money else None,
+    admin.add_account("research", url=url)
+    admin.add_user("alice", "research", default=True, url=url)
+    admin.add_user("bob", "research", url=url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
+    admin.set_price("3g.40gb", base="h100", fraction="3/7", effective_from=T0, url=url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    admin.set_quota("research", money=Decimal(money) if money else None,
                     gpu_hours=Decimal(gpu_hours) if gpu_hours else None, url=url)
     if user_money:
-        quota.set_quota("research", user="bob", money=Decimal(user_money), url=url)
+        admin.set_quota("research", user="bob", money=Decimal(user_money), url=url)
 
 
 def req(user="alice", account=None, gpus=8, hours=1, array=1, partition=None, gpu_type="h100"):
@@ -46,7 +46,7 @@ def test_reserve_until_budget_then_refuse_with_numbers(ledger_url):
     got[0].release()
     got[0].release()                                          # idempotent
     assert hooks.reserve(req()) is not None
-    (st,) = quota.quota_status("research", url=ledger_url)
+    (st,) = admin.quota_status("research", url=ledger_url)
     assert st.held_money == Decimal("100.000000") and st.remaining_money == 0
 
 
@@ -69,7 +69,7 @@ def test_gpu_hour_and_user_quotas(ledger_url):
     with pytest.raises(QuotaExceeded, match="GPU-h"):
         hooks.reserve(req(gpus=9, hours=1))
     hooks.reserve(req(user="bob", account="research", gpus=2, hours=1))      # 5.00, 2 GPU-h
-    (acct, bob) = quota.quota_status("research", url=ledger_url)
+    (acct, bob) = admin.quota_status("research", url=ledger_url)
     assert acct.held_gpu_hours == Decimal("10") and bob.held_money == Decimal("5")
 
 
@@ -106,12 +106,66 @@ def test_schema_behind_head_refuses(tmp_path, monkeypatch):
     with pytest.raises(LedgerError, match="gpuhpc db upgrade"):
         hooks.reserve(req())
     db.upgrade(url)
+    _setup(url)
     # this gpuhpc ships a newer migration than the database has
-    monkeypatch.setattr(db, "SCHEMA_HEAD", "0002")
-    monkeypatch.setattr(db, "KNOWN_REVISIONS", ("0001", "0002"))
+    head = quota.SCHEMA_HEAD
+    monkeypatch.setattr(quota, "SCHEMA_HEAD", "9998")
+    monkeypatch.setattr(quota, "KNOWN_REVISIONS", (head, "9998"))
     db._checked.discard(url)
-    with pytest.raises(LedgerError, match="is at schema revision 0001.*run `gpuhpc db upgrade`"):
-        quota.quota_status(url=url)
+    with pytest.raises(LedgerError, match=f"is at schema revision {head}.*run `gpuhpc db upgrade`"):
+        admin.quota_status(url=url)
+    with pytest.raises(LedgerError, match=f"is at schema revision {head}, but this gpuhpc needs 9998: run `gpuhpc db upgrade`"):
+        hooks.reserve(req())
+    monkeypatch.undo()
+    monkeypatch.setenv("GPUHPC_DB_URL", url)
+    with db.get_engine(url).begin() as c:
+        c.execute(text("update alembic_version set version_num='9999'"))
+    with pytest.raises(LedgerError, match="newer gpuhpc"):
+        hooks.reserve(req())
+    with pytest.raises(LedgerError, match="does not exist: run `gpuhpc db upgrade`"):
+        quota.reserve(req(), url=f"sqlite:///{tmp_path / 'missing.db'}")
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_first_decision_of_a_period_builds_its_counter_from_the_charges(ledger_url):
+    _setup(ledger_url)
+    now = dt.datetime(2026, 3, 18, 12, 30, tzinfo=dt.timezone.utc)
+    # usage booked as ingest books it (this March and the February before), then a decision in March
+    with db.get_engine(ledger_url).begin() as c:
+        c.execute(text("insert into usage_records (id, cluster, job_id, array_task_id, run_start, state, elapsed_s, "
+                       "user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount) values "
+                       "(1, 'local', '1', -1, '2026-03-02 00:00:00.000000', 'COMPLETED', 1, 'alice', 'research', "
+                       "'gpu', '', 'h100', 8, 'x', 8, 33.333333)"))
+        for at in ("2026-03-02 00:00:00.000000", "2026-02-27 00:00:00.000000"):
+            c.execute(text("insert into charges (usage_id, account_name, user_name, gpu_hours, rate, amount, "
+                           "bucket_at, created_at) values (1, 'research', 'alice', 8, 2.5, 33.333333, :at, :at)"),
+                      {"at": at})
+    got = quota.reserve(req(), url=ledger_url, now=now)
+    assert got.amount == Decimal("20.000000")
+    with pytest.raises(QuotaExceeded, match=r"used 33\.33 \+ held 20\.00"):
+        quota.reserve(req(gpus=24), url=ledger_url, now=now)
+    (st,) = admin.quota_status("research", url=ledger_url, now=now)
+    assert st.used_money == Decimal("33.333333") and st.held_money == Decimal("20.000000")
+
+
+def test_submit_path_never_imports_sqlalchemy(ledger_url):
+    _setup(ledger_url)
+    code = ("import sys; from gpuhpc.ledger.hooks import ChargeRequest, reserve\n"
+            "r = reserve(ChargeRequest(cluster='local', user='alice', account='research', partition='gpu',"
+            " qos=None, gpu_type='h100', gpus=2, time_limit_s=600))\n"
+            "r.attach_job('77'); r2 = reserve(ChargeRequest('local', 'alice', None, None, None, 'h100', 1, 60))\n"
+            "r2.release()\n"
+            "print([m for m in ('sqlalchemy', 'alembic', 'psycopg', 'gpuhpc.ledger.orm', 'gpuhpc.ledger.admin',"
+            " 'gpuhpc.ledger.db') if m in sys.modules])")
+    env = {**os.environ, "GPUHPC_DB_URL": ledger_url, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    with db.session_scope(ledger_url) as s:
+        assert [tuple(r) for r in s.execute(text("select status, job_id from reservations order by id"))] == [
+            ("submitted", "77"), ("released", None)]
+    (st,) = admin.quota_status("research", url=ledger_url)
+    assert st.held_money == Decimal("0.500000")           # 2 GPUs × 10 min × 2.50 × 0.6; the other released
 
 
 def test_schema_head_constant_matches_migrations():
@@ -127,7 +181,7 @@ def test_schema_from_a_newer_gpuhpc_is_refused(ledger_url):
         c.execute(text("update alembic_version set version_num='9999'"))
     db._checked.discard(ledger_url)
     with pytest.raises(LedgerError, match="newer gpuhpc"):
-        quota.quota_status(url=ledger_url)
+        admin.quota_status(url=ledger_url)
 
 
 def test_migration_downgrade_and_upgrade(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from gpuhpc.ledger import quota, slurm_sync
+from gpuhpc.ledger import admin, slurm_sync
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.transport import CommandResult
 
@@ -33,10 +33,10 @@ def RecordingClient(**state) -> SlurmClient:
 
 
 def test_plan_and_commands(ledger_url):
-    quota.add_account("proj", url=ledger_url)
-    quota.add_user("alice", "proj", url=ledger_url)
-    quota.add_user("bob", "proj", url=ledger_url)
-    quota.set_quota("proj", gpu_hours=Decimal("10.5"), period="month", url=ledger_url)
+    admin.add_account("proj", url=ledger_url)
+    admin.add_user("alice", "proj", url=ledger_url)
+    admin.add_user("bob", "proj", url=ledger_url)
+    admin.set_quota("proj", gpu_hours=Decimal("10.5"), period="month", url=ledger_url)
     now = dt.datetime(2026, 11, 15, tzinfo=dt.timezone.utc)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
     assert (p.qos, p.grp_gpu_minutes, p.max_job_gpu_minutes, p.users) == ("gpuhpc-proj", 630, 630, ("alice", "bob"))

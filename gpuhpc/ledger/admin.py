@@ -1,0 +1,249 @@
+"""Ledger administration on the ORM: accounts, users, the price book (GPU rates, partition
+and QOS multipliers), quotas and their status. The quota decision itself (reserve, attach,
+release, period counters) is :mod:`gpuhpc.ledger.quota`; this module reaches it inside its own
+sessions through :func:`session_tx`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gpuhpc.errors import UserInputError
+from gpuhpc.ledger import db, pricing, quota
+from gpuhpc.ledger.orm import (Account, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier, Quota,
+                               QuotaUsage, Reservation, ReservationStatus, User, utcnow)
+
+ZERO = Decimal(0)
+
+
+def session_tx(s: Session) -> quota.Tx:
+    """The session's own transaction as a :class:`gpuhpc.ledger.quota.Tx` (pending ORM changes
+    flushed first), for the quota functions that write counters and holds."""
+    s.flush()
+    return quota.Tx(s.connection().connection.dbapi_connection, s.get_bind().dialect.name)
+
+
+def load_price_book(s: Session) -> pricing.PriceBook:
+    return quota.load_price_book(session_tx(s))
+
+
+def lock_all_quotas(s: Session) -> list[Quota]:
+    return list(s.scalars(select(Quota).order_by(Quota.id).with_for_update()))
+
+
+def bucket(s: Session, q: Quota, at: dt.datetime) -> QuotaUsage:
+    """The counter row of quota ``q`` for the period containing ``at`` (created on first use,
+    by :func:`gpuhpc.ledger.quota.counter`). Call with the quota row locked."""
+    bid = quota.counter_of(session_tx(s), q.id, at)[0]
+    return s.get(QuotaUsage, bid)
+
+
+def release_holds(s: Session, r: Reservation, status: ReservationStatus, now: dt.datetime | None = None) -> None:
+    """:func:`gpuhpc.ledger.quota.release_holds` for an ORM reservation (refreshed afterwards)."""
+    quota.release_holds(session_tx(s), r.id, status.value, now or utcnow())
+    s.expire_all()          # the counters and holds were written below the ORM
+
+
+def _account(session: Session, name: str) -> Account | None:
+    return session.scalar(select(Account).where(Account.name == name))
+
+
+def _user(session: Session, name: str) -> User | None:
+    return session.scalar(select(User).where(User.name == name))
+
+
+def add_account(name: str, *, description: str = "", url: str | None = None) -> bool:
+    _check_name(name, "account")
+    with db.session_scope(url) as s:
+        if _account(s, name):
+            return False
+        s.add(Account(name=name, description=description))
+        return True
+
+
+def add_user(name: str, account: str, *, default: bool = False, url: str | None = None) -> bool:
+    _check_name(name, "user")
+    with db.session_scope(url) as s:
+        acct = _account(s, account)
+        if acct is None:
+            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
+        user = _user(s, name)
+        if user is None:
+            user = User(name=name)
+            s.add(user)
+            s.flush()
+        m = s.scalar(select(Membership).where(Membership.user_id == user.id, Membership.account_id == acct.id))
+        if default:
+            for other in s.scalars(select(Membership).where(Membership.user_id == user.id)):
+                other.is_default = False
+        if m is None:
+            s.add(Membership(user_id=user.id, account_id=acct.id, is_default=default))
+            return True
+        m.is_default = default or m.is_default
+        return False
+
+
+def _check_name(name: str, what: str) -> None:
+    if not name or len(name) > 64 or any(not (c.isalnum() or c in "-_.") for c in name):
+        raise UserInputError(f"invalid {what} name {name!r}", hint="letters, digits, '-', '_', '.'; up to 64")
+
+
+def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = None, fraction: str | None = None,
+              effective_from: dt.datetime | None = None, currency: str = "USD", url: str | None = None) -> None:
+    if not gpu_type:
+        raise UserInputError("--gpu-type is required")
+    if (rate is None) == (base is None):
+        raise UserInputError("give either --rate or --of BASE_GPU_TYPE --fraction N/D")
+    eff = effective_from or utcnow()
+    frac = pricing.parse_fraction(fraction or "1") if base else None
+    with db.session_scope(url) as s:
+        row = s.scalar(select(GpuPrice).where(GpuPrice.gpu_type == gpu_type, GpuPrice.effective_from == eff))
+        if row is None:
+            row = GpuPrice(gpu_type=gpu_type, effective_from=eff)
+            s.add(row)
+        row.rate = rate
+        row.base_gpu_type = base
+        row.fraction_num = frac.numerator if frac else None
+        row.fraction_den = frac.denominator if frac else None
+        row.currency = currency
+
+
+def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from: dt.datetime | None = None,
+                   url: str | None = None) -> None:
+    k = MultiplierKind(kind)
+    eff = effective_from or utcnow()
+    with db.session_scope(url) as s:
+        row = s.scalar(select(PriceMultiplier).where(PriceMultiplier.kind == k, PriceMultiplier.name == name,
+                                                     PriceMultiplier.effective_from == eff))
+        if row is None:
+            row = PriceMultiplier(kind=k, name=name, effective_from=eff, multiplier=multiplier)
+            s.add(row)
+        row.multiplier = multiplier
+
+
+def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | None = None,
+              money: Decimal | None = None, period: str = "month", url: str | None = None) -> None:
+    if gpu_hours is None and money is None:
+        raise UserInputError("give --gpu-hours and/or --money")
+    p = Period(period) if period in Period.__members__ else None
+    if p is None:
+        raise UserInputError(f"unknown period {period!r}", hint="day, week, month or total")
+    with db.session_scope(url) as s:
+        acct = _account(s, account)
+        if acct is None:
+            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
+        uid = None
+        if user:
+            u = _user(s, user)
+            if u is None:
+                raise UserInputError(f"no user {user!r}", hint=f"gpuhpc ledger user add {user} --account {account}")
+            uid = u.id
+        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)).with_for_update())
+        if q is None:
+            q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p)
+            s.add(q)
+        elif q.period != p:
+            # counters are per period: start afresh (they are rebuilt from charges)
+            for b in s.scalars(select(QuotaUsage).where(QuotaUsage.quota_id == q.id)):
+                s.delete(b)
+        q.period = p
+        q.gpu_hours = gpu_hours
+        q.money = money
+        q.updated_at = utcnow()
+
+
+def remove_quota(account: str, *, user: str | None = None, url: str | None = None) -> bool:
+    with db.session_scope(url) as s:
+        acct = _account(s, account)
+        if acct is None:
+            return False
+        uid = _user(s, user).id if user and _user(s, user) else None
+        if user and uid is None:
+            return False
+        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)))
+        if q is None:
+            return False
+        s.delete(q)
+        return True
+
+
+@dataclass(frozen=True)
+class QuotaStatus:
+    account: str
+    user: str | None
+    period: str
+    period_start: dt.datetime
+    gpu_hours_budget: Decimal | None
+    money_budget: Decimal | None
+    used_gpu_hours: Decimal
+    held_gpu_hours: Decimal
+    used_money: Decimal
+    held_money: Decimal
+
+    @property
+    def remaining_money(self) -> Decimal | None:
+        return None if self.money_budget is None else self.money_budget - self.used_money - self.held_money
+
+    @property
+    def remaining_gpu_hours(self) -> Decimal | None:
+        return None if self.gpu_hours_budget is None else self.gpu_hours_budget - self.used_gpu_hours - self.held_gpu_hours
+
+    def as_dict(self) -> dict:
+        return {"account": self.account, "user": self.user, "period": self.period,
+                "period_start": self.period_start.isoformat(),
+                "gpu_hours_budget": self.gpu_hours_budget, "used_gpu_hours": self.used_gpu_hours,
+                "held_gpu_hours": self.held_gpu_hours, "remaining_gpu_hours": self.remaining_gpu_hours,
+                "money_budget": self.money_budget, "used_money": self.used_money, "held_money": self.held_money,
+                "remaining_money": self.remaining_money}
+
+
+def quota_status(account: str | None = None, *, url: str | None = None, now: dt.datetime | None = None) -> list[QuotaStatus]:
+    now = now or utcnow()
+    out = []
+    with db.session_scope(url) as s:
+        stmt = select(Quota).join(Account).order_by(Account.name, Quota.user_key)
+        if account:
+            stmt = stmt.where(Account.name == account)
+            if _account(s, account) is None:
+                raise UserInputError(f"no account {account!r}")
+        for q in list(s.scalars(stmt.with_for_update())):
+            b = bucket(s, q, now)
+            out.append(QuotaStatus(q.account.name, q.user.name if q.user else None, q.period.value, b.period_start,
+                                   q.gpu_hours, q.money, b.used_gpu_hours, b.held_gpu_hours, b.used_money,
+                                   b.held_money))
+    return out
+
+
+def list_accounts(*, url: str | None = None) -> list[dict]:
+    with db.session_scope(url) as s:
+        rows = []
+        for a in s.scalars(select(Account).order_by(Account.name)):
+            users = sorted((m.user.name + ("*" if m.is_default else "")) for m in a.memberships)
+            rows.append({"account": a.name, "description": a.description, "users": users})
+        return rows
+
+
+def list_prices(*, url: str | None = None) -> list[dict]:
+    with db.session_scope(url) as s:
+        out = []
+        for p in s.scalars(select(GpuPrice).order_by(GpuPrice.gpu_type, GpuPrice.effective_from)):
+            out.append({"kind": "gpu", "name": p.gpu_type, "rate": p.rate,
+                        "of": p.base_gpu_type, "fraction": f"{p.fraction_num}/{p.fraction_den}" if p.base_gpu_type else None,
+                        "currency": p.currency, "effective_from": p.effective_from.isoformat()})
+        for m in s.scalars(select(PriceMultiplier).order_by(PriceMultiplier.kind, PriceMultiplier.name,
+                                                             PriceMultiplier.effective_from)):
+            out.append({"kind": m.kind.value, "name": m.name, "multiplier": m.multiplier,
+                        "effective_from": m.effective_from.isoformat()})
+        return out
+
+
+def open_reservations(s: Session, cluster: str | None = None) -> Iterable[Reservation]:
+    stmt = select(Reservation).where(Reservation.status.in_([ReservationStatus.held, ReservationStatus.submitted]))
+    if cluster:
+        stmt = stmt.where(Reservation.cluster == cluster)
+    return s.scalars(stmt)
