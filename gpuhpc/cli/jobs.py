@@ -21,11 +21,12 @@ def _gpus_per_node(tres_per_node: str) -> int:
 
 
 def _elapsed_s(text: str) -> int:
-    from gpuhpc.slurm.parsers import parse_duration_s
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.slurm.durations import reported_seconds
 
     try:
-        return parse_duration_s(text) or 0
-    except ValueError:
+        return reported_seconds(text) or 0
+    except UserInputError:
         return 0
 
 

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from gpuhpc import hostlist
 from gpuhpc.errors import SpecError, UserInputError
-from gpuhpc.spec.cluster import ClusterSpec, time_minutes
+from gpuhpc.slurm.durations import parse_duration
+from gpuhpc.spec.cluster import ClusterSpec
 from gpuhpc.spec.gpus import check_mig_layout, gpu_model
 
 MIN_CPUS_PER_GPU = 2
 DEFAULT_QOS = "normal"   # slurmdbd always has it
+
+
+def _seconds(time: str) -> float:
+    """A validated Slurm time in seconds, INFINITE as infinity."""
+    seconds = parse_duration(time)
+    return float("inf") if seconds is None else seconds
 
 
 def _dupes(items: list[str]) -> str | None:
@@ -186,7 +193,7 @@ def validate(spec: ClusterSpec) -> list[str]:
         if p.preempt_mode == "SUSPEND" and not pre.gang:
             raise SpecError("PreemptMode=SUSPEND requires GANG", field=f"{pf}.preempt_mode",
                             hint="set preemption.gang: true")
-        if p.default_time and time_minutes(p.default_time) > time_minutes(p.max_time):
+        if p.default_time and _seconds(p.default_time) > _seconds(p.max_time):
             raise SpecError(f"default_time {p.default_time} is longer than max_time {p.max_time}",
                             field=f"{pf}.default_time")
         for li, q in enumerate(p.allow_qos or []):

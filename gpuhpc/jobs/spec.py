@@ -30,7 +30,6 @@ _NODELIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.&|!*\[\]():-]+$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-_DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -68,47 +67,25 @@ def _check_int(value: Any, field_name: str, *, minimum: int = 0) -> int:
 
 
 def parse_duration(value: Any, field_name: str = "time") -> int:
-    """``2h``, ``90m``, ``45s``, ``1d``, ``1h30m``, ``120`` (minutes, as sbatch),
-    ``HH:MM:SS``, ``MM:SS``, ``D-HH[:MM[:SS]]`` -> seconds."""
-    if isinstance(value, bool):
-        raise UserInputError("expected a duration", field=field_name)
-    if isinstance(value, int):
-        if value <= 0:
-            raise UserInputError("must be positive", field=field_name)
-        return value * 60
-    text = check_text(value, field_name, allow_empty=False).strip().lower()
-    if text.isdigit():
-        return parse_duration(int(text), field_name)
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if m and (m.group(1) or ":" in text):
-        days = int(m.group(1) or 0)
-        nums = [int(g) for g in m.group(2, 3, 4) if g is not None]
-        if m.group(1):                       # D-HH[:MM[:SS]]
-            nums += [0] * (3 - len(nums))
-            h, mi, s = nums
-        elif len(nums) == 2:                 # MM:SS
-            h, mi, s = 0, nums[0], nums[1]
-        else:                                # HH:MM:SS
-            h, mi, s = nums
-        total = days * 86400 + h * 3600 + mi * 60 + s
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(min|[smhd])", text)
-        if not parts or re.sub(r"\s+", "", "".join(a + b for a, b in parts)) != re.sub(r"\s+", "", text):
-            raise UserInputError(f"cannot parse duration {value!r}", field=field_name,
-                                 hint="use e.g. 2h, 90m, 1h30m, 1d, 02:00:00 or 1-00:00:00")
-        total = int(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
-    if total <= 0:
+    """A job's time limit -> seconds: Slurm's formats (``120`` is minutes, ``2-12`` is 2 days 12
+    hours, ``HH:MM:SS`` ...) or ``2h``/``90m``/``1h30m``/``1d`` (:mod:`gpuhpc.slurm.durations`)."""
+    from gpuhpc.slurm.durations import parse_duration as _parse
+
+    if not isinstance(value, int):
+        value = check_text(value, field_name, allow_empty=False)
+    seconds = _parse(value, field=field_name, shorthand=True)
+    if seconds is None:
+        raise UserInputError("a job needs a finite time limit", field=field_name, hint="e.g. 2h or 1-00:00:00")
+    if seconds <= 0:
         raise UserInputError("must be positive", field=field_name)
-    return total
+    return seconds
 
 
 def format_slurm_time(seconds: int) -> str:
     """Seconds -> sbatch ``--time`` (``D-HH:MM:SS``), rounded up to whole minutes."""
-    minutes = -(-seconds // 60)
-    d, rem = divmod(minutes * 60, 86400)
-    h, rem = divmod(rem, 3600)
-    mi, s = divmod(rem, 60)
-    return f"{d}-{h:02d}:{mi:02d}:{s:02d}" if d else f"{h:02d}:{mi:02d}:{s:02d}"
+    from gpuhpc.slurm.durations import format_duration
+
+    return format_duration(seconds, round_up_minutes=True)
 
 
 def _check_mem(value: Any, field_name: str) -> str:

@@ -273,23 +273,6 @@ def parse_parsable2(text: str, fields: list[str] | tuple[str, ...], sep: str = "
     return out
 
 
-# ---------------------------------------------------------------- durations
-def parse_duration_s(text: str) -> int | None:
-    """Slurm's ``[D-]HH:MM:SS`` / ``MM:SS`` / ``UNLIMITED`` -> seconds (None for unlimited)."""
-    t = (text or "").strip()
-    if not t or t in ("UNLIMITED", "INVALID", "Partition_Limit", "NOT_SET", "N/A"):
-        return None
-    days = 0
-    if "-" in t:
-        d, t = t.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in t.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts[-3:]
-    return days * 86400 + h * 3600 + m * 60 + s
-
-
 def slurm_conf_value(text: str, key: str) -> str | None:
     """The value of ``key`` (case-insensitive, as slurmctld reads it) in slurm.conf text; None
     when it is not set there *or* the file has ``Include`` lines (it may be set in one)."""

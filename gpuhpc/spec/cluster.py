@@ -17,12 +17,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpuhpc.errors import SpecError
+from gpuhpc.errors import SpecError, UserInputError
+from gpuhpc.slurm.durations import UNLIMITED_WORDS, parse_duration
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TIME_RE = re.compile(
-    r"^(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$"
-)
 _CTRL_RE = re.compile(r"[\x00-\x1f\x7f]")
 PREEMPT_MODES = ("OFF", "CANCEL", "REQUEUE", "SUSPEND")
 
@@ -56,40 +54,15 @@ def _text(v: str) -> str:
 
 
 def slurm_time(v: str | int) -> str:
-    """Validate a Slurm time string (``INFINITE``, ``90``, ``1:30:00``, ``2-00:00:00``)."""
+    """Validate a Slurm time string (``INFINITE``, ``90``, ``1:30:00``, ``2-00:00:00``): Slurm's
+    formats (:mod:`gpuhpc.slurm.durations`), with fields after the first in range (Slurm would
+    carry ``1:75:00`` over to 2:15:00; in a config file that is more likely a typo)."""
     s = str(v).strip()
-    if s.upper() in ("INFINITE", "UNLIMITED"):
-        return s.upper()
-    if not _TIME_RE.match(s):
-        raise ValueError(
-            f"{s!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or INFINITE)")
-    # fields after the first must be in range (Slurm rejects 1:75:00)
-    rest = s.split("-", 1)[1] if "-" in s else s
-    parts = rest.split(":")
-    if "-" in s:
-        if int(parts[0]) > 23 or any(int(p) > 59 for p in parts[1:]):
-            raise ValueError(f"{s!r}: hours must be < 24 and minutes/seconds < 60")
-    elif len(parts) > 1 and any(int(p) > 59 for p in parts[1:]):
-        raise ValueError(f"{s!r}: minutes/seconds must be < 60")
-    return s
-
-
-def time_minutes(s: str) -> float:
-    """A validated Slurm time string in minutes (INFINITE/UNLIMITED: infinity)."""
-    if s in ("INFINITE", "UNLIMITED"):
-        return float("inf")
-    days, rest = (s.split("-", 1) if "-" in s else ("0", s))
-    parts = [int(p) for p in rest.split(":")]
-    if "-" in s:       # D-HH[:MM[:SS]]
-        parts += [0] * (3 - len(parts))
-        h, m, sec = parts
-    elif len(parts) == 1:
-        h, m, sec = 0, parts[0], 0
-    elif len(parts) == 2:
-        h, m, sec = 0, parts[0], parts[1]
-    else:
-        h, m, sec = parts
-    return int(days) * 1440 + h * 60 + m + sec / 60
+    try:
+        parse_duration(s, strict=True)
+    except UserInputError as exc:
+        raise ValueError(exc.one_line()) from None
+    return s.upper() if s.upper() in UNLIMITED_WORDS else s
 
 
 def _cluster_name(v: str) -> str:

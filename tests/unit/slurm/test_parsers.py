@@ -75,13 +75,6 @@ def test_state_parse(raw, state, finished):
     assert s.state is state and s.raw == raw and s.is_finished is finished
 
 
-@pytest.mark.parametrize("text,seconds", [
-    ("1-02:03:04", 93784), ("10:00", 600), ("2:00:00", 7200), ("UNLIMITED", None), ("0:05", 5),
-])
-def test_duration(text, seconds):
-    assert parsers.parse_duration_s(text) == seconds
-
-
 def test_sbatch_parsable_and_version():
     assert parsers.parse_sbatch_parsable("1234;local\n") == "1234"
     assert parsers.parse_sbatch_parsable("99\n") == "99"
