@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.fsutil import bundled_dir
+from gpuhpc.fsutil import bundled_dir, write_atomic
 from gpuhpc.jobs.spec import JobSpec, check_text, sbatch_options
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
@@ -59,7 +59,7 @@ def default_checkpoint_dir() -> str:
     """``$GPUHPC_CHECKPOINT_ROOT/%j``, else ``<gpuhpc data dir>/checkpoints/%j``."""
     root = os.environ.get("GPUHPC_CHECKPOINT_ROOT")
     if not root:
-        from gpuhpc.jobs.spec import data_dir
+        from gpuhpc.fsutil import data_dir
 
         root = os.path.join(data_dir(), "checkpoints")
     return os.path.join(os.path.expanduser(root), "%j")
@@ -112,11 +112,9 @@ def render_jinja(name: str, ctx: dict[str, str]) -> str:
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("GPUHPC_CACHE_DIR")
-    if env:
-        return Path(env).expanduser() / "templates"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "gpuhpc" / "templates"
+    from gpuhpc.fsutil import cache_dir
+
+    return cache_dir() / "templates"
 
 
 def _skeleton(name: str) -> str:
@@ -135,10 +133,7 @@ def _skeleton(name: str) -> str:
         pass
     text = render_jinja(name, {v: f"\x00{v}\x00" for v in VARIABLES})
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError:
         pass        # a read-only home: render without the cache
     return text

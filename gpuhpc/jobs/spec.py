@@ -173,21 +173,12 @@ class Resources:
             raise
 
 
-def data_dir() -> str:
-    """``$GPUHPC_DATA_DIR``, else ``$XDG_DATA_HOME/gpuhpc``, else ``~/.local/share/gpuhpc``
-    (the same rule as the ledger's)."""
-    data = os.environ.get("GPUHPC_DATA_DIR")
-    if data:
-        return os.path.expanduser(data)
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = os.path.expanduser(xdg) if xdg else os.path.join(os.path.expanduser("~"), ".local", "share")
-    return os.path.join(base, "gpuhpc")
-
-
 def _default_log_dir() -> str:
     env = os.environ.get("GPUHPC_LOG_DIR")
     if env:
         return os.path.expanduser(env)
+    from gpuhpc.fsutil import data_dir
+
     return os.path.join(data_dir(), "logs")
 
 

@@ -1,18 +1,12 @@
-"""Where the embedded ledger lives (stdlib only, cheap to import)."""
+"""Where the embedded ledger lives (cheap to import)."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from gpuhpc.fsutil import data_dir
 
-def data_dir() -> Path:
-    """``$GPUHPC_DATA_DIR``, else ``$XDG_DATA_HOME/gpuhpc``, else ``~/.local/share/gpuhpc``."""
-    env = os.environ.get("GPUHPC_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_DATA_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
-    return base / "gpuhpc"
+__all__ = ["data_dir", "default_db_path", "metrics_dir", "db_url"]
 
 
 def default_db_path() -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError
 
 from gpuhpc.errors import StagingError, UserInputError
+from gpuhpc.fsutil import atomic_path
 
 MB = 1024 * 1024
 
@@ -149,15 +149,9 @@ class S3Stager:
         return n
 
     def _download(self, bucket: str, key: str, target: Path) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-        os.close(fd)
-        try:
-            self._call(f"download s3://{bucket}/{key}", self._client.download_file, bucket, key, tmp,
+        with atomic_path(target, mode=None) as tmp:     # the mode boto3 gives (umask)
+            self._call(f"download s3://{bucket}/{key}", self._client.download_file, bucket, key, str(tmp),
                        Config=self._transfer)
-            os.replace(tmp, target)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
 
     def latest(self, url: S3Url) -> S3Url | None:
         """Newest object under a prefix (e.g. the latest checkpoint), or None."""
