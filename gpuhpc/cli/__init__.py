@@ -5,7 +5,7 @@ def run_guarded(call, debug=lambda: False) -> int:
     """Run ``call()`` and map gpuhpc's errors to exit codes: a ``GpuhpcError`` prints one line
     (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130. With
     ``--debug``/``GPUHPC_DEBUG`` the exception propagates with its traceback. Typer-free, so
-    the ``submit`` fast path shares it."""
+    ``gpuhpc submit`` (argparse) shares it."""
     import os
     import sys
 
@@ -24,15 +24,8 @@ def run_guarded(call, debug=lambda: False) -> int:
 
 
 def entry() -> int:
-    """Console-script entry point. ``gpuhpc submit`` takes a fast path that imports neither
-    typer nor rich (its start-up time is benchmarked against raw sbatch); everything else
-    goes through the typer app in :mod:`gpuhpc.cli.main`."""
-    import sys
-
-    if sys.argv[1:2] == ["submit"] and "--debug" not in sys.argv[2:3]:
-        from gpuhpc.cli.submit import fast_main
-
-        return fast_main(sys.argv[2:])
+    """Console-script entry point (:func:`gpuhpc.cli.main.main`): it imports only the module
+    of the command that runs."""
     from gpuhpc.cli.main import main
 
     return main()

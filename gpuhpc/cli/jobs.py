@@ -1,12 +1,15 @@
-"""``gpuhpc jobs``, ``status``, ``logs``, ``cancel``: follow and manage your jobs."""
+"""``gpuhpc jobs``, ``status``, ``logs``, ``cancel``: follow and manage your jobs.
+
+These run often and from scripts, so they start fast: one argparse parser per command
+(:mod:`gpuhpc.cli._args`), neither typer nor rich.
+"""
 from __future__ import annotations
 
 import re
 import sys
-import time
 from typing import Any
 
-import typer
+from gpuhpc.cli._args import ArgParser, parse
 
 
 def _gpus_per_node(tres_per_node: str) -> int:
@@ -53,113 +56,164 @@ def job_rows(user: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("jobs")
-    def jobs_cmd(
-        json_out: bool = typer.Option(False, "--json", help="JSON on stdout"),
-        user: str = typer.Option(None, "--user", "-u", help="whose jobs (default: you)"),
-    ) -> None:
-        """Your jobs: state, elapsed time and GPU-hours so far."""
-        rows = job_rows(user)
-        if json_out:
-            from gpuhpc.cli._console import print_json
+def _parser(name: str) -> ArgParser:
+    from gpuhpc.cli.main import COMMANDS
 
-            print_json(rows)
-            return
-        from rich.table import Table
+    return ArgParser(f"gpuhpc {name}", description=COMMANDS[name][1])
 
-        from gpuhpc.cli._console import console
 
-        t = Table(box=None, header_style="bold")
-        for col in ("JOBID", "NAME", "STATE", "PARTITION", "NODES", "GPUS", "ELAPSED", "GPU-H", "REASON"):
-            t.add_column(col, justify="right" if col in ("NODES", "GPUS", "GPU-H") else "left")
-        for r in rows:
-            t.add_row(r["job_id"], r["name"], r["raw_state"], r["partition"], str(r["nodes"]), str(r["gpus"]),
-                      r["elapsed"], f"{r['gpu_hours']:.2f}", r["reason"] if r["reason"] != "None" else "",
-                      )
-        console().print(t)
+def _json_flag(p: ArgParser, help: str = "JSON on stdout") -> None:
+    p.add_argument("--json", dest="json_out", action="store_true", help=help)
 
-    @app.command("status")
-    def status_cmd(
-        job_id: str = typer.Argument(..., help="job id"),
-        json_out: bool = typer.Option(False, "--json", help="JSON on stdout"),
-    ) -> None:
-        """One job's state (raw Slurm state kept), restarts, resources and log file."""
-        from gpuhpc.jobs.api import Job
 
-        job = Job(job_id)
-        info = job.info()
-        info["restarts"] = job.restarts() if info.get("source") != "none" else 0
-        info["finished"] = job.done() if info.get("source") != "none" else False
-        info["log"] = job.log_path()
-        if info.get("source") == "none":
-            from gpuhpc.errors import GpuhpcError
+def jobs_cmd(argv: list[str]) -> int:
+    p = _parser("jobs")
+    _json_flag(p)
+    p.add_argument("--user", "-u", help="whose jobs (default: you)")
+    ns = parse(p, argv)
+    if isinstance(ns, int):
+        return ns
+    rows = job_rows(ns.user)
+    if ns.json_out:
+        from gpuhpc.cli._console import print_json
 
-            raise GpuhpcError(f"job {job.job_id} not found in squeue or sacct")
-        if json_out:
-            from gpuhpc.cli._console import print_json
+        print_json(rows)
+        return 0
+    sys.stdout.write(_table(rows))
+    return 0
 
-            print_json(info)
-            return
-        width = max(len(k) for k in info)
-        for k, v in info.items():
-            if v not in (None, "", {}):
-                sys.stdout.write(f"{k:<{width}}  {v}\n")
 
-    @app.command("logs")
-    def logs_cmd(
-        job_id: str = typer.Argument(..., help="job id"),
-        follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends"),
-        json_out: bool = typer.Option(False, "--json", help="JSON {job_id, path, text}"),
-    ) -> None:
-        """Print a job's output (the --output file, found via scontrol or the log dir)."""
-        from gpuhpc.errors import GpuhpcError
-        from gpuhpc.jobs.api import Job
+_COLUMNS = (("JOBID", "job_id"), ("NAME", "name"), ("STATE", "raw_state"), ("PARTITION", "partition"),
+            ("NODES", "nodes"), ("GPUS", "gpus"), ("ELAPSED", "elapsed"), ("GPU-H", "gpu_hours"),
+            ("REASON", "reason"))
+_RIGHT = {"NODES", "GPUS", "GPU-H"}
 
-        job = Job(job_id)
-        path = job.log_path()
-        if json_out:
-            from gpuhpc.cli._console import print_json
 
-            print_json({"job_id": job.job_id, "path": path, "text": job.logs()})
-            return
-        if not follow:
-            if not path:
-                raise GpuhpcError(f"no log file found for job {job.job_id}")
-            sys.stdout.write(job.logs())
-            return
-        pos = 0
-        last_check = 0.0
-        while True:
-            path = path or job.log_path()
-            if path:
-                text = job.read_text(path)
-                chunk, pos = text[pos:], len(text)
-                if chunk:
-                    sys.stdout.write(chunk)
-                    sys.stdout.flush()
-            now = time.monotonic()
-            if now - last_check > 3:
-                last_check = now
-                if job.done():
-                    break
-            time.sleep(0.5)
+def _table(rows: list[dict[str, Any]]) -> str:
+    """Plain aligned columns, like squeue's (rich would cost more start-up than the command)."""
+    def cell(r: dict[str, Any], key: str) -> str:
+        v = r[key]
+        if key == "gpu_hours":
+            return f"{v:.2f}"
+        if key == "reason" and v == "None":
+            return ""
+        return " ".join(str(v).split())     # one line per job, whatever a job name holds
 
-    @app.command("cancel")
-    def cancel_cmd(
-        job_ids: list[str] = typer.Argument(..., help="job id(s)"),
-        json_out: bool = typer.Option(False, "--json", help="JSON on stdout"),
-    ) -> None:
-        """Cancel job(s) (scancel)."""
-        from gpuhpc.jobs.api import Job
+    cells = [[h for h, _ in _COLUMNS]] + [[cell(r, k) for _, k in _COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
+    lines = []
+    for c in cells:
+        parts = [c[i].rjust(w) if h in _RIGHT else c[i].ljust(w) for i, ((h, _), w) in enumerate(zip(_COLUMNS, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines) + "\n"
 
-        jobs = [Job(j) for j in job_ids]      # validates every id before cancelling any
-        for job in jobs:
+
+def status_cmd(argv: list[str]) -> int:
+    p = _parser("status")
+    p.add_argument("job_id", metavar="JOB_ID", help="job id")
+    _json_flag(p)
+    ns = parse(p, argv)
+    if isinstance(ns, int):
+        return ns
+    from gpuhpc.jobs.api import Job
+
+    info = Job(ns.job_id).status()
+    if ns.json_out:
+        from gpuhpc.cli._console import print_json
+
+        print_json(info)
+        return 0
+    width = max(len(k) for k in info)
+    for k, v in info.items():
+        if v not in (None, "", {}):
+            sys.stdout.write(f"{k:<{width}}  {v}\n")
+    return 0
+
+
+def logs_cmd(argv: list[str]) -> int:
+    p = _parser("logs")
+    p.add_argument("job_id", metavar="JOB_ID", help="job id")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
+    _json_flag(p, "JSON {job_id, path, text}")
+    ns = parse(p, argv)
+    if isinstance(ns, int):
+        return ns
+    from gpuhpc.errors import GpuhpcError
+    from gpuhpc.jobs.api import Job
+
+    job = Job(ns.job_id)
+    if ns.json_out:
+        from gpuhpc.cli._console import print_json
+
+        print_json({"job_id": job.job_id, "path": job.log_path(), "text": job.logs()})
+        return 0
+    if not ns.follow:
+        if not job.log_path():
+            raise GpuhpcError(f"no log file found for job {job.job_id}")
+        sys.stdout.write(job.logs())
+        return 0
+    out = sys.stdout.buffer
+    for chunk in job.follow_log():
+        out.write(chunk)
+        out.flush()
+    return 0
+
+
+def not_cancellable(client, job_ids: list[str]) -> dict[str, str]:
+    """Why each of ``job_ids`` cannot be cancelled (``scancel`` of an unknown or ended job
+    prints nothing and exits 0): "no such job" or "already ended (STATE)". One squeue call;
+    sacct only for the ids squeue does not know."""
+    live: dict[str, list] = {}
+    for r in client.queue(job_ids=job_ids):
+        for key in {r.job_id, r.job_id_raw, r.array_job_id}:
+            live.setdefault(key, []).append(r)
+    why = {j: f"already ended ({live[j][0].state.raw})" for j in job_ids
+           if j in live and all(r.state.is_finished for r in live[j])}
+    gone = [j for j in job_ids if j not in live]
+    if gone:
+        ended = {}
+        for a in client.accounting(job_ids=gone):
+            ended.setdefault(a.job_id, a.state.raw)
+            ended.setdefault(a.array_job_id, a.state.raw)
+        why.update({j: f"already ended ({ended[j]})" if j in ended else "no such job" for j in gone})
+    return why
+
+
+def cancel_cmd(argv: list[str]) -> int:
+    p = _parser("cancel")
+    p.add_argument("job_ids", metavar="JOB_ID", nargs="+", help="job id(s)")
+    _json_flag(p)
+    ns = parse(p, argv)
+    if isinstance(ns, int):
+        return ns
+    from gpuhpc.jobs.api import Job
+    from gpuhpc.slurm.client import SlurmClient
+
+    client = SlurmClient()
+    jobs = [Job(j, client=client) for j in ns.job_ids]      # validates every id before cancelling any
+    why = not_cancellable(client, [j.job_id for j in jobs])
+    for job in jobs:
+        if job.job_id not in why:
             job.cancel()
-        if json_out:
-            from gpuhpc.cli._console import print_json
+    if ns.json_out:
+        from gpuhpc.cli._console import print_json
 
-            print_json([{"job_id": j.job_id, "cancelled": True} for j in jobs])
-        else:
-            for j in jobs:
+        print_json([{"job_id": j.job_id, "cancelled": j.job_id not in why,
+                     **({"error": why[j.job_id]} if j.job_id in why else {})} for j in jobs])
+    else:
+        for j in jobs:
+            if j.job_id in why:
+                sys.stderr.write(f"error: job {j.job_id}: {why[j.job_id]}\n")
+            else:
                 sys.stdout.write(f"cancelled {j.job_id}\n")
+    return 1 if why else 0
+
+
+_RUN = {"jobs": jobs_cmd, "status": status_cmd, "logs": logs_cmd, "cancel": cancel_cmd}
+
+
+def main(argv: list[str], debug: bool = False) -> int:
+    """``gpuhpc jobs|status|logs|cancel ...`` (``argv[0]`` is the command)."""
+    from gpuhpc.cli import run_guarded
+
+    return run_guarded(lambda: _RUN[argv[0]](argv[1:]), lambda: debug)

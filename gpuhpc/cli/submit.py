@@ -1,8 +1,7 @@
 """``gpuhpc submit``: render a job template and sbatch it.
 
-The options are parsed by one stdlib ``argparse`` parser (:func:`parser`), used both by
-the typer command and by :func:`fast_main`, a start-up fast path that needs neither typer
-nor rich (``gpuhpc submit`` must not be much slower than ``sbatch``).
+The options are parsed by one stdlib ``argparse`` parser (:func:`parser`); ``gpuhpc submit``
+imports neither typer nor rich (it must not be much slower than ``sbatch``).
 
     gpuhpc submit --gpus 8 --gpu-type h100 --nodes 2 --time 2h --partition gpu \\
         --account proj-x -- python train.py --lr 3e-4
@@ -29,22 +28,17 @@ _FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # exit 2, one line, like the rest of the CLI
-        from gpuhpc.errors import UserInputError
-
-        raise UserInputError(message, hint="see gpuhpc submit --help")
-
-
 @functools.cache
 def parser() -> argparse.ArgumentParser:
     """The ``gpuhpc submit`` option parser (built once; parsing does not change it)."""
-    p = _Parser(prog="gpuhpc submit", allow_abbrev=False,
-                description="Render a job template (job-templates/) and submit it with sbatch. "
-                            "Put the command after --. Options override a --file job file.",
-                epilog="Jobs get --requeue and --signal=B:USR2@GRACE: on preemption or near the "
-                       "time limit the program receives SIGUSR2, checkpoints to "
-                       "$GPUHPC_CHECKPOINT_DIR and exits; the job requeues itself (docs/jobs.md).")
+    from gpuhpc.cli._args import ArgParser
+
+    p = ArgParser("gpuhpc submit",
+                  description="Render a job template (job-templates/) and submit it with sbatch. "
+                              "Put the command after --. Options override a --file job file.",
+                  epilog="Jobs get --requeue and --signal=B:USR2@GRACE: on preemption or near the "
+                         "time limit the program receives SIGUSR2, checkpoints to "
+                         "$GPUHPC_CHECKPOINT_DIR and exits; the job requeues itself (docs/jobs.md).")
     a = p.add_argument
     g = p.add_argument_group("resources (per node where it applies)")
     g.add_argument("--gpus", type=int, metavar="N", help="GPUs per node")
@@ -133,7 +127,11 @@ def build_spec(ns: argparse.Namespace):
 
 def run(argv: list[str]) -> int:
     """Parse ``argv`` (everything after ``submit``), submit, print. Raises GpuhpcError."""
-    ns = parser().parse_args(argv)
+    from gpuhpc.cli._args import parse
+
+    ns = parse(parser(), argv)
+    if isinstance(ns, int):         # --help
+        return ns
     spec = build_spec(ns)
     if ns.dry_run:
         from gpuhpc.jobs.render import render
@@ -153,29 +151,13 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def fast_main(argv: list[str]) -> int:
-    """Entry point without typer/rich: ``gpuhpc submit ...`` (see gpuhpc.cli.entry)."""
+def main(argv: list[str], debug: bool = False) -> int:
+    """``gpuhpc submit ...`` (``argv[0]`` is ``submit``), errors mapped to exit codes; no typer,
+    no rich (:mod:`gpuhpc.cli.main` dispatches here)."""
     from gpuhpc.cli import run_guarded
 
-    return run_guarded(lambda: run(argv))
-
-
-def register(app) -> None:
-    import typer
-
-    def submit(ctx) -> None:
-        code = run(list(ctx.args))
-        if code:
-            raise typer.Exit(code)
-
-    submit.__annotations__ = {"ctx": typer.Context, "return": None}
-    app.command(
-        "submit", add_help_option=False,
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                          "allow_interspersed_args": False},
-        help="Submit a command as a batch job (gpuhpc submit --help for the options).",
-    )(submit)
+    return run_guarded(lambda: run(argv[1:]), lambda: debug)
 
 
 if __name__ == "__main__":
-    sys.exit(fast_main(sys.argv[1:]))
+    sys.exit(main(["submit", *sys.argv[1:]]))

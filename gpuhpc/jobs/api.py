@@ -15,7 +15,7 @@ import getpass
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, SlurmError, UserInputError
@@ -284,6 +284,19 @@ class Job:
                     "gpus": a.gpus, "source": "sacct"}
         return {"job_id": self.job_id, "state": JobState.UNKNOWN.value, "raw_state": "", "source": "none"}
 
+    def status(self) -> dict[str, Any]:
+        """:meth:`info` plus ``restarts``, ``finished`` and ``log`` (what ``gpuhpc status``
+        prints), asking Slurm once each: squeue (else sacct) and ``scontrol show job``.
+        Raises GpuhpcError when neither squeue nor sacct knows the job."""
+        info = self.info()
+        if info["source"] == "none":
+            raise GpuhpcError(f"job {self.job_id} not found in squeue or sacct")
+        rec = self.client.show_job(self.job_id)
+        info["restarts"] = self.restarts(rec)
+        info["finished"] = self._done(JobState(info["state"]), rec)
+        info["log"] = self.log_path(rec)
+        return info
+
     @property
     def slurm_state(self) -> SlurmState:
         info = self.info()
@@ -293,15 +306,21 @@ class Job:
     def state(self) -> JobState:
         return self.slurm_state.state
 
-    def restarts(self) -> int:
+    def restarts(self, rec: dict[str, str] | None = None) -> int:
+        """How many times the job was requeued (``rec``: its ``scontrol show job`` record, when
+        the caller has it)."""
+        if rec and rec.get("Restarts", "").isdigit():
+            return int(rec["Restarts"])
         return self.client.restarts(self.job_id)
 
     def done(self) -> bool:
-        st = self.state
+        return self._done(self.state)
+
+    def _done(self, st: JobState, rec: dict[str, str] | None = None) -> bool:
         if st.is_finished:
             return True
         if st in (JobState.PREEMPTED, JobState.NODE_FAIL):
-            rec = self.client.show_job(self.job_id)      # not requeueable (cap reached)
+            rec = rec or self.client.show_job(self.job_id)      # not requeueable (cap reached)
             return bool(rec) and rec.get("Requeue") == "0"
         return False
 
@@ -328,10 +347,11 @@ class Job:
         self.client.cancel(self.job_id)
 
     # ------------------------------------------------------------ logs
-    def log_path(self) -> str | None:
-        """StdOut= from ``scontrol show job`` while Slurm knows the job, else the path
-        recorded at submission, else a ``*-<id>.out`` file in the default log dir."""
-        rec = self.client.show_job(self.job_id)
+    def log_path(self, rec: dict[str, str] | None = None) -> str | None:
+        """StdOut= from ``scontrol show job`` (``rec``, when the caller has it) while Slurm knows
+        the job, else the path recorded at submission, else a ``*-<id>.out`` file in the default
+        log dir."""
+        rec = rec or self.client.show_job(self.job_id)
         if rec and rec.get("StdOut"):
             return rec["StdOut"]
         if self._log_path:
@@ -355,6 +375,28 @@ class Job:
         elif self.submitit_job is not None:
             paths.append(str(self.submitit_job.paths.stderr))
         return "".join(self.read_text(p) for p in paths if p)
+
+    def follow_log(self, poll: float = 0.5, check_every: float = 3.0) -> Iterator[bytes]:
+        """The job's output as it grows, until the job is finished: each poll reads only the
+        bytes after the last read (locally, or over SSH through the job's runner)."""
+        path, offset, last_check = None, 0, 0.0
+        while True:
+            path = path or self.log_path()
+            if path:
+                chunk = self.client.runner.read_from(path, offset)
+                if chunk:
+                    offset += len(chunk)
+                    yield chunk
+            now = time.monotonic()
+            if now - last_check > check_every:
+                last_check = now
+                if self.done():
+                    if path:                        # what was written before the end
+                        chunk = self.client.runner.read_from(path, offset)
+                        if chunk:
+                            yield chunk
+                    return
+            time.sleep(poll)
 
     def read_text(self, path: str) -> str:
         """Read a log file where the job's Slurm client runs (locally, or over SSH when

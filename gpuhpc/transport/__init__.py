@@ -32,6 +32,11 @@ class Runner(Protocol):
 
     def read_file(self, path: str) -> str: ...
 
+    def read_from(self, path: str, offset: int) -> bytes:
+        """The bytes of ``path`` from ``offset`` to its current end (``b""`` while the file
+        does not exist): how ``gpuhpc logs -f`` follows a growing log."""
+        ...
+
 
 def default_runner() -> Runner:
     """SSH to ``GPUHPC_SSH_HOST`` when it is set (laptop → login node), else run locally."""

@@ -39,3 +39,13 @@ class LocalRunner:
 
     def read_file(self, path: str) -> str:
         return Path(path).read_text()
+
+    def read_from(self, path: str, offset: int) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read()
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            raise TransportError(f"cannot read {path}: {exc.strerror}") from exc

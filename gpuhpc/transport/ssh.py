@@ -51,6 +51,8 @@ class SSHRunner:
         self.accept_new = accept_new_host_keys
         self.connect_timeout = connect_timeout
         self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None    # read_from's session, on _sftp_of
+        self._sftp_of: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -139,6 +141,26 @@ class SSHRunner:
             raise TransportError(f"sftp {self._where()}: cannot read {path}: {exc}") from exc
         finally:
             sftp.close()
+
+    def read_from(self, path: str, offset: int) -> bytes:
+        """Reads only the new bytes; the SFTP session stays open between calls (a follower
+        calls this every half second)."""
+        try:
+            sftp = self._sftp_session()
+            with sftp.open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read()
+        except FileNotFoundError:
+            return b""
+        except (OSError, paramiko.SSHException) as exc:
+            self._sftp = None
+            raise TransportError(f"sftp {self._where()}: cannot read {path}: {exc}") from exc
+
+    def _sftp_session(self) -> paramiko.SFTPClient:
+        client = self._connect()
+        if self._sftp is None or self._sftp_of is not client:
+            self._sftp, self._sftp_of = client.open_sftp(), client
+        return self._sftp
 
     @staticmethod
     def _mkdirs(sftp: paramiko.SFTPClient, path: str) -> None:

@@ -1,22 +1,106 @@
-"""The CLI's error contract: bad input exits 2 with one line, no traceback."""
+"""The CLI's error contract (bad input exits 2 with one line, no traceback) and its start-up
+contract: ``gpuhpc CMD`` imports only CMD's module, and the fast commands import neither typer
+nor rich (checked by what is imported, never by timing; bench/cli_startup.py times them)."""
 from __future__ import annotations
 
+import importlib
+import json
 import subprocess
 import sys
 
-from gpuhpc.cli.main import main
+import pytest
+
+from gpuhpc.cli.main import COMMANDS, build_app, help_text, main
+
+FAST = ("submit", "jobs", "status", "logs", "cancel")
+HEAVY = ("typer", "rich", "pydantic", "sqlalchemy", "jinja2", "yaml", "boto3", "paramiko")
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    """``gpuhpc ARGV`` in a fresh interpreter; stdout ends with a JSON line naming which of
+    HEAVY and which gpuhpc.cli modules got imported."""
+    code = ("import sys, json\nfrom gpuhpc.cli.main import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+            "cli = sorted(m for m in sys.modules if m.startswith('gpuhpc.cli.'))\n"
+            "print(json.dumps({'rc': rc, 'heavy': heavy, 'cli': cli}))\n")
+    return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+
+
+def _report(res: subprocess.CompletedProcess) -> dict:
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def test_unknown_command_and_missing_argument_exit_2(capsys):
     assert main(["nosuch"]) == 2
+    assert main(["--bogus"]) == 2
     assert main(["conf", "render"]) == 2
-    assert "Traceback" not in capsys.readouterr().err
+    assert main(["status"]) == 2
+    assert main(["cancel", "12x"]) == 2
+    assert main(["jobs", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "No such command 'nosuch'" in err and "No such option: --bogus" in err
 
 
-def test_submit_fast_path_bad_input_is_one_line_exit_2():
-    res = subprocess.run([sys.executable, "-c", "import sys; from gpuhpc.cli.submit import fast_main; "
-                          "sys.exit(fast_main(['--name', 'a\\nb', '--dry-run', '--', 'true']))"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2
-    assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ") and "name" in res.stderr
-    assert res.stdout == ""
+def test_fast_command_bad_input_is_one_line_exit_2():
+    for argv in (["submit", "--name", "a\nb", "--dry-run", "--", "true"], ["status"], ["cancel", "1;2"],
+                 ["logs", "x"]):
+        res = _cli(*argv)
+        assert _report(res)["rc"] == 2, (argv, res.stderr)
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), (argv, res.stderr)
+
+
+def test_root_help_lists_every_command_and_imports_no_group():
+    res = _cli("--help")
+    rep = _report(res)
+    assert rep["rc"] == 0 and rep["heavy"] == []
+    assert rep["cli"] == ["gpuhpc.cli.main"]
+    for name in COMMANDS:
+        assert f"\n  {name} " in res.stdout
+    assert _report(_cli())["rc"] == 2            # no command: the help, exit 2
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_commands_import_neither_typer_nor_rich(name):
+    res = _cli(name, "--help")
+    rep = _report(res)
+    assert rep["rc"] == 0, res.stderr
+    assert rep["heavy"] == [], rep
+    assert set(rep["cli"]) <= {"gpuhpc.cli.main", "gpuhpc.cli._args", f"gpuhpc.cli.{COMMANDS[name][0]}"}
+    assert res.stdout.startswith(f"usage: gpuhpc {name} ")
+
+
+def test_submit_dry_run_needs_no_typer(tmp_path):
+    res = _cli("submit", "--dry-run", "--gpus", "1", "--", "true")
+    rep = _report(res)
+    assert rep["rc"] == 0, res.stderr
+    assert "typer" not in rep["heavy"] and "rich" not in rep["heavy"]
+    assert "#SBATCH" in res.stdout
+
+
+def test_a_typer_group_imports_only_its_module():
+    rep = _report(_cli("cluster", "--help"))
+    assert rep["rc"] == 0
+    assert {m for m in rep["cli"] if m not in ("gpuhpc.cli._console",)} == {"gpuhpc.cli.main", "gpuhpc.cli.cluster"}
+
+
+def test_command_table_matches_what_the_modules_register():
+    """COMMANDS (what `gpuhpc --help` prints without importing anything) cannot drift from
+    the modules: every typer command is listed with its help, every listed command exists."""
+    import typer.main
+
+    group = typer.main.get_command(build_app(list(COMMANDS)))
+    registered = {n: c.get_short_help_str(1000) for n, c in group.commands.items()}
+    typer_listed = {n: h for n, (m, h) in COMMANDS.items()
+                    if hasattr(importlib.import_module(f"gpuhpc.cli.{m}"), "register")}
+    assert registered == typer_listed
+    for name, (module, _) in COMMANDS.items():
+        if name not in registered:           # an argparse module: main(argv, debug)
+            assert callable(importlib.import_module(f"gpuhpc.cli.{module}").main), name
+
+
+def test_help_text_wraps_to_the_width():
+    text = help_text(width=60)
+    assert max(len(line) for line in text.splitlines()) <= 60
+    assert "--debug" in text and "Commands:" in text
