@@ -21,19 +21,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import NamedTuple
 
-from sqlalchemy import delete, insert, select, tuple_, update
+from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from gpuhpc.ledger import db, pricing
 from gpuhpc.ledger import admin as q
-from gpuhpc.ledger.orm import (Account, Charge, IngestState, JobMetric, Quota, QuotaUsage, Reservation,
-                               ReservationHold, ReservationStatus, UsageRecord, User, utcnow)
+from gpuhpc.ledger.orm import (Account, IngestState, JobMetric, Quota, QuotaUsage, Reservation, ReservationHold,
+                               ReservationStatus, User, utcnow)
 from gpuhpc.slurm.parsers import AcctRow
 from gpuhpc.slurm.state import JobState
 
 ZERO = Decimal(0)
 SOURCE = "sacct"
+OPEN = (ReservationStatus.held, ReservationStatus.submitted)
 STALE_HOLD = dt.timedelta(hours=6)   # a hold with no job id after this long is released
 
 
@@ -241,170 +243,201 @@ class _Books:
         return b
 
 
-def _ingest_batch(s: Session, book: pricing.PriceCache, jobs: list[JobView], res: IngestResult,
-                  active: set[str] | None) -> None:
-    books = _Books(s)
-    runs = [r for j in jobs for r in j.runs]
-    res.runs_seen += len(runs)
-    # what is stored already, for these jobs
-    existing: dict[tuple, tuple[int, Decimal, Decimal, int, str]] = {}
-    by_cluster: dict[str, set[str]] = defaultdict(set)
-    for j in jobs:
-        by_cluster[j.cluster].add(j.job_id)
-    for cluster, ids in by_cluster.items():
-        ids_l = sorted(ids)
-        for i in range(0, len(ids_l), 500):
-            for row in s.execute(select(UsageRecord.id, UsageRecord.job_id, UsageRecord.array_task_id,
-                                        UsageRecord.run_start, UsageRecord.gpu_hours, UsageRecord.amount,
-                                        UsageRecord.elapsed_s, UsageRecord.state)
-                                 .where(UsageRecord.cluster == cluster, UsageRecord.job_id.in_(ids_l[i:i + 500]))):
-                existing[(cluster, row.job_id, row.array_task_id, row.run_start)] = (
-                    row.id, row.gpu_hours, row.amount, row.elapsed_s, row.state)
-    # open reservations of these jobs
-    resv: dict[tuple[str, str], Reservation] = {}
-    for cluster, ids in by_cluster.items():
-        ids_l = sorted(ids)
-        for i in range(0, len(ids_l), 500):
-            for r in s.scalars(select(Reservation).where(Reservation.cluster == cluster,
-                                                         Reservation.job_id.in_(ids_l[i:i + 500]))):
-                prev = resv.get((cluster, r.job_id))
-                if prev is None or prev.id < r.id:
-                    resv[(cluster, r.job_id)] = r
-    holds: dict[int, list[ReservationHold]] = defaultdict(list)
-    open_ids = [r.id for r in resv.values() if r.status in (ReservationStatus.held, ReservationStatus.submitted)]
-    if open_ids:
-        for h in s.scalars(select(ReservationHold).where(ReservationHold.reservation_id.in_(open_ids))):
-            holds[h.reservation_id].append(h)
+class StoredRun(NamedTuple):
+    """What the ledger holds for one run already."""
 
-    new_rows: list[tuple] = []
-    new_meta: list[tuple[Run, pricing.Price, Reservation | None]] = []
-    charges: list[tuple] = []
-    now = utcnow()
+    id: int
+    gpu_hours: Decimal
+    amount: Decimal
+    elapsed_s: int
+    state: str
 
-    def book_delta(run: Run, r: Reservation | None, d_hours: Decimal, d_amount: Decimal) -> dt.datetime:
+
+class ChargeRow(NamedTuple):
+    usage_id: int
+    reservation_id: int | None
+    account: str
+    user: str
+    gpu_hours: Decimal
+    rate: Decimal
+    amount: Decimal
+    bucket_at: dt.datetime
+    created_at: dt.datetime
+
+
+class PricedRun(NamedTuple):
+    run: Run
+    gpu_type: str
+    gpus: int
+    price: pricing.Price
+    reservation: Reservation | None
+
+
+_USAGE_INSERT = ("INSERT INTO usage_records (cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s, "
+                 "user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_CHARGE_INSERT = ("INSERT INTO charges (usage_id, reservation_id, account_name, user_name, gpu_hours, rate, amount, "
+                  "bucket_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+
+
+def _chunks(ids: set[str], n: int = 500) -> Iterator[list[str]]:
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), n):
+        yield ordered[i:i + n]
+
+
+class _Batch:
+    """One ingest batch (whole jobs) in one transaction: look up what is stored, price each
+    run, insert new runs and top up changed ones, count the charges against the quotas and
+    the reservations' holds, and settle the reservations of jobs that are over."""
+
+    def __init__(self, s: Session, book: pricing.PriceCache, jobs: list[JobView], res: IngestResult,
+                 active: set[str] | None) -> None:
+        self.s, self.book, self.jobs, self.res, self.active = s, book, jobs, res, active
+        self.books = _Books(s)
+        self.tx = q.session_tx(s)
+        self.now = utcnow()
+        self.by_cluster: dict[str, set[str]] = defaultdict(set)
+        for j in jobs:
+            self.by_cluster[j.cluster].add(j.job_id)
+        self.charges: list[ChargeRow] = []
+        self._ts: dict[dt.datetime, object] = {}
+
+    def ts(self, v: dt.datetime | None) -> object:
+        if v is None:
+            return None
+        hit = self._ts.get(v)
+        if hit is None:
+            hit = self._ts[v] = self.tx.ts(v)
+        return hit
+
+    # ---------------------------------------------------------------- what is stored
+    def stored_runs(self, by_cluster: dict[str, set[str]]) -> dict[tuple, StoredRun]:
+        out: dict[tuple, StoredRun] = {}
+        tx = self.tx
+        for cluster, ids in by_cluster.items():
+            for chunk in _chunks(ids):
+                rows = tx.q("SELECT id, job_id, array_task_id, run_start, gpu_hours, amount, elapsed_s, state "
+                            f"FROM usage_records WHERE cluster = ? AND job_id IN ({', '.join('?' * len(chunk))})",
+                            (cluster, *chunk)).fetchall()
+                for uid, job_id, task, start, hours, amount, elapsed, state in rows:
+                    out[(cluster, job_id, task, tx.parse_ts(start))] = StoredRun(uid, tx.dec(hours), tx.dec(amount),
+                                                                                  elapsed, state)
+        return out
+
+    def reservations(self) -> tuple[dict[tuple[str, str], Reservation], dict[int, list[ReservationHold]]]:
+        """The latest reservation of each job, and the holds of those still open."""
+        resv: dict[tuple[str, str], Reservation] = {}
+        for cluster, ids in self.by_cluster.items():
+            for chunk in _chunks(ids):
+                for r in self.s.scalars(select(Reservation).where(Reservation.cluster == cluster,
+                                                                  Reservation.job_id.in_(chunk))):
+                    prev = resv.get((cluster, r.job_id))
+                    if prev is None or prev.id < r.id:
+                        resv[(cluster, r.job_id)] = r
+        holds: dict[int, list[ReservationHold]] = defaultdict(list)
+        open_ids = [r.id for r in resv.values() if r.status in OPEN]
+        if open_ids:
+            for h in self.s.scalars(select(ReservationHold).where(ReservationHold.reservation_id.in_(open_ids))):
+                holds[h.reservation_id].append(h)
+        return resv, holds
+
+    # ---------------------------------------------------------------- booking
+    def book_delta(self, run: Run, r: Reservation | None, usage_id: int, d_hours: Decimal, d_amount: Decimal,
+                   rate: Decimal) -> None:
+        """Count a charge against the quotas (in the reservation's period, else the run's) and
+        take it out of the reservation's holds."""
         bucket_at = r.created_at if r is not None else run.run_start
-        for quota in books.quotas_for(run.account, run.user):
-            books.add_used(quota, bucket_at, d_hours, d_amount)
-        if r is not None and r.id in holds:
-            for h in holds[r.id]:
-                take_h = min(max(d_hours, ZERO), h.gpu_hours)
-                take_m = min(max(d_amount, ZERO), h.money)
-                if take_h or take_m:
-                    hb = s.get(QuotaUsage, h.quota_usage_id)
-                    hb.held_gpu_hours = hb.held_gpu_hours - take_h
-                    hb.held_money = hb.held_money - take_m
-                    h.gpu_hours = h.gpu_hours - take_h
-                    h.money = h.money - take_m
-        res.charges += 1
-        res.amount += d_amount
-        res.gpu_hours += d_hours
-        return bucket_at
+        for quota in self.books.quotas_for(run.account, run.user):
+            self.books.add_used(quota, bucket_at, d_hours, d_amount)
+        for h in self.holds.get(r.id, ()) if r is not None else ():
+            take_h = min(max(d_hours, ZERO), h.gpu_hours)
+            take_m = min(max(d_amount, ZERO), h.money)
+            if take_h or take_m:
+                hb = self.s.get(QuotaUsage, h.quota_usage_id)
+                hb.held_gpu_hours = hb.held_gpu_hours - take_h
+                hb.held_money = hb.held_money - take_m
+                h.gpu_hours = h.gpu_hours - take_h
+                h.money = h.money - take_m
+        self.res.charges += 1
+        self.res.amount += d_amount
+        self.res.gpu_hours += d_hours
+        self.charges.append(ChargeRow(usage_id, r.id if r else None, run.account, run.user, d_hours, rate, d_amount,
+                                      bucket_at, self.now))
 
-    for run in runs:
-        gpu_type, ngpus, price = _price(book, run)
-        if not price.priced:
-            res.unpriced_runs += 1
-        r = resv.get((run.cluster, run.job_id))
-        old = existing.get(run.key)
-        if old is None:
-            new_rows.append((run.cluster, run.job_id, run.array_task_id, run.run_start, run.run_end, run.state[:32],
-                             run.elapsed_s, run.user, run.account, run.partition, run.qos, gpu_type, ngpus,
-                             run.job_name, price.gpu_hours, price.amount))
-            new_meta.append((run, price, r))
-            res.runs_new += 1
-            continue
-        uid, old_hours, old_amount, old_elapsed, old_state = old
-        d_hours, d_amount = price.gpu_hours - old_hours, price.amount - old_amount
-        if not d_hours and not d_amount and old_elapsed == run.elapsed_s and old_state == run.state[:32]:
-            continue
-        s.execute(update(UsageRecord).where(UsageRecord.id == uid).values(
-            run_end=run.run_end, state=run.state[:32], elapsed_s=run.elapsed_s,
-            gpu_hours=price.gpu_hours, amount=price.amount))
-        res.runs_updated += 1
+    def update_run(self, p: PricedRun, old: StoredRun) -> None:
+        run, price = p.run, p.price
+        d_hours, d_amount = price.gpu_hours - old.gpu_hours, price.amount - old.amount
+        state = run.state[:32]
+        if not d_hours and not d_amount and old.elapsed_s == run.elapsed_s and old.state == state:
+            return
+        self.tx.q("UPDATE usage_records SET run_end = ?, state = ?, elapsed_s = ?, gpu_hours = ?, amount = ? "
+                  "WHERE id = ?", (self.ts(run.run_end), state, run.elapsed_s, self.tx.num(price.gpu_hours),
+                                   self.tx.num(price.amount), old.id))
+        self.res.runs_updated += 1
         if d_hours or d_amount:
-            bucket_at = book_delta(run, r, d_hours, d_amount)
-            charges.append((uid, r.id if r else None, run.account, run.user, d_hours, price.rate, d_amount,
-                            bucket_at, now))
-    if new_rows:
-        ids = _insert_usage(s, new_rows)
-        for uid, (run, price, r) in zip(ids, new_meta):
-            bucket_at = book_delta(run, r, price.gpu_hours, price.amount)
-            charges.append((uid, r.id if r else None, run.account, run.user, price.gpu_hours, price.rate,
-                            price.amount, bucket_at, now))
-    books.apply()
-    if charges:
-        _insert_charges(s, charges)
-    # settle reservations whose jobs are over
-    for j in jobs:
-        r = resv.get((j.cluster, j.job_id))
-        if r is None or r.status not in (ReservationStatus.held, ReservationStatus.submitted):
-            continue
-        # a job no longer in the queue is over even if its last record says PREEMPTED/NODE_FAIL
-        done = j.finished or (active is not None and j.job_id not in active and not j.pending_tasks)
-        if done and (r.array_size <= 1 or len(j.latest) >= r.array_size):
-            q.release_holds(s, r, ReservationStatus.settled)
-            res.reservations_settled += 1
-    s.flush()
-    res.batches += 1
+            self.book_delta(run, p.reservation, old.id, d_hours, d_amount, price.rate)
 
+    def insert_runs(self, new: list[PricedRun]) -> None:
+        """Insert new runs (ids from the database), then book their first charges."""
+        if not new:
+            return
+        tx, ts = self.tx, self.ts
+        tx.cur.executemany(_USAGE_INSERT.replace("?", "%s") if tx.pg else _USAGE_INSERT, [
+            (p.run.cluster, p.run.job_id, p.run.array_task_id, ts(p.run.run_start), ts(p.run.run_end),
+             p.run.state[:32], p.run.elapsed_s, p.run.user, p.run.account, p.run.partition, p.run.qos, p.gpu_type,
+             p.gpus, p.run.job_name, tx.num(p.price.gpu_hours), tx.num(p.price.amount)) for p in new])
+        by_cluster: dict[str, set[str]] = defaultdict(set)
+        for p in new:
+            by_cluster[p.run.cluster].add(p.run.job_id)
+        ids = self.stored_runs(by_cluster)
+        for p in new:
+            self.book_delta(p.run, p.reservation, ids[p.run.key].id, p.price.gpu_hours, p.price.amount, p.price.rate)
 
-_USAGE_COLS = ("cluster", "job_id", "array_task_id", "run_start", "run_end", "state", "elapsed_s", "user_name",
-               "account_name", "partition", "qos", "gpu_type", "gpus", "job_name", "gpu_hours", "amount")
-_CHARGE_COLS = ("usage_id", "reservation_id", "account_name", "user_name", "gpu_hours", "rate", "amount",
-                "bucket_at", "created_at")
+    def insert_charges(self) -> None:
+        tx, ts = self.tx, self.ts
+        if self.charges:
+            tx.cur.executemany(_CHARGE_INSERT.replace("?", "%s") if tx.pg else _CHARGE_INSERT, [
+                (c.usage_id, c.reservation_id, c.account, c.user, tx.num(c.gpu_hours), tx.num(c.rate),
+                 tx.num(c.amount), ts(c.bucket_at), ts(c.created_at)) for c in self.charges])
 
+    def settle(self) -> None:
+        """Release what is left of the holds of reservations whose jobs are over."""
+        for j in self.jobs:
+            r = self.resv.get((j.cluster, j.job_id))
+            if r is None or r.status not in OPEN:
+                continue
+            # a job no longer in the queue is over even if its last record says PREEMPTED/NODE_FAIL
+            done = j.finished or (self.active is not None and j.job_id not in self.active and not j.pending_tasks)
+            if done and (r.array_size <= 1 or len(j.latest) >= r.array_size):
+                q.release_holds(self.s, r, ReservationStatus.settled, self.now)
+                self.res.reservations_settled += 1
 
-def _ts(v: dt.datetime | None) -> str | None:
-    """How SQLAlchemy stores our UTCDateTime on SQLite (naive UTC, microseconds)."""
-    if v is None:
-        return None
-    if v.tzinfo is not dt.timezone.utc:
-        v = v.astimezone(dt.timezone.utc)
-    return v.isoformat(" ", "microseconds")[:26]     # drop "+00:00"
-
-
-_TS_MEMO: dict[dt.datetime, str] = {}
-
-
-def _ts_memo(v: dt.datetime) -> str:
-    """_ts for values seen twice in a batch (a run's start is also its charge's bucket time)."""
-    hit = _TS_MEMO.get(v)
-    if hit is None:
-        hit = _TS_MEMO[v] = _ts(v)
-    return hit
-
-
-def _insert_usage(s: Session, rows: list[tuple]) -> list[int]:
-    """Insert usage records (tuples in _USAGE_COLS order), returning their ids in order. On
-    SQLite (where this transaction holds the write lock) ids are assigned here and rows go
-    straight to the driver; elsewhere through SQLAlchemy with RETURNING."""
-    conn = s.connection()
-    if conn.dialect.name != "sqlite":
-        return list(s.scalars(insert(UsageRecord).returning(UsageRecord.id, sort_by_parameter_order=True),
-                              [dict(zip(_USAGE_COLS, r)) for r in rows]))
-    first = (conn.exec_driver_sql("SELECT coalesce(max(id), 0) FROM usage_records").scalar() or 0) + 1
-    ids = list(range(first, first + len(rows)))
-    params = [(i, c, j, task, _ts_memo(st), _ts(en), state, el, u, a, p, qos, gt, g, name, str(h), str(amt))
-              for i, (c, j, task, st, en, state, el, u, a, p, qos, gt, g, name, h, amt) in zip(ids, rows)]
-    cur = conn.connection.dbapi_connection.cursor()
-    cur.executemany(f"INSERT INTO usage_records (id, {', '.join(_USAGE_COLS)}) "
-                    f"VALUES ({', '.join('?' * (len(_USAGE_COLS) + 1))})", params)
-    cur.close()
-    return ids
-
-
-def _insert_charges(s: Session, rows: list[tuple]) -> None:
-    conn = s.connection()
-    if conn.dialect.name != "sqlite":
-        s.execute(insert(Charge), [dict(zip(_CHARGE_COLS, r)) for r in rows])
-        return
-    params = [(uid, rid, a, u, str(h), str(rate), str(amt), _ts_memo(bucket_at), _ts_memo(created))
-              for uid, rid, a, u, h, rate, amt, bucket_at, created in rows]
-    _TS_MEMO.clear()
-    cur = conn.connection.dbapi_connection.cursor()
-    cur.executemany(f"INSERT INTO charges ({', '.join(_CHARGE_COLS)}) VALUES ({', '.join('?' * len(_CHARGE_COLS))})",
-                    params)
-    cur.close()
+    # ----------------------------------------------------------------
+    def run(self) -> None:
+        runs = [r for j in self.jobs for r in j.runs]
+        self.res.runs_seen += len(runs)
+        existing = self.stored_runs(self.by_cluster)
+        self.resv, self.holds = self.reservations()
+        new: list[PricedRun] = []
+        for run in runs:
+            gpu_type, ngpus, price = _price(self.book, run)
+            if not price.priced:
+                self.res.unpriced_runs += 1
+            p = PricedRun(run, gpu_type, ngpus, price, self.resv.get((run.cluster, run.job_id)))
+            old = existing.get(run.key)
+            if old is None:
+                new.append(p)
+            else:
+                self.update_run(p, old)
+        self.res.runs_new += len(new)
+        self.insert_runs(new)
+        self.books.apply()
+        self.s.flush()              # counters and holds, before the charges and the settlement below them
+        self.insert_charges()
+        self.settle()
+        self.s.flush()
+        self.res.batches += 1
 
 
 def expire_stale_holds(s: Session, now: dt.datetime, res: IngestResult) -> None:
@@ -454,7 +487,7 @@ def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, act
     for batch in _batches(group_jobs(rows, default_cluster), batch_size):
         with db.session_scope(url) as s:
             _lock_state(s)
-            _ingest_batch(s, book, batch, res, active)
+            _Batch(s, book, batch, res, active).run()
         if on_batch:
             on_batch(res)
     with db.session_scope(url) as s:
