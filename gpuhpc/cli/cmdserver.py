@@ -1,51 +1,50 @@
-"""``gpuhpc cmdserver ...``: the optional fast front-end (design: :mod:`gpuhpc.cmdserver`)."""
+"""``gpuhpc cmdserver ...``: the optional, opt-in fast front-end (design: :mod:`gpuhpc.cmdserver`,
+settings: :mod:`gpuhpc.config`, docs/cmdserver.md)."""
 from __future__ import annotations
 
 import typer
 
-from gpuhpc.cli._console import console, print_json
-
 cmdserver_app = typer.Typer(
-    help="The command server behind the compiled gpuhpc client (fast scripted submission).",
+    help="The opt-in command server behind the compiled gpuhpc client (fast scripted submission).",
     no_args_is_help=True)
-
-
-def _client_kind(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError:
-        return "missing"
-    return "compiled client" if head == b"\x7fELF" else "python script"
 
 
 @cmdserver_app.command("status")
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Is a server running for this install, where is its socket, which gpuhpc is installed."""
-    import os
-
+    """Is the command server enabled, is one running for this install, which gpuhpc is installed."""
+    from gpuhpc import config
+    from gpuhpc.cli._console import console, print_json
     from gpuhpc.cmdserver import build, socket_path
     from gpuhpc.cmdserver.server import running_pid
+    from gpuhpc.errors import UserInputError
 
+    try:
+        setting = config.cmdserver()
+        enabled, why = setting.enabled, setting.reason
+    except UserInputError as exc:      # say so, and still show the rest
+        enabled, why = False, f"config error: {exc.one_line()}"
     sock = socket_path()
     pid = running_pid(sock)
     dest = build.default_dest()
-    data = {"socket": sock, "running": bool(pid), "pid": pid if pid and pid > 0 else None,
-            "client": dest, "client_kind": _client_kind(dest),
-            "mode": os.environ.get("GPUHPC_CMDSERVER") or "auto"}
+    site, user = config.config_paths()
+    data = {"enabled": enabled, "why": why, "site_config": site, "user_config": user,
+            "socket": sock, "running": bool(pid), "pid": pid if pid and pid > 0 else None,
+            "client": dest, "client_kind": build.kind(dest)}
     if as_json:
         print_json(data)
         return
     out = console()
+    out.print(f"enabled: {'yes' if enabled else 'no'} ({why})", highlight=False)
     out.print(f"server: {'running (pid %s)' % data['pid'] if pid else 'not running'}", highlight=False)
     out.print(f"socket: {sock}", highlight=False)
-    out.print(f"client: {dest} ({data['client_kind']}); GPUHPC_CMDSERVER={data['mode']}", highlight=False)
+    out.print(f"client: {dest} ({data['client_kind']})", highlight=False)
 
 
 @cmdserver_app.command("start")
 def start(idle: float = typer.Option(900.0, "--idle", min=1.0,
                                      help="Exit after this many seconds without a command.")) -> None:
-    """Start the server now (the compiled client also starts one on first use)."""
+    """Start the server now (the compiled client also starts one on first use, when enabled)."""
+    from gpuhpc.cli._console import console
     from gpuhpc.cmdserver import socket_path
     from gpuhpc.cmdserver.server import start as start_server
 
@@ -57,6 +56,7 @@ def start(idle: float = typer.Option(900.0, "--idle", min=1.0,
 @cmdserver_app.command("stop")
 def stop() -> None:
     """Stop the server; commands it is running finish first."""
+    from gpuhpc.cli._console import console
     from gpuhpc.cmdserver import socket_path
     from gpuhpc.cmdserver.server import stop as stop_server
 
@@ -71,12 +71,45 @@ def install_client(
                                                  "script of this install, which it replaces)."),
     cc: str = typer.Option(None, "--cc", help="C compiler (default: $CC, else cc)."),
 ) -> None:
-    """Compile the C client and install it as ``gpuhpc``. Undo: pip install --force-reinstall,
-    or GPUHPC_CMDSERVER=off to bypass the server."""
+    """Compile the C client and install it as ``gpuhpc``; needs ``[cmdserver] enabled = true``
+    in your config. Undo: ``gpuhpc cmdserver uninstall-client``."""
+    from gpuhpc import config
+    from gpuhpc.cli._console import console
     from gpuhpc.cmdserver import build
+    from gpuhpc.errors import UserInputError
 
-    path = build.build(dest, cc=cc)
-    console().print(f"installed the gpuhpc client at {path}", highlight=False)
+    setting = config.cmdserver()
+    if not setting.enabled:
+        raise UserInputError(f"the command server is {setting.reason}", hint=setting.hint or None)
+    path = build.install(dest, cc=cc)
+    console().print(f"installed the gpuhpc client at {path} (undo: gpuhpc cmdserver uninstall-client)",
+                    highlight=False)
+
+
+@cmdserver_app.command("uninstall-client")
+def uninstall_client(
+    dest: str = typer.Option(None, "--dest", help="Where the client is (default: this install's gpuhpc)."),
+    if_disabled: bool = typer.Option(False, "--if-disabled",
+                                     help="Only when the command server is not enabled (bootstrap.sh)."),
+) -> None:
+    """Put the Python console script back in place of the compiled client, and stop the server."""
+    from gpuhpc import config
+    from gpuhpc.cli._console import console
+    from gpuhpc.cmdserver import build, socket_path
+    from gpuhpc.cmdserver.server import stop as stop_server
+    from gpuhpc.errors import UserInputError
+
+    if if_disabled:
+        try:
+            if config.cmdserver().enabled:
+                return
+        except UserInputError:
+            pass                           # a broken config enables nothing
+    path = dest or build.default_dest()
+    changed = build.uninstall(path)
+    stop_server(socket_path())
+    console().print(f"restored the Python console script at {path}" if changed
+                    else f"{path} is not the compiled client; nothing to do", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

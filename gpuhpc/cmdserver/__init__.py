@@ -1,27 +1,32 @@
-"""A command server for the gpuhpc CLI, in the manner of Mercurial's ``chg``.
+"""An opt-in command server for the gpuhpc CLI, in the manner of Mercurial's ``chg``.
 
 A CPython CLI pays 10-20 ms of interpreter start-up and 30-60 ms of imports before it does
 anything, several times the cost of ``sbatch`` itself. For scripted submission (sweeps,
-pipelines, job arrays built in a loop) gpuhpc therefore ships an optional split front-end:
+pipelines, job arrays built in a loop) gpuhpc therefore ships an optional split front-end,
+off by default: a user turns it on with ``[cmdserver] enabled = true`` in their config and
+``gpuhpc cmdserver install-client``; a site forbids it with ``[cmdserver] allowed = false``
+in ``/etc/gpuhpc/config.toml`` (:mod:`gpuhpc.config`).
 
-* ``client.c`` is a ~250-line C program installed as ``gpuhpc`` by
-  ``gpuhpc cmdserver install-client`` (``scripts/bootstrap.sh`` does it for the checkout's
-  venv). It connects to a per-user Unix socket and hands over argv, environment, cwd, umask
-  and its stdin/stdout/stderr descriptors (SCM_RIGHTS), forwards signals (Ctrl-C) to the
-  command's process group and exits with the command's exit code.
+* ``client.c`` is a ~300-line C program installed as ``gpuhpc`` by
+  ``gpuhpc cmdserver install-client`` (in place of the console script, which
+  ``uninstall-client`` puts back). It connects to a per-user Unix socket and hands over argv,
+  environment, cwd, umask, uid/gid, groups, resource limits and its stdin/stdout/stderr
+  descriptors (SCM_RIGHTS), forwards signals (Ctrl-C) to the command's process group and
+  exits with the command's exit code (wire format: :mod:`~gpuhpc.cmdserver.protocol`).
 * :mod:`gpuhpc.cmdserver.server` is a pre-forking Python server: the master imports the CLI
-  once and keeps one forked worker blocked in ``accept()``. A worker serves exactly one
-  command, as the client's user, in the client's cwd and environment, writing straight to
-  the client's terminal or pipes, and exits; every command therefore starts from the same
-  pristine state and nothing leaks between commands.
+  once and keeps one forked worker (:mod:`~gpuhpc.cmdserver.worker`) blocked in ``accept()``.
+  A worker serves a command only for a caller with its own uid, gid, supplementary groups
+  and resource limits (a job inherits those from the process that runs ``sbatch``), in the
+  client's cwd and environment, writing straight to the client's terminal or pipes.
 
 The client falls back to the plain Python CLI (``python -P -m gpuhpc``) whenever the server
-cannot be used: none running (it then starts one in the background, unless
+cannot be used: none running (``python -m gpuhpc.cmdserver autostart`` then runs the command
+and starts a server in the background if the config enables one, unless
 ``GPUHPC_CMDSERVER=noautostart``), ``GPUHPC_CMDSERVER=off``, a socket directory that is not
-private to the user, a server of another user, different ``PYTHON*`` variables, or gpuhpc's
-code changed since the server started (the server then exits and the next call starts a
-fresh one). The server exits after ``GPUHPC_CMDSERVER_IDLE`` seconds without a command
-(default 900) or on ``gpuhpc cmdserver stop``.
+private to the user, a server of another user, a caller whose ids, groups, limits or
+``PYTHON*`` variables differ from the server's, or gpuhpc's code or config changed since the
+server started (the server then exits). The server exits after ``GPUHPC_CMDSERVER_IDLE``
+seconds without a command (default 900) or on ``gpuhpc cmdserver stop``.
 
 Sockets live in ``$GPUHPC_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/gpuhpc``, else
 ``/tmp/gpuhpc-UID`` (created 0700; refused if it is not the user's own private directory),

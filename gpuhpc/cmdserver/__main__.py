@@ -1,5 +1,10 @@
-"""``python -m gpuhpc.cmdserver serve --socket PATH``: run the command server (the C client
-starts it like this, detached). Use ``gpuhpc cmdserver start|stop|status`` interactively."""
+"""``python -m gpuhpc.cmdserver serve --socket PATH``: run the command server in the
+foreground. Use ``gpuhpc cmdserver start|stop|status`` interactively.
+
+``python -m gpuhpc.cmdserver autostart SOCKET ARGS...`` is what the C client runs when it
+finds no server on SOCKET: it starts one in the background if the command server is enabled
+(:func:`gpuhpc.config.cmdserver`), then runs ``gpuhpc ARGS...`` in this process, as the plain
+Python CLI would. The decision stays in Python, next to the one reader of the config files."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +12,28 @@ import os
 import sys
 
 
+def autostart(sock: str, args: list[str]) -> int:
+    try:
+        from gpuhpc import config
+
+        if config.cmdserver().enabled:
+            from gpuhpc.cmdserver.server import spawn
+
+            spawn(sock)
+    except Exception:  # noqa: BLE001 - a bad config or a failed start never stops the command
+        pass           # (`gpuhpc cmdserver status` reports the config's error)
+    sys.argv = ["gpuhpc", *args]
+    from gpuhpc.cli import entry
+
+    return entry()
+
+
 def main(argv: list[str] | None = None) -> int:
     from gpuhpc.cmdserver import ensure_private_dir, socket_path
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["autostart"] and len(argv) >= 2:
+        return autostart(argv[1], argv[2:])
     p = argparse.ArgumentParser(prog="python -m gpuhpc.cmdserver")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the server in the foreground")

@@ -1,8 +1,11 @@
-"""Compile ``client.c`` for this interpreter and install it (``gpuhpc cmdserver
-install-client``). The interpreter path and server id are baked into the binary."""
+"""Compile ``client.c`` for this interpreter and install it in place of the ``gpuhpc``
+console script (``gpuhpc cmdserver install-client``), or put the console script back
+(``gpuhpc cmdserver uninstall-client``). The interpreter path and server id are baked into
+the binary; the console script it replaces is kept next to it as ``.gpuhpc.console-script``."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,10 +16,34 @@ from gpuhpc.errors import GpuhpcError, UserInputError
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client.c")
 
+# what pip writes for the console script [project.scripts] gpuhpc = "gpuhpc.cli:entry"
+_CONSOLE_SCRIPT = """#!{python}
+import sys
+from gpuhpc.cli import entry
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(entry())
+"""
+
 
 def default_dest() -> str:
     """Where pip put the ``gpuhpc`` console script for this interpreter."""
     return os.path.join(sysconfig.get_path("scripts"), "gpuhpc")
+
+
+def backup_path(dest: str) -> str:
+    """Where :func:`install` keeps the console script it replaced."""
+    return os.path.join(os.path.dirname(os.path.abspath(dest)), f".{os.path.basename(dest)}.console-script")
+
+
+def kind(path: str) -> str:
+    """'compiled client', 'python script' or 'missing'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return "missing"
+    return "compiled client" if head == b"\x7fELF" else "python script"
 
 
 def _c_string(text: str) -> str:
@@ -56,3 +83,29 @@ def build(dest: str | None = None, cc: str | None = None, python: str | None = N
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dest
+
+
+def install(dest: str | None = None, cc: str | None = None) -> str:
+    """Build the client over ``dest`` (default: this install's console script), keeping the
+    script it replaces in :func:`backup_path`. Returns ``dest``."""
+    dest = os.path.abspath(dest or default_dest())
+    if kind(dest) == "python script":
+        shutil.copy2(dest, backup_path(dest))
+    return build(dest, cc=cc)
+
+
+def uninstall(dest: str | None = None, python: str | None = None) -> bool:
+    """Put the Python console script back at ``dest`` if the compiled client is there: the
+    one :func:`install` kept, else a fresh one for ``python``. Returns True if it changed
+    anything."""
+    from gpuhpc.fsutil import write_atomic
+
+    dest = os.path.abspath(dest or default_dest())
+    if kind(dest) != "compiled client":
+        return False
+    backup = backup_path(dest)
+    if kind(backup) == "python script":
+        os.replace(backup, dest)
+    else:
+        write_atomic(dest, _CONSOLE_SCRIPT.format(python=python or sys.executable), mode=0o755)
+    return True

@@ -1,26 +1,33 @@
 /*
- * gpuhpc command-server client (see gpuhpc/cmdserver/__init__.py for the design).
+ * gpuhpc command-server client (see gpuhpc/cmdserver/__init__.py and docs/cmdserver.md).
  *
  * A small C front-end for the gpuhpc CLI, in the manner of Mercurial's chg: it hands its
- * argv, environment, cwd, umask and its stdin/stdout/stderr descriptors to a warm Python
- * server over a Unix socket, forwards signals to the worker that runs the command, and exits
- * with that command's exit code. Whenever the server cannot be used it execs the plain Python
- * CLI (GPUHPC_PYTHON -P -m gpuhpc ...), so behaviour never depends on the server.
+ * argv, environment, cwd, umask, ids, groups, resource limits and its stdin/stdout/stderr
+ * descriptors to a warm Python server over a Unix socket, forwards signals to the worker that
+ * runs the command, and exits with that command's exit code. Whenever the server cannot be
+ * used it execs the plain Python CLI (GPUHPC_PYTHON -P -m gpuhpc ...), so behaviour never
+ * depends on the server. A worker serves a command only if the caller's uid, gid, groups and
+ * resource limits equal its own (a job inherits them from the process that runs sbatch).
  *
  * Built by `gpuhpc cmdserver install-client`, which bakes in:
  *   GPUHPC_PYTHON     the interpreter of the gpuhpc install (sys.executable)
  *   GPUHPC_SERVER_ID  12 hex digits naming this install's server socket
  *
- * Protocol (all integers big-endian):
- *   client -> server  "GPH1" u32 LEN, with SCM_RIGHTS fds 0,1,2; then LEN bytes of
- *                     NUL-terminated fields: cwd, umask (octal), argc, argv[0..argc), env...
+ * Protocol: gpuhpc/cmdserver/protocol.py (all integers big-endian):
+ *   client -> server  "GPH2" u32 LEN, with SCM_RIGHTS fds 0,1,2; then LEN bytes of
+ *                     NUL-terminated fields: cwd, umask (octal), "RUID EUID RGID EGID",
+ *                     groups (ascending, space-separated), "N SOFT0 HARD0 ..." (getrlimit
+ *                     0..N-1, -1 = unlimited), argc, argv[0..argc), env...
  *   server -> client  5-byte messages: 'P' i32 pid (command started; pid leads its process
- *                     group), 'X' i32 exit code (done), 'F' i32 0 (not served: run it yourself)
+ *                     group), 'X' i32 exit code (done), 'F' i32 reason (declined: run it yourself)
  *
+ * The client never decides whether a server may run: when it finds none it runs the command
+ * with `GPUHPC_PYTHON -P -m gpuhpc.cmdserver autostart SOCKET ARGS...`, which starts one only
+ * if the config enables it (gpuhpc/config.py) and then runs the command in that process.
  * `gpuhpc cmdserver ...` always runs the Python CLI. Environment: GPUHPC_CMDSERVER=off runs the
- * Python CLI directly; =noautostart uses a running
- * server but never starts one. GPUHPC_RUNTIME_DIR overrides where the socket lives
- * (default $XDG_RUNTIME_DIR/gpuhpc, else /tmp/gpuhpc-UID).
+ * Python CLI directly; =noautostart uses a running server but never starts one.
+ * GPUHPC_RUNTIME_DIR overrides where the socket lives (default $XDG_RUNTIME_DIR/gpuhpc, else
+ * /tmp/gpuhpc-UID).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -91,29 +99,23 @@ static int runtime_dir(char *buf, size_t size)
     return 0;
 }
 
-/* Start the server detached (double fork, new session, stdio on /dev/null). */
-static void spawn_server(const char *sock)
+/* No server: run the command with the Python CLI in a process that first starts a server
+ * in the background if the config enables one. Never returns. */
+static void exec_autostart(const char *sock, int argc, char **argv)
 {
-    pid_t pid = fork();
-    if (pid < 0)
-        return;
-    if (pid == 0) {
-        setsid();
-        if (fork() != 0)
-            _exit(0);
-        int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 0);
-            dup2(null, 1);
-            dup2(null, 2);
-            if (null > 2)
-                close(null);
-        }
-        execl(GPUHPC_PYTHON, GPUHPC_PYTHON, "-P", "-m", "gpuhpc.cmdserver", "serve", "--socket", sock,
-              (char *)NULL);
-        _exit(127);
-    }
-    waitpid(pid, NULL, 0);
+    char **args = calloc((size_t)argc + 6, sizeof(char *));
+    if (!args)
+        exec_python(argc, argv);
+    args[0] = GPUHPC_PYTHON;
+    args[1] = "-P";
+    args[2] = "-m";
+    args[3] = "gpuhpc.cmdserver";
+    args[4] = "autostart";
+    args[5] = (char *)sock;
+    for (int i = 1; i < argc; i++)
+        args[i + 5] = argv[i];
+    execv(GPUHPC_PYTHON, args);
+    exec_python(argc, argv);
 }
 
 static void forward(int sig)
@@ -173,6 +175,57 @@ static int put(char **buf, size_t *len, size_t *cap, const char *s)
     return 0;
 }
 
+static int cmp_gid(const void *a, const void *b)
+{
+    gid_t x = *(const gid_t *)a, y = *(const gid_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The identity fields of the request: "RUID EUID RGID EGID", the sorted distinct
+ * supplementary groups, "N SOFT0 HARD0 ..." for every resource limit. 0 on success. */
+static int put_identity(char **buf, size_t *len, size_t *cap)
+{
+    char text[64 * RLIM_NLIMITS + 32];
+    snprintf(text, sizeof text, "%u %u %u %u", (unsigned)getuid(), (unsigned)geteuid(), (unsigned)getgid(),
+             (unsigned)getegid());
+    if (put(buf, len, cap, text))
+        return -1;
+
+    int n = getgroups(0, NULL);
+    if (n < 0)
+        return -1;
+    gid_t *groups = calloc((size_t)n + 1, sizeof(gid_t));
+    char *list = calloc((size_t)n + 1, 12);
+    if (!groups || !list || (n = getgroups(n, groups)) < 0) {
+        free(groups);
+        free(list);
+        return -1;
+    }
+    qsort(groups, (size_t)n, sizeof(gid_t), cmp_gid);
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && groups[i] == groups[i - 1])
+            continue;
+        at += (size_t)sprintf(list + at, at ? " %u" : "%u", (unsigned)groups[i]);
+    }
+    int bad = put(buf, len, cap, list);
+    free(groups);
+    free(list);
+    if (bad)
+        return -1;
+
+    at = (size_t)snprintf(text, sizeof text, "%d", (int)RLIM_NLIMITS);
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        struct rlimit lim;
+        if (getrlimit(r, &lim) != 0)
+            return -1;
+        long long soft = lim.rlim_cur == RLIM_INFINITY ? -1 : (long long)lim.rlim_cur;
+        long long hard = lim.rlim_max == RLIM_INFINITY ? -1 : (long long)lim.rlim_max;
+        at += (size_t)snprintf(text + at, sizeof text - at, " %lld %lld", soft, hard);
+    }
+    return put(buf, len, cap, text);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = getenv("GPUHPC_CMDSERVER");
@@ -199,7 +252,7 @@ int main(int argc, char **argv)
         exec_python(argc, argv);
     if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
         if (autostart && (errno == ENOENT || errno == ECONNREFUSED))
-            spawn_server(addr.sun_path);
+            exec_autostart(addr.sun_path, argc, argv);
         exec_python(argc, argv);
     }
     struct ucred cred;
@@ -218,6 +271,7 @@ int main(int argc, char **argv)
     int bad = put(&buf, &len, &cap, cwd);
     snprintf(num, sizeof num, "%o", (unsigned)mask);
     bad |= put(&buf, &len, &cap, num);
+    bad |= put_identity(&buf, &len, &cap);
     snprintf(num, sizeof num, "%d", argc);
     bad |= put(&buf, &len, &cap, num);
     for (int i = 0; i < argc; i++)
@@ -227,7 +281,7 @@ int main(int argc, char **argv)
     if (bad || len > 0x7fffffff)
         exec_python(argc, argv);
 
-    unsigned char hdr[8] = {'G', 'P', 'H', '1', (unsigned char)(len >> 24), (unsigned char)(len >> 16),
+    unsigned char hdr[8] = {'G', 'P', 'H', '2', (unsigned char)(len >> 24), (unsigned char)(len >> 16),
                             (unsigned char)(len >> 8), (unsigned char)len};
     int fds[3] = {0, 1, 2};
     char ctl[CMSG_SPACE(sizeof fds)];

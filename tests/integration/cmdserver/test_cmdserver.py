@@ -1,9 +1,12 @@
 """The command server and its compiled client, without Slurm: what runs through the server
 behaves as the plain Python CLI does (output, exit code, stdin, env, cwd, signals), commands
-do not see each other's environment, and every way of not using the server falls back to
-the Python CLI. (tests/integration/cmdserver submits through it on the real cluster.)"""
+do not see each other's environment, every way of not using the server falls back to the
+Python CLI (and the tests observe which path ran), and the config decides whether a server
+may start at all. (tests/integration/jobs/test_jobs_cmdserver.py submits through it on the
+real cluster.) These compile C and fork servers: integration tests."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -14,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.cmdserver import server
+
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER = REPO / "examples" / "clusters" / "local.yaml"
@@ -110,11 +115,13 @@ def test_ctrl_c_reaches_the_command_and_a_killed_client_ends_it(cmd_client):
 
 
 def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
+    assert cmd_client.who_runs() == "server"
     # off: never touches the server
     res = cmd_client.run("submit", "--dry-run", "--", "true", env={"GPUHPC_CMDSERVER": "off",
                                                                   "GPUHPC_RUNTIME_DIR": str(tmp_path / "r1")})
     assert res.returncode == 0 and "#SBATCH" in res.stdout
     assert not (tmp_path / "r1").exists()
+    assert cmd_client.who_runs(env={"GPUHPC_CMDSERVER": "off"}) == "python"
     # noautostart without a server: the Python CLI runs and no server is started
     res = cmd_client.run("submit", "--dry-run", "--", "true", env={"GPUHPC_CMDSERVER": "noautostart",
                                                                   "GPUHPC_RUNTIME_DIR": str(tmp_path / "r2")})
@@ -128,9 +135,78 @@ def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
     assert res.returncode == 0 and "#SBATCH" in res.stdout
     time.sleep(0.5)
     assert not list(shared.iterdir())
-    # different PYTHON* settings than the server's: served by the Python CLI, same result
+    # different PYTHON* settings than the server's: the server declines (its log says so) and
+    # the Python CLI gives the same result
+    before = len(cmd_client.log_lines())
     res = cmd_client.run("submit", "--dry-run", "--", "true", env={"PYTHONWARNINGS": "ignore"})
     assert res.returncode == 0 and "#SBATCH" in res.stdout
+    declined = cmd_client.log_lines()[before:]
+    assert len(declined) == 1 and "declined submit: python_env: PYTHONWARNINGS differs" in declined[0]
+    assert cmd_client.who_runs(env={"PYTHONWARNINGS": "ignore"}) == "python"
+    assert cmd_client.who_runs() == "server"
+
+
+def test_callers_limits_and_groups_must_match_the_workers(cmd_client):
+    """A job inherits the submitting process's limits and gid: a caller whose differ from
+    the worker's is never served (the server logs why) and runs the Python CLI itself."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    cases = {
+        "nofile": (["bash", "-c", f'ulimit -Sn {soft - 1}; exec "$@"', "-"], f"limits: RLIMIT_NOFILE {soft - 1}/{hard} != {soft}/{hard}"),
+        "stack": (["bash", "-c", 'ulimit -s 4321; exec "$@"', "-"], "limits: RLIMIT_STACK 4424704/4424704"),
+        "gid": (["setpriv", "--regid", "65534", "--keep-groups", "--"], "identity: uid/gid"),
+        "groups": (["setpriv", "--groups", "0,65534", "--"], "identity: groups"),
+    }
+    for name, (wrapper, reason) in cases.items():
+        before = len(cmd_client.log_lines())
+        assert cmd_client.who_runs(*wrapper) == "python", name
+        new = cmd_client.log_lines()[before:]
+        assert len(new) == 1 and f"declined topology: {reason}" in new[0], (name, new)
+    # the same limits set again, and the same groups in another order: served
+    same = ["bash", "-c", f'ulimit -Sn {soft}; ulimit -Hn {hard}; exec "$@"', "-"]
+    assert cmd_client.who_runs(*same) == "server"
+    assert cmd_client.who_runs() == "server"
+
+
+def test_the_config_decides_whether_a_server_starts(make_cmd_client):
+    c = make_cmd_client()
+    submit = ("submit", "--dry-run", "--", "true")
+    for user, site in (("", ""), ("[cmdserver]\nenabled = false\n", ""),
+                       ("[cmdserver]\nenabled = true\n", "[cmdserver]\nallowed = false\n"),
+                       ("[cmdserver]\nenabled = yes\n", "")):
+        c.user_config.write_text(user)
+        c.site_config.write_text(site)
+        res = c.run(*submit)                     # no server: the Python CLI, and none is started
+        assert res.returncode == 0 and "#SBATCH" in res.stdout, res.stderr
+        status = c.run_python("cmdserver", "status", "--json")
+        assert json.loads(status.stdout)["enabled"] is False, status.stdout
+        with pytest.raises(Exception, match="command server is|config"):
+            c.start()
+        time.sleep(1.0)
+        assert c.pid() is None and not Path(c.socket).exists(), (user, site)
+        assert c.who_runs() == "python"
+        refused = c.run_python("cmdserver", "start")
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+    # enabled, and the site allows it: the first call starts one
+    c.user_config.write_text("[cmdserver]\nenabled = true\n")
+    c.site_config.write_text("[cmdserver]\nallowed = true\n")
+    assert c.run(*submit).returncode == 0
+    deadline = time.monotonic() + 60
+    while not (c.pid() and Path(c.socket).exists()):
+        assert time.monotonic() < deadline, "no server was started"
+        time.sleep(0.2)
+    assert c.who_runs() == "server"
+    # the site forbids it while it runs: the next command is declined, and the server stops
+    pid = c.pid()
+    c.site_config.write_text("[cmdserver]\nallowed = false\n")
+    assert c.run(*submit).returncode == 0
+    deadline = time.monotonic() + 30
+    while c.pid() == pid:
+        assert time.monotonic() < deadline, "the server kept running after the site forbade it"
+        time.sleep(0.2)
+    assert any("declined submit: stale" in line for line in c.log_lines())
+    assert c.who_runs() == "python" and c.pid() is None
 
 
 def test_autostart_and_stop(make_cmd_client):

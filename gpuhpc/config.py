@@ -1,0 +1,164 @@
+"""gpuhpc's settings: one site config and one user config, both TOML, read on demand.
+
+=========  ==================================  ==========================================
+file       default path                        override (tests, unusual installs)
+=========  ==================================  ==========================================
+site       ``/etc/gpuhpc/config.toml``         ``GPUHPC_SITE_CONFIG=/path/to/config.toml``
+user       ``~/.config/gpuhpc/config.toml``    ``GPUHPC_CONFIG=/path/to/config.toml``
+           (platformdirs ``user_config_dir``)
+=========  ==================================  ==========================================
+
+A missing file is an empty one. Keys (every key a file may hold is in :data:`SCHEMA`; any
+other key, a value of the wrong type or a file that is not TOML is a ``UserInputError``
+naming the file and the key)::
+
+    # user config
+    [cmdserver]
+    enabled = true      # turn the command server on (default: false)
+
+    # site config
+    [cmdserver]
+    allowed = false     # forbid the command server to every user (default: true); wins
+
+``GPUHPC_CMDSERVER=off`` (also ``0``/``no``) turns the command server off whatever the files
+say.
+
+Nothing is read at import and nothing is cached in the module: callers ask when they need a
+setting (a command server worker may only be reused by commands that leave no module state
+behind). This module is on the CLI's start-up path: stdlib only, tomllib imported only when
+a file exists.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuhpc.errors import UserInputError
+
+SITE_CONFIG = "/etc/gpuhpc/config.toml"
+
+# scope -> section -> key -> (type, default, help). A later settings group (cluster
+# profiles, ...) adds its section here; a key valid in one scope only is refused in the other.
+SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
+    "site": {
+        "cmdserver": {
+            "allowed": (bool, True, "false forbids the command server to every user of this machine"),
+        },
+    },
+    "user": {
+        "cmdserver": {
+            "enabled": (bool, False, "true turns the command server on (gpuhpc cmdserver install-client)"),
+        },
+    },
+}
+
+_OFF = ("off", "0", "no", "false")
+
+
+def site_config_path(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get("GPUHPC_SITE_CONFIG") or SITE_CONFIG
+
+
+def user_config_path(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("GPUHPC_CONFIG"):
+        return env["GPUHPC_CONFIG"]
+    from platformdirs import user_config_dir
+
+    return os.path.join(user_config_dir("gpuhpc"), "config.toml")
+
+
+def config_paths(env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(site, user): the files whose change can change a setting."""
+    return site_config_path(env), user_config_path(env)
+
+
+def read_file(path: str, scope: str) -> dict[str, dict[str, Any]]:
+    """The settings in ``path`` (``scope`` "site" or "user"), checked against
+    :data:`SCHEMA`: {section: {key: value}}. A missing file gives {}."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise UserInputError(f"cannot read the {scope} config: {exc.strerror}", field=path) from exc
+    import tomllib
+
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UserInputError(f"not a valid TOML file: {exc}", field=path,
+                             hint="see docs/cmdserver.md for the keys") from exc
+    return _check(path, scope, data)
+
+
+def _check(path: str, scope: str, data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    schema = SCHEMA[scope]
+    other = "user" if scope == "site" else "site"
+
+    def valid(section: str | None = None) -> str:
+        if section is None:
+            return ", ".join(f"[{s}]" for s in schema) or "none"
+        return ", ".join(f"{section}.{k}" for k in schema[section])
+
+    out: dict[str, dict[str, Any]] = {}
+    for section, table in data.items():
+        if section not in schema:
+            raise UserInputError(f"unknown section [{section}] in the {scope} config",
+                                 field=path, hint=f"valid: {valid()}")
+        if not isinstance(table, dict):
+            raise UserInputError(f"{section} must be a table ([{section}])", field=path)
+        for key, value in table.items():
+            name = f"{section}.{key}"
+            if key not in schema[section]:
+                elsewhere = key in SCHEMA[other].get(section, {})
+                raise UserInputError(
+                    f"{name} belongs in the {other} config" if elsewhere
+                    else f"unknown key {name} in the {scope} config",
+                    field=path, hint=f"valid here: {valid(section)}")
+            kind = schema[section][key][0]
+            if type(value) is not kind:
+                raise UserInputError(f"{name} must be {_type_name(kind)}, not {value!r}", field=path)
+        out[section] = dict(table)
+    return out
+
+
+def _type_name(kind: type) -> str:
+    return {bool: "true or false", int: "an integer", str: "a string"}.get(kind, kind.__name__)
+
+
+def _value(data: dict[str, dict[str, Any]], scope: str, section: str, key: str) -> Any:
+    return data.get(section, {}).get(key, SCHEMA[scope][section][key][1])
+
+
+@dataclass(frozen=True)
+class CmdserverSetting:
+    """Whether the command server may run for this user, and why (for messages)."""
+
+    enabled: bool
+    reason: str
+    hint: str = ""
+
+
+def cmdserver(env: Mapping[str, str] | None = None) -> CmdserverSetting:
+    """The command server setting: off unless the user config enables it; the site config's
+    ``allowed = false`` and ``GPUHPC_CMDSERVER=off`` turn it off regardless. Raises
+    UserInputError for a malformed file."""
+    env = os.environ if env is None else env
+    site_path, user_path = config_paths(env)
+    mode = (env.get("GPUHPC_CMDSERVER") or "").lower()
+    if mode in _OFF:
+        return CmdserverSetting(False, f"GPUHPC_CMDSERVER={env['GPUHPC_CMDSERVER']}",
+                                "unset GPUHPC_CMDSERVER to use the config files")
+    if not _value(read_file(site_path, "site"), "site", "cmdserver", "allowed"):
+        return CmdserverSetting(False, f"forbidden by the site config {site_path} "
+                                       "([cmdserver] allowed = false)", "ask the site's administrators")
+    if not _value(read_file(user_path, "user"), "user", "cmdserver", "enabled"):
+        return CmdserverSetting(False, f"off (the default); {user_path} does not set "
+                                       "[cmdserver] enabled = true",
+                                f"add '[cmdserver]' and 'enabled = true' to {user_path}")
+    return CmdserverSetting(True, f"enabled in {user_path}")
