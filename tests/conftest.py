@@ -30,8 +30,10 @@ def shared_fixtures() -> Path:
 
 class CmdClient:
     """The compiled gpuhpc client (gpuhpc/cmdserver/client.c) built into a temporary
-    directory, with its own private runtime directory, so that tests never touch a user's
-    command server. ``run`` goes through the server; ``run_python`` is the plain CLI."""
+    directory, with its own private runtime directory and its own config files (the user's
+    enables the command server, the site's is absent), so that tests never touch a user's
+    command server or config. ``run`` goes through the server; ``run_python`` is the plain CLI;
+    ``log`` is the server's event log (one line per declined request)."""
 
     def __init__(self, root: Path) -> None:
         import sys
@@ -40,20 +42,28 @@ class CmdClient:
 
         self.python = sys.executable
         self.runtime = root / "run"
+        self.user_config = root / "config.toml"
+        self.user_config.write_text("[cmdserver]\nenabled = true\n")
+        self.site_config = root / "site-config.toml"
         self.path = build.build(str(root / "gpuhpc"))
         self.socket = socket_path({"GPUHPC_RUNTIME_DIR": str(self.runtime)})
+        self.log = Path(self.socket[: -len(".sock")] + ".log")
 
     @property
     def env(self) -> dict[str, str]:
-        """The test's environment now, pointed at this client's private server."""
-        env = {**os.environ, "GPUHPC_RUNTIME_DIR": str(self.runtime)}
+        """The test's environment now, pointed at this client's private server and config."""
+        env = {**os.environ, "GPUHPC_RUNTIME_DIR": str(self.runtime), "GPUHPC_CONFIG": str(self.user_config),
+               "GPUHPC_SITE_CONFIG": str(self.site_config)}
         env.pop("GPUHPC_CMDSERVER", None)
         return env
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
 
     def start(self) -> int:
         from gpuhpc.cmdserver.server import start
 
-        return start(self.socket, idle=600)
+        return start(self.socket, idle=600, env=self.env)
 
     def stop(self) -> None:
         from gpuhpc.cmdserver.server import stop
@@ -72,6 +82,54 @@ class CmdClient:
         kw.setdefault("text", True)
         kw.setdefault("timeout", 120)
         return subprocess.run([self.path, *args], env={**self.env, **(env or {})}, **kw)
+
+    def who_runs(self, *wrapper: str, env: dict | None = None, timeout: float = 60) -> str:
+        """Which path runs a command started as ``wrapper... CLIENT topology from-ibnetdiscover -``
+        (every wrapper must exec, e.g. ``setpriv ... --``, ``bash -c 'ulimit -n 777; exec "$@"' -``):
+        "server" once a worker of this client's server holds the command's stdin, "python" once
+        the client has exec'd the Python CLI. The command blocks reading stdin until we close it."""
+        import subprocess
+        import sys
+        import time
+
+        server = self.pid()
+        python = os.path.realpath(sys.executable)
+        proc = subprocess.Popen([*wrapper, self.path, "topology", "from-ibnetdiscover", "-"],
+                                env={**self.env, **(env or {})}, stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pipe = f"pipe:[{os.fstat(proc.stdin.fileno()).st_ino}]"
+
+        def readlink(path: str) -> str:
+            try:
+                return os.readlink(path)
+            except OSError:
+                return ""
+
+        def workers() -> list[str]:
+            out = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/stat") as fh:
+                        ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue
+                if ppid == server:
+                    out.append(pid)
+            return out
+
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if os.path.realpath(readlink(f"/proc/{proc.pid}/exe")) == python:
+                    return "python"
+                if server and any(readlink(f"/proc/{w}/fd/0") == pipe for w in workers()):
+                    return "server"
+                assert proc.poll() is None, f"the command exited ({proc.returncode}) before reading stdin"
+                time.sleep(0.05)
+            raise AssertionError("neither a server worker nor the Python CLI took the command")
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=60)
 
     def run_python(self, *args: str, env: dict | None = None, **kw):
         import subprocess
