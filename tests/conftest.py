@@ -75,13 +75,14 @@ class CmdClient:
 
         return running_pid(self.socket)
 
-    def run(self, *args: str, env: dict | None = None, **kw):
+    def run(self, *args: str, env: dict | None = None, wrap: tuple[str, ...] = (), **kw):
+        """The client with ``args``; ``wrap`` is a command that execs it (``setpriv ... --``)."""
         import subprocess
 
         kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         kw.setdefault("timeout", 120)
-        return subprocess.run([self.path, *args], env={**self.env, **(env or {})}, **kw)
+        return subprocess.run([*wrap, self.path, *args], env={**self.env, **(env or {})}, **kw)
 
     def who_runs(self, *wrapper: str, env: dict | None = None, timeout: float = 60) -> str:
         """Which path runs a command started as ``wrapper... CLIENT topology from-ibnetdiscover -``

@@ -1,6 +1,8 @@
 """The compiled client and command server on the real cluster: jobs submitted through it run,
 are listed, followed and cancelled through it; hostile names stay harmless; quota holds are
-reserved and attached by reused workers; concurrent submissions all go through."""
+reserved and attached by reused workers; concurrent submissions all go through; a caller whose
+resource limits or group differ from the server's is not served by it, and its jobs see the
+caller's values."""
 from __future__ import annotations
 
 import json
@@ -102,3 +104,50 @@ def test_concurrent_submissions(cmd_client, jobs_env, track):
         assert res.returncode == 0, res.stderr
         track(res.stdout.strip())
     assert len({r.stdout.strip() for r in results}) == 16
+
+
+def test_jobs_see_the_callers_limits_and_group(cmd_client, jobs_env, slurm, track):
+    """Slurm gives a job the resource limits of the process that ran sbatch
+    (PropagateResourceLimits=ALL) and records its gid. A caller whose limits or gid differ
+    from the server's is declined by the worker (its log says why) and its own process runs
+    the Python CLI, so the job sees the caller's values, as with raw sbatch."""
+    import grp
+    import shutil
+    import tempfile
+
+    group = "gpuhpc-test-cs"
+    subprocess.run(["groupadd", "-f", group], check=True)
+    gid = grp.getgrnam(group).gr_gid
+    out = tempfile.mkdtemp(prefix="gpuhpc-test-cs-", dir="/var/tmp")    # jobs may get a private /tmp
+    probe = 'echo "nofile=$(ulimit -n) stack=$(ulimit -s) gid=$SLURM_JOB_GID" > "$0"'
+    cases = {   # name: (wrapper that execs the client, the reason the server logs, what the job sees)
+        "limits": (("bash", "-c", 'ulimit -n 777; ulimit -s 4321; exec "$@"', "-"),
+                   "declined submit: limits: RLIMIT_STACK 4424704/4424704 != ",
+                   f"nofile=777 stack=4321 gid={os.getgid()}"),
+        "group": (("setpriv", f"--regid={gid}", "--keep-groups", "--"),
+                  "declined submit: identity: uid/gid", f"gid={gid}"),
+        "same": ((), None, f"gid={os.getgid()}"),      # served by the server: the control
+    }
+    try:
+        for name, (wrap, declined, seen) in cases.items():
+            before = len(cmd_client.log_lines())
+            res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", f"gpuhpc-test-cs-{name}", "--",
+                                 "bash", "-c", probe, f"{out}/{name}.txt", wrap=wrap)
+            assert res.returncode == 0, res.stderr
+            job_id = res.stdout.strip()
+            track(job_id)
+            new = cmd_client.log_lines()[before:]
+            if declined:
+                assert len(new) == 1 and declined in new[0], (name, new)
+            else:
+                assert not new, (name, new)
+            wait_for(lambda: os.path.exists(f"{out}/{name}.txt") and job_state(slurm, job_id) in ("COMPLETED", ""),
+                     120, f"job {job_id} ({name}) to finish")
+            with open(f"{out}/{name}.txt") as fh:
+                assert seen in fh.read(), name
+        assert "RLIMIT_NOFILE 777/777" in "".join(cmd_client.log_lines())
+        cmd_client.start()            # (in a shared checkout, someone's edit may have stopped it)
+        assert cmd_client.who_runs() == "server"       # the control's path: the server
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(["groupdel", group], check=False, capture_output=True)
