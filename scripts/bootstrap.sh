@@ -39,12 +39,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -c "import gpuhpc, sqlalchemy, submitit, typer" 
   echo "$want" > "$stamp"
 fi
-# the compiled front-end (gpuhpc/cmdserver): .venv/bin/gpuhpc becomes the C client, which hands
-# commands to a warm command server (GPUHPC_CMDSERVER=off runs the Python CLI instead). Rebuilt
-# when missing, when pip put the Python console script back, or when client.c changed.
-if [ "$(head -c4 .venv/bin/gpuhpc 2>/dev/null | od -An -c | tr -d ' ')" != '177ELF' ] \
-   || [ gpuhpc/cmdserver/client.c -nt .venv/bin/gpuhpc ]; then
-  say "building the gpuhpc client (gpuhpc cmdserver install-client)"
-  .venv/bin/python -m gpuhpc cmdserver install-client >/dev/null
+# .venv/bin/gpuhpc stays pip's Python console script: the command server and its compiled
+# client are opt-in (docs/cmdserver.md). A client left here by an older bootstrap goes unless
+# the user enabled the server; an enabled one is rebuilt when client.c changed.
+if [ "$(head -c4 .venv/bin/gpuhpc 2>/dev/null | od -An -c | tr -d ' ')" = '177ELF' ]; then
+  .venv/bin/python -m gpuhpc cmdserver uninstall-client --if-disabled >/dev/null
+  if [ "$(head -c4 .venv/bin/gpuhpc | od -An -c | tr -d ' ')" = '177ELF' ] && [ gpuhpc/cmdserver/client.c -nt .venv/bin/gpuhpc ]; then
+    say "rebuilding the gpuhpc client (gpuhpc cmdserver install-client)"
+    .venv/bin/python -m gpuhpc cmdserver install-client >/dev/null
+  fi
 fi
 say "python ok ($(.venv/bin/python --version), gpuhpc $(.venv/bin/python -c 'import gpuhpc; print(gpuhpc.__version__)'))"

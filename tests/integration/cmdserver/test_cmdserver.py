@@ -273,3 +273,36 @@ def test_a_killed_server_is_replaced(make_cmd_client):
     new = c.start()
     assert new != pid
     _same(c.run("submit", "--dry-run", "--", "true"), res)
+
+
+def test_install_client_is_opt_in_and_uninstall_restores_the_console_script(make_cmd_client, tmp_path):
+    c = make_cmd_client()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    dest = bin_dir / "gpuhpc"
+    script = "#!/usr/bin/python3\n# the console script pip wrote\n"
+    dest.write_text(script)
+    install = ("cmdserver", "install-client", "--dest", str(dest))
+    c.user_config.write_text("")
+    refused = c.run_python(*install)
+    assert refused.returncode == 2 and "enabled = true" in refused.stderr and dest.read_text() == script
+    c.user_config.write_text("[cmdserver]\nenabled = true\n")
+    assert c.run_python(*install).returncode == 0
+    assert dest.read_bytes()[:4] == b"\x7fELF" and (bin_dir / ".gpuhpc.console-script").read_text() == script
+    assert c.run_python(*install).returncode == 0            # again: the kept script stays pip's
+    assert (bin_dir / ".gpuhpc.console-script").read_text() == script
+    # --if-disabled leaves an enabled user's client alone
+    uninstall = ("cmdserver", "uninstall-client", "--dest", str(dest))
+    assert c.run_python(*uninstall, "--if-disabled").returncode == 0 and dest.read_bytes()[:4] == b"\x7fELF"
+    res = c.run_python(*uninstall)
+    assert res.returncode == 0 and dest.read_text() == script and not (bin_dir / ".gpuhpc.console-script").exists()
+    assert "nothing to do" in c.run_python(*uninstall).stdout
+    # without a kept script, uninstall writes one for this interpreter, which runs the CLI
+    assert c.run_python(*install).returncode == 0
+    (bin_dir / ".gpuhpc.console-script").unlink()
+    c.user_config.write_text("[cmdserver]\nenabled = false\n")
+    assert c.run_python(*uninstall, "--if-disabled").returncode == 0
+    assert dest.read_text().startswith("#!") and os.access(dest, os.X_OK)
+    res = subprocess.run([str(dest), "submit", "--dry-run", "--", "true"], env=c.env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and "#SBATCH" in res.stdout
