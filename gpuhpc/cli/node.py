@@ -26,10 +26,20 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="JSON output."),
     ) -> None:
         """gres.conf lines + node-sizing report, from nvidia-smi captures or live nvidia-smi."""
-        from gpuhpc.inventory import Sources, collect
+        from gpuhpc.inventory import collect
 
-        inv = collect(Sources(smi_xml, topo, listing, mig_lgi, mig_lgip), node=node, cpus=cpus,
-                      type_style=type_style, type_override=gpu_type)
+        files = {"xml": (smi_xml, "--smi-xml"), "topo": (topo, "--topo"), "list": (listing, "--list"),
+                 "lgi": (mig_lgi, "--mig-lgi"), "lgip": (mig_lgip, "--mig-lgip")}
+        if any(path for path, _ in files.values()):
+            texts = {kind: (_read(path, opt), path) for kind, (path, opt) in files.items() if path}
+        else:
+            runner = _runner()
+            texts = _live(runner)
+            if node is None:
+                node = _node_name(runner)
+            if cpus is None:
+                cpus = int(_run(runner, ("getconf", "_NPROCESSORS_ONLN")).strip())
+        inv = collect(texts, node=node, cpus=cpus, type_style=type_style, type_override=gpu_type)
         if inv.warnings:
             from rich.markup import escape
 
@@ -64,13 +74,73 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print 'HOST CLUSTERUUID.CLIQUEID' (the node's NVLink domain) for
         `gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --cliques FILE`."""
-        import socket
-
         from gpuhpc.errors import UserInputError
-        from gpuhpc.inventory import clique
+        from gpuhpc.inventory import LIVE_COMMANDS, clique
 
-        cid = clique(smi_xml)
+        runner = None
+        if smi_xml:
+            text, source = _read(smi_xml, "--smi-xml"), smi_xml
+        else:
+            runner = _runner()
+            argv = dict(LIVE_COMMANDS)["xml"]
+            text, source = _run(runner, argv), " ".join(argv)
+        cid = clique(text, source)
         if cid is None:
             raise UserInputError("the driver reports no NVLink clique for these GPUs (not an NVL/GB200 system, "
                                  "or fabric manager not running)", field="--smi-xml" if smi_xml else None)
-        sys.stdout.write(f"{node or socket.gethostname().split('.')[0]} {cid}\n")
+        sys.stdout.write(f"{node or _node_name(runner or _runner())} {cid}\n")
+
+
+def _read(path: str, opt: str) -> str:
+    from pathlib import Path
+
+    from gpuhpc.errors import UserInputError
+
+    try:
+        return Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        raise UserInputError(f"no such file: {path}", field=opt) from None
+
+
+def _runner():
+    """Where the node's commands run: this host, or the one GPUHPC_SSH_HOST names."""
+    from gpuhpc.transport import default_runner
+
+    return default_runner()
+
+
+def _run(runner, argv: tuple[str, ...], *, required: bool = True) -> str:
+    """``argv``'s stdout, run through ``runner`` ('' when it fails and is not ``required``)."""
+    from gpuhpc.errors import GpuhpcError, TransportError, UserInputError
+
+    hint = "pass captures instead: --smi-xml F --topo F --list F --mig-lgi F"
+    try:
+        res = runner.run(list(argv), timeout=60)
+    except TransportError as exc:
+        if "command not found" in exc.message:
+            raise UserInputError(f"{argv[0]} not found where gpuhpc runs commands", hint=hint) from None
+        raise
+    if res.ok:
+        return res.stdout
+    if res.returncode == 127:           # the remote shell's "command not found"
+        raise UserInputError(f"{argv[0]} not found where gpuhpc runs commands", hint=hint)
+    if not required:
+        return ""
+    raise GpuhpcError(f"{' '.join(argv)} failed (exit {res.returncode}): {res.stderr.strip()[:200]}")
+
+
+def _live(runner) -> dict[str, tuple[str, str]]:
+    """Run nvidia-smi through ``runner``; returns {kind: (text, source)} for gpuhpc.inventory.collect."""
+    from gpuhpc.inventory import LIVE_COMMANDS, MIG_COMMANDS, has_mig
+
+    out = {kind: (_run(runner, argv), " ".join(argv)) for kind, argv in LIVE_COMMANDS}
+    if has_mig(out["list"][0]):
+        for kind, argv in MIG_COMMANDS:
+            text = _run(runner, argv, required=False)      # no MIG device files: a warning later
+            if text:
+                out[kind] = (text, " ".join(argv))
+    return out
+
+
+def _node_name(runner) -> str:
+    return _run(runner, ("hostname", "-s")).strip()

@@ -202,9 +202,14 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
     target: Any = fn
     if isinstance(fn, Checkpointable):
         target = _SubmititCallable(fn, max_requeues)
+    c = _client(client)
+    if not c.runner.is_local:
+        # submitit writes the pickled call to a local folder and runs sbatch (and its sacct
+        # watcher) itself: the one Slurm access outside gpuhpc.slurm (docs/DEVELOPING.md)
+        raise UserInputError("a Python callable can only be submitted where gpuhpc runs Slurm commands locally",
+                             field="fn", hint="submit it from a login node, or submit a command (gpuhpc submit -- ...)")
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
     executor.update_parameters(**_submitit_params(resources, name, grace_s, None))
-    c = _client(client)
     holder: dict[str, Any] = {}
 
     def do_submit() -> str:
@@ -402,16 +407,8 @@ class Job:
         """Read a log file where the job's Slurm client runs (locally, or over SSH when
         GPUHPC_SSH_HOST is set); a file that does not exist yet reads as empty."""
         from gpuhpc.errors import TransportError
-        from gpuhpc.transport.local import LocalRunner
 
-        runner = self.client.runner
-        if isinstance(runner, LocalRunner):
-            try:
-                with open(path, errors="replace") as fh:
-                    return fh.read()
-            except FileNotFoundError:
-                return ""
         try:
-            return runner.read_file(path)
+            return self.client.runner.read_file(path)
         except TransportError:
             return ""

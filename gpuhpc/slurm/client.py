@@ -2,8 +2,7 @@
 
 It combines the pure builders (:mod:`gpuhpc.slurm.commands`), the pure parsers
 (:mod:`gpuhpc.slurm.parsers`) and a :class:`~gpuhpc.transport.Runner` (local subprocess or
-SSH). The CLI path always works; pyslurm is an optional backend used only for reads, and
-only when its major.minor matches the cluster's (PyPI has no pyslurm for Slurm 22.05).
+SSH): Slurm's command-line tools are the one backend (PyPI has no pyslurm for Slurm 22.05).
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from typing import TYPE_CHECKING
 
-from gpuhpc.errors import GpuhpcError, SlurmError
+from gpuhpc.errors import GpuhpcError, SlurmError, TransportError
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.transport import CommandResult, Runner, default_runner
 
@@ -61,27 +60,19 @@ class SlurmClient:
 
     def config(self) -> dict[str, str]:
         """``scontrol show config`` as a dict (``Key = Value`` lines)."""
-        out: dict[str, str] = {}
-        for line in self.run(["scontrol", "show", "config"]).stdout.splitlines():
-            if " = " in line:
-                k, v = line.split(" = ", 1)
-                out[k.strip()] = v.strip()
-        return out
+        return _parsers().parse_show_config(self.run(cmd.scontrol_show_config()).stdout)
 
     def cluster_name(self) -> str:
         """The cluster's name as Slurm's accounting records it (lower-cased ClusterName), or
         "" when unset. Read from the local slurm.conf when this client runs commands locally
         (a file read instead of a ~7 ms ``scontrol show config`` on every submit), else, and
         when the file is absent (configless) or uses Include, from ``scontrol``."""
-        from gpuhpc.transport.local import LocalRunner
-
-        if isinstance(self.runner, LocalRunner):
+        if self.runner.is_local:
             try:
-                with open(self.runner.getenv("SLURM_CONF") or "/etc/slurm/slurm.conf", encoding="utf-8",
-                          errors="replace") as fh:
-                    value = _parsers().slurm_conf_value(fh.read(), "ClusterName")
-            except OSError:
-                value = None
+                text = self.runner.read_file(self.runner.getenv("SLURM_CONF") or "/etc/slurm/slurm.conf")
+            except TransportError:
+                text = None
+            value = _parsers().slurm_conf_value(text, "ClusterName") if text is not None else None
             if value is not None:
                 return value.lower()
         return self.config().get("ClusterName", "")
@@ -211,20 +202,3 @@ class SlurmClient:
             return None
         return {(r.array_job_id or r.job_id_raw or r.job_id).split("_")[0] for r in rows
                 if not r.state.state.is_finished}
-
-
-def pyslurm_backend(client: SlurmClient):
-    """Return the pyslurm module when it is installed *and* built for this Slurm's
-    major.minor; otherwise None (the CLI path is used)."""
-    try:
-        import pyslurm  # type: ignore
-    except Exception:
-        return None
-    ver = getattr(pyslurm, "__version__", "")
-    try:
-        major, minor, _ = _parsers().parse_version(ver)
-    except SlurmError:
-        return None
-    if (major, minor) != client.version[:2]:
-        return None
-    return pyslurm

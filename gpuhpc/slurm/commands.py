@@ -125,6 +125,11 @@ def sacctmgr_list(entity: str, *filters: str, fields: Sequence[str]) -> list[str
             f"format={','.join(fields)}"]
 
 
+def scontrol_show_config() -> list[str]:
+    """``scontrol show config``: the running configuration as ``Key = Value`` lines."""
+    return ["scontrol", "show", "config"]
+
+
 def scontrol_reconfigure() -> list[str]:
     """``scontrol reconfigure``: slurmctld re-reads slurm.conf, topology.conf, gres.conf ..."""
     return ["scontrol", "reconfigure"]

@@ -273,6 +273,16 @@ def parse_parsable2(text: str, fields: list[str] | tuple[str, ...], sep: str = "
     return out
 
 
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {key: value} (its ``Key = Value`` lines; headers skipped)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if " = " in line:
+            k, v = line.split(" = ", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
 def slurm_conf_value(text: str, key: str) -> str | None:
     """The value of ``key`` (case-insensitive, as slurmctld reads it) in slurm.conf text; None
     when it is not set there *or* the file has ``Include`` lines (it may be set in one)."""

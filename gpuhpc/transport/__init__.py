@@ -30,7 +30,21 @@ class Runner(Protocol):
 
     def write_file(self, path: str, content: str, mode: int = 0o644) -> None: ...
 
-    def read_file(self, path: str) -> str: ...
+    def read_file(self, path: str) -> str:
+        """The text of ``path`` where the commands run (undecodable bytes replaced); a missing
+        or unreadable file raises TransportError."""
+        ...
+
+    @property
+    def is_local(self) -> bool:
+        """True when commands run on this host, as this process: the runner's files and
+        environment are this process's own (a local read can replace a command)."""
+        ...
+
+    def getenv(self, key: str) -> str | None:
+        """``key`` as the commands this runner starts see it, where the runner knows it (an SSH
+        runner knows only the variables it passes)."""
+        ...
 
     def read_from(self, path: str, offset: int) -> bytes:
         """The bytes of ``path`` from ``offset`` to its current end (``b""`` while the file

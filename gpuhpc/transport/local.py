@@ -11,6 +11,8 @@ from gpuhpc.transport import CommandResult
 
 
 class LocalRunner:
+    is_local = True
+
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self._env = env
 
@@ -38,7 +40,10 @@ class LocalRunner:
         write_atomic(path, content, mode)
 
     def read_file(self, path: str) -> str:
-        return Path(path).read_text()
+        try:
+            return Path(path).read_text(errors="replace")
+        except OSError as exc:
+            raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
 
     def read_from(self, path: str, offset: int) -> bytes:
         try:

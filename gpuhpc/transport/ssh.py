@@ -40,6 +40,8 @@ def parse_target(target: str) -> tuple[str | None, str, int]:
 
 
 class SSHRunner:
+    is_local = False
+
     def __init__(self, host: str, *, user: str | None = None, port: int = 22,
                  key_filename: str | None = None, known_hosts: str | None = None,
                  accept_new_host_keys: bool = False, connect_timeout: float = 15.0,
@@ -98,6 +100,10 @@ class SSHRunner:
                 self._client = None
 
     # ------------------------------------------------------------ Runner protocol
+    def getenv(self, key: str) -> str | None:
+        """Only what this runner passes to remote commands; the remote login environment is unknown."""
+        return self.env.get(key)
+
     def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
         command = shlex.join(argv)

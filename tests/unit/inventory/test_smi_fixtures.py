@@ -5,7 +5,7 @@ import pytest
 
 from gpuhpc.cli.main import main
 from gpuhpc.errors import UserInputError
-from gpuhpc.inventory import Sources, collect, smi
+from gpuhpc.inventory import collect, smi
 from gpuhpc.inventory.gres import build, mig_caps_minor, short_type, slurm_type
 
 
@@ -177,7 +177,8 @@ def test_cli_bad_file(F, capsys, tmp_path):
 
 
 def test_collect_sniffs_query_text(F):
-    inv = collect(Sources(smi_xml=str(F / "q-text-h100-sxm-8gpu-535.183.01.txt")), cpus=128)
+    path = F / "q-text-h100-sxm-8gpu-535.183.01.txt"
+    inv = collect({"xml": (path.read_text(), str(path))}, cpus=128)
     assert len(inv.gpus) == 8 and inv.report["vcpus_per_gpu"] == 16
 
 
@@ -216,3 +217,38 @@ esac
     # GPU0 is in MIG mode per -L (mig -lgi failed here: no device files, a warning); GPU1 is whole
     assert data["gres_conf"][0].startswith("NodeName=n1 Name=gpu Type=3g.40gb Count=1")
     assert "NodeName=n1 Name=gpu Type=h100 File=/dev/nvidia1 Cores=48-63 Links=12,-1," in "\n".join(data["gres_conf"])
+
+
+def test_live_mode_asks_the_runner_for_host_facts(F, tmp_path, monkeypatch, capsys):
+    """Without --node/--cpus the host name and CPU count come through the runner too (under SSH,
+    the node's, not the laptop's): here stand-ins for hostname and getconf."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, body in (("nvidia-smi", f'case "$*" in "-q -x") cat {F / "q-text-h100-sxm-8gpu-535.183.01.txt"};; '
+                                      f'"topo -m") cat {F / "topo-m-dgx-a100.txt"};; "-L") echo "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-b4895dbf-9350-2524-a89b-98161ddd9fe4)";; esac'),
+                       ("hostname", 'echo fake-node7'), ("getconf", 'echo 128')):
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    assert main(["node", "inventory", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["report"]["vcpus"] == 128 and data["gres_conf"][0].startswith("NodeName=fake-node7 ")
+
+
+def test_live_mode_without_nvidia_smi_is_bad_input(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert main(["node", "inventory"]) == 2
+    assert "nvidia-smi not found" in capsys.readouterr().err
+
+
+def test_live_fetch_through_a_remote_runner():
+    """An SSH runner reports a missing command as exit 127 (the remote shell's), not as an exception."""
+    from gpuhpc.cli.node import _live
+    from gpuhpc.transport import CommandResult
+
+    class Remote:
+        def run(self, argv, *, input=None, timeout=None, env=None):
+            return CommandResult(tuple(argv), 127, "", "bash: nvidia-smi: command not found")
+
+    with pytest.raises(UserInputError, match="nvidia-smi not found"):
+        _live(Remote())
