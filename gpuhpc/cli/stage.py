@@ -27,7 +27,8 @@ def push(local: str = typer.Argument(..., help="file or directory"),
 @stage_app.command("pull")
 def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
          local: str = typer.Argument(None, help="destination (omit with --cache)"),
-         cache: bool = typer.Option(False, "--cache", help="use the node-local cache ($GPUHPC_CACHE_DIR); prints the path"),
+         cache: bool = typer.Option(False, "--cache", help="use your node-local cache (${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-cache-UID, "
+                                                  "or $GPUHPC_NODE_CACHE_ROOT/UID); prints the path"),
          latest: bool = typer.Option(False, "--latest", help="only the newest object under the prefix (checkpoints)")) -> None:
     """Download a prefix or object; each file lands atomically."""
     from gpuhpc.errors import UserInputError

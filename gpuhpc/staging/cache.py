@@ -1,39 +1,156 @@
 """A node-local (NVMe) cache for S3 datasets: the first job on a node downloads, the others
-wait on a lock and reuse it; a changed object (new ETag) is fetched again."""
+wait on a lock and reuse it; a changed object (new ETag) is fetched again.
+
+The cache is per user, so that no other user can plant files or symlinks that a job then
+reads, and no other user's umask decides who may write:
+
+* by default ``${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-cache-<uid>``;
+* on a site that provisions a shared cache root (``GPUHPC_NODE_CACHE_ROOT``, for example
+  ``/local/gpuhpc-cache``, owned by root, mode 1777 or 0711), ``<root>/<uid>``.
+
+Either way the user's directory must be a real directory (not a symlink), owned by the user,
+with mode 0700 (no access for group or others); gpuhpc creates it so and refuses to use one
+that is not, naming the path and the fix. Files in it are opened with ``O_NOFOLLOW``.
+"""
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gpuhpc.staging.s3 import S3Stager, S3Url
+from gpuhpc.errors import StagingError
+
+if TYPE_CHECKING:
+    from gpuhpc.staging.s3 import S3Stager, S3Url
 
 
-def default_cache_root() -> Path:
-    return Path(os.environ.get("GPUHPC_CACHE_DIR")
-                or os.path.join(os.environ.get("GPUHPC_SCRATCH_ROOT", "/tmp"), "gpuhpc-cache"))
+class UnsafeCacheError(StagingError):
+    """The cache directory (or a file in it) could be controlled by another user."""
+
+
+def _refuse(path: Path, problem: str, fix: str) -> UnsafeCacheError:
+    return UnsafeCacheError(f"refusing to use node cache {path}: {problem}", hint=fix)
+
+
+def check_private_dir(path: Path, uid: int | None = None) -> None:
+    """Raise :class:`UnsafeCacheError` unless ``path`` is a directory (not a symlink) owned by
+    ``uid`` (default: this process's effective uid) with no access for group or others."""
+    uid = os.geteuid() if uid is None else uid
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(path, f"it is a symlink (to {os.readlink(path)})",
+                      f"remove it (rm {path}); gpuhpc creates the directory itself")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "it is not a directory", f"remove it (rm {path})")
+    if st.st_uid != uid:
+        raise _refuse(path, f"it is owned by uid {st.st_uid}, not by you (uid {uid})",
+                      f"have its owner or root remove it, or set GPUHPC_SCRATCH_ROOT to a directory of your own")
+    if st.st_mode & 0o077:
+        raise _refuse(path, f"its mode is {stat.S_IMODE(st.st_mode):04o}: other users can reach it",
+                      f"chmod 700 {path} if nothing in it came from another user, else remove it")
+
+
+def _check_shared_root(root: Path) -> None:
+    """A site-provisioned root: a real directory that only root (or sticky mode) protects."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        raise _refuse(root, "GPUHPC_NODE_CACHE_ROOT does not exist",
+                      "the site creates it (root-owned, mode 1777 or 0711), or unset GPUHPC_NODE_CACHE_ROOT") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise _refuse(root, "GPUHPC_NODE_CACHE_ROOT is not a directory (or is a symlink)",
+                      "point GPUHPC_NODE_CACHE_ROOT at the real directory")
+    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise _refuse(root, f"GPUHPC_NODE_CACHE_ROOT (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}) "
+                      "lets other users replace your directory in it",
+                      "the site makes it root-owned with mode 1777 (sticky) or 0711")
+
+
+def default_cache_root(env: dict[str, str] | None = None) -> Path:
+    """This user's cache directory (not created): see the module docstring."""
+    env = os.environ if env is None else env
+    uid = os.geteuid()
+    shared = env.get("GPUHPC_NODE_CACHE_ROOT")
+    if shared:
+        return Path(shared) / str(uid)
+    return Path(env.get("GPUHPC_SCRATCH_ROOT") or "/tmp") / f"gpuhpc-cache-{uid}"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` with mode 0700 (whatever the umask) unless it exists, then check it."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        raise _refuse(path, "its parent directory does not exist",
+                      "create it, or set GPUHPC_SCRATCH_ROOT to node-local storage that exists") from None
+    else:
+        os.chmod(path, 0o700, follow_symlinks=False)
+    check_private_dir(path)
+    return path
+
+
+def _open_nofollow(path: Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that refuses a symlink; a missing file raises FileNotFoundError."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _refuse(path, "it is a symlink", f"remove it (rm {path})") from None
+        raise StagingError(f"cannot open {path}: {exc.strerror}") from exc
 
 
 class NodeCache:
     def __init__(self, stager: S3Stager, root: str | Path | None = None) -> None:
         self.stager = stager
+        self._shared = None if root else os.environ.get("GPUHPC_NODE_CACHE_ROOT") or None
         self.root = Path(root) if root else default_cache_root()
+
+    def _prepare(self) -> Path:
+        if self._shared:
+            _check_shared_root(Path(self._shared))
+        return ensure_private_dir(self.root)
 
     def fetch(self, url: S3Url) -> tuple[Path, bool]:
         """Return (local path, downloaded?) for an S3 prefix or object."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        slot = self.root / hashlib.sha256(str(url).encode()).hexdigest()[:24]
+        root = self._prepare()
+        slot = root / hashlib.sha256(str(url).encode()).hexdigest()[:24]
         manifest = {o.key: o.etag for o in self.stager.list(url)}
-        with open(self.root / f"{slot.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        fd = _open_nofollow(root / f"{slot.name}.lock", os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.path.islink(slot):
+                raise _refuse(slot, "it is a symlink", f"remove it (rm {slot})")
             marker = slot / ".gpuhpc-complete"
-            if marker.exists() and json.loads(marker.read_text()) == manifest:
+            if self._read_marker(marker) == manifest:
                 return slot / "data", False
             if slot.exists():
                 shutil.rmtree(slot)
             self.stager.pull(url, slot / "data")
-            marker.write_text(json.dumps(manifest, sort_keys=True))
+            wfd = _open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            with os.fdopen(wfd, "w") as fh:
+                fh.write(json.dumps(manifest, sort_keys=True))
             return slot / "data", True
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _read_marker(marker: Path) -> dict | None:
+        try:
+            fd = _open_nofollow(marker, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd) as fh:
+            try:
+                return json.load(fh)
+            except ValueError:
+                return None
