@@ -23,6 +23,21 @@ def run_guarded(call, debug=lambda: False) -> int:
         return 130
 
 
+def columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() finds it (``COLUMNS`` first), without
+    importing shutil."""
+    import os
+    import sys
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 def entry() -> int:
     """Console-script entry point (:func:`gpuhpc.cli.main.main`): it imports only the module
     of the command that runs."""

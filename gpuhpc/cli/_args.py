@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import argparse
 
+from gpuhpc.cli import columns
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(self, prog: str) -> None:
+        # argparse builds a formatter for every add_argument; its default width comes from
+        # shutil, whose import (archive modules) costs more than the rest of parsing
+        super().__init__(prog, width=max(40, columns()) - 2)
+
 
 class ArgParser(argparse.ArgumentParser):
     def __init__(self, prog: str, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(prog=prog, **kwargs)
 
     def error(self, message: str):

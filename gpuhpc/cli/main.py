@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuhpc.cli import run_guarded
+from gpuhpc.cli import columns, run_guarded
 
 HELP = "GPU Slurm clusters: build them (conf, ansible), use them (submit, jobs, sweeps), pay for them (ledger)."
 
@@ -57,12 +57,7 @@ def _wrap(text: str, width: int, indent: int) -> str:
 
 def help_text(width: int | None = None) -> str:
     """``gpuhpc --help``: the root options and :data:`COMMANDS`, no module imported."""
-    if width is None:
-        try:
-            width = os.get_terminal_size(sys.stdout.fileno()).columns
-        except (OSError, ValueError):
-            width = int(os.environ.get("COLUMNS", "80") or 80)
-    width = max(40, min(width, 100))
+    width = max(40, min(columns() if width is None else width, 100))
     out = [USAGE, "", "  " + _wrap(HELP, width, 2), "", "Options:"]
     col = max(len(o) for o, _ in _OPTIONS) + 4
     out += [f"  {o:<{col - 2}}{_wrap(h, width, col)}" for o, h in _OPTIONS]
