@@ -101,6 +101,9 @@ def ledger_ingest(
     until: Optional[str] = typer.Option(None, help="End of the sacct window (default: now)."),
     metrics_dir: Optional[Path] = typer.Option(None, help="Where gpuhpc.report() files are "
                                                           "(default $GPUHPC_METRICS_DIR or ~/.local/share/gpuhpc/metrics)."),
+    reprice: bool = typer.Option(False, "--reprice", help="Also charge runs that were settled without a price "
+                                                          "(charged 0) and now have one; each correction is a "
+                                                          "charge of its own (kind reprice)."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
     """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
@@ -117,6 +120,8 @@ def ledger_ingest(
     active = client.active_job_ids(open_jobs)
     rows = client.job_runs(start, end, job_ids=open_jobs)
     res = ingest.ingest_rows(rows, since=start, active=active)
+    if reprice:
+        ingest.reprice(res=res)
     res.metrics = ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
     if json_:
         print_json({"since": start.isoformat(), **res.as_dict()})
@@ -125,11 +130,15 @@ def ledger_ingest(
                          f"{res.runs_updated} updated, {res.charges} charges ({res.amount:,.2f}, "
                          f"{res.gpu_hours:,.2f} GPU-h), {res.reservations_settled} reservations settled, "
                          f"{res.reservations_expired} expired, {res.metrics} metrics\n")
+        if reprice:
+            sys.stdout.write(f"repriced {res.repriced_runs} runs settled without a price "
+                             f"({res.repriced_amount:,.2f})\n")
     if res.unpriced_runs:
         from gpuhpc.cli._console import warn
 
         warn(f"{res.unpriced_runs} runs used GPU types without a price (charged 0); "
-             "set one with `gpuhpc ledger price set --gpu-type TYPE --rate R` (or a '*' default)")
+             "set one with `gpuhpc ledger price set --gpu-type TYPE --rate R` (or a '*' default), "
+             "then `gpuhpc ledger ingest --reprice` charges them")
 
 
 @ledger_app.command("sync-slurm")

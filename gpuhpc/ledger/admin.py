@@ -99,7 +99,7 @@ def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = 
         raise UserInputError("--gpu-type is required")
     if (rate is None) == (base is None):
         raise UserInputError("give either --rate or --of BASE_GPU_TYPE --fraction N/D")
-    eff = effective_from or utcnow()
+    eff = effective_from or pricing.at_sacct_resolution(utcnow())
     frac = pricing.parse_fraction(fraction or "1") if base else None
     with db.session_scope(url) as s:
         row = s.scalar(select(GpuPrice).where(GpuPrice.gpu_type == gpu_type, GpuPrice.effective_from == eff))
@@ -116,7 +116,7 @@ def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = 
 def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from: dt.datetime | None = None,
                    url: str | None = None) -> None:
     k = MultiplierKind(kind)
-    eff = effective_from or utcnow()
+    eff = effective_from or pricing.at_sacct_resolution(utcnow())
     with db.session_scope(url) as s:
         row = s.scalar(select(PriceMultiplier).where(PriceMultiplier.kind == k, PriceMultiplier.name == name,
                                                      PriceMultiplier.effective_from == eff))

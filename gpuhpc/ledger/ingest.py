@@ -164,6 +164,8 @@ class IngestResult:
     reservations_settled: int = 0
     reservations_expired: int = 0
     unpriced_runs: int = 0
+    repriced_runs: int = 0
+    repriced_amount: Decimal = ZERO
     metrics: int = 0
     batches: int = 0
 
@@ -263,6 +265,7 @@ class ChargeRow(NamedTuple):
     amount: Decimal
     bucket_at: dt.datetime
     created_at: dt.datetime
+    kind: str = "usage"          # or "reprice": a run charged 0 for want of a price, charged now
 
 
 class PricedRun(NamedTuple):
@@ -274,10 +277,10 @@ class PricedRun(NamedTuple):
 
 
 _USAGE_INSERT = ("INSERT INTO usage_records (cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s, "
-                 "user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                 "user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount, priced) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _CHARGE_INSERT = ("INSERT INTO charges (usage_id, reservation_id, account_name, user_name, gpu_hours, rate, amount, "
-                  "bucket_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                  "bucket_at, created_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def _chunks(ids: set[str], n: int = 500) -> Iterator[list[str]]:
@@ -344,7 +347,7 @@ class _Batch:
 
     # ---------------------------------------------------------------- booking
     def book_delta(self, run: Run, r: Reservation | None, usage_id: int, d_hours: Decimal, d_amount: Decimal,
-                   rate: Decimal) -> None:
+                   rate: Decimal, kind: str = "usage") -> None:
         """Count a charge against the quotas (in the reservation's period, else the run's) and
         take it out of the reservation's holds."""
         bucket_at = r.created_at if r is not None else run.run_start
@@ -363,17 +366,19 @@ class _Batch:
         self.res.amount += d_amount
         self.res.gpu_hours += d_hours
         self.charges.append(ChargeRow(usage_id, r.id if r else None, run.account, run.user, d_hours, rate, d_amount,
-                                      bucket_at, self.now))
+                                      bucket_at, self.now, kind))
 
     def update_run(self, p: PricedRun, old: StoredRun) -> None:
+        """A run seen before: top it up when it ran longer (or changed state). A run that did
+        not change is left alone even if the price book did: that is ``--reprice``'s job."""
         run, price = p.run, p.price
-        d_hours, d_amount = price.gpu_hours - old.gpu_hours, price.amount - old.amount
         state = run.state[:32]
-        if not d_hours and not d_amount and old.elapsed_s == run.elapsed_s and old.state == state:
+        if old.elapsed_s == run.elapsed_s and old.state == state:
             return
-        self.tx.q("UPDATE usage_records SET run_end = ?, state = ?, elapsed_s = ?, gpu_hours = ?, amount = ? "
-                  "WHERE id = ?", (self.ts(run.run_end), state, run.elapsed_s, self.tx.num(price.gpu_hours),
-                                   self.tx.num(price.amount), old.id))
+        d_hours, d_amount = price.gpu_hours - old.gpu_hours, price.amount - old.amount
+        self.tx.q("UPDATE usage_records SET run_end = ?, state = ?, elapsed_s = ?, gpu_hours = ?, amount = ?, "
+                  "priced = ? WHERE id = ?", (self.ts(run.run_end), state, run.elapsed_s, self.tx.num(price.gpu_hours),
+                                              self.tx.num(price.amount), price.priced, old.id))
         self.res.runs_updated += 1
         if d_hours or d_amount:
             self.book_delta(run, p.reservation, old.id, d_hours, d_amount, price.rate)
@@ -386,7 +391,8 @@ class _Batch:
         tx.cur.executemany(_USAGE_INSERT.replace("?", "%s") if tx.pg else _USAGE_INSERT, [
             (p.run.cluster, p.run.job_id, p.run.array_task_id, ts(p.run.run_start), ts(p.run.run_end),
              p.run.state[:32], p.run.elapsed_s, p.run.user, p.run.account, p.run.partition, p.run.qos, p.gpu_type,
-             p.gpus, p.run.job_name, tx.num(p.price.gpu_hours), tx.num(p.price.amount)) for p in new])
+             p.gpus, p.run.job_name, tx.num(p.price.gpu_hours), tx.num(p.price.amount), p.price.priced)
+            for p in new])
         by_cluster: dict[str, set[str]] = defaultdict(set)
         for p in new:
             by_cluster[p.run.cluster].add(p.run.job_id)
@@ -399,7 +405,7 @@ class _Batch:
         if self.charges:
             tx.cur.executemany(_CHARGE_INSERT.replace("?", "%s") if tx.pg else _CHARGE_INSERT, [
                 (c.usage_id, c.reservation_id, c.account, c.user, tx.num(c.gpu_hours), tx.num(c.rate),
-                 tx.num(c.amount), ts(c.bucket_at), ts(c.created_at)) for c in self.charges])
+                 tx.num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind) for c in self.charges])
 
     def settle(self) -> None:
         """Release what is left of the holds of reservations whose jobs are over."""
@@ -438,6 +444,46 @@ class _Batch:
         self.settle()
         self.s.flush()
         self.res.batches += 1
+
+
+def reprice(*, url: str | None = None, res: IngestResult | None = None) -> IngestResult:
+    """Charge the runs that were settled without a price (charged 0) now that the price book
+    has a rate for their GPU type at their start. History is kept: the 0 charge stays and the
+    correction is a charge of its own, of kind ``reprice`` (dated now), counted in the quota
+    period of the run's first charge. Idempotent: a repriced run is marked priced; a run whose
+    type still has no price is left for a later reprice."""
+    res = res or IngestResult()
+    with db.session_scope(url) as s:
+        _lock_state(s)
+        book = pricing.PriceCache(q.load_price_book(s))
+        batch = _Batch(s, book, [], res, None)
+        tx = batch.tx
+        rows = tx.q("SELECT id, cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s, user_name, "
+                    "account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount FROM usage_records "
+                    "WHERE priced = ? ORDER BY id", (False,)).fetchall()
+        todo: list[tuple[int, Run, Decimal, Decimal, pricing.Price]] = []
+        for uid, cluster, job_id, task, start, end, state, elapsed, user, account, part, qos, gpu_type, gpus, name, \
+                hours, amount in rows:
+            if "+" in gpu_type:          # several GPU types in one run: the split per type is not stored
+                continue
+            run = Run(cluster, job_id, task, tx.parse_ts(start), tx.parse_ts(end) if end else None, state, elapsed,
+                      user, account, part, qos, {gpu_type: gpus} if gpu_type else {}, name)
+            price = _price(book, run)[2]
+            if price.priced:
+                todo.append((uid, run, tx.dec(hours), tx.dec(amount), price))
+                batch.by_cluster[cluster].add(job_id)
+        batch.resv, batch.holds = batch.reservations()
+        for uid, run, hours, amount, price in todo:
+            tx.q("UPDATE usage_records SET gpu_hours = ?, amount = ?, priced = ? WHERE id = ?",
+                 (tx.num(price.gpu_hours), tx.num(price.amount), True, uid))
+            batch.book_delta(run, batch.resv.get((run.cluster, run.job_id)), uid, price.gpu_hours - hours,
+                             price.amount - amount, price.rate, "reprice")
+            res.repriced_runs += 1
+            res.repriced_amount += price.amount - amount
+        batch.books.apply()
+        s.flush()
+        batch.insert_charges()
+    return res
 
 
 def expire_stale_holds(s: Session, now: dt.datetime, res: IngestResult) -> None:

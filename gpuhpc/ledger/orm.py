@@ -13,7 +13,7 @@ import enum
 from decimal import Decimal
 
 from sqlalchemy import (BigInteger, DateTime, Enum, ForeignKey, Index, Integer, MetaData, Numeric,
-                        String, Text, TypeDecorator, UniqueConstraint)
+                        String, Text, TypeDecorator, UniqueConstraint, true)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 NAMING_CONVENTION = {
@@ -237,6 +237,8 @@ class UsageRecord(Base):
     job_name: Mapped[str] = mapped_column(String(255))
     gpu_hours: Mapped[Decimal] = mapped_column(HOURS)       # priced totals of this run so far
     amount: Mapped[Decimal] = mapped_column(MONEY)
+    # False: the price book had no rate for the GPU type (charged 0); `ledger ingest --reprice`
+    priced: Mapped[bool] = mapped_column(default=True, server_default=true())
 
 
 class Charge(Base):
@@ -255,6 +257,7 @@ class Charge(Base):
     amount: Mapped[Decimal] = mapped_column(MONEY)
     bucket_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    kind: Mapped[str] = mapped_column(String(16), default="usage", server_default="usage")   # usage | reprice
 
 
 class JobMetric(Base):

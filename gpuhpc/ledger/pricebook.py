@@ -43,7 +43,7 @@ def load(data: dict, *, url: str | None = None, source: str = "price book") -> i
         eff = dt.datetime.fromisoformat(eff)
     if isinstance(eff, dt.datetime) and eff.tzinfo is None:
         eff = eff.replace(tzinfo=dt.timezone.utc)
-    eff = eff or admin.utcnow()
+    eff = eff or pricing.at_sacct_resolution(admin.utcnow())
     currency = str(data.get("currency", "USD"))
     n = 0
     for gpu_type, spec in (data.get("gpus") or {}).items():

@@ -52,6 +52,11 @@ def parse_money(text: str | float | Decimal, *, what: str = "amount") -> Decimal
     return d
 
 
+def at_sacct_resolution(t: dt.datetime) -> dt.datetime:
+    """``t`` truncated to the second, the resolution of sacct's times."""
+    return t.replace(microsecond=0)
+
+
 MIG_RE = re.compile(r"^(\d+)g\.\d+gb$")
 
 
@@ -72,7 +77,10 @@ class PriceEntry:
 @dataclass
 class PriceBook:
     """Effective-dated rates and multipliers. Build it with :meth:`add_price` /
-    :meth:`add_multiplier` or :func:`gpuhpc.ledger.quota.load_price_book`."""
+    :meth:`add_multiplier` or :func:`gpuhpc.ledger.quota.load_price_book`.
+
+    Effective times count from the start of their second: sacct reports run starts in whole
+    seconds, so a price set at 12:39:00.125 applies to a run that started at 12:39:00."""
 
     prices: dict[str, list[PriceEntry]] = field(default_factory=dict)
     multipliers: dict[tuple[str, str], list[tuple[dt.datetime, Fraction]]] = field(default_factory=dict)
@@ -81,7 +89,7 @@ class PriceBook:
                   base: str | None = None, fraction: Fraction | str | None = None) -> None:
         if (rate is None) == (base is None):
             raise UserInputError(f"price for {gpu_type}: give either a rate or a base GPU type with a fraction")
-        entry = PriceEntry(effective_from, Fraction(str(rate)) if rate is not None else None, base,
+        entry = PriceEntry(at_sacct_resolution(effective_from), Fraction(str(rate)) if rate is not None else None, base,
                            parse_fraction(str(fraction)) if base is not None else None)
         lst = self.prices.setdefault(gpu_type, [])
         lst.append(entry)
@@ -89,7 +97,7 @@ class PriceBook:
 
     def add_multiplier(self, kind: str, name: str, effective_from: dt.datetime, multiplier: Fraction | Decimal | str) -> None:
         lst = self.multipliers.setdefault((kind, name), [])
-        lst.append((effective_from, Fraction(str(multiplier))))
+        lst.append((at_sacct_resolution(effective_from), Fraction(str(multiplier))))
         lst.sort(key=lambda e: e[0])
 
     # ---------------------------------------------------------------- lookups
