@@ -76,6 +76,20 @@ def _with_reservation(resources: Resources, name: str, client, do_submit: Callab
     return job_id
 
 
+def _check_fits(resources: Resources, client) -> None:
+    """A GPU request no node can hold is bad input (exit 2), found before the reservation and
+    sbatch (one ``scontrol show node``; only for jobs that ask for GPUs)."""
+    if not resources.gpus:
+        return
+    from gpuhpc.jobs.spec import check_fits
+
+    try:
+        nodes = client.nodes()
+    except GpuhpcError:             # Slurm could not say: sbatch will
+        return
+    check_fits(resources, nodes)
+
+
 # ---------------------------------------------------------------- script mode
 def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`."""
@@ -84,6 +98,7 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     script = render(spec)
     os.makedirs(spec.log_directory, exist_ok=True)
     c = _client(client)
+    _check_fits(spec.resources, c)
     job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script))
     return Job(job_id, client=c, name=spec.name,
                log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
@@ -220,6 +235,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         holder["job"] = sjob
         return str(sjob.job_id)
 
+    _check_fits(resources, c)
     job_id = _with_reservation(resources, name, c, do_submit)
     sjob = holder["job"]
     return Job(job_id, client=c, name=name, submitit_job=sjob, log_path=str(sjob.paths.stdout))

@@ -173,6 +173,40 @@ class Resources:
             raise
 
 
+def check_fits(resources: Resources, nodes: Sequence[Any]) -> None:
+    """Refuse, before anything is reserved or submitted, a GPU request that no node can hold
+    (sbatch would only say "Requested node configuration is not available"): a GPU type the
+    cluster (the partition, when one is named) does not have, more GPUs per node than its
+    largest node has, or more such nodes than it has. ``nodes`` are ``scontrol show node``
+    records (:class:`gpuhpc.slurm.parsers.NodeInfo`: ``name``, ``partitions``,
+    ``gpus_total``). A request without GPUs is not checked."""
+    if not resources.gpus:
+        return
+    where = f"partition {resources.partition}" if resources.partition else "this cluster"
+    pool = [n for n in nodes if not resources.partition or resources.partition in n.partitions]
+    types = sorted({t for n in pool for t, c in n.gpus_total.items() if c})
+    if not types:
+        raise UserInputError(f"{where} has no GPUs", field="gpus",
+                             hint="drop --gpus, or pick a GPU partition" if resources.partition else "drop --gpus")
+    if resources.gpu_type and resources.gpu_type not in types:
+        raise UserInputError(f"{where} has no GPU type {resources.gpu_type!r}", field="gpu_type",
+                             hint=f"it has: {', '.join(types)}")
+
+    def count(n: Any) -> int:
+        return n.gpus_total.get(resources.gpu_type, 0) if resources.gpu_type else sum(n.gpus_total.values())
+
+    largest = max(pool, key=count)
+    what = f"{resources.gpu_type} GPUs" if resources.gpu_type else "GPUs"
+    if resources.gpus > count(largest):
+        raise UserInputError(f"{resources.gpus} {what} per node requested; the largest node of {where} "
+                             f"({largest.name}) has {count(largest)}", field="gpus",
+                             hint="ask for fewer per node and more --nodes")
+    fit = [n.name for n in pool if count(n) >= resources.gpus]
+    if resources.nodes > len(fit):
+        raise UserInputError(f"{resources.nodes} nodes with {resources.gpus} {what} each requested; "
+                             f"{where} has {len(fit)}", field="nodes")
+
+
 def _default_log_dir() -> str:
     env = os.environ.get("GPUHPC_LOG_DIR")
     if env:
@@ -241,6 +275,10 @@ class JobSpec:
                                  hint=f"valid: {', '.join(TEMPLATES)}")
         if self.mpi not in MPI_TYPES:
             raise UserInputError(f"unknown MPI type {self.mpi!r}", field="mpi", hint=f"valid: {', '.join(MPI_TYPES)}")
+        if self.template == "single" and self.resources.nodes > 1:
+            raise UserInputError(f"the single template runs one process on one node; {self.resources.nodes} "
+                                 "nodes would leave all but the first idle", field="template",
+                                 hint="use --template torchrun, deepspeed or mpi, or --nodes 1")
         env = dict(self.env or {})
         for k, v in env.items():
             if not isinstance(k, str) or not _ENV_KEY_RE.match(k):

@@ -6,34 +6,78 @@ import pytest
 from gpuhpc.errors import QuotaExceeded, SlurmError
 from gpuhpc.jobs import api
 from gpuhpc.jobs.spec import JobSpec, Resources
-from gpuhpc.slurm.parsers import QueueRow
+from gpuhpc.slurm.parsers import NodeInfo, QueueRow
 from gpuhpc.slurm.state import JobState, SlurmState
 
 
+def _node(name: str, partitions: tuple[str, ...], gpus: dict[str, int]) -> NodeInfo:
+    return NodeInfo(name=name, state="IDLE", cpus=16, cpus_alloc=0, real_memory_mb=64000, alloc_memory_mb=0,
+                    partitions=partitions, gpus_total=gpus)
+
+
+# the local cluster's nodes (docs/DEVELOPING.md)
+NODES = [_node("gpu-node1", ("gpu", "gpu-hi", "all"), {"h100": 8}),
+         _node("gpu-node2", ("gpu", "gpu-hi", "all"), {"h100": 8}),
+         _node("mig-node1", ("mig", "all"), {"1g.10gb": 7, "3g.40gb": 2}),
+         _node("cpu-node1", ("cpu", "all"), {})]
+
+
 class FakeClient:
-    def __init__(self, fail: bool = False, queue_rows=(), show=None):
+    """SlurmClient's methods that the jobs API calls, with SlurmClient's own signatures
+    (test_fake_client_matches_slurm_client keeps them in step)."""
+
+    def __init__(self, fail: bool = False, queue_rows=(), show=None, nodes=NODES):
         self.fail = fail
         self.scripts: list[str] = []
         self.rows = list(queue_rows)
         self.show = show
+        self._nodes = list(nodes)
+        self.cancelled: list[str] = []
 
     def cluster_name(self):
         return "testc"
 
-    def submit_script(self, script, **kw):
+    def nodes(self):
+        return self._nodes
+
+    def submit_script(self, script, *, extra=(), workdir=None, script_dir=None):
         if self.fail:
             raise SlurmError("sbatch failed", stderr="sbatch: error: Invalid account")
         self.scripts.append(script)
         return "77"
 
-    def queue(self, **kw):
+    def queue(self, *, user=None, job_ids=()):
         return self.rows
 
-    def accounting(self, **kw):
+    def accounting(self, *, job_ids=(), user=None, all_users=False, since=None, until=None, duplicates=False,
+                   allocations=True):
         return []
 
     def show_job(self, job_id):
         return self.show
+
+    def restarts(self, job_id):
+        return int((self.show or {}).get("Restarts", 0))
+
+    def cancel(self, job_id, *, signal=None, full=False):
+        self.cancelled.append(job_id)
+
+
+def test_fake_client_matches_slurm_client():
+    """Every FakeClient method exists on SlurmClient with the same parameters (names, kinds,
+    defaults), so the fake cannot drift from what the API really calls."""
+    import inspect
+
+    from gpuhpc.slurm.client import SlurmClient
+
+    def params(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    methods = [n for n, v in vars(FakeClient).items() if callable(v) and not n.startswith("_")]
+    assert methods
+    for name in methods:
+        assert hasattr(SlurmClient, name), f"SlurmClient has no {name}"
+        assert params(getattr(FakeClient, name)) == params(getattr(SlurmClient, name)), name
 
 
 class FakeReservation:
@@ -65,7 +109,7 @@ def ledger(monkeypatch):
 
 
 def _spec(**res):
-    return JobSpec(command=("python", "t.py"), name="n",
+    return JobSpec(command=("python", "t.py"), name="n", template="torchrun",
                    resources=Resources(nodes=2, gpus=8, gpu_type="h100", time="2h", partition="gpu", **res))
 
 
@@ -170,3 +214,80 @@ def test_resources_as_mapping_lists_valid_names():
     with pytest.raises(UserInputError) as exc:
         api.submit(print, resources={"gpu_count": 2}, client=FakeClient())
     assert "gpu_type" in exc.value.one_line() and "gpus" in exc.value.one_line()
+
+
+def test_gpu_request_no_node_can_hold_is_refused_before_reserve_and_sbatch(ledger, tmp_path, monkeypatch):
+    from gpuhpc.errors import UserInputError
+
+    monkeypatch.setenv("GPUHPC_LOG_DIR", str(tmp_path))
+    c = FakeClient()
+    for res, field, words in [
+        (dict(gpus=1, gpu_type="nosuch"), "gpu_type", ["no GPU type 'nosuch'", "1g.10gb, 3g.40gb, h100"]),
+        (dict(gpus=100000), "gpus", ["100000 GPUs per node", "(mig-node1) has 9"]),
+        (dict(gpus=9, gpu_type="h100", partition="gpu"), "gpus", ["largest node of partition gpu", "has 8"]),
+        (dict(gpus=1, gpu_type="1g.10gb", partition="gpu"), "gpu_type", ["partition gpu", "it has: h100"]),
+        (dict(gpus=1, partition="cpu"), "gpus", ["partition cpu has no GPUs"]),
+        (dict(gpus=8, gpu_type="h100", nodes=3), "nodes", ["3 nodes", "has 2"]),
+    ]:
+        spec = JobSpec(command=("true",), template="torchrun", resources=Resources(time="1h", **res))
+        with pytest.raises(UserInputError) as exc:
+            api.submit(spec, client=c)
+        assert exc.value.exit_code == 2 and exc.value.field == field
+        assert all(w in exc.value.one_line() for w in words), exc.value.one_line()
+    assert c.scripts == [] and ledger == []
+
+
+def test_gpu_requests_that_fit_are_submitted(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHPC_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUHPC_LEDGER", "off")
+    for res in (dict(gpus=8, gpu_type="h100", nodes=2), dict(gpus=7, gpu_type="1g.10gb", partition="mig"),
+                dict(gpus=0, partition="cpu"), dict(gpus=2, gpu_type="h100", partition="all")):
+        spec = JobSpec(command=("true",), template="torchrun", resources=Resources(time="1h", **res))
+        assert api.submit(spec, client=FakeClient()).job_id == "77"
+    # Slurm cannot list its nodes: sbatch decides
+    broken = FakeClient()
+    broken.nodes = lambda: (_ for _ in ()).throw(SlurmError("scontrol failed"))
+    assert api.submit(_spec(), client=broken).job_id == "77"
+
+
+def test_status_asks_slurm_once_per_source():
+    calls = []
+
+    class Counting(FakeClient):
+        def queue(self, *, user=None, job_ids=()):
+            calls.append("squeue")
+            return super().queue(user=user, job_ids=job_ids)
+
+        def show_job(self, job_id):
+            calls.append("scontrol")
+            return super().show_job(job_id)
+
+    job = api.Job("77", client=Counting(queue_rows=[_row("RUNNING")],
+                                         show={"Restarts": "2", "StdOut": "/logs/n-77.out", "Requeue": "1"}))
+    info = job.status()
+    assert info["restarts"] == 2 and info["log"] == "/logs/n-77.out" and info["finished"] is False
+    assert calls == ["squeue", "scontrol"]
+
+
+def test_status_of_an_unknown_job_is_an_error():
+    from gpuhpc.errors import GpuhpcError
+
+    with pytest.raises(GpuhpcError, match="not found"):
+        api.Job("77", client=FakeClient()).status()
+
+
+def test_cancel_reports_unknown_and_ended_jobs():
+    from gpuhpc.cli.jobs import not_cancellable
+
+    class Acct(FakeClient):
+        def accounting(self, *, job_ids=(), user=None, all_users=False, since=None, until=None,
+                       duplicates=False, allocations=True):
+            from types import SimpleNamespace
+
+            return [SimpleNamespace(job_id="50", array_job_id="50", state=SlurmState.parse("COMPLETED"))]
+
+    c = Acct(queue_rows=[_row("RUNNING")])
+    assert not_cancellable(c, ["77", "50", "99999"]) == {"50": "already ended (COMPLETED)",
+                                                         "99999": "no such job"}
+    assert not_cancellable(Acct(queue_rows=[_row("CANCELLED by 0")]), ["77"]) == {
+        "77": "already ended (CANCELLED by 0)"}
