@@ -1,4 +1,5 @@
-"""Cost reports: grouped totals over periods, plus a self-contained HTML page (inline SVG).
+"""Cost reports: grouped totals over periods, plus a self-contained HTML page (inline SVG charts
+from :mod:`gpuhpc.reports.charts`, drawn by matplotlib).
 
 Usage is attributed to the period in which each run started. Jobs that reported throughput
 with ``gpuhpc.report(samples_per_s=...)`` get a cost-per-work column: ``$ per 1M samples``
@@ -117,76 +118,39 @@ def cost_report(*, by: str = "account", period: str = "month", since: dt.datetim
 
 
 # ------------------------------------------------------------------ HTML
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-           "#9c755f", "#bab0ac"]
+TOP_KEYS = 9            # keys drawn with a colour of their own; the rest stack as "other"
+EMPTY = '<p class="empty">No usage in this range.</p>'
 
 
 def _e(x: object) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _svg_stacked(report: CostReport, width: int = 760, height: int = 300) -> str:
+def _svg_stacked(report: CostReport) -> str:
+    """Cost per period, stacked by the report's key (the largest keys first; the rest as other)."""
+    from gpuhpc.reports import charts
+
     periods = sorted({r.period_start for r in report.rows})
-    keys = [k for k, _ in sorted(((k, sum(r.cost for r in report.rows if r.key == k))
-                                  for k in {r.key for r in report.rows}), key=lambda kv: -kv[1])]
     if not periods:
-        return '<p class="empty">No usage in this range.</p>'
-    top = keys[:len(PALETTE) - 1]
-    color = {k: PALETTE[i] for i, k in enumerate(top)}
-    other = "other" if len(keys) > len(top) else None
-    stacks: dict[dt.datetime, dict[str, Decimal]] = {p: defaultdict(Decimal) for p in periods}
+        return EMPTY
+    totals: dict[str, Decimal] = defaultdict(Decimal)
     for r in report.rows:
-        stacks[r.period_start][r.key if r.key in color else "other"] += r.cost
-    vmax = max((sum(v.values()) for v in stacks.values()), default=ZERO) or Decimal(1)
-    left, bottom, top_m = 70, 40, 20
-    plot_w, plot_h = width - left - 160, height - bottom - top_m
-    bw = plot_w / len(periods)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="cost over time">']
-    for i in range(5):
-        v = vmax * i / 4
-        y = top_m + plot_h - float(v / vmax) * plot_h
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{float(v):,.2f}</text>')
-    for i, p in enumerate(periods):
-        y = top_m + plot_h
-        x = left + i * bw + bw * 0.1
-        for k in [*top, *([other] if other else [])]:
-            v = stacks[p].get(k, ZERO)
-            if not v:
-                continue
-            h = float(v / vmax) * plot_h
-            y -= h
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bw * 0.8:.1f}" height="{h:.1f}" '
-                         f'fill="{color.get(k, "#999")}"><title>{_e(k)} {_e(p.date())}: {float(v):,.2f}</title></rect>')
-        if len(periods) <= 16 or i % max(1, len(periods) // 16) == 0:
-            parts.append(f'<text x="{x + bw * 0.4:.1f}" y="{top_m + plot_h + 15}" text-anchor="middle" '
-                         f'font-size="10">{_e(p.strftime("%Y-%m-%d"))}</text>')
-    for i, k in enumerate([*top, *([other] if other else [])]):
-        y = top_m + i * 18
-        parts.append(f'<rect x="{left + plot_w + 15}" y="{y}" width="12" height="12" fill="{color.get(k, "#999")}"/>'
-                     f'<text x="{left + plot_w + 32}" y="{y + 10}" font-size="11">{_e(k)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        totals[r.key] += r.cost
+    keys = sorted(totals, key=lambda k: (-totals[k], k))
+    top = keys[:TOP_KEYS]
+    series: dict[str, list[float]] = {k: [0.0] * len(periods) for k in [*top, *(["other"] if keys[TOP_KEYS:] else [])]}
+    index = {p: i for i, p in enumerate(periods)}
+    for r in report.rows:
+        series[r.key if r.key in top else "other"][index[r.period_start]] += float(r.cost)
+    return charts.stacked_bars([p.strftime("%Y-%m-%d") for p in periods], series, ylabel="cost")
 
 
-def _svg_bars(values: dict[str, Decimal], width: int = 760) -> str:
+def _svg_bars(values: dict[str, Decimal]) -> str:
+    from gpuhpc.reports import charts
+
     if not values:
-        return '<p class="empty">No usage in this range.</p>'
-    row_h, left = 24, 110
-    height = row_h * len(values) + 10
-    vmax = max(values.values()) or Decimal(1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="cost by GPU type">']
-    for i, (k, v) in enumerate(values.items()):
-        w = float(v / vmax) * (width - left - 120)
-        y = 5 + i * row_h
-        parts.append(f'<text x="{left - 8}" y="{y + 15}" text-anchor="end" font-size="12">{_e(k)}</text>'
-                     f'<rect x="{left}" y="{y}" width="{max(w, 1):.1f}" height="{row_h - 6}" '
-                     f'fill="{PALETTE[i % len(PALETTE)]}"/>'
-                     f'<text x="{left + w + 6:.1f}" y="{y + 15}" font-size="12">{float(v):,.2f}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+        return EMPTY
+    return charts.hbars({k: float(v) for k, v in values.items()}, xlabel="cost")
 
 
 def render_html(report: CostReport, *, title: str = "gpuhpc cost report", generated: dt.datetime | None = None) -> str:

@@ -1,0 +1,1 @@
+"""Report building blocks shared by the ledger, sweeps and efficiency reports (charts)."""
