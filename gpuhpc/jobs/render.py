@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 import zlib
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from gpuhpc.jobs.spec import JobSpec, check_text, sbatch_options
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
 _SENTINEL = re.compile("\x00([a-z_]+)\x00")
 VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "env_lines",
-             "checkpoint_dir", "command", "nproc_per_node", "mpi")
+             "checkpoint_dir", "command", "nproc_per_node", "mpi", "python", "collective_timeout",
+             "torchrun_args")
 
 
 _BUNDLED_TEMPLATES = bundled_dir("job-templates")
@@ -65,11 +67,17 @@ def default_checkpoint_dir() -> str:
     return os.path.join(os.path.expanduser(root), "%j")
 
 
-def _command_for(spec: JobSpec) -> tuple[str, ...]:
+def _runs_python(spec: JobSpec) -> bool:
+    """A torchrun command that names its interpreter (``python -u train.py``) keeps it, with
+    its flags: torchrun runs it as a program (``--no-python``) instead of dropping it."""
     cmd = spec.command
-    if spec.template == "torchrun" and re.fullmatch(r"python[0-9.]*", os.path.basename(cmd[0])) and len(cmd) > 1:
-        cmd = cmd[1:]     # torchrun runs the script with its own interpreter
-    return cmd
+    return spec.template == "torchrun" and bool(re.fullmatch(r"python[0-9.]*", os.path.basename(cmd[0])))
+
+
+def collective_timeout_s(grace_s: int) -> int:
+    """``GPUHPC_COLLECTIVE_TIMEOUT_S``: three quarters of the grace period (at least 10 s), so a
+    hung collective fails while there is still time to requeue."""
+    return max(10, grace_s * 3 // 4)
 
 
 def context(spec: JobSpec) -> dict[str, str]:
@@ -87,9 +95,12 @@ def context(spec: JobSpec) -> dict[str, str]:
         "max_requeues": str(spec.max_requeues),
         "env_lines": "\n".join(f"export {k}={_q(v)}" for k, v in sorted(spec.env.items())),
         "checkpoint_dir": _q(spec.checkpoint_dir or default_checkpoint_dir()),
-        "command": " ".join(_q(arg) for arg in _command_for(spec)),
+        "command": " ".join(_q(arg) for arg in spec.command),
         "nproc_per_node": str(max(1, spec.resources.gpus)),
         "mpi": _q(spec.mpi),
+        "python": _q(sys.executable or "python3"),
+        "collective_timeout": str(collective_timeout_s(spec.grace_s)),
+        "torchrun_args": "--no-python " if _runs_python(spec) else "",
     }
 
 

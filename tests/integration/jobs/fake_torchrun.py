@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("--rdzv_backend", required=True, choices=["static"])
     ap.add_argument("--rdzv_endpoint", required=True)
     ap.add_argument("--max_restarts", type=int, default=0)
+    ap.add_argument("--no-python", "--no_python", dest="no_python", action="store_true")
     ap.add_argument("script")
     ap.add_argument("args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
@@ -52,7 +53,8 @@ def main() -> int:
                    WORLD_SIZE=str(a.nnodes * a.nproc_per_node), LOCAL_WORLD_SIZE=str(a.nproc_per_node),
                    GROUP_RANK=str(a.node_rank), MASTER_ADDR=addr, MASTER_PORT=str(port),
                    TORCHELASTIC_RUN_ID=a.rdzv_id)
-        procs.append(subprocess.Popen([sys.executable, a.script, *a.args], env=env))
+        argv = [a.script, *a.args] if a.no_python else [sys.executable, a.script, *a.args]
+        procs.append(subprocess.Popen(argv, env=env))
     return max(p.wait() for p in procs)
 
 

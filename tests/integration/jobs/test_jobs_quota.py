@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_quota_is_reserved_before_sbatch(jobs_env, slurm, track, monkeypatch):
     research_quota(monkeypatch, gpu_hours=1)
-    big = gpuhpc("submit", "-p", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "-t", "2h",
+    big = gpuhpc("submit", "-p", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "--template", "torchrun", "-t", "2h",
                  "-A", "research", "--hold", "--name", "gpuhpc-test-quota-big", "--", "true")
     assert big.returncode == 3, big.stderr
     assert big.stderr.startswith("error: quota exceeded") and "32.00" in big.stderr and big.stdout == ""

@@ -22,15 +22,14 @@ def _bash_array(script: str, var: str = "_gpuhpc_cmd") -> list[str]:
 @pytest.mark.parametrize("template", ["single", "torchrun", "deepspeed", "mpi"])
 def test_every_template_is_valid_bash(template, tmp_path):
     spec = JobSpec(command=("python", "train.py", *HOSTILE), template=template, name="x; touch /tmp/pwned",
-                   resources=Resources(nodes=2, gpus=8, gpu_type="h100", time="2h"), env={"V": "$(x) 'y'"})
+                   resources=Resources(nodes=1 if template == "single" else 2, gpus=8, gpu_type="h100", time="2h"), env={"V": "$(x) 'y'"})
     text = render(spec)
     path = tmp_path / "job.sh"
     path.write_text(text)
     subprocess.run(["bash", "-n", str(path)], check=True)
     assert text.startswith("#!/bin/bash\n#SBATCH --job-name=\"x; touch /tmp/pwned\"\n")
     assert "GPUHPC_CHECKPOINT_DIR" in text and "scontrol requeue" in text and "trap _gpuhpc_on_usr2 USR2" in text
-    expected = ["train.py", *HOSTILE] if template == "torchrun" else ["python", "train.py", *HOSTILE]
-    assert _bash_array(text) == expected
+    assert _bash_array(text) == ["python", "train.py", *HOSTILE]       # torchrun keeps the interpreter
 
 
 def test_env_values_are_literal():
@@ -56,6 +55,9 @@ def test_torchrun_launcher_line():
                  "scontrol show hostnames", "NodeAddr="):
         assert part in text
     assert "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1" in text
+    assert '--max_restarts=0 --no-python "$@"' in text             # python3 train.py runs as given
+    text = render(JobSpec(command=("train.py",), template="torchrun", resources=Resources(nodes=2, gpus=8)))
+    assert '--max_restarts=0 "$@"' in text
 
 
 def test_mpi_picks_pmix_or_pmi2():
@@ -71,7 +73,7 @@ def test_cli_dry_run_prints_and_submits_nothing(capsys, monkeypatch):
         raise AssertionError("sbatch must not run on --dry-run")
 
     monkeypatch.setattr("gpuhpc.jobs.api.submit_spec", boom)
-    rc = cli_submit.run(["--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "--time", "2h",
+    rc = cli_submit.run(["--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "--time", "2h", "--template", "torchrun",
                          "--partition", "gpu", "--account", "proj-x", "--dry-run", "--",
                          "python", "train.py", "--lr", "3e-4"])
     out = capsys.readouterr().out
@@ -122,7 +124,7 @@ def test_cached_skeleton_equals_direct_jinja_render(template, tmp_path, monkeypa
     monkeypatch.setenv("GPUHPC_CACHE_DIR", str(tmp_path / "cache"))
     for spec in (
         JobSpec(command=("python", "t.py", *HOSTILE), template=template, name="x; touch /tmp/pwned",
-                resources=Resources(nodes=2, gpus=8, gpu_type="h100"), env={"V": "$(x) 'y'", "W": "\\"}),
+                resources=Resources(nodes=1 if template == "single" else 2, gpus=8, gpu_type="h100"), env={"V": "$(x) 'y'", "W": "\\"}),
         JobSpec(command=("a",), template=template, checkpoint_dir="/ck/%j", grace=5, mpi="pmi2",
                 requeue=False),
     ):

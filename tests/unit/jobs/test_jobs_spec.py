@@ -35,7 +35,7 @@ def _opts(**kw):
 
 def test_issue_example_translation():
     r = Resources(gpus=8, gpu_type="h100", nodes=2, time="2h", partition="gpu", account="proj-x")
-    o = _opts(resources=r)
+    o = _opts(resources=r, template="torchrun")
     assert o["gres"] == "gpu:h100:8"           # --gpus is per node
     assert o["nodes"] == "2" and o["ntasks-per-node"] == "1"
     assert o["time"] == "02:00:00" and o["partition"] == "gpu" and o["account"] == "proj-x"
@@ -139,7 +139,7 @@ def test_grace_bare_number_is_seconds():
 
 def test_from_mapping_top_level_and_nested_resources():
     s = JobSpec.from_mapping({"command": ["python", "t.py"], "gpus": 8, "gpu_type": "h100",
-                              "nodes": 2, "name": "n", "env": {"A": 1}})
+                              "nodes": 2, "name": "n", "env": {"A": 1}, "template": "torchrun"})
     assert s.resources.gpus == 8 and s.resources.nodes == 2 and s.env == {"A": "1"}
     s = JobSpec.from_mapping({"command": ["t"], "resources": {"gpus": 1, "time": "3h"}})
     assert s.resources.time_s == 3 * 3600
@@ -151,3 +151,10 @@ def test_from_mapping_top_level_and_nested_resources():
 def test_output_path_uses_a_safe_name(tmp_path):
     s = JobSpec(command=("a",), name="x; touch /tmp/pwned %j", log_dir=str(tmp_path / "l%s"))
     assert s.output_path == str(tmp_path / "l%%s" / "x_touch_tmp_pwned_j-%j.out")
+
+
+def test_single_template_on_several_nodes_is_an_error():
+    with pytest.raises(UserInputError) as exc:
+        JobSpec(command=("a",), resources=Resources(nodes=2))
+    assert exc.value.field == "template" and "torchrun" in exc.value.one_line()
+    assert JobSpec(command=("a",), template="mpi", resources=Resources(nodes=2)).resources.nodes == 2
