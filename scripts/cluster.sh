@@ -1,13 +1,48 @@
 #!/usr/bin/env bash
-# cluster.sh up|down|purge - the local GPU Slurm cluster on this machine, stood up by our own
-# Ansible roles (ansible/site.yml with ansible/inventories/local). `up` is idempotent.
+# cluster.sh build|install|up|down|purge - the local GPU Slurm cluster on this machine, stood up by
+# our Ansible collection (gpuhpc.cluster) exactly as a site installs it:
+#   build    copy ansible/ + slurm-conf/*.j2 into a staging tree, `ansible-galaxy collection build`
+#            -> .ansible/dist/gpuhpc-cluster-<version>.tar.gz (prints the path)
+#   install  build, then `ansible-galaxy collection install` it into .ansible/collections
+#   up       install, then ansible/inventories/local/up.yml (test machinery + gpuhpc.cluster.site);
+#            idempotent: a second run reports changed=0 and restarts nothing
+#   down     stop every daemon (gpuhpc.cluster.teardown); purge also deletes state
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset SLURM_CONF   # the local cluster lives at /etc/slurm/slurm.conf
-export ANSIBLE_CONFIG="$PWD/ansible/ansible.cfg" PATH="$PWD/.venv/bin:$PATH"
+ROOT=$PWD
+export ANSIBLE_CONFIG="$ROOT/ansible/ansible.cfg" PATH="$ROOT/.venv/bin:$PATH"
+export ANSIBLE_COLLECTIONS_PATH="$ROOT/.ansible/collections"
+LOCAL=ansible/inventories/local
+
+build() {
+  local stage="$ROOT/.ansible/build/$$" dist="$ROOT/.ansible/dist"
+  rm -rf "$stage" && mkdir -p "$stage" "$dist"
+  tar -C ansible --exclude=./inventories --exclude=./.ansible -cf - . | tar -C "$stage" -xf -
+  # the one source of the Slurm templates is slurm-conf/: the collection carries a copy
+  mkdir -p "$stage/roles/gpuhpc_slurm_common/templates"
+  cp slurm-conf/slurm.conf.j2 slurm-conf/gres.conf.j2 slurm-conf/topology.conf.j2 slurm-conf/cgroup.conf.j2 \
+     "$stage/roles/gpuhpc_slurm_common/templates/"
+  mkdir -p "$stage/roles/gpuhpc_slurmdbd/templates"
+  cp slurm-conf/slurmdbd.conf.j2 "$stage/roles/gpuhpc_slurmdbd/templates/"
+  ansible-galaxy collection build "$stage" --output-path "$dist" --force >&2
+  rm -rf "$stage"
+  local version
+  version=$(sed -n 's/^version: *//p' ansible/galaxy.yml)
+  echo "$dist/gpuhpc-cluster-$version.tar.gz"
+}
+
+install() {
+  local tarball
+  tarball=$(build)
+  ansible-galaxy collection install "$tarball" -p "$ANSIBLE_COLLECTIONS_PATH" --force >&2
+}
+
 case "${1:-up}" in
-  up)    ansible-playbook -i ansible/inventories/local ansible/site.yml "${@:2}" ;;
-  down)  ansible-playbook -i ansible/inventories/local ansible/teardown.yml "${@:2}" ;;
-  purge) ansible-playbook -i ansible/inventories/local ansible/teardown.yml -e gpuhpc_teardown_purge=true "${@:2}" ;;
-  *) echo "usage: scripts/cluster.sh up|down|purge [ansible-playbook args]" >&2; exit 2 ;;
+  build)   build ;;
+  install) install ;;
+  up)      install && ansible-playbook -i "$LOCAL" "$LOCAL/up.yml" "${@:2}" ;;
+  down)    install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" "${@:2}" ;;
+  purge)   install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
+  *) echo "usage: scripts/cluster.sh build|install|up|down|purge [ansible-playbook args]" >&2; exit 2 ;;
 esac
