@@ -4,8 +4,22 @@ from __future__ import annotations
 import typer
 
 from gpuhpc.cli._console import console, print_json
+from gpuhpc.errors import GpuhpcError
 
 cluster_app = typer.Typer(help="Inspect the Slurm cluster.", no_args_is_help=True)
+
+
+def node_list(text: str) -> str:
+    """A partition's nodes as compressed hostlist terms, ``", "``-separated so that a table
+    wraps between them (``gpu-node[1-2], cpu-node1``); Slurm reads blanks as separators too."""
+    from gpuhpc import hostlist
+
+    if not text or text == "(null)":
+        return ""
+    try:
+        return ", ".join(hostlist.compress_terms(hostlist.expand(text)))
+    except GpuhpcError:
+        return text
 
 
 def _state_style(state: str) -> str:
@@ -29,28 +43,31 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     from rich.table import Table
 
     out = console()
-    nodes = Table(title="Nodes", title_justify="left")
+    nodes = Table(title="Nodes", title_justify="left", show_edge=False)
     for col in ("node", "state", "cpus (alloc/total)", "memory MB", "GPUs (free/total)", "partitions"):
-        nodes.add_column(col)
+        nodes.add_column(col, overflow="fold")
     for n in st.nodes:
         gpus = ", ".join(f"{t} {n.gpus_free[t]}/{c}" for t, c in sorted(n.gpus_total.items())) or "-"
         style = _state_style(n.state)
         nodes.add_row(n.name, f"[{style}]{n.state.lower()}[/]", f"{n.cpus_alloc}/{n.cpus}",
-                      str(n.real_memory_mb), gpus, ",".join(n.partitions))
+                      str(n.real_memory_mb), gpus, ", ".join(n.partitions))
     out.print(nodes)
 
-    gpus = Table(title="GPUs by type", title_justify="left")
+    gpus = Table(title="GPUs by type", title_justify="left", show_edge=False)
     for col in ("type", "kind", "total", "allocated", "free"):
         gpus.add_column(col, justify="right" if col in ("total", "allocated", "free") else "left")
     for g in st.gpus:
         gpus.add_row(g.gpu_type, "MIG" if g.mig else "GPU", str(g.total), str(g.allocated), str(g.free))
     out.print(gpus)
 
-    parts = Table(title="Partitions", title_justify="left")
-    for col in ("partition", "state", "nodes", "priority tier", "preempt mode", "max time", "default"):
-        parts.add_column(col)
-    for p in st.partitions:
-        parts.add_row(p.name, p.state.lower(), p.nodes, str(p.priority_tier), p.preempt_mode,
+    parts = Table(title="Partitions", title_justify="left", show_edge=False)
+    lists = [node_list(p.nodes) for p in st.partitions]
+    # a node list wraps between its hostlist terms, never inside one
+    term = max((len(t) + 1 for text in lists for t in text.split(", ")), default=5)
+    for col in ("partition", "state", "nodes", "priority", "preempt", "max time", "default"):
+        parts.add_column(col, overflow="fold", min_width=term if col == "nodes" else None)
+    for p, nodelist in zip(st.partitions, lists):
+        parts.add_row(p.name, p.state.lower(), nodelist, str(p.priority_tier), p.preempt_mode,
                       p.max_time, "yes" if p.default else "")
     out.print(parts)
 
