@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("tree", "--format", help="tree (topology/tree), block (topology/block), or spec (YAML for the cluster spec's topology:)."),
         rail: str = typer.Option("auto", "--rail",
                                  help="auto (the best compute rail), all, or HCA names: mlx5_0,HCA-1"),
-        spec: str | None = typer.Option(None, "--spec", help="Cluster spec YAML: keep only its nodes, warn on differences."),
+        spec: str | None = typer.Option(None, "--spec", help="Cluster spec YAML (as conf validate accepts it): keep only its nodes, warn on differences; NVLink domains for --block-by nvlink."),
         block_by: str = typer.Option("leaf", "--block-by", help="block format: group by leaf or nvlink (domain)."),
         block_size: int | None = typer.Option(None, "--block-size", help="block format: nodes per block (base block size)."),
         cliques: str | None = typer.Option(None, "--cliques", help="'HOST CLIQUE-ID' lines (NVLink domains) for --block-by nvlink."),
@@ -70,18 +70,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write topology.conf from an ibnetdiscover dump."""
         from gpuhpc.topology import topology_from_ibnetdiscover
-        from gpuhpc.topology.spec import read_cliques, spec_domains, spec_hcas, spec_nodes
+        from gpuhpc.topology import spec as topo_spec
 
+        nodes = topo_spec.load(spec) if spec else None       # the validated cluster spec (exit 2 if not)
         text, source = _read_input(file)
-        hosts = spec_nodes(spec) if spec else None
         domains: dict[str, str] = {}
-        if spec and block_by == "nvlink":
-            domains.update(spec_domains(spec))
+        if nodes and block_by == "nvlink":
+            domains.update(nodes.domains)
         if cliques:
-            domains.update(read_cliques(cliques))
-        res = topology_from_ibnetdiscover(text, source=source, rail=rail, spec_hosts=hosts, fmt=fmt,
-                                          block_by=block_by, block_size=block_size, domains=domains,
-                                          compute_hcas=spec_hcas(spec) if spec else None)
+            domains.update(topo_spec.read_cliques(cliques))
+        res = topology_from_ibnetdiscover(text, source=source, rail=rail, spec_hosts=nodes.hosts if nodes else None,
+                                          fmt=fmt, block_by=block_by, block_size=block_size, domains=domains,
+                                          compute_hcas=nodes.hcas if nodes else None)
         _warn_all(res.warnings)
         if output:
             write_atomic(output, res.text)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from gpuhpc import hostlist
 from gpuhpc.errors import SpecError, UserInputError
 from gpuhpc.slurm.durations import parse_duration
-from gpuhpc.spec.cluster import ClusterSpec
+from gpuhpc.spec.cluster import ClusterSpec, NodeGroup
 from gpuhpc.spec.gpus import check_mig_layout, gpu_model
 
 MIN_CPUS_PER_GPU = 2
@@ -56,6 +56,30 @@ def resolve_nodes(spec: ClusterSpec, terms: list[str], field: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _check_nvlink(g: NodeGroup, gf: str, names: list[str], warnings: list[str]) -> None:
+    """NVLink domains name nodes of their own group, each node at most once."""
+    if g.nvlink_domain_size is not None and g.count % g.nvlink_domain_size:
+        warnings.append(f"{gf}: {g.count} nodes in NVLink domains of {g.nvlink_domain_size}: the last domain has "
+                        f"{g.count % g.nvlink_domain_size} node(s)")
+    if g.nvlink_domains is None:
+        return
+    mine, placed = set(names), {}
+    for j, expr in enumerate(g.nvlink_domains):
+        try:
+            members = hostlist.expand(expr)
+        except UserInputError as exc:
+            raise SpecError(exc.message, field=f"{gf}.nvlink_domains[{j}]", hint=exc.hint) from None
+        for n in members:
+            if n not in mine:
+                raise SpecError(f"{n!r} is not a node of this group", field=f"{gf}.nvlink_domains[{j}]",
+                                hint=f"the group's nodes: {hostlist.compress(names)}")
+            if n in placed:
+                raise SpecError(f"{n!r} is already in nvlink_domains[{placed[n]}]", field=f"{gf}.nvlink_domains[{j}]")
+            placed[n] = j
+    if left := [n for n in names if n not in placed]:
+        warnings.append(f"{gf}: {hostlist.compress(left)} in no NVLink domain (left out of topology/block)")
+
+
 def validate(spec: ClusterSpec) -> list[str]:
     """Raise SpecError on the first problem; return warnings."""
     warnings: list[str] = []
@@ -84,6 +108,7 @@ def validate(spec: ClusterSpec) -> list[str]:
                 raise SpecError(f"duplicate node name {n!r} (also in node_groups[{seen_nodes[n]}])",
                                 field=f"{gf}.hostname")
             seen_nodes[n] = gi
+        _check_nvlink(g, gf, names, warnings)
         if g.real_memory_mb is not None and g.real_memory_mb > g.memory_mb:
             raise SpecError(f"real_memory_mb {g.real_memory_mb} is above the physical memory_mb {g.memory_mb}",
                             field=f"{gf}.real_memory_mb")

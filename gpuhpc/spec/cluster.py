@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuhpc.errors import SpecError, UserInputError
 from gpuhpc.slurm.durations import UNLIMITED_WORDS, parse_duration
@@ -190,6 +190,35 @@ class NodeGroup(_Model):
     addr: Word | None = None            # NodeAddr=
     node_hostname: Name | None = None   # NodeHostname=
     port: Port | None = None            # first node's Port=; the group's nodes count up from it
+    # NVLink domains (GB200 NVL72 and the like), for Slurm's topology/block
+    # (`gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --spec`). At most one of:
+    nvlink_domain: Name | None = None           # the whole group is one domain, with this name
+    nvlink_domain_size: int | None = Field(default=None, ge=1)   # consecutive chunks of this many nodes
+    nvlink_domains: list[Word] | None = None    # one hostlist per domain (nodes of this group)
+
+    @model_validator(mode="after")
+    def _one_nvlink_form(self) -> "NodeGroup":
+        given = [k for k in ("nvlink_domain", "nvlink_domain_size", "nvlink_domains") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of nvlink_domain, nvlink_domain_size, nvlink_domains (not {' and '.join(given)})")
+        return self
+
+    def nvlink_domain_of(self) -> dict[str, str]:
+        """node name -> NVLink domain name: ``nvlink_domain`` as given; ``nvlink_domain_size`` and
+        ``nvlink_domains`` as ``<group>-nvl1``, ``<group>-nvl2`` ... in node order. Empty when the
+        group declares none. Hostlists are expanded as given (conf validate checks the names)."""
+        names = self.node_names()
+        if self.nvlink_domain is not None:
+            return {n: self.nvlink_domain for n in names}
+        if self.nvlink_domain_size is not None:
+            return {n: f"{self.name}-nvl{i // self.nvlink_domain_size + 1}" for i, n in enumerate(names)}
+        out: dict[str, str] = {}
+        for j, expr in enumerate(self.nvlink_domains or []):
+            from gpuhpc.hostlist import expand
+
+            for n in expand(expr):
+                out.setdefault(n, f"{self.name}-nvl{j + 1}")
+        return out
 
     @field_validator("hostname")
     @classmethod
@@ -276,6 +305,14 @@ class ClusterSpec(_Model):
 
     def nodes(self) -> list[tuple[NodeGroup, str]]:
         return [(g, n) for g in self.node_groups for n in g.node_names()]
+
+    def nvlink_domains(self) -> dict[str, str]:
+        """node name -> NVLink domain, for the node groups that declare one."""
+        return {n: d for g in self.node_groups for n, d in g.nvlink_domain_of().items()}
+
+    def ib_hcas(self) -> set[str]:
+        """The compute HCA names the node groups list (``ib_hcas``; storage HCAs left out)."""
+        return {h for g in self.node_groups for h in g.ib_hcas}
 
 
 def format_loc(loc: tuple[int | str, ...]) -> str:

@@ -67,7 +67,8 @@ def topology_from_ibnetdiscover(text: str, *, source: str = "<stdin>", rail: str
         elif block_by == "nvlink":
             if not domains:
                 raise UserInputError("no NVLink domains known", field="--block-by",
-                                     hint="give --cliques FILE (host clique-id lines) or nvlink_domain in the --spec node groups")
+                                     hint="give --cliques FILE (host clique-id lines), or nvlink_domain, nvlink_domain_size or "
+                                          "nvlink_domains on the --spec node groups")
             placed = sorted(tree.hosts)
             groups = block_groups_by_domain(domains, placed if placed else None)
             lost = sorted(set(placed) - set(domains))

@@ -4,8 +4,8 @@ import re
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.topology import parse, topology_from_ibnetdiscover
 from gpuhpc.hostlist import expand
+from gpuhpc.topology import parse, topology_from_ibnetdiscover
 from gpuhpc.topology.synth import synth
 
 
@@ -103,11 +103,10 @@ def test_degraded_link_names_switch_port_and_host():
     assert "switch r0-leaf001 port 1" in deg[0] and "host gpu001 (mlx5_0)" in deg[0] and "2xNDR" in deg[0]
 
 
-def test_spec_hosts(tmp_path, cli):
+def test_spec_hosts(tmp_path, cli, write_spec):
     dump = tmp_path / "f.out"
     dump.write_text(synth(levels=2, leaves=2, hosts_per_leaf=2, hosts=["gpu1", "gpu2", "gpu3", "ufm1"]))
-    spec = tmp_path / "cluster.yaml"
-    spec.write_text("name: t\nnode_groups:\n  - name: gpu\n    hostname: 'gpu{n}'\n    count: 4\n")
+    spec = write_spec({"name": "gpu", "hostname": "gpu{n}", "count": 4})
     rc, out, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec))
     assert rc == 0
     assert "not in the spec" in err and "ufm1" in err
@@ -121,7 +120,17 @@ def test_spec_bad_yaml(tmp_path, cli):
     spec = tmp_path / "cluster.yaml"
     spec.write_text("node_groups: [\n  {a: 1\n")
     rc, _, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec))
-    assert rc == 2 and "cluster.yaml:" in err
+    assert rc == 2 and "cluster.yaml is not valid YAML" in err
+
+
+def test_spec_is_validated_like_conf_validate(tmp_path, cli, write_spec):
+    dump = tmp_path / "f.out"
+    dump.write_text(synth(levels=2, leaves=1, hosts_per_leaf=2, host_prefix="nvl"))
+    spec = write_spec({"name": "gb200", "hostname": "nvl{n:03d}", "count": 2, "nvlink_domains": ["nvl[001-003]"]})
+    rc, _, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec), "--format", "block",
+                     "--block-by", "nvlink")
+    assert rc == 2 and "node_groups[0].nvlink_domains[0]: 'nvl003' is not a node of this group" in err
+    assert cli("conf", "validate", str(spec))[0] == 2
 
 
 def test_block_by_nvlink_cliques(tmp_path, cli):
@@ -207,16 +216,6 @@ def test_host_names_from_descriptions():
     assert split_desc("Mellanox Technologies Aggregation Node") is None
 
 
-def test_spec_reader_agrees_with_the_typed_model(repo_root):
-    """Our loose YAML reader and gpuhpc.spec's validated model give the same node names."""
-    from gpuhpc.spec.cluster import load_spec
-    from gpuhpc.topology.spec import spec_nodes
-
-    for path in sorted((repo_root / "examples" / "clusters").glob("*.yaml")):
-        typed = [name for _group, name in load_spec(path).nodes()]
-        assert spec_nodes(path) == typed, path
-
-
 def test_local_fabric_matches_local_spec(repo_root, cli):
     rc, out, err = cli("topology", "from-ibnetdiscover",
                        str(repo_root / "tests" / "integration" / "topology" / "local-fabric.out"),
@@ -245,12 +244,11 @@ def test_storage_plane_is_not_picked_by_auto():
     assert len(sum(leaves.values(), [])) == 20
 
 
-def test_block_by_nvlink_domains_from_spec(tmp_path, cli):
+def test_block_by_nvlink_domains_from_spec(tmp_path, cli, write_spec):
     dump = tmp_path / "f.out"
     dump.write_text(synth(levels=2, leaves=3, hosts_per_leaf=6, host_prefix="nvl"))
-    spec = tmp_path / "cluster.yaml"
-    spec.write_text("name: t\nnode_groups:\n  - name: gb200\n    hostname: 'nvl{n:03d}'\n    count: 18\n"
-                    "    nvlink_domain_size: 9\n")
+    spec = write_spec({"name": "gb200", "hostname": "nvl{n:03d}", "count": 18, "nvlink_domain_size": 9})
+    assert cli("conf", "validate", str(spec))[0] == 0          # the spec --block-by nvlink needs is a valid one
     rc, out, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec), "--format", "block",
                        "--block-by", "nvlink")
     assert rc == 0, err
@@ -280,14 +278,12 @@ def test_spec_format_validates_against_the_spec_model(repo_root, cli):
         ("r0-spine001", [], ["r0-leaf001", "r0-leaf002"])]
 
 
-def test_spec_ib_hcas_exclude_storage_plane_from_auto(tmp_path, cli):
+def test_spec_ib_hcas_exclude_storage_plane_from_auto(tmp_path, cli, write_spec):
     # two planes with the same hosts: mlx5_0 (compute) and mlx5_1 (storage, bigger leaves)
     text = synth(levels=2, leaves=2, hosts_per_leaf=3, rails=2)
     dump = tmp_path / "f.out"
     dump.write_text(text)
-    spec = tmp_path / "cluster.yaml"
-    spec.write_text("name: t\nnode_groups:\n  - name: g\n    hostname: 'gpu{n:03d}'\n    count: 6\n"
-                    "    ib_hcas: [mlx5_1]\n")
+    spec = write_spec({"name": "g", "hostname": "gpu{n:03d}", "count": 6, "ib_hcas": ["mlx5_1"]})
     rc, out, err = cli("topology", "from-ibnetdiscover", str(dump), "--spec", str(spec), "--rail", "all")
     assert rc == 0, err
     assert "SwitchName=r1-leaf001" in out and "r0-leaf" not in out
