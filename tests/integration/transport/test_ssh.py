@@ -110,3 +110,32 @@ def test_submit_jobs_and_logs_through_the_cli_over_ssh(ssh_env, tmp_path):
         assert jobs.returncode == 0, jobs.stderr
     finally:
         run("cancel", job_id)
+
+
+def test_read_from_over_sftp_returns_only_new_bytes(client, tmp_path):
+    """`gpuhpc logs -f` over SSH: each poll reads from the last offset, not the whole file."""
+    log = tmp_path / "growing.out"
+    assert client.runner.read_from(str(log), 0) == b""          # not there yet
+    log.write_bytes(b"first\n")
+    assert client.runner.read_from(str(log), 0) == b"first\n"
+    with log.open("ab") as fh:
+        fh.write(b"second\n")
+    assert client.runner.read_from(str(log), 6) == b"second\n"
+    assert client.runner.read_from(str(log), 13) == b""
+
+
+def test_logs_follow_over_ssh(ssh_env, tmp_path):
+    env = {**os.environ, **ssh_env, "GPUHPC_LEDGER": "off"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpuhpc", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=180)
+    res = run("submit", "--partition", "cpu", "--time", "5m", "--name", "ssh-follow", "--log-dir", str(tmp_path),
+              "--", "bash", "-c", "for i in $(seq 1 10); do echo line $i; sleep 0.3; done")
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    try:
+        follow = run("logs", "-f", job_id)
+        assert follow.returncode == 0, follow.stderr
+        assert [ln for ln in follow.stdout.splitlines() if ln.startswith("line ")] == [
+            f"line {i}" for i in range(1, 11)]
+    finally:
+        run("cancel", job_id)

@@ -291,3 +291,31 @@ def test_cancel_reports_unknown_and_ended_jobs():
                                                          "99999": "no such job"}
     assert not_cancellable(Acct(queue_rows=[_row("CANCELLED by 0")]), ["77"]) == {
         "77": "already ended (CANCELLED by 0)"}
+
+
+def test_follow_log_reads_from_the_last_offset_until_the_job_ends():
+    """Each poll asks the runner for the bytes after what was already printed, and the bytes
+    written just before the job ended are printed too."""
+    log = [b"a\n", b"", b"bc\n", b"d\n"]        # what the file grows by between polls
+    reads: list[int] = []
+
+    class Runner:
+        def __init__(self):
+            self.data = b""
+
+        def read_from(self, path, offset):
+            reads.append(offset)
+            if log:
+                self.data += log.pop(0)
+            return self.data[offset:]
+
+    class Client(FakeClient):
+        runner = Runner()
+
+        def queue(self, *, user=None, job_ids=()):
+            return [_row("RUNNING" if log else "COMPLETED")]
+
+    job = api.Job("77", client=Client(show={"StdOut": "/logs/x.out"}))
+    out = b"".join(job.follow_log(poll=0, check_every=0))
+    assert out == b"a\nbc\nd\n"
+    assert reads == sorted(reads) and reads[:3] == [0, 2, 2]
