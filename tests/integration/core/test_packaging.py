@@ -1,7 +1,7 @@
 """A wheel is self-contained: it carries job-templates/, slurm-conf/ (as gpuhpc/_data/) and the
 command-server client's source, and gpuhpc run from the unpacked wheel, away from any checkout,
 renders exactly what the checkout renders. (Builds with pip's build isolation: needs PyPI,
-like the rest of CI's set-up.)"""
+like the rest of CI's set-up; an integration test: it builds a wheel.)"""
 from __future__ import annotations
 
 import shutil
@@ -10,7 +10,11 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
 
 RUN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhpc.cli import entry; sys.exit(entry())"
 
