@@ -323,32 +323,39 @@ class Tree:
 def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = None,
                compute_hcas: set[str] | None = None) -> Tree:
     """Place every host of the chosen rail(s) under the leaf its HCA is cabled to, then walk
-    up through the non-edge switches to find spines (level 1), cores (level 2) ..."""
+    up through the non-edge switches to find spines (level 1), cores (level 2) ...
+
+    The graph walk (:func:`place_hosts`, :func:`switch_levels`, :func:`left_out_switches`,
+    :func:`tree_switches`, :func:`reaches_all`) returns facts; :func:`_warnings` words them."""
     warnings = list(fab.warnings)
     if not fab.names:
-        hosts = sorted({f"{h.host} ({h.name or 'HCA'})" for h in fab.hcas}) or [n.desc for n in fab.dump.cas()]
-        warnings.append(f"no switches in this dump (CAs: {', '.join(hosts[:5])}): the host that ran "
-                        "ibnetdiscover is not cabled to a switch, or its port is down; topology.conf has no switches")
+        warnings.append(_no_switches_warning(fab))
         return Tree([], [], {}, warnings)
     chosen, use_names = pick_rails(fab, rail, warnings, compute_hcas)
-    if len(fab.rails) > 1:
-        picked = {r.index for r in chosen}
-        desc = "; ".join(f"rail {r.index}{'*' if r.index in picked else ''} = {r.label}: "
-                         f"{len(r.hosts)} hosts, {len(r.leaves)} leaves{' (storage/mgmt?)' if r.storage else ''}"
-                         for r in fab.rails)
-        warnings.insert(0, f"{len(fab.rails)} rails found ({'separate planes' if fab.planes else 'one fabric'}), "
-                           f"* = used (--rail): {desc}")
     spec_set = set(spec_hosts) if spec_hosts is not None else None
-    all_hosts = {h.host for h in fab.hcas}
-    if spec_set is not None:
-        extra = sorted(all_hosts - spec_set, key=natural_key)
-        if extra:
-            warnings.append(f"{len(extra)} host(s) in the fabric are not in the spec, left out: {compress(extra)}")
-        gone = sorted(spec_set - all_hosts, key=natural_key)
-        if gone:
-            warnings.append(f"{len(gone)} spec host(s) are not in the fabric (down, uncabled or NodeDesc unset): {compress(gone)}")
-    placed: dict[str, list[str]] = defaultdict(list)      # host -> leaf ids
+    placement = place_hosts(fab, chosen, use_names, spec_set)
+    level, children = switch_levels(fab, placement.leaf_hosts)
+    switches = tree_switches(fab, level, children, placement.leaf_hosts)
+    facts = _TreeFacts(chosen, spec_set, placement, left_out_switches(fab, level, placement.leaf_hosts, spec_set),
+                       reaches_all(switches, set(placement.placed)))
+    warnings = _rails_summary(fab, chosen) + warnings + _warnings(fab, facts)
+    return Tree(switches, chosen, {h: [fab.names[s] for s in v] for h, v in placement.placed.items()}, warnings)
+
+
+# ---------------------------------------------------------------- the graph walk (no text)
+@dataclass
+class Placement:
+    placed: dict[str, list[str]]                   # host -> leaf ids (one per chosen rail)
+    leaf_hosts: dict[str, set[str]]                # leaf id -> hosts placed under it
+    multi_leaf: list[tuple[str, int, list[Hca]]]   # (host, rail index, its HCAs) cabled to >1 leaf of a rail
+
+
+def place_hosts(fab: Fabric, chosen: list[Rail], use_names: set[str] | None,
+                spec_set: set[str] | None) -> Placement:
+    """Each host under the leaf of its first HCA (natural name order) on each chosen rail."""
+    placed: dict[str, list[str]] = defaultdict(list)
     leaf_hosts: dict[str, set[str]] = defaultdict(set)
+    multi: list[tuple[str, int, list[Hca]]] = []
     for r in chosen:
         per_host: dict[str, list[Hca]] = defaultdict(list)
         for h in r.hcas:
@@ -359,30 +366,19 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
             per_host[h.host].append(h)
         for host, hs in per_host.items():
             hs.sort(key=lambda h: natural_key(h.name))
-            leaves = sorted({h.switch for h in hs}, key=lambda s: natural_key(fab.names[s]))
-            if len(leaves) > 1:
-                warnings.append(f"host {host} has {len(hs)} HCAs on rail {r.index} "
-                                f"({', '.join(f'{h.name} on {fab.names[h.switch]} port {h.port}' for h in hs)}); "
-                                f"using {hs[0].name}")
-            leaf = hs[0].switch
-            placed[host].append(leaf)
-            leaf_hosts[leaf].add(host)
-    missing = sorted((all_hosts if spec_set is None else all_hosts & spec_set) - set(placed), key=natural_key)
-    if missing and len(fab.rails) > 1:
-        warnings.append(f"{len(missing)} host(s) have no HCA on the chosen rail(s), left out: {compress(missing)}")
-    elif missing:
-        warnings.append(f"{len(missing)} host(s) are not cabled to a switch, left out: {compress(missing)}")
-    if not placed:
-        warnings.append(f"no host names in this fabric ({len(fab.names)} switches, {len(fab.dump.cas())} CAs, none "
-                        "with a '<host> <hca>' NodeDesc cabled to a switch): topology.conf has no switches")
-    if len(chosen) > 1:
-        warnings.append(f"{len(chosen)} rails chosen: each host is listed under one leaf per rail; Slurm's "
-                        "topology/tree logs 'Multiple leaf switches contain nodes' and treats them as multi-homed")
-    # ---- levels
-    level: dict[str, int] = {s: 0 for s in leaf_hosts}
-    frontier = list(leaf_hosts)
-    lvl = 0
+            if len({h.switch for h in hs}) > 1:
+                multi.append((host, r.index, hs))
+            placed[host].append(hs[0].switch)
+            leaf_hosts[hs[0].switch].add(host)
+    return Placement(placed, leaf_hosts, multi)
+
+
+def switch_levels(fab: Fabric, leaves) -> tuple[dict[str, int], dict[str, set[str]]]:
+    """Breadth-first from the leaves through non-edge switches: (switch -> level, switch ->
+    children one level down). Leaves are level 0."""
+    level: dict[str, int] = {s: 0 for s in leaves}
     children: dict[str, set[str]] = defaultdict(set)
+    frontier, lvl = list(leaves), 0
     while frontier:
         nxt = []
         for s in frontier:
@@ -396,18 +392,31 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
                     children[t].add(s)
         frontier = nxt
         lvl += 1
+    return level, children
+
+
+def left_out_switches(fab: Fabric, level: dict[str, int], leaf_hosts: dict[str, set[str]],
+                      spec_set: set[str] | None) -> list[tuple[str, str]]:
+    """Switches of the used fabric parts the walk did not reach, as (switch id, why): ``unnamed``
+    (only default NodeDescs), ``not-in-spec`` (an edge switch without spec hosts), ``unreached``."""
     used_comps = {fab.component[s] for s in leaf_hosts}
+    out: list[tuple[str, str]] = []
     for sid in sorted(fab.names, key=lambda s: natural_key(fab.names[s])):
         if sid in level or fab.component[sid] not in used_comps:
             continue
         if sid in fab.edge:
             if sid in fab.unnamed and not any(h.switch == sid for h in fab.hcas):
-                warnings.append(f"switch {fab.names[sid]} has no hosts with a name (only default NodeDescs); left out")
+                out.append((sid, "unnamed"))
             elif spec_set is not None and not any(h.switch == sid and h.host in spec_set for h in fab.hcas):
-                if len(fab.rails) <= 1:
-                    warnings.append(f"switch {fab.names[sid]} has no hosts from the spec; left out")
+                out.append((sid, "not-in-spec"))
             continue
-        warnings.append(f"switch {fab.names[sid]} has no hosts and reaches no leaf of the chosen rail(s); left out")
+        out.append((sid, "unreached"))
+    return out
+
+
+def tree_switches(fab: Fabric, level: dict[str, int], children: dict[str, set[str]],
+                  leaf_hosts: dict[str, set[str]]) -> list[TreeSwitch]:
+    """The switches of topology.conf, by level then natural name."""
     out: list[TreeSwitch] = []
     for sid, lv in level.items():
         ts = TreeSwitch(sid, fab.names[sid], lv)
@@ -417,17 +426,87 @@ def build_tree(fab: Fabric, rail: str = "auto", spec_hosts: list[str] | None = N
             ts.children = sorted((fab.names[c] for c in children[sid]), key=natural_key)
         out.append(ts)
     out.sort(key=lambda t: (t.level, natural_key(t.name)))
-    # Slurm: "no switch can reach all nodes through its descendants"
-    if out:
-        top = max(t.level for t in out)
-        below: dict[str, set[str]] = {}
-        for t in out:
-            if t.level == 0:
-                below[t.name] = set(t.nodes)
-            else:
-                below[t.name] = set().union(*(below.get(c, set()) for c in t.children))
-        every = set(placed)
-        if not any(below[t.name] >= every for t in out if t.level == top):
-            warnings.append("no switch reaches all nodes through its descendants (Slurm warns the same): "
-                            "jobs cannot span the disconnected parts")
-    return Tree(out, chosen, {h: [fab.names[s] for s in v] for h, v in placed.items()}, warnings)
+    return out
+
+
+def reaches_all(switches: list[TreeSwitch], hosts: set[str]) -> bool:
+    """Whether some top-level switch reaches every host through its descendants (what Slurm's
+    topology/tree checks); True for an empty tree."""
+    if not switches:
+        return True
+    top = max(t.level for t in switches)
+    below: dict[str, set[str]] = {}
+    for t in switches:
+        below[t.name] = set(t.nodes) if t.level == 0 else set().union(*(below.get(c, set()) for c in t.children))
+    return any(below[t.name] >= hosts for t in switches if t.level == top)
+
+
+# ---------------------------------------------------------------- the words
+@dataclass
+class _TreeFacts:
+    chosen: list[Rail]
+    spec_set: set[str] | None
+    placement: Placement
+    left_out: list[tuple[str, str]]
+    reaches_all: bool
+
+
+def _no_switches_warning(fab: Fabric) -> str:
+    hosts = sorted({f"{h.host} ({h.name or 'HCA'})" for h in fab.hcas}) or [n.desc for n in fab.dump.cas()]
+    return (f"no switches in this dump (CAs: {', '.join(hosts[:5])}): the host that ran "
+            "ibnetdiscover is not cabled to a switch, or its port is down; topology.conf has no switches")
+
+
+def _rails_summary(fab: Fabric, chosen: list[Rail]) -> list[str]:
+    if len(fab.rails) <= 1:
+        return []
+    picked = {r.index for r in chosen}
+    desc = "; ".join(f"rail {r.index}{'*' if r.index in picked else ''} = {r.label}: "
+                     f"{len(r.hosts)} hosts, {len(r.leaves)} leaves{' (storage/mgmt?)' if r.storage else ''}"
+                     for r in fab.rails)
+    return [f"{len(fab.rails)} rails found ({'separate planes' if fab.planes else 'one fabric'}), "
+            f"* = used (--rail): {desc}"]
+
+
+def _warnings(fab: Fabric, f: _TreeFacts) -> list[str]:
+    """What the tree leaves out or cannot do, in the order an admin fixes it: spec differences,
+    multi-homed hosts, hosts left out, rails, switches left out, reachability."""
+    out: list[str] = []
+    all_hosts = {h.host for h in fab.hcas}
+    if f.spec_set is not None:
+        extra = sorted(all_hosts - f.spec_set, key=natural_key)
+        if extra:
+            out.append(f"{len(extra)} host(s) in the fabric are not in the spec, left out: {compress(extra)}")
+        gone = sorted(f.spec_set - all_hosts, key=natural_key)
+        if gone:
+            out.append(f"{len(gone)} spec host(s) are not in the fabric (down, uncabled or NodeDesc unset): "
+                       f"{compress(gone)}")
+    for host, rail_index, hs in f.placement.multi_leaf:
+        out.append(f"host {host} has {len(hs)} HCAs on rail {rail_index} "
+                   f"({', '.join(f'{h.name} on {fab.names[h.switch]} port {h.port}' for h in hs)}); "
+                   f"using {hs[0].name}")
+    placed = f.placement.placed
+    missing = sorted((all_hosts if f.spec_set is None else all_hosts & f.spec_set) - set(placed), key=natural_key)
+    if missing and len(fab.rails) > 1:
+        out.append(f"{len(missing)} host(s) have no HCA on the chosen rail(s), left out: {compress(missing)}")
+    elif missing:
+        out.append(f"{len(missing)} host(s) are not cabled to a switch, left out: {compress(missing)}")
+    if not placed:
+        out.append(f"no host names in this fabric ({len(fab.names)} switches, {len(fab.dump.cas())} CAs, none "
+                   "with a '<host> <hca>' NodeDesc cabled to a switch): topology.conf has no switches")
+    if len(f.chosen) > 1:
+        out.append(f"{len(f.chosen)} rails chosen: each host is listed under one leaf per rail; Slurm's "
+                   "topology/tree logs 'Multiple leaf switches contain nodes' and treats them as multi-homed")
+    for sid, why in f.left_out:
+        name = fab.names[sid]
+        if why == "unnamed":
+            out.append(f"switch {name} has no hosts with a name (only default NodeDescs); left out")
+        elif why == "not-in-spec":
+            if len(fab.rails) <= 1:
+                out.append(f"switch {name} has no hosts from the spec; left out")
+        else:
+            out.append(f"switch {name} has no hosts and reaches no leaf of the chosen rail(s); left out")
+    if not f.reaches_all:
+        out.append("no switch reaches all nodes through its descendants (Slurm warns the same): "
+                   "jobs cannot span the disconnected parts")
+    return out
