@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import posixpath
-import uuid
 from collections.abc import Iterable, Sequence
 
 from typing import TYPE_CHECKING
@@ -86,6 +85,8 @@ class SlurmClient:
         re-submission); otherwise it is passed on stdin.
         """
         if script_dir:
+            import uuid
+
             path = posixpath.join(script_dir, f"gpuhpc-{uuid.uuid4().hex[:12]}.sbatch")
             self.runner.write_file(path, script, 0o755)
             argv = cmd.sbatch(path, extra=[*(["--chdir", workdir] if workdir else []), *extra])

@@ -75,8 +75,12 @@ def gpus_from_tres(tres: dict[str, str]) -> dict[str, int]:
     return out
 
 
+# every record class has a docstring: without one, @dataclass formats an inspect.signature()
+# for __doc__ at import, a cost every CLI start-up would pay
 @dataclass(frozen=True)
 class NodeInfo:
+    """One node from ``scontrol show node``."""
+
     name: str
     state: str
     cpus: int
@@ -124,6 +128,8 @@ def parse_nodes(text: str) -> list[NodeInfo]:
 
 @dataclass(frozen=True)
 class PartitionInfo:
+    """One partition from ``scontrol show partition``."""
+
     name: str
     state: str
     nodes: str
@@ -167,6 +173,8 @@ def parse_sbatch_parsable(stdout: str) -> str:
 # ---------------------------------------------------------------- squeue / sacct rows
 @dataclass(frozen=True)
 class QueueRow:
+    """One job (array task) from ``squeue``."""
+
     job_id: str
     job_id_raw: str
     array_job_id: str
@@ -207,6 +215,8 @@ def parse_squeue(text: str) -> list[QueueRow]:
 
 @dataclass(frozen=True)
 class AcctRow:
+    """One job (allocation) from ``sacct``."""
+
     job_id: str           # "123", "123_4" (array task), "123+0" (het)
     job_id_raw: str
     name: str

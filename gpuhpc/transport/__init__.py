@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class CommandResult:
+    """What a command printed and returned."""
+
     argv: tuple[str, ...]
     returncode: int
     stdout: str

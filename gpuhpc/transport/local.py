@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
 from gpuhpc.errors import TransportError
-from gpuhpc.fsutil import write_atomic
 from gpuhpc.transport import CommandResult
 
 
@@ -37,11 +35,14 @@ class LocalRunner:
         return CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
 
     def write_file(self, path: str, content: str, mode: int = 0o644) -> None:
+        from gpuhpc.fsutil import write_atomic     # pathlib and tempfile: not at CLI start-up
+
         write_atomic(path, content, mode)
 
     def read_file(self, path: str) -> str:
         try:
-            return Path(path).read_text(errors="replace")
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return fh.read()
         except OSError as exc:
             raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
 
