@@ -43,17 +43,23 @@ def resolve_nodes(spec: ClusterSpec, terms: list[str], field: str) -> list[str]:
         if term in groups and term not in known:
             out.extend(groups[term])
             continue
-        try:
-            expanded = hostlist.expand(term)
-        except UserInputError as exc:
-            raise SpecError(exc.message, field=f"{field}[{i}]", hint=exc.hint) from None
-        for n in expanded:
-            if n not in known:
-                raise SpecError(f"unknown node {n!r}", field=f"{field}[{i}]",
-                                hint="name a node from node_groups, a hostlist of them, a node-group name or ALL")
-        out.extend(expanded)
+        out.extend(_expand_nodes(term, known, f"{field}[{i}]", "unknown node {n!r}",
+                                 "name a node from node_groups, a hostlist of them, a node-group name or ALL"))
     # keep first occurrence order
     return list(dict.fromkeys(out))
+
+
+def _expand_nodes(term: str, known: set[str], field: str, unknown: str, hint: str) -> list[str]:
+    """A hostlist term's node names; SpecError at ``field`` for bad syntax or a name not in ``known``
+    (``unknown`` words it, with ``{n}`` for the name)."""
+    try:
+        expanded = hostlist.expand(term)
+    except UserInputError as exc:
+        raise SpecError(exc.message, field=field, hint=exc.hint) from None
+    for n in expanded:
+        if n not in known:
+            raise SpecError(unknown.format(n=n), field=field, hint=hint)
+    return expanded
 
 
 def _check_nvlink(g: NodeGroup, gf: str, names: list[str], warnings: list[str]) -> None:
@@ -65,14 +71,9 @@ def _check_nvlink(g: NodeGroup, gf: str, names: list[str], warnings: list[str]) 
         return
     mine, placed = set(names), {}
     for j, expr in enumerate(g.nvlink_domains):
-        try:
-            members = hostlist.expand(expr)
-        except UserInputError as exc:
-            raise SpecError(exc.message, field=f"{gf}.nvlink_domains[{j}]", hint=exc.hint) from None
+        members = _expand_nodes(expr, mine, f"{gf}.nvlink_domains[{j}]", "{n!r} is not a node of this group",
+                                f"the group's nodes: {hostlist.compress(names)}")
         for n in members:
-            if n not in mine:
-                raise SpecError(f"{n!r} is not a node of this group", field=f"{gf}.nvlink_domains[{j}]",
-                                hint=f"the group's nodes: {hostlist.compress(names)}")
             if n in placed:
                 raise SpecError(f"{n!r} is already in nvlink_domains[{placed[n]}]", field=f"{gf}.nvlink_domains[{j}]")
             placed[n] = j

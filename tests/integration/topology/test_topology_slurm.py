@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuhpc.hostlist import expand
 from gpuhpc.slurm import SlurmClient
 from gpuhpc.slurm import commands as cmd
-from gpuhpc.hostlist import expand
 
 HERE = Path(__file__).resolve().parent
 DUMP = HERE / "local-fabric.out"
