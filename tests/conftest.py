@@ -33,7 +33,7 @@ class CmdClient:
     directory, with its own private runtime directory and its own config files (the user's
     enables the command server, the site's is absent), so that tests never touch a user's
     command server or config. ``run`` goes through the server; ``run_python`` is the plain CLI;
-    ``log`` is the server's event log (one line per declined request)."""
+    ``log`` is the server's event log (``declines()``: one line per declined request)."""
 
     def __init__(self, root: Path) -> None:
         import sys
@@ -57,8 +57,10 @@ class CmdClient:
         env.pop("GPUHPC_CMDSERVER", None)
         return env
 
-    def log_lines(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.exists() else []
+    def declines(self) -> list[str]:
+        """The server log's lines for requests it declined, oldest first."""
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [line for line in lines if "] declined " in line]
 
     def start(self) -> int:
         from gpuhpc.cmdserver.server import start

@@ -279,15 +279,16 @@ def running_pid(sock_path: str) -> int | None:
         os.close(fd)
 
 
-def spawn(sock_path: str, idle: float | None = None, env: dict[str, str] | None = None) -> None:
-    """Start a detached server (it exits at once if one runs or if it is not enabled)."""
+def spawn(sock_path: str, idle: float | None = None, env: dict[str, str] | None = None):
+    """Start a detached server (it exits at once if one runs or if it is not enabled);
+    returns its Popen."""
     import subprocess
 
     argv = [sys.executable, "-P", "-m", "gpuhpc.cmdserver", "serve", "--socket", sock_path]
     if idle is not None:
         argv += ["--idle", str(idle)]
-    subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True, env=env)
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, env=env)
 
 
 def start(sock_path: str, wait: float = 30.0, idle: float | None = None, env: dict[str, str] | None = None) -> int:
@@ -301,10 +302,11 @@ def start(sock_path: str, wait: float = 30.0, idle: float | None = None, env: di
     if not setting.enabled:
         raise UserInputError(f"the command server is {setting.reason}", hint=setting.hint or None)
     ensure_private_dir(os.path.dirname(sock_path))
-    if running_pid(sock_path) is None:
-        spawn(sock_path, idle, env)
+    proc = spawn(sock_path, idle, env) if running_pid(sock_path) is None else None
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None and running_pid(sock_path) is None:
+            proc = spawn(sock_path, idle, env)     # it stopped at once (its code changed): again
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(sock_path)

@@ -137,12 +137,14 @@ def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
     assert not list(shared.iterdir())
     # different PYTHON* settings than the server's: the server declines (its log says so) and
     # the Python CLI gives the same result
-    before = len(cmd_client.log_lines())
+    cmd_client.start()                # (in a shared checkout, someone's edit may have stopped it)
+    before = len(cmd_client.declines())
     res = cmd_client.run("submit", "--dry-run", "--", "true", env={"PYTHONWARNINGS": "ignore"})
     assert res.returncode == 0 and "#SBATCH" in res.stdout
-    declined = cmd_client.log_lines()[before:]
+    declined = cmd_client.declines()[before:]
     assert len(declined) == 1 and "declined submit: python_env: PYTHONWARNINGS differs" in declined[0]
     assert cmd_client.who_runs(env={"PYTHONWARNINGS": "ignore"}) == "python"
+    cmd_client.start()
     assert cmd_client.who_runs() == "server"
 
 
@@ -159,12 +161,14 @@ def test_callers_limits_and_groups_must_match_the_workers(cmd_client):
         "groups": (["setpriv", "--groups", "0,65534", "--"], "identity: groups"),
     }
     for name, (wrapper, reason) in cases.items():
-        before = len(cmd_client.log_lines())
+        cmd_client.start()            # (in a shared checkout, someone's edit may have stopped it)
+        before = len(cmd_client.declines())
         assert cmd_client.who_runs(*wrapper) == "python", name
-        new = cmd_client.log_lines()[before:]
+        new = cmd_client.declines()[before:]
         assert len(new) == 1 and f"declined topology: {reason}" in new[0], (name, new)
     # the same limits set again, and the same groups in another order: served
     same = ["bash", "-c", f'ulimit -Sn {soft}; ulimit -Hn {hard}; exec "$@"', "-"]
+    cmd_client.start()
     assert cmd_client.who_runs(*same) == "server"
     assert cmd_client.who_runs() == "server"
 
@@ -205,7 +209,7 @@ def test_the_config_decides_whether_a_server_starts(make_cmd_client):
     while c.pid() == pid:
         assert time.monotonic() < deadline, "the server kept running after the site forbade it"
         time.sleep(0.2)
-    assert any("declined submit: stale" in line for line in c.log_lines())
+    assert any("declined submit: stale" in line for line in c.declines())
     assert c.who_runs() == "python" and c.pid() is None
 
 

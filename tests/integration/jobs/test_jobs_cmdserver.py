@@ -130,13 +130,14 @@ def test_jobs_see_the_callers_limits_and_group(cmd_client, jobs_env, slurm, trac
     }
     try:
         for name, (wrap, declined, seen) in cases.items():
-            before = len(cmd_client.log_lines())
+            cmd_client.start()        # (in a shared checkout, someone's edit may have stopped it)
+            before = len(cmd_client.declines())
             res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", f"gpuhpc-test-cs-{name}", "--",
                                  "bash", "-c", probe, f"{out}/{name}.txt", wrap=wrap)
             assert res.returncode == 0, res.stderr
             job_id = res.stdout.strip()
             track(job_id)
-            new = cmd_client.log_lines()[before:]
+            new = cmd_client.declines()[before:]
             if declined:
                 assert len(new) == 1 and declined in new[0], (name, new)
             else:
@@ -145,7 +146,7 @@ def test_jobs_see_the_callers_limits_and_group(cmd_client, jobs_env, slurm, trac
                      120, f"job {job_id} ({name}) to finish")
             with open(f"{out}/{name}.txt") as fh:
                 assert seen in fh.read(), name
-        assert "RLIMIT_NOFILE 777/777" in "".join(cmd_client.log_lines())
+        assert "RLIMIT_NOFILE 777/777" in "".join(cmd_client.declines())
         cmd_client.start()            # (in a shared checkout, someone's edit may have stopped it)
         assert cmd_client.who_runs() == "server"       # the control's path: the server
     finally:
