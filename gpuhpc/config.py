@@ -54,7 +54,7 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
     },
 }
 
-_OFF = ("off", "0", "no", "false")
+_OFF = ("off", "0", "no")           # as client.c reads GPUHPC_CMDSERVER
 
 
 def site_config_path(env: Mapping[str, str] | None = None) -> str:
@@ -150,8 +150,7 @@ def cmdserver(env: Mapping[str, str] | None = None) -> CmdserverSetting:
     UserInputError for a malformed file."""
     env = os.environ if env is None else env
     site_path, user_path = config_paths(env)
-    mode = (env.get("GPUHPC_CMDSERVER") or "").lower()
-    if mode in _OFF:
+    if env.get("GPUHPC_CMDSERVER") in _OFF:
         return CmdserverSetting(False, f"GPUHPC_CMDSERVER={env['GPUHPC_CMDSERVER']}",
                                 "unset GPUHPC_CMDSERVER to use the config files")
     if not _value(read_file(site_path, "site"), "site", "cmdserver", "allowed"):
