@@ -139,3 +139,37 @@ def test_logs_follow_over_ssh(ssh_env, tmp_path):
             f"line {i}" for i in range(1, 11)]
     finally:
         run("cancel", job_id)
+
+
+def test_node_inventory_asks_the_node_over_ssh(ssh_env, shared_fixtures, tmp_path):
+    """nvidia-smi, hostname and the CPU count come through the runner (the node's, over SSH), never
+    from a check of this host's PATH: a stand-in nvidia-smi that only the remote PATH has."""
+    from gpuhpc.cli.node import _live, _node_name
+
+    F = shared_fixtures / "nvidia-smi"
+    fake = tmp_path / "remote-bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(f"""#!/bin/sh
+case "$*" in
+  "-q -x") cat {F / 'q-text-h100-sxm-8gpu-535.183.01.txt'} ;;
+  "topo -m") cat {F / 'topo-m-dgx-a100.txt'} ;;
+  "-L") cat {F / 'L-h100-80gb-mig-mixed.txt'} ;;
+  *) exit 9 ;;
+esac
+""")
+    (fake / "nvidia-smi").chmod(0o755)
+    runner = SSHRunner.from_env(ssh_env)
+    runner.env["PATH"] = f"{fake}:/usr/local/bin:/usr/bin:/bin"
+    try:
+        texts = _live(runner)
+        assert set(texts) == {"xml", "topo", "list"} and "GPU 0" in texts["list"][0]
+        assert _node_name(runner) == subprocess.run(["hostname", "-s"], capture_output=True, text=True).stdout.strip()
+    finally:
+        runner.close()
+
+
+def test_node_inventory_without_nvidia_smi_on_the_node_is_bad_input(ssh_env):
+    env = {**os.environ, **ssh_env}
+    proc = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "inventory"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and "nvidia-smi not found" in proc.stderr
