@@ -16,7 +16,7 @@ Importing this module is cheap (stdlib only). The reservation, attach and releas
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 
@@ -43,18 +43,24 @@ class Reservation:
     amount: Decimal = Decimal(0)
     account: str | None = None
     _url: str | None = None
+    # the reservation's open connection (reserve(keep_open=True)), used and closed by the next call
+    _conn: object = field(default=None, repr=False, compare=False)
+
+    def _take_conn(self):
+        conn, self._conn = self._conn, None
+        return conn
 
     def attach_job(self, job_id: str) -> None:
         """Record the Slurm job id (new transaction, after sbatch succeeded)."""
         from gpuhpc.ledger import quota
 
-        quota.attach_job(self.id, str(job_id), url=self._url)
+        quota.attach_job(self.id, str(job_id), url=self._url, conn=self._take_conn())
 
     def release(self) -> None:
         """sbatch failed: give the whole hold back (idempotent)."""
         from gpuhpc.ledger import quota
 
-        quota.release(self.id, url=self._url)
+        quota.release(self.id, url=self._url, conn=self._take_conn())
 
 
 def ledger_in_use() -> str | None:
@@ -85,4 +91,5 @@ def reserve(req: ChargeRequest) -> Reservation | None:
         return None
     from gpuhpc.ledger import quota
 
-    return quota.reserve(req, url=url)
+    # one connection for the reservation and its attach/release (one SQLite checkpoint, not two)
+    return quota.reserve(req, url=url, keep_open=True)

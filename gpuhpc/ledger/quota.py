@@ -121,48 +121,71 @@ def sqlite_file(url: str) -> str:
     return path
 
 
+class Connection:
+    """An open connection to the ledger at ``url``: SQLite (WAL, busy timeout, every transaction
+    ``BEGIN IMMEDIATE``) or PostgreSQL (psycopg, READ COMMITTED). The schema is checked in the
+    first transaction. Keeping one open for a reservation and its attach saves SQLite a
+    checkpoint and an fsync per submission (each last close of a WAL database checkpoints)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.checked = False
+        if url.startswith("sqlite:"):
+            import sqlite3
+
+            path = sqlite_file(url)
+            if not os.path.isfile(path):     # never create an empty file where a ledger was expected
+                raise LedgerError(f"the ledger database {path} does not exist: run `gpuhpc db upgrade`")
+            self.dialect = "sqlite"
+            self.conn = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            # db.get_engine's connection set-up
+            for pragma in ("journal_mode=WAL", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}", "foreign_keys=ON",
+                           "synchronous=NORMAL"):
+                self.conn.execute(f"PRAGMA {pragma}")
+        elif url.startswith("postgresql"):
+            import psycopg
+
+            self.dialect = "postgresql"
+            self.conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
+        else:
+            raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {redact(url)}")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """One committed transaction, rolled back on any error."""
+        sqlite = self.dialect == "sqlite"
+        if sqlite:
+            self.conn.execute("BEGIN IMMEDIATE")     # concurrent writers queue here
+        try:
+            tx = Tx(self.conn, self.dialect)
+            if not self.checked:
+                _check_schema(tx, self.url)
+                self.checked = True
+            yield tx
+            if sqlite:
+                self.conn.execute("COMMIT")
+            else:
+                self.conn.commit()
+        finally:
+            if sqlite:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+            else:
+                self.conn.rollback()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 @contextlib.contextmanager
 def transaction(url: str) -> Iterator[Tx]:
-    """One committed transaction on ``url`` (schema checked), rolled back on any error."""
-    if url.startswith("sqlite:"):
-        import sqlite3
-        from urllib.parse import quote
-
-        path = sqlite_file(url)
-        try:   # mode=rw: never create an empty file where a ledger was expected
-            conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw", uri=True,
-                                   timeout=SQLITE_BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        except sqlite3.OperationalError:
-            raise LedgerError(f"the ledger database {path} does not exist: run `gpuhpc db upgrade`") from None
-        try:
-            # db.get_engine's connection set-up, then BEGIN IMMEDIATE: concurrent writers queue
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("BEGIN IMMEDIATE")
-            tx = Tx(conn, "sqlite")
-            _check_schema(tx, url)
+    """One committed transaction on a connection of its own (schema checked)."""
+    conn = Connection(url)
+    try:
+        with conn.transaction() as tx:
             yield tx
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.close()
-    elif url.startswith("postgresql"):
-        import psycopg
-
-        conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
-        try:
-            tx = Tx(conn, "postgresql")
-            _check_schema(tx, url)
-            yield tx
-            conn.commit()
-        finally:
-            conn.rollback()
-            conn.close()
-    else:
-        raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {redact(url)}")
+    finally:
+        conn.close()
 
 
 def _url(url: str | None) -> str:
@@ -299,20 +322,46 @@ def reserve_in(tx: Tx, req: hooks.ChargeRequest, now: dt.datetime, url: str | No
     return hooks.Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, _url=url)
 
 
-def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None) -> hooks.Reservation:
+def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None,
+            keep_open: bool = False) -> hooks.Reservation:
     """Hold the worst case of ``req`` in one committed transaction (before sbatch). Raises
     QuotaExceeded (nothing held) when a quota would be overspent; LedgerError when the schema
-    is not at head (naming ``gpuhpc db upgrade``)."""
+    is not at head (naming ``gpuhpc db upgrade``). With ``keep_open`` the connection stays with
+    the reservation for its :meth:`~hooks.Reservation.attach_job` or ``release``, which close it."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
         raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
     url = _url(url)
-    with transaction(url) as tx:
-        return reserve_in(tx, req, now or dt.datetime.now(UTC), url)
+    conn = Connection(url)
+    try:
+        with conn.transaction() as tx:
+            res = reserve_in(tx, req, now or dt.datetime.now(UTC), url)
+    except BaseException:
+        conn.close()
+        raise
+    if keep_open:
+        res._conn = conn
+    else:
+        conn.close()
+    return res
 
 
-def attach_job(reservation_id: int, job_id: str, *, url: str | None = None) -> None:
+@contextlib.contextmanager
+def _transaction_on(url: str | None, conn: Connection | None) -> Iterator[Tx]:
+    """A transaction on ``conn`` (closed afterwards), else on a connection of its own."""
+    if conn is None:
+        with transaction(_url(url)) as tx:
+            yield tx
+        return
+    try:
+        with conn.transaction() as tx:
+            yield tx
+    finally:
+        conn.close()
+
+
+def attach_job(reservation_id: int, job_id: str, *, url: str | None = None, conn: Connection | None = None) -> None:
     """Record the Slurm job id (its own transaction, after sbatch succeeded)."""
-    with transaction(_url(url)) as tx:
+    with _transaction_on(url, conn) as tx:
         tx.q("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
              "WHERE id = ?", (str(job_id).split(";", 1)[0].strip(), reservation_id))
         if tx.cur.rowcount != 1:
@@ -343,9 +392,9 @@ def lock_quotas_of(tx: Tx, reservation_id: int) -> None:
              "u.id = h.quota_usage_id WHERE h.reservation_id = ?) ORDER BY id FOR UPDATE", (reservation_id,))
 
 
-def release(reservation_id: int, *, url: str | None = None) -> None:
+def release(reservation_id: int, *, url: str | None = None, conn: Connection | None = None) -> None:
     """sbatch failed: give the whole hold back (idempotent)."""
-    with transaction(_url(url)) as tx:
+    with _transaction_on(url, conn) as tx:
         lock_quotas_of(tx, reservation_id)
         row = tx.one("SELECT status FROM reservations WHERE id = ?" + tx.for_update, (reservation_id,))
         if row is None or row[0] not in OPEN:
