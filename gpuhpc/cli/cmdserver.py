@@ -33,11 +33,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     if as_json:
         print_json(data)
         return
-    out = console()
-    out.print(f"enabled: {'yes' if enabled else 'no'} ({why})", highlight=False)
-    out.print(f"server: {'running (pid %s)' % data['pid'] if pid else 'not running'}", highlight=False)
-    out.print(f"socket: {sock}", highlight=False)
-    out.print(f"client: {dest} ({data['client_kind']})", highlight=False)
+    lines = [f"enabled: {'yes' if enabled else 'no'} ({why})",
+             f"server: {'running (pid %s)' % data['pid'] if pid else 'not running'}",
+             f"socket: {sock}", f"client: {dest} ({data['client_kind']})"]
+    console().print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
 @cmdserver_app.command("start")
@@ -50,7 +49,7 @@ def start(idle: float = typer.Option(900.0, "--idle", min=1.0,
 
     sock = socket_path()
     pid = start_server(sock, idle=idle)
-    console().print(f"command server running (pid {pid}) on {sock}", highlight=False)
+    console().print(f"command server running (pid {pid}) on {sock}", markup=False, highlight=False)
 
 
 @cmdserver_app.command("stop")
@@ -62,7 +61,7 @@ def stop() -> None:
 
     pid = stop_server(socket_path())
     console().print(f"stopped the command server (pid {pid})" if pid else "no command server was running",
-                    highlight=False)
+                    markup=False, highlight=False)
 
 
 @cmdserver_app.command("install-client")
@@ -83,7 +82,7 @@ def install_client(
         raise UserInputError(f"the command server is {setting.reason}", hint=setting.hint or None)
     path = build.install(dest, cc=cc)
     console().print(f"installed the gpuhpc client at {path} (undo: gpuhpc cmdserver uninstall-client)",
-                    highlight=False)
+                    markup=False, highlight=False)
 
 
 @cmdserver_app.command("uninstall-client")
@@ -109,7 +108,7 @@ def uninstall_client(
     changed = build.uninstall(path)
     stop_server(socket_path())
     console().print(f"restored the Python console script at {path}" if changed
-                    else f"{path} is not the compiled client; nothing to do", highlight=False)
+                    else f"{path} is not the compiled client; nothing to do", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
