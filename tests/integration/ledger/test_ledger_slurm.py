@@ -240,3 +240,20 @@ def test_job_reports_throughput_and_gets_cost_per_sample(sqlite_url, client, job
     if len(row.jobs) == 1:
         assert row.cost == cost_j
         assert row.per_million("samples_per_s") == (cost_j * 1_000_000 / (2000 * run.elapsed_s)).quantize(Decimal("0.0001"))
+
+
+def test_cli_ingest_with_reprice(sqlite_url, monkeypatch, capsys):
+    """`gpuhpc ledger ingest --reprice` against the real sacct: runs, then the reprice pass."""
+    import json
+
+    from gpuhpc.cli.main import main
+
+    monkeypatch.setenv("GPUHPC_DB_URL", sqlite_url)
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    assert main(["db", "upgrade"]) == 0
+    capsys.readouterr()
+    assert main(["ledger", "ingest", "--since", "1h", "--reprice", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["repriced_runs"] == 0 and "runs_seen" in out
+    assert main(["ledger", "ingest", "--since", "1h", "--reprice"]) == 0
+    assert "repriced 0 runs settled without a price" in capsys.readouterr().out
