@@ -146,7 +146,11 @@ class Connection:
             import psycopg
 
             self.dialect = "postgresql"
-            self.conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
+            try:
+                self.conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
+            except psycopg.OperationalError as exc:
+                raise LedgerError(f"cannot connect to the ledger database {redact(url)}: "
+                                  f"{str(exc).strip().splitlines()[-1]}") from None
         else:
             raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {redact(url)}")
 

@@ -125,6 +125,8 @@ def test_schema_behind_head_refuses(tmp_path, monkeypatch):
     with pytest.raises(LedgerError, match="does not exist: run `gpuhpc db upgrade`"):
         quota.reserve(req(), url=f"sqlite:///{tmp_path / 'missing.db'}")
     assert not (tmp_path / "missing.db").exists()
+    with pytest.raises(LedgerError, match=r"cannot connect to the ledger database postgresql\+psycopg://u:\*\*\*@"):
+        quota.reserve(req(), url="postgresql+psycopg://u:secret@127.0.0.1:1/ledger")
 
 
 def test_first_decision_of_a_period_builds_its_counter_from_the_charges(ledger_url):
