@@ -82,9 +82,9 @@ class Tx:
         return d if self.pg else d.strftime("%Y-%m-%d %H:%M:%S.%f")
 
     def parse_ts(self, v: Any) -> dt.datetime:
-        if isinstance(v, dt.datetime):
-            return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
-        return dt.datetime.fromisoformat(v).replace(tzinfo=UTC)
+        if not isinstance(v, dt.datetime):
+            v = dt.datetime.fromisoformat(v)
+        return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
 
 
 def redact(url: str) -> str:
