@@ -1,4 +1,5 @@
-"""The cluster that `ansible-playbook -i ansible/inventories/local ansible/site.yml` stood up.
+"""The cluster that `scripts/cluster.sh up` stood up (the installed gpuhpc.cluster collection, run
+with ansible/inventories/local/up.yml).
 
 These tests check the Ansible-built cluster itself, so they always talk to it through the
 standard /etc/slurm/slurm.conf (never a SLURM_CONF pointing at another cluster on this machine).
@@ -6,7 +7,12 @@ Every test cancels the jobs it submitted (by id).
 """
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +43,47 @@ def submit(slurm: SlurmClient) -> Iterator[Callable[..., str]]:
         slurm.cancel(job_id)   # scancel of a finished job is a no-op
 
 
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def ansible_env(tmp: Path | None = None) -> dict[str, str]:
+    """The environment scripts/cluster.sh runs Ansible with: the installed collection, the venv's
+    tools first, and the local cluster's /etc/slurm/slurm.conf (never an inherited SLURM_CONF)."""
+    venv_bin = Path(sys.executable).parent
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env.update({
+        "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"),
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".ansible" / "collections"),
+        "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1",
+        "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
+    })
+    if tmp is not None:
+        env["ANSIBLE_LOCAL_TEMP"] = str(tmp / ".ansible-tmp")
+    return env
+
+
+def run_playbook(playbook: str, inventory: str, *extra: str, tmp: Path | None = None,
+                 timeout: float = 600) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("ansible-playbook")
+    return subprocess.run([str(exe) if exe.exists() else "ansible-playbook", "-i", inventory, playbook, *extra],
+                          cwd=REPO, env=ansible_env(tmp), capture_output=True, text=True, timeout=timeout)
+
+
+def recap(proc: subprocess.CompletedProcess) -> dict[str, int]:
+    """changed= and failed= of the PLAY RECAP, summed over hosts."""
+    text = proc.stdout[proc.stdout.rindex("PLAY RECAP"):]
+    return {key: sum(int(n) for n in re.findall(rf"{key}=(\d+)", text)) for key in ("changed", "failed")}
+
+
+@pytest.fixture(scope="session")
+def collection() -> Path:
+    """gpuhpc.cluster built (`ansible-galaxy collection build`) and installed into .ansible/collections,
+    the way scripts/cluster.sh up does before every run; returns the installed collection's root."""
+    proc = subprocess.run(["bash", "scripts/cluster.sh", "install"], cwd=REPO, env=ansible_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    root = REPO / ".ansible" / "collections" / "ansible_collections" / "gpuhpc" / "cluster"
+    assert (root / "MANIFEST.json").is_file(), proc.stderr[-3000:]
+    return root

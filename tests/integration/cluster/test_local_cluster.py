@@ -4,16 +4,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from polling import wait_for
 
-from .conftest import NODES
+from .conftest import NODES, REPO, ansible_env, recap
 
-REPO = Path(__file__).resolve().parents[3]
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 pytestmark = pytest.mark.integration
@@ -94,17 +92,17 @@ def test_gpu_hi_job_preempts_and_requeues_gpu_job(slurm, submit, tmp_path):
     assert rec.get("JobState") != "CANCELLED", rec
 
 
-def test_second_playbook_run_changes_nothing():
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    env["ANSIBLE_CONFIG"] = str(REPO / "ansible" / "ansible.cfg")
-    env["ANSIBLE_NOCOLOR"] = "1"
-    exe = Path(sys.executable).with_name("ansible-playbook")
-    proc = subprocess.run([str(exe) if exe.exists() else "ansible-playbook",
-                           "-i", "ansible/inventories/local", "ansible/site.yml"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+def test_second_cluster_up_changes_nothing_and_restarts_nothing():
+    """`scripts/cluster.sh up` again (build, install the collection, run it): changed=0, same daemons."""
+    def pids() -> dict[str, str]:
+        files = [Path("/run/slurm/slurmctld.pid"), *sorted(Path("/run/slurm").glob("slurmd-*.pid"))]
+        return {f.name: f.read_text().strip() for f in files}
+
+    before = pids()
+    proc = subprocess.run(["bash", "scripts/cluster.sh", "up"], cwd=REPO, env=ansible_env(),
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    recap = proc.stdout[proc.stdout.rindex("PLAY RECAP"):]
-    changed = [int(n) for n in re.findall(r"changed=(\d+)", recap)]
-    failed = [int(n) for n in re.findall(r"failed=(\d+)", recap)]
-    assert changed and sum(changed) == 0, recap
-    assert sum(failed) == 0, recap
+    totals = recap(proc)
+    assert totals["changed"] == 0, proc.stdout[proc.stdout.rindex("PLAY RECAP"):]
+    assert totals["failed"] == 0
+    assert pids() == before
