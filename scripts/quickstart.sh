@@ -18,7 +18,7 @@ say "1/5 bootstrap"
 bash scripts/bootstrap.sh
 export PATH="$REPO/.venv/bin:$PATH"
 
-say "2/5 local GPU Slurm cluster (ansible-playbook -i ansible/inventories/local ansible/site.yml)"
+say "2/5 local GPU Slurm cluster (the gpuhpc.cluster Ansible collection: built, installed, run with ansible/inventories/local)"
 bash scripts/cluster.sh up > /tmp/gpuhpc-quickstart-ansible.log 2>&1 \
   || { tail -40 /tmp/gpuhpc-quickstart-ansible.log; exit 1; }
 grep -A8 "PLAY RECAP" /tmp/gpuhpc-quickstart-ansible.log || true

@@ -42,7 +42,7 @@ bash scripts/services/s3.sh start >/dev/null
 say "sshd on 127.0.0.1:2222 (SSH transport tests)"
 bash scripts/services/sshd.sh start >/dev/null
 
-say "cluster up (ansible-playbook ansible/site.yml -i ansible/inventories/local)"
+say "cluster up (scripts/cluster.sh up: ansible-galaxy collection build + install, then gpuhpc.cluster.site via ansible/inventories/local)"
 bash scripts/cluster.sh up >/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /tmp/gpuhpc-cluster-up.log; exit 1; }
 grep -A20 "PLAY RECAP" /tmp/gpuhpc-cluster-up.log || true
 sinfo -N -o '%12N %10P %6t %G'

@@ -2,7 +2,7 @@
 
 The Jinja environment matches Ansible's ``template`` module defaults (``trim_blocks=True``,
 ``lstrip_blocks=False``, trailing newline kept), so the roles produce byte-identical files from
-the same context (``tests/unit/conf/test_render_matches_ansible.py`` proves it).
+the same context (``tests/integration/cluster/test_collection.py`` proves it, with the built collection).
 """
 from __future__ import annotations
 
