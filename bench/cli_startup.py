@@ -10,12 +10,15 @@ writes, calling ``gpuhpc.cli:entry``) under this interpreter, with bytecode cach
 compiled client or command server on PATH does not change the figure. ``status`` asks about
 a job this script submits held (``--hold``) and cancels by id at the end. The commands run
 interleaved, round after round, so that every one sees the same load; the median of each is
-divided by the median of ``python -c pass``. ``submit --dry-run`` and ``cluster status`` (a
-typer group that draws rich tables) are shown for information.
+divided by the median of ``python -c pass``. ``submit --dry-run``, ``cluster status`` (a
+typer group that draws rich tables) and raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
+time grows with their number, which is printed) are shown for information.
 """
 from __future__ import annotations
 
 import argparse
+import getpass
+import json
 import os
 import statistics
 import subprocess
@@ -65,12 +68,15 @@ def main() -> int:
     _, sub = _run([*gpuhpc, "submit", "--partition", args.partition, "--time", "5m", "--hold",
                    "--name", "gpuhpc-bench-startup", "--", "true"], env)
     job_id = sub.stdout.strip().splitlines()[-1]
+    user = getpass.getuser()
+    listed = len(json.loads(_run([*gpuhpc, "jobs", "--json"], env)[1].stdout))
     try:
         variants = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "gpuhpc --help": [*gpuhpc, "--help"],
             f"gpuhpc status {job_id}": [*gpuhpc, "status", job_id],
             "gpuhpc jobs": [*gpuhpc, "jobs"],
+            "squeue of the same jobs (info)": ["squeue", "--states=all", f"--user={user}"],
             "gpuhpc submit --dry-run (info)": [*gpuhpc, "submit", "--gpus", "1", "--dry-run", "--", "true"],
             "gpuhpc cluster status (info)": [*gpuhpc, "cluster", "status"],
         }
@@ -84,7 +90,8 @@ def main() -> int:
         _run([*gpuhpc, "cancel", job_id], env, check=False)
 
     base = statistics.median(times["python -c pass"])
-    print(f"CLI start-up, {args.n} runs each, interleaved; ratio = median / median of python -c pass")
+    print(f"CLI start-up, {args.n} runs each, interleaved; ratio = median / median of python -c pass; "
+          f"`gpuhpc jobs` listed {listed} jobs")
     print(f"{'command':<36} {'median ms':>10} {'min ms':>8} {'ratio':>7}")
     for name, ts in times.items():
         med = statistics.median(ts)
