@@ -3,9 +3,9 @@
 
 def run_guarded(call, debug=lambda: False) -> int:
     """Run ``call()`` and map gpuhpc's errors to exit codes: a ``GpuhpcError`` prints one line
-    (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130. With
-    ``--debug``/``GPUHPC_DEBUG`` the exception propagates with its traceback. Typer-free, so
-    ``gpuhpc submit`` (argparse) shares it."""
+    (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130, any other
+    exception prints one line and returns 1. With ``--debug``/``GPUHPC_DEBUG`` the exception
+    propagates with its traceback. Typer-free: every command runs under it."""
     import os
     import sys
 
@@ -21,6 +21,11 @@ def run_guarded(call, debug=lambda: False) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except Exception as exc:        # a bug: one line, the traceback only on request
+        if debug() or os.environ.get("GPUHPC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
+        return 1
 
 
 def columns() -> int:

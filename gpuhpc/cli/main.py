@@ -10,7 +10,6 @@ command functions.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from gpuhpc.cli import columns, run_guarded
@@ -126,31 +125,28 @@ def _run_typer(name: str, args: list[str], debug: bool) -> int:
     app = build_app([name])
 
     def _call() -> int:
-        # without standalone mode typer *returns* the exit code of typer.Exit (and 130 for a
-        # Ctrl-C, which it turns into Exit(130)); commands themselves return None
-        rv = app(args=args, prog_name="gpuhpc", standalone_mode=False)
+        try:
+            # without standalone mode typer *returns* the exit code of typer.Exit (and 130 for a
+            # Ctrl-C, which it turns into Exit(130)); commands themselves return None
+            rv = app(args=args, prog_name="gpuhpc", standalone_mode=False)
+        except SystemExit as exc:
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        except typer.Exit as exc:
+            return exc.exit_code
+        except typer.Abort:
+            sys.stderr.write("aborted\n")
+            return 1
+        except typer.TyperException as exc:     # usage errors (typer vendors click): exit 2
+            if not hasattr(exc, "show"):
+                raise
+            exc.show()
+            return exc.exit_code
         code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
         if code == 130:
             sys.stderr.write("interrupted\n")
         return code
 
-    try:
-        return run_guarded(_call, lambda: debug)
-    except SystemExit as exc:  # typer.Exit inside commands
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    except Exception as exc:  # click usage errors and friends (typer vendors click)
-        if isinstance(exc, typer.Exit):
-            return exc.exit_code
-        if isinstance(exc, typer.Abort):
-            sys.stderr.write("aborted\n")
-            return 1
-        if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):
-            exc.show()
-            return exc.exit_code  # UsageError -> 2
-        if debug or os.environ.get("GPUHPC_DEBUG"):
-            raise
-        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
-        return 1
+    return run_guarded(_call, lambda: debug)
 
 
 if __name__ == "__main__":

@@ -104,3 +104,18 @@ def test_help_text_wraps_to_the_width():
     text = help_text(width=60)
     assert max(len(line) for line in text.splitlines()) <= 60
     assert "--debug" in text and "Commands:" in text
+
+
+def test_a_bug_is_one_line_exit_1_and_a_traceback_only_with_debug(monkeypatch, capsys):
+    import gpuhpc.cli.jobs as jobs
+
+    def boom(user=None):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(jobs, "job_rows", boom)
+    monkeypatch.delenv("GPUHPC_DEBUG", raising=False)
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: unexpected RuntimeError: boom (run with --debug for a traceback)\n"
+    with pytest.raises(RuntimeError):
+        main(["--debug", "jobs"])
