@@ -89,6 +89,15 @@ _COLUMNS = (("JOBID", "job_id"), ("NAME", "name"), ("STATE", "raw_state"), ("PAR
 _RIGHT = {"NODES", "GPUS", "GPU-H"}
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(value: Any) -> str:
+    """One line with no control characters, whatever a job name (anyone's) holds: no newline
+    breaks a row, no escape sequence reaches the terminal."""
+    return _CONTROL.sub("?", " ".join(str(value).split()))
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     """Plain aligned columns, like squeue's (rich would cost more start-up than the command)."""
     def cell(r: dict[str, Any], key: str) -> str:
@@ -97,7 +106,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             return f"{v:.2f}"
         if key == "reason" and v == "None":
             return ""
-        return " ".join(str(v).split())     # one line per job, whatever a job name holds
+        return _printable(v)
 
     cells = [[h for h, _ in _COLUMNS]] + [[cell(r, k) for _, k in _COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
@@ -126,7 +135,7 @@ def status_cmd(argv: list[str]) -> int:
     width = max(len(k) for k in info)
     for k, v in info.items():
         if v not in (None, "", {}):
-            sys.stdout.write(f"{k:<{width}}  {v}\n")
+            sys.stdout.write(f"{k:<{width}}  {_printable(v)}\n")
     return 0
 
 

@@ -319,3 +319,15 @@ def test_follow_log_reads_from_the_last_offset_until_the_job_ends():
     out = b"".join(job.follow_log(poll=0, check_every=0))
     assert out == b"a\nbc\nd\n"
     assert reads == sorted(reads) and reads[:3] == [0, 2, 2]
+
+
+def test_jobs_table_keeps_one_line_per_job_and_no_escape_sequences():
+    from gpuhpc.cli.jobs import _table
+
+    row = dict(job_id="1", name="a\x1b[31mred\nx", raw_state="RUNNING", partition="gpu", nodes=1, gpus=8,
+               elapsed="1:00", gpu_hours=0.125, reason="None")
+    lines = _table([row, {**row, "job_id": "12345", "name": "n"}]).splitlines()
+    assert len(lines) == 3 and "\x1b" not in "".join(lines)
+    assert lines[0].split() == ["JOBID", "NAME", "STATE", "PARTITION", "NODES", "GPUS", "ELAPSED", "GPU-H", "REASON"]
+    assert lines[1].split()[:3] == ["1", "a?[31mred", "x"] and lines[1].rstrip().endswith("0.12")
+    assert lines[0].index("GPUS") + 4 == lines[2].index(" 8 ") + 2          # numbers right-aligned
