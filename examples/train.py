@@ -178,7 +178,7 @@ def main() -> int:
             save()
         if stop:
             note(f"stop {n}")
-            print(f"rank {rank}: stopping after step {n} (SIGUSR2); checkpoint saved", flush=True)
+            print(f"rank {rank}: stopping after step {n} (a stop was requested); checkpoint saved", flush=True)
             return 0
     if state["step"] % args.ckpt_every:
         save()
