@@ -270,6 +270,7 @@ class ChargeRow(NamedTuple):
 
 class PricedRun(NamedTuple):
     run: Run
+    key: tuple                   # (cluster, job id, array task id, start as stored)
     gpu_type: str
     gpus: int
     price: pricing.Price
@@ -315,18 +316,27 @@ class _Batch:
         return hit
 
     # ---------------------------------------------------------------- what is stored
-    def stored_runs(self, by_cluster: dict[str, set[str]]) -> dict[tuple, StoredRun]:
-        out: dict[tuple, StoredRun] = {}
+    def key(self, run: Run) -> tuple:
+        """A run's key as the database stores it (its start time in the stored form)."""
+        return (run.cluster, run.job_id, run.array_task_id, self.ts(run.run_start))
+
+    def _stored(self, columns: str, by_cluster: dict[str, set[str]]) -> Iterator[tuple]:
+        """``(key, *columns)`` of the stored runs of these jobs (keys as :meth:`key` makes them)."""
         tx = self.tx
         for cluster, ids in by_cluster.items():
             for chunk in _chunks(ids):
-                rows = tx.q("SELECT id, job_id, array_task_id, run_start, gpu_hours, amount, elapsed_s, state "
-                            f"FROM usage_records WHERE cluster = ? AND job_id IN ({', '.join('?' * len(chunk))})",
-                            (cluster, *chunk)).fetchall()
-                for uid, job_id, task, start, hours, amount, elapsed, state in rows:
-                    out[(cluster, job_id, task, tx.parse_ts(start))] = StoredRun(uid, tx.dec(hours), tx.dec(amount),
-                                                                                  elapsed, state)
-        return out
+                for job_id, task, start, *rest in tx.q(
+                        f"SELECT job_id, array_task_id, run_start, {columns} FROM usage_records "
+                        f"WHERE cluster = ? AND job_id IN ({', '.join('?' * len(chunk))})", (cluster, *chunk)):
+                    if not tx.pg and len(start) != 26:          # not the form written here: normalise
+                        start = tx.ts(tx.parse_ts(start))
+                    yield ((cluster, job_id, task, start), *rest)
+
+    def stored_runs(self) -> dict[tuple, StoredRun]:
+        tx = self.tx
+        return {key: StoredRun(uid, tx.dec(hours), tx.dec(amount), elapsed, state)
+                for key, uid, hours, amount, elapsed, state
+                in self._stored("id, gpu_hours, amount, elapsed_s, state", self.by_cluster)}
 
     def reservations(self) -> tuple[dict[tuple[str, str], Reservation], dict[int, list[ReservationHold]]]:
         """The latest reservation of each job, and the holds of those still open."""
@@ -387,25 +397,25 @@ class _Batch:
         """Insert new runs (ids from the database), then book their first charges."""
         if not new:
             return
-        tx, ts = self.tx, self.ts
+        tx, num = self.tx, self.tx.num
         tx.cur.executemany(_USAGE_INSERT.replace("?", "%s") if tx.pg else _USAGE_INSERT, [
-            (p.run.cluster, p.run.job_id, p.run.array_task_id, ts(p.run.run_start), ts(p.run.run_end),
-             p.run.state[:32], p.run.elapsed_s, p.run.user, p.run.account, p.run.partition, p.run.qos, p.gpu_type,
-             p.gpus, p.run.job_name, tx.num(p.price.gpu_hours), tx.num(p.price.amount), p.price.priced)
-            for p in new])
+            (*p.key, None if r.run_end is None else tx.ts(r.run_end), r.state[:32], r.elapsed_s, r.user,
+             r.account, r.partition, r.qos, p.gpu_type, p.gpus, r.job_name, num(p.price.gpu_hours),
+             num(p.price.amount), p.price.priced)
+            for p in new for r in (p.run,)])
         by_cluster: dict[str, set[str]] = defaultdict(set)
         for p in new:
             by_cluster[p.run.cluster].add(p.run.job_id)
-        ids = self.stored_runs(by_cluster)
+        ids = dict(self._stored("id", by_cluster))
         for p in new:
-            self.book_delta(p.run, p.reservation, ids[p.run.key].id, p.price.gpu_hours, p.price.amount, p.price.rate)
+            self.book_delta(p.run, p.reservation, ids[p.key], p.price.gpu_hours, p.price.amount, p.price.rate)
 
     def insert_charges(self) -> None:
-        tx, ts = self.tx, self.ts
+        tx, ts, num = self.tx, self.ts, self.tx.num
         if self.charges:
             tx.cur.executemany(_CHARGE_INSERT.replace("?", "%s") if tx.pg else _CHARGE_INSERT, [
-                (c.usage_id, c.reservation_id, c.account, c.user, tx.num(c.gpu_hours), tx.num(c.rate),
-                 tx.num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind) for c in self.charges])
+                (c.usage_id, c.reservation_id, c.account, c.user, num(c.gpu_hours), num(c.rate),
+                 num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind) for c in self.charges])
 
     def settle(self) -> None:
         """Release what is left of the holds of reservations whose jobs are over."""
@@ -423,15 +433,15 @@ class _Batch:
     def run(self) -> None:
         runs = [r for j in self.jobs for r in j.runs]
         self.res.runs_seen += len(runs)
-        existing = self.stored_runs(self.by_cluster)
+        existing = self.stored_runs()
         self.resv, self.holds = self.reservations()
         new: list[PricedRun] = []
         for run in runs:
             gpu_type, ngpus, price = _price(self.book, run)
             if not price.priced:
                 self.res.unpriced_runs += 1
-            p = PricedRun(run, gpu_type, ngpus, price, self.resv.get((run.cluster, run.job_id)))
-            old = existing.get(run.key)
+            p = PricedRun(run, self.key(run), gpu_type, ngpus, price, self.resv.get((run.cluster, run.job_id)))
+            old = existing.get(p.key)
             if old is None:
                 new.append(p)
             else:

@@ -67,8 +67,14 @@ class Tx:
         return self.q(sql, params).lastrowid
 
     # values
-    def num(self, d: Decimal) -> Any:
-        return d if self.pg else float(d)
+    @staticmethod
+    def _same(d: Decimal) -> Decimal:
+        return d
+
+    @property
+    def num(self):
+        """Decimal -> the bound form: numeric on PostgreSQL, ``float`` on SQLite (as SQLAlchemy binds it)."""
+        return self._same if self.pg else float
 
     def dec(self, v: Any) -> Decimal:
         if v is None:
@@ -79,7 +85,7 @@ class Tx:
 
     def ts(self, d: dt.datetime) -> Any:
         d = d.astimezone(UTC)
-        return d if self.pg else d.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return d if self.pg else d.isoformat(" ", "microseconds")[:26]     # YYYY-MM-DD HH:MM:SS.ffffff
 
     def parse_ts(self, v: Any) -> dt.datetime:
         if not isinstance(v, dt.datetime):
