@@ -5,6 +5,7 @@ These run often and from scripts, so they start fast: one argparse parser per co
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from typing import Any
@@ -44,9 +45,12 @@ def job_rows(user: str | None = None) -> list[dict[str, Any]]:
     # over SSH "my jobs" are the remote login's (GPUHPC_SSH_HOST=user@host), not the laptop user's
     me = getattr(client.runner, "user", None) or getpass.getuser()
     queue = client.queue(user=user or me)
+    # a user's jobs repeat the same few GPU requests and, once ended, elapsed times
+    per_node = functools.cache(_gpus_per_node)
+    elapsed = functools.cache(_elapsed_s)
     for r in sorted(queue, key=lambda q: (int(q.job_id_raw) if q.job_id_raw.isdigit() else 0, q.job_id)):
-        gpus = _gpus_per_node(r.tres_per_node) * max(1, r.nodes)
-        el = _elapsed_s(r.elapsed)
+        gpus = per_node(r.tres_per_node) * max(1, r.nodes)
+        el = elapsed(r.elapsed)
         rows.append({
             "job_id": r.job_id, "name": r.name, "state": r.state.state.value, "raw_state": r.state.raw,
             "partition": r.partition, "account": r.account, "nodes": r.nodes, "gpus": gpus,
@@ -95,26 +99,27 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def _printable(value: Any) -> str:
     """One line with no control characters, whatever a job name (anyone's) holds: no newline
     breaks a row, no escape sequence reaches the terminal."""
-    return _CONTROL.sub("?", " ".join(str(value).split()))
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return _CONTROL.sub("?", " ".join(text.split()))
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
     """Plain aligned columns, like squeue's (rich would cost more start-up than the command)."""
-    def cell(r: dict[str, Any], key: str) -> str:
-        v = r[key]
+    cols = []
+    for head, key in _COLUMNS:
         if key == "gpu_hours":
-            return f"{v:.2f}"
-        if key == "reason" and v == "None":
-            return ""
-        return _printable(v)
-
-    cells = [[h for h, _ in _COLUMNS]] + [[cell(r, k) for _, k in _COLUMNS] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
-    lines = []
-    for c in cells:
-        parts = [c[i].rjust(w) if h in _RIGHT else c[i].ljust(w) for i, ((h, _), w) in enumerate(zip(_COLUMNS, widths))]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines) + "\n"
+            cells = [f"{r[key]:.2f}" for r in rows]
+        elif key == "reason":
+            cells = ["" if r[key] == "None" else _printable(r[key]) for r in rows]
+        else:
+            cells = [_printable(r[key]) for r in rows]
+        width = max(map(len, cells), default=0)
+        width = max(width, len(head))
+        just = str.rjust if head in _RIGHT else str.ljust
+        cols.append([just(c, width) for c in [head, *cells]])
+    return "".join("  ".join(line).rstrip() + "\n" for line in zip(*cols))
 
 
 def status_cmd(argv: list[str]) -> int:
