@@ -31,12 +31,34 @@ def _state_style(state: str) -> str:
     return "red"
 
 
+def preempt_signal_warning(config: dict[str, str]) -> str | None:
+    """Why preempted jobs would lose their checkpoint (issue 15), from ``scontrol show config``:
+    without ``preempt_send_user_signal`` a preemption sends SIGTERM, not the job's SIGUSR2, and
+    srun answers SIGTERM by killing its tasks at once."""
+    if config.get("PreemptType", "preempt/none") in ("preempt/none", "(null)", ""):
+        return None           # (partitions and QOS may preempt even when the global PreemptMode is OFF)
+    params = [p.strip() for p in config.get("SlurmctldParameters", "").split(",")]
+    if "preempt_send_user_signal" in params:
+        return None
+    return ("SlurmctldParameters lacks preempt_send_user_signal: a preempted job gets SIGTERM instead "
+            "of its warning signal (SIGUSR2), and srun kills multi-node jobs' tasks at once; they lose "
+            "everything since their last periodic checkpoint (docs/jobs.md)")
+
+
 @cluster_app.command("status")
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
     """Nodes with state; GPUs total/allocated/free by type and MIG type; partitions."""
+    from gpuhpc.cli._console import warn
     from gpuhpc.cluster import cluster_status
+    from gpuhpc.slurm.client import SlurmClient
 
     st = cluster_status()
+    try:
+        message = preempt_signal_warning(SlurmClient().config())
+    except GpuhpcError:
+        message = None
+    if message:
+        warn(message)
     if as_json:
         print_json(st.to_dict())
         return

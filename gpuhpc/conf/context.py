@@ -64,6 +64,30 @@ def _merge(rows: list[dict[str, Any]], key: str = "nodes") -> list[dict[str, Any
     return [{key: hostlist.compress(names), **rest} for rest, names in merged]
 
 
+def _per_gpu_defaults(spec: ClusterSpec, p: Any, node_rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """DefCpuPerGPU / DefMemPerGPU of a partition: as given, else, for a partition whose nodes
+    all have GPUs, each node's CPUs and RealMemory divided by its GPUs (MIG instances count
+    as GPUs), on the partition's smallest node. So a GPU job that asks for no CPUs or memory
+    gets its share of the node instead of one CPU."""
+    rows = {r["nodes"]: r for r in node_rows}
+    names = ([r["nodes"] for r in node_rows] if list(p.nodes) == ["ALL"]
+             else resolve_nodes(spec, list(p.nodes), ""))
+    cpu, mem = p.def_cpu_per_gpu, p.def_mem_per_gpu_mb
+    shares = []
+    for n in names:
+        row = rows.get(n)
+        gres = (row or {}).get("gres") or ""
+        gpus = sum(int(part.rsplit(":", 1)[1]) for part in gres.split(",") if part.startswith("gpu:"))
+        if not gpus:
+            shares = []
+            break
+        shares.append((row["cpus"] // gpus, row["real_memory"] // gpus))
+    if shares:
+        cpu = cpu if cpu is not None else max(1, min(c for c, _ in shares))
+        mem = mem if mem is not None else max(1, min(m for _, m in shares))
+    return {"def_cpu_per_gpu": cpu, "def_mem_per_gpu": mem}
+
+
 def build_context(spec: ClusterSpec) -> dict[str, Any]:
     """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first)."""
     rt = spec.runtime
@@ -124,6 +148,7 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
 
     partitions = []
     for p in spec.partitions:
+        per_gpu = _per_gpu_defaults(spec, p, node_rows)
         partitions.append({
             "name": p.name,
             "nodes": "ALL" if list(p.nodes) == ["ALL"] else hostlist.compress(resolve_nodes(spec, list(p.nodes), "")),
@@ -138,6 +163,7 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
             "qos": p.qos,
             "oversubscribe": p.oversubscribe,
             "state": p.state,
+            **per_gpu,
         })
 
     dbd = spec.slurmdbd

@@ -252,6 +252,10 @@ class Partition(_Model):
     qos: Name | None = None
     oversubscribe: Literal["NO", "YES", "EXCLUSIVE", "FORCE"] | None = None
     state: Literal["UP", "DOWN", "DRAIN", "INACTIVE"] = "UP"
+    # a GPU job that asks for no CPUs/memory gets this much per GPU; default (a partition of
+    # GPU nodes only): the node sizing, CPUs and RealMemory over GPUs, on its smallest node
+    def_cpu_per_gpu: int | None = Field(default=None, ge=1)
+    def_mem_per_gpu_mb: int | None = Field(default=None, ge=1)
 
 
 class Qos(_Model):
