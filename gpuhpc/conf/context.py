@@ -88,6 +88,25 @@ def _per_gpu_defaults(spec: ClusterSpec, p: Any, node_rows: list[dict[str, Any]]
     return {"def_cpu_per_gpu": cpu, "def_mem_per_gpu": mem}
 
 
+def _nccl_profiles(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """Per node group with GPUs: the NCCL/IB environment its jobs source (``nccl.env.j2``)."""
+    out = []
+    for g in spec.node_groups:
+        if g.gpus is None:
+            continue
+        env: list[tuple[str, str]] = []
+        if g.ib_hcas:                              # rail order: as the spec lists them
+            env.append(("NCCL_IB_HCA", "=" + ",".join(f"{h}:1" for h in g.ib_hcas)))
+        if spec.nccl.ib_gid_index is not None:
+            env.append(("NCCL_IB_GID_INDEX", str(spec.nccl.ib_gid_index)))
+        if spec.nccl.socket_ifname is not None:
+            env.append(("NCCL_SOCKET_IFNAME", spec.nccl.socket_ifname))
+        env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"))
+        env.extend(sorted(spec.nccl.env.items()))
+        out.append({"group": g.name, "nodes": hostlist.compress(g.node_names()), "env": env})
+    return out
+
+
 def build_context(spec: ClusterSpec) -> dict[str, Any]:
     """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first)."""
     rt = spec.runtime
@@ -248,6 +267,7 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
         },
         # not used by the templates; for the Ansible roles
         "nodes": nodes,
+        "nccl_profiles": _nccl_profiles(spec),
         "fake_gpu_major": FAKE_GPU_MAJOR,
         "qos": [q.model_dump() for q in spec.qos],
         "accounts": [a.model_dump() for a in spec.accounts],

@@ -66,6 +66,17 @@ def render_spec(spec, *, storage_pass: str | None = None) -> tuple[dict[str, str
     return render_context(build_context(spec), storage_pass=storage_pass), warnings
 
 
+def render_nccl_profiles(spec, *, template_dir: Path | None = None) -> dict[str, str]:
+    """``{"nccl-<node group>.env": text}`` for each node group with GPUs: the NCCL/IB defaults
+    that gpuhpc job scripts source from ``/etc/gpuhpc/nccl.env`` on that group's nodes (a value
+    already in a job's environment wins). From ``slurm-conf/nccl.env.j2``."""
+    from gpuhpc.conf.context import build_context
+
+    ctx = json.loads(json.dumps(build_context(spec)))
+    template = _env(template_dir or templates_dir()).get_template("nccl.env.j2")
+    return {f"nccl-{p['group']}.env": template.render(gpuhpc_conf=ctx, profile=p) for p in ctx["nccl_profiles"]}
+
+
 def write_files(files: dict[str, str], out_dir: Path) -> list[Path]:
     """Write rendered files (slurmdbd.conf mode 0600, the rest 0644)."""
     out_dir.mkdir(parents=True, exist_ok=True)

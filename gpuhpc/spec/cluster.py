@@ -295,6 +295,37 @@ class Preemption(_Model):
     gang: bool = False
 
 
+_NCCL_KEY_RE = re.compile(r"^(NCCL|TORCH_NCCL|UCX|GLOO)_[A-Z0-9_]+$")
+_NCCL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,=:/+@%^-]+$")
+
+
+class Nccl(_Model):
+    """NCCL/IB defaults that job scripts source (``/etc/gpuhpc/nccl.env``, one per node group,
+    :func:`gpuhpc.conf.render.render_nccl_profiles`); a value already in a job's environment
+    wins. The HCAs are each node group's ``ib_hcas``, in the order given: list them in rail
+    order (the HCA of GPU 0's rail first)."""
+    ib_gid_index: int | None = Field(default=None, ge=0, le=255)   # RoCE v2: usually 3
+    socket_ifname: str | None = None      # NCCL_SOCKET_IFNAME: "=bond0", "^lo,docker"
+    env: dict[str, str] = {}              # further NCCL_* / TORCH_NCCL_* / UCX_* settings
+
+    @field_validator("socket_ifname")
+    @classmethod
+    def _ifname(cls, v: str | None) -> str | None:
+        if v is not None and not _NCCL_VALUE_RE.match(v):
+            raise ValueError(f"{v!r} may only contain letters, digits and _ . , = : / + @ % ^ -")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not _NCCL_KEY_RE.match(key):
+                raise ValueError(f"{key!r}: only NCCL_*, TORCH_NCCL_*, UCX_* and GLOO_* variables")
+            if not _NCCL_VALUE_RE.match(str(value)):
+                raise ValueError(f"{key}={value!r}: letters, digits and _ . , = : / + @ % ^ - only")
+        return {k: str(val) for k, val in v.items()}
+
+
 class ClusterSpec(_Model):
     name: Annotated[str, AfterValidator(_cluster_name)]
     controller: Controller
@@ -306,6 +337,7 @@ class ClusterSpec(_Model):
     qos: list[Qos] = []
     accounts: list[Account] = []
     topology: Topology = Topology()
+    nccl: Nccl = Nccl()
 
     def nodes(self) -> list[tuple[NodeGroup, str]]:
         return [(g, n) for g in self.node_groups for n in g.node_names()]
