@@ -107,8 +107,6 @@ class TcpAllReduce:
 
 class TorchAllReduce:
     def __init__(self) -> None:
-        import datetime
-
         import torch
         import torch.distributed as dist
 
@@ -116,8 +114,7 @@ class TorchAllReduce:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        timeout = datetime.timedelta(seconds=float(os.environ.get("GPUHPC_COLLECTIVE_TIMEOUT_S", "600")))
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=coord.collective_timeout())   # shorter than the grace
         self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
     def __call__(self, step: int, value: int) -> int:  # noqa: ARG002

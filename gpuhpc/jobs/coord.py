@@ -247,6 +247,20 @@ def _torch_dist() -> Any | None:
     return None
 
 
+def collective_timeout(default_s: float = 600.0) -> Any:
+    """``datetime.timedelta`` of ``$GPUHPC_COLLECTIVE_TIMEOUT_S`` (the job templates set it to
+    three quarters of the grace period) for ``init_process_group(timeout=...)``: a hung
+    collective then fails while the job can still be requeued, not after NCCL's 10 minutes."""
+    import datetime
+
+    raw = os.environ.get("GPUHPC_COLLECTIVE_TIMEOUT_S", "")
+    try:
+        seconds = float(raw) if raw else default_s
+    except ValueError:
+        seconds = default_s
+    return datetime.timedelta(seconds=seconds)
+
+
 _coordinator: StopCoordinator | None = None
 
 

@@ -104,3 +104,10 @@ def test_shell_entry_point_agrees_with_python(tmp_path):
     assert (d / "decision").read_text().strip() == "6"
     assert call(1, 5) == 1 and call(1, 6) == 0 and call(0, 6) == 0
     assert subprocess.run([sys.executable, "-m", "gpuhpc.jobs.coord", "bogus"]).returncode == 2
+
+
+def test_collective_timeout_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GPUHPC_COLLECTIVE_TIMEOUT_S", "45")
+    assert coord.collective_timeout().total_seconds() == 45
+    monkeypatch.delenv("GPUHPC_COLLECTIVE_TIMEOUT_S")
+    assert coord.collective_timeout().total_seconds() == 600
