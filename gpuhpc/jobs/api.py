@@ -307,12 +307,31 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         """:meth:`info` plus ``restarts``, ``finished`` and ``log`` (what ``gpuhpc status``
-        prints), asking Slurm once each: squeue (else sacct) and ``scontrol show job``.
+        prints), asking Slurm once each: squeue (else sacct) and ``scontrol show job``, the two
+        at the same time (a thread waits for scontrol; the command's time is mostly theirs).
         Raises GpuhpcError when neither squeue nor sacct knows the job."""
-        info = self.info()
+        import threading
+
+        got: dict[str, Any] = {}
+        client = self.client                    # made here, not by both threads
+
+        def show() -> None:
+            try:
+                got["rec"] = client.show_job(self.job_id)
+            except BaseException as exc:        # re-raised below, in the caller's thread
+                got["exc"] = exc
+
+        scontrol = threading.Thread(target=show, name=f"scontrol-{self.job_id}", daemon=True)
+        scontrol.start()
+        try:
+            info = self.info()
+        finally:
+            scontrol.join()
+        if "exc" in got:
+            raise got["exc"]
         if info["source"] == "none":
             raise GpuhpcError(f"job {self.job_id} not found in squeue or sacct")
-        rec = self.client.show_job(self.job_id)
+        rec = got["rec"]
         info["restarts"] = self.restarts(rec)
         info["finished"] = self._done(JobState(info["state"]), rec)
         info["log"] = self.log_path(rec)

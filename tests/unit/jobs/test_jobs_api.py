@@ -266,7 +266,7 @@ def test_status_asks_slurm_once_per_source():
                                          show={"Restarts": "2", "StdOut": "/logs/n-77.out", "Requeue": "1"}))
     info = job.status()
     assert info["restarts"] == 2 and info["log"] == "/logs/n-77.out" and info["finished"] is False
-    assert calls == ["squeue", "scontrol"]
+    assert sorted(calls) == ["scontrol", "squeue"]          # (at the same time)
 
 
 def test_status_of_an_unknown_job_is_an_error():
@@ -331,3 +331,12 @@ def test_jobs_table_keeps_one_line_per_job_and_no_escape_sequences():
     assert lines[0].split() == ["JOBID", "NAME", "STATE", "PARTITION", "NODES", "GPUS", "ELAPSED", "GPU-H", "REASON"]
     assert lines[1].split()[:3] == ["1", "a?[31mred", "x"] and lines[1].rstrip().endswith("0.12")
     assert lines[0].index("GPUS") + 4 == lines[2].index(" 8 ") + 2          # numbers right-aligned
+
+
+def test_status_reraises_what_scontrol_raised():
+    class Failing(FakeClient):
+        def show_job(self, job_id):
+            raise SlurmError("scontrol show job failed", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+
+    with pytest.raises(SlurmError, match="Unable to contact"):
+        api.Job("77", client=Failing(queue_rows=[_row("RUNNING")])).status()
