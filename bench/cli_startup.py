@@ -11,8 +11,9 @@ compiled client or command server on PATH does not change the figure. ``status``
 a job this script submits held (``--hold``) and cancels by id at the end. The commands run
 interleaved, round after round, so that every one sees the same load; the median of each is
 divided by the median of ``python -c pass``. ``submit --dry-run``, ``cluster status`` (a
-typer group that draws rich tables) and raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
-time grows with their number, which is printed) are shown for information.
+typer group that draws rich tables), raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
+time grows with their number, which is printed) and ``gpuhpc jobs`` of a user without jobs
+(``nobody``: start-up and one squeue, no listing) are shown for information.
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def main() -> int:
             f"gpuhpc status {job_id}": [*gpuhpc, "status", job_id],
             "gpuhpc jobs": [*gpuhpc, "jobs"],
             "squeue of the same jobs (info)": ["squeue", "--states=all", f"--user={user}"],
+            "gpuhpc jobs --user nobody (info)": [*gpuhpc, "jobs", "--user", "nobody"],
             "gpuhpc submit --dry-run (info)": [*gpuhpc, "submit", "--gpus", "1", "--dry-run", "--", "true"],
             "gpuhpc cluster status (info)": [*gpuhpc, "cluster", "status"],
         }
