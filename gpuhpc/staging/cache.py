@@ -92,7 +92,7 @@ def ensure_private_dir(path: Path) -> Path:
         raise _refuse(path, "its parent directory does not exist",
                       "create it, or set GPUHPC_SCRATCH_ROOT to node-local storage that exists") from None
     else:
-        os.chmod(path, 0o700, follow_symlinks=False)
+        os.chmod(path, 0o700)       # mkdir's mode went through the umask
     check_private_dir(path)
     return path
 
