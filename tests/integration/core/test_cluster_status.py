@@ -60,7 +60,7 @@ def test_gpu_counts_match_scontrol_while_a_job_holds_gpus(gpu_job):
         assert res.returncode == 0, res.stderr
         return (before, json.loads(res.stdout)) if _scontrol_nodes() == before else None
 
-    truth, data = wait_for(consistent, 60, "a quiet moment on the cluster")
+    truth, data = wait_for(consistent, 120, "a quiet moment on the cluster")
     assert truth["mig-node1"]["alloc"].get("1g.10gb", 0) >= 3          # our job is in there
     nodes = {n["name"]: n for n in data["nodes"]}
     assert set(nodes) == set(truth)
