@@ -282,3 +282,65 @@ class IngestState(Base):
     last_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_run_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_detail: Mapped[str] = mapped_column(Text, default="")
+
+
+# ------------------------------------------------------------------ sweeps (gpuhpc.sweeps; migration 0003)
+class Sweep(Base):
+    """A hyper-parameter sweep (gpuhpc.sweeps): its spec, status and directory."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    user_name: Mapped[str] = mapped_column(String(64))
+    cluster: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16), default="command")      # command | python
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    directory: Mapped[str] = mapped_column(Text)
+    n_trials: Mapped[int] = mapped_column(Integer)
+    driver_job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class SweepChunk(Base):
+    """One submitted array of a sweep: task id -> trial number."""
+
+    __tablename__ = "sweep_chunks"
+    __table_args__ = (UniqueConstraint("sweep_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True)    # the array job id
+    n_tasks: Mapped[int] = mapped_column(Integer)
+    trials: Mapped[str] = mapped_column(Text)            # JSON list: task id -> trial number
+    state: Mapped[str] = mapped_column(String(16), default="submitting")     # submitting | submitted | failed
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class SweepTrial(Base):
+    """One trial: its parameters, current array task, state from sacct, metrics."""
+
+    __tablename__ = "sweep_trials"
+    __table_args__ = (UniqueConstraint("sweep_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    params: Mapped[str] = mapped_column(Text)            # JSON object
+    state: Mapped[str] = mapped_column(String(16), default="waiting")
+    raw_state: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    chunk_id: Mapped[int | None] = mapped_column(ForeignKey("sweep_chunks.id"), nullable=True)
+    task_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    job_id: Mapped[str | None] = mapped_column(String(48), nullable=True)    # "<array job>_<task>"
+    job_id_raw: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)                # submissions (resume adds one)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)                # requeues of the current job
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS, default=0)
+    exit_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    metrics: Mapped[str | None] = mapped_column(Text, nullable=True)         # JSON: last value per name
+    objective: Mapped[float | None] = mapped_column(nullable=True)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
