@@ -23,6 +23,18 @@ naming the file and the key)::
 ``GPUHPC_CMDSERVER=off`` (also ``0``/``no``) turns the command server off whatever the files
 say.
 
+Cluster profiles (user config; ``[cluster.NAME]`` is read the same)::
+
+    [clusters.big]
+    host = "login.big.example.org"   # or a Host alias of ~/.ssh/config (HostName, User, Port,
+    user = "alice"                   #   IdentityFile, ProxyJump and UserKnownHostsFile honoured;
+    port = 22                        #   what the profile says wins)
+    key = "~/.ssh/id_ed25519"
+    jump = "alice@bastion.example.org:22"   # optional jump host (like ssh -J)
+
+``gpuhpc --cluster big CMD`` or ``GPUHPC_CLUSTER=big`` selects one (:func:`cluster_profile`);
+``GPUHPC_SSH_HOST=[user@]host[:port]`` remains a shorthand for an unnamed one.
+
 Nothing is read at import and nothing is cached in the module: callers ask when they need a
 setting (a command server worker may only be reused by commands that leave no module state
 behind). This module is on the CLI's start-up path: stdlib only, tomllib imported only when
@@ -53,6 +65,23 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
         },
     },
 }
+
+# [clusters.NAME] keys -> (type, help); every profile is a table of these (``host`` required).
+PROFILE_KEYS: dict[str, tuple[type, str]] = {
+    "host": (str, "login node: a host name, address or ~/.ssh/config Host alias"),
+    "user": (str, "remote user (default: ~/.ssh/config's User, else yours)"),
+    "port": (int, "SSH port (default: ~/.ssh/config's Port, else 22)"),
+    "key": (str, "private key file (default: ~/.ssh/config's IdentityFile, the agent, ~/.ssh/id_*)"),
+    "jump": (str, "jump host [user@]host[:port] (default: ~/.ssh/config's ProxyJump)"),
+    "known_hosts": (str, "known_hosts file that gpuhpc checks and `gpuhpc cluster trust` writes "
+                         "(default ~/.ssh/known_hosts)"),
+    "slurm_conf": (str, "SLURM_CONF for the remote Slurm commands"),
+    "remote_dir": (str, "where code snapshots and pickled calls go on the cluster "
+                        "(default .cache/gpuhpc under the remote home; must be on a shared file system)"),
+    "python": (str, "the cluster's Python for Python-mode jobs (default python3)"),
+    "snapshot_max_mb": (int, "refuse code snapshots larger than this (default 100)"),
+}
+_PROFILE_SECTIONS = ("clusters", "cluster")
 
 _OFF = ("off", "0", "no")           # as client.c reads GPUHPC_CMDSERVER
 
@@ -107,6 +136,9 @@ def _check(path: str, scope: str, data: dict[str, Any]) -> dict[str, dict[str, A
 
     out: dict[str, dict[str, Any]] = {}
     for section, table in data.items():
+        if section in _PROFILE_SECTIONS and scope == "user":
+            _check_profiles(path, section, table, out.setdefault("clusters", {}))
+            continue
         if section not in schema:
             raise UserInputError(f"unknown section [{section}] in the {scope} config",
                                  field=path, hint=f"valid: {valid()}")
@@ -125,6 +157,56 @@ def _check(path: str, scope: str, data: dict[str, Any]) -> dict[str, dict[str, A
                 raise UserInputError(f"{name} must be {_type_name(kind)}, not {value!r}", field=path)
         out[section] = dict(table)
     return out
+
+
+def _check_profiles(path: str, section: str, table: Any, out: dict[str, Any]) -> None:
+    if not isinstance(table, dict):
+        raise UserInputError(f"{section} must hold tables ([{section}.NAME])", field=path)
+    for name, profile in table.items():
+        where = f"{section}.{name}"
+        if not isinstance(profile, dict):
+            raise UserInputError(f"{where} must be a table ([{where}])", field=path)
+        if not _PROFILE_NAME_OK(name):
+            raise UserInputError(f"invalid cluster profile name {name!r}", field=path,
+                                 hint="use letters, digits, '.', '_' and '-'")
+        for key, value in profile.items():
+            if key not in PROFILE_KEYS:
+                raise UserInputError(f"unknown key {where}.{key} in the user config", field=path,
+                                     hint=f"valid: {', '.join(PROFILE_KEYS)}")
+            kind = PROFILE_KEYS[key][0]
+            if type(value) is not kind:
+                raise UserInputError(f"{where}.{key} must be {_type_name(kind)}, not {value!r}", field=path)
+            if kind is str and (not value or any(ord(c) < 32 for c in value)
+                                or key in ("host", "user", "jump") and any(c.isspace() for c in value)):
+                raise UserInputError(f"{where}.{key} {value!r} is empty or has blanks or control characters",
+                                     field=path)
+        if "host" not in profile:
+            raise UserInputError(f"{where} has no host", field=path, hint=f'add host = "login.example.org" to [{where}]')
+        if name in out:
+            raise UserInputError(f"cluster profile {name!r} is defined twice", field=path)
+        out[name] = dict(profile)
+
+
+def _PROFILE_NAME_OK(name: str) -> bool:
+    return bool(name) and len(name) <= 64 and all(c.isalnum() or c in "._-" for c in name)
+
+
+def cluster_profiles(env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The user config's cluster profiles: {name: {key: value}} (checked against
+    :data:`PROFILE_KEYS`)."""
+    return read_file(user_config_path(env), "user").get("clusters", {})
+
+
+def cluster_profile(name: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The profile ``name``; an unknown name is a UserInputError listing the profiles."""
+    profiles = cluster_profiles(env)
+    if name not in profiles:
+        path = user_config_path(env)
+        raise UserInputError(
+            f"no cluster profile {name!r} in {path}", field="--cluster",
+            hint=f"profiles: {', '.join(sorted(profiles))}" if profiles
+            else f'add [clusters.{name}] with host = "..." to {path}')
+    return {"name": name, **profiles[name]}
 
 
 def _type_name(kind: type) -> str:

@@ -94,5 +94,35 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     out.print(parts)
 
 
+@cluster_app.command("trust")
+def trust(name: str = typer.Argument(..., help="cluster profile name, or [user@]host[:port]"),
+          yes: bool = typer.Option(False, "--yes", "-y", help="trust the key without asking"),
+          expect: str = typer.Option(None, "--fingerprint", metavar="SHA256:...",
+                                     help="trust only a key with this fingerprint (from the cluster's admins)")) -> None:
+    """Show a cluster's SSH host key fingerprint and add the key to known_hosts."""
+    import sys
+
+    from gpuhpc.errors import TransportError, UserInputError
+    from gpuhpc.transport.ssh import fingerprint, runner_for, scan_host_key
+    from gpuhpc.transport.ssh import trust as add_key
+
+    runner = runner_for(name)
+    key = scan_host_key(runner)
+    fp = fingerprint(key)
+    typer.echo(f"{runner.host}:{runner.port} host key: {key.get_name()} {fp}", err=True)
+    if expect:
+        if expect.strip() != fp:
+            raise TransportError(f"the host key's fingerprint is {fp}, not {expect.strip()}: not trusted",
+                                 hint="do not connect; ask the cluster's admins")
+    elif not yes:
+        if not sys.stdin.isatty():
+            raise UserInputError("not trusting a host key without confirmation", field="--yes",
+                                 hint="compare the fingerprint above with the admins', then pass --yes "
+                                      "or --fingerprint SHA256:...")
+        typer.confirm("Is this the cluster's key (compare with what its admins publish)?", abort=True)
+    path, added = add_key(runner, key)
+    typer.echo(f"{'added to' if added else 'already in'} {path}", err=True)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(cluster_app, name="cluster")

@@ -38,7 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 USAGE = "Usage: gpuhpc [OPTIONS] COMMAND [ARGS]..."
-_OPTIONS = (("--debug", "Show tracebacks (also GPUHPC_DEBUG=1)."), ("--help", "Show this message and exit."))
+_OPTIONS = (("--debug", "Show tracebacks (also GPUHPC_DEBUG=1)."),
+            ("--cluster NAME", "Run on the cluster profile NAME ([clusters.NAME] in ~/.config/gpuhpc/config.toml; "
+                               "also GPUHPC_CLUSTER)."),
+            ("--help", "Show this message and exit."))
 
 
 def _wrap(text: str, width: int, indent: int) -> str:
@@ -72,6 +75,21 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def _select_cluster(name: str, debug: bool) -> int:
+    """``--cluster NAME``: every command's runner (gpuhpc.transport.default_runner) goes to the
+    profile NAME; an unknown name exits 2 listing the profiles."""
+    import os
+
+    def check() -> int:
+        from gpuhpc.config import cluster_profile
+
+        cluster_profile(name)
+        os.environ["GPUHPC_CLUSTER"] = name
+        return 0
+
+    return run_guarded(check, lambda: debug)
+
+
 def build_app(names):
     """A typer app holding the commands ``names`` registered by their modules."""
     import importlib
@@ -100,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         opt = args.pop(0)
         if opt == "--debug":
             debug = True
+        elif opt == "--cluster" or opt.startswith("--cluster="):
+            if opt == "--cluster" and not args:
+                return _usage_error("Option '--cluster' requires an argument.")
+            code = _select_cluster(opt.partition("=")[2] if "=" in opt else args.pop(0), debug)
+            if code:
+                return code
         elif opt == "--help":
             sys.stdout.write(help_text())
             return 0

@@ -53,15 +53,33 @@ class Runner(Protocol):
         does not exist): how ``gpuhpc logs -f`` follows a growing log."""
         ...
 
+    def read_bytes(self, path: str) -> bytes:
+        """The bytes of ``path`` where the commands run (a job's pickled result)."""
+        ...
+
+    def put_file(self, local: str, path: str, mode: int = 0o644) -> None:
+        """Copy the local file ``local`` to ``path`` where the commands run, atomically."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists where the commands run."""
+        ...
+
+    def home(self) -> str:
+        """The home directory where the commands run (relative paths start there)."""
+        ...
+
 
 def default_runner() -> Runner:
-    """SSH to ``GPUHPC_SSH_HOST`` when it is set (laptop → login node), else run locally."""
+    """The one place that picks where commands run: over SSH to the cluster profile
+    ``GPUHPC_CLUSTER`` names (``gpuhpc --cluster NAME`` sets it) or to ``GPUHPC_SSH_HOST``
+    (laptop -> login node; one connection per process, closed at exit), else locally."""
     import os
 
-    if os.environ.get("GPUHPC_SSH_HOST"):
-        from gpuhpc.transport.ssh import SSHRunner
+    if os.environ.get("GPUHPC_CLUSTER") or os.environ.get("GPUHPC_SSH_HOST"):
+        from gpuhpc.transport.ssh import shared_runner
 
-        return SSHRunner.from_env()
+        return shared_runner()
     from gpuhpc.transport.local import LocalRunner
 
     return LocalRunner()

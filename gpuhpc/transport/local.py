@@ -55,3 +55,23 @@ class LocalRunner:
             return b""
         except OSError as exc:
             raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise TransportError(f"cannot read {path}: {exc.strerror}") from exc
+
+    def put_file(self, local: str, path: str, mode: int = 0o644) -> None:
+        with open(local, "rb") as fh:
+            data = fh.read()
+        from gpuhpc.fsutil import write_atomic
+
+        write_atomic(path, data, mode)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def home(self) -> str:
+        return os.path.expanduser("~")

@@ -9,7 +9,7 @@ from gpuhpc.transport.ssh import parse_target
 
 def test_parse_target():
     assert parse_target("alice@login1:2222") == ("alice", "login1", 2222)
-    assert parse_target("login1") == (None, "login1", 22)
+    assert parse_target("login1") == (None, "login1", None)      # None: ~/.ssh/config or 22
     with pytest.raises(UserInputError):
         parse_target("login1; rm -rf ~")
     with pytest.raises(UserInputError):

@@ -1,0 +1,61 @@
+"""The laptop: a cluster profile that reaches the real sshd (scripts/services/sshd.sh) on
+127.0.0.1:2222, key auth and a pinned host key; the login node behind it is the local cluster."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class Laptop:
+    env: dict[str, str]
+    config: Path
+    known_hosts: Path
+    key: str
+    slurm_conf: str | None
+
+    def profile(self, name: str = "lab", **over) -> None:
+        """(Re)write the profile ``name`` (the other profiles stay)."""
+        text = self.config.read_text() if self.config.exists() else ""
+        values = {"host": "127.0.0.1", "user": "root", "port": 2222, "key": self.key,
+                  "known_hosts": str(self.known_hosts),
+                  **({"slurm_conf": self.slurm_conf} if self.slurm_conf else {}), **over}
+        body = "".join(f"{k} = {v!r}\n".replace("'", '"') if isinstance(v, str) else f"{k} = {v}\n"
+                       for k, v in values.items() if v is not None)
+        blocks = [b for b in text.split("\n[") if b and not b.lstrip("[").startswith(f"clusters.{name}]")]
+        text = "\n[".join(blocks)
+        self.config.write_text((text.rstrip() + "\n\n" if text.strip() else "") + f"[clusters.{name}]\n{body}")
+
+    def gpuhpc(self, *args: str, env: dict | None = None, timeout: float = 180, **kw):
+        return subprocess.run([sys.executable, "-m", "gpuhpc", *args], env={**os.environ, **self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def sshd() -> dict[str, str]:
+    out = subprocess.run(["bash", str(REPO / "scripts/services/sshd.sh"), "start"], check=True,
+                         capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    return dict(kv.split("=", 1) for kv in out.split())
+
+
+@pytest.fixture
+def laptop(sshd, tmp_path) -> Laptop:
+    known = tmp_path / "known_hosts"
+    shutil.copy(sshd["GPUHPC_TEST_SSH_KNOWN_HOSTS"], known)
+    (tmp_path / "ssh_config").write_text("")
+    env = {"GPUHPC_CONFIG": str(tmp_path / "config.toml"), "GPUHPC_SITE_CONFIG": str(tmp_path / "site.toml"),
+           "GPUHPC_SSH_CONFIG": str(tmp_path / "ssh_config"), "GPUHPC_LEDGER": "off",
+           "GPUHPC_DATA_DIR": str(tmp_path / "data"), "GPUHPC_CMDSERVER": "off"}
+    for k in ("GPUHPC_SSH_HOST", "GPUHPC_CLUSTER", "GPUHPC_SSH_KEY", "GPUHPC_SSH_KNOWN_HOSTS"):
+        env[k] = ""
+    lap = Laptop(env, tmp_path / "config.toml", known, sshd["GPUHPC_TEST_SSH_KEY"], os.environ.get("SLURM_CONF"))
+    lap.profile("lab")
+    return lap
