@@ -4,9 +4,10 @@ installed into a collections path, and run from there (never from this checkout)
 - its render_conf playbook writes byte-identical files to `gpuhpc conf render` (one template source:
   slurm-conf/, copied into the collection at build time);
 - ansible-lint's production profile passes on the collection;
-- on a private second cluster (own ports, directories and cluster name; the shared munged), a
-  reconfigure-class change keeps slurmctld's and slurmd's pids and a running job, a restart-class
-  change restarts slurmctld, and an unchanged spec reports changed=0.
+- a private second cluster (own ports, directories, MariaDB and cluster name; the shared munged)
+  installs from nothing with `gpuhpc.cluster.site` (slurmdbd and accounts included); an unchanged
+  spec then reports changed=0, a reconfigure-class change keeps slurmctld's and slurmd's pids and a
+  running job, and a restart-class change restarts slurmctld.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def test_ansible_lint_production_profile(collection, tmp_path):
 # --- a private second cluster: reconfigure instead of restart --------------------------------------
 
 BASE = Path("/var/tmp/gpuhpc-test-reconfigure")
-CTLD_PORT, SLURMD_PORT, NODE_PORT = 16917, 16918, 17311
+CTLD_PORT, SLURMD_PORT, NODE_PORT, DBD_PORT, MARIADB_PORT = 16917, 16918, 17311, 16919, 13316
 
 
 def _spec(**runtime) -> dict:
@@ -123,6 +124,10 @@ def _spec(**runtime) -> dict:
     }
     return {
         "name": "reconftest", "controller": {"hosts": ["localhost"]}, "runtime": rt,
+        "slurmdbd": {"host": "localhost", "port": DBD_PORT, "storage_host": "127.0.0.1", "storage_port": MARIADB_PORT,
+                     "storage_db": "reconftest_acct_db"},
+        "qos": [{"name": "normal", "priority": 100}],
+        "accounts": [{"name": "research", "users": ["root"], "qos": ["normal"], "default_qos": "normal"}],
         "preemption": {"type": "partition_prio", "mode": "REQUEUE"},
         "node_groups": [{"name": "cpu", "hostname": "reconf-node{n}", "count": 1, "sockets": 1, "cores_per_socket": 2,
                          "threads_per_core": 1, "memory_mb": 1000, "addr": "127.0.0.1", "node_hostname": "localhost",
@@ -140,9 +145,17 @@ def _inventory(spec_path: Path) -> dict:
                  "gpuhpc_munge_service_manager": manager,
                  "gpuhpc_slurm_controller_service_manager": manager,
                  "gpuhpc_slurm_compute_service_manager": manager,
+                 "gpuhpc_slurmdbd_service_manager": manager,
+                 "gpuhpc_slurmdbd_storage_pass": "reconftest-pass-1",
+                 "gpuhpc_slurmdbd_mariadb_datadir": f"{BASE}/mysql",
+                 "gpuhpc_slurmdbd_mariadb_socket": f"{BASE}/mysqld/mysqld.sock",
+                 "gpuhpc_slurmdbd_mariadb_pid_file": f"{BASE}/mysqld/mysqld.pid",
+                 "gpuhpc_slurmdbd_mariadb_log_file": f"{BASE}/mysql-log/error.log",
+                 "gpuhpc_slurmdbd_mariadb_buffer_pool_size": "32M",
                  "gpuhpc_slurm_compute_nodes": ["reconf-node1"],
                  "gpuhpc_slurm_compute_start_timeout": 60},
         "children": {"slurm_controller": {"hosts": {"localhost": None}},
+                     "slurmdbd": {"hosts": {"localhost": None}},
                      "slurm_compute": {"hosts": {"localhost": None}}},
     }}
 
@@ -196,8 +209,12 @@ def private_cluster(collection, tmp_path):
 
 def test_reconfigure_keeps_daemons_and_jobs_restart_class_change_restarts(private_cluster, tmp_path):
     c = private_cluster
-    assert c.site()["failed"] == 0
+    assert c.site()["failed"] == 0                             # a fresh install, slurmdbd included
     assert c.site()["changed"] == 0, c.last[-3000:]          # idempotent
+    assocs = subprocess.run(["sacctmgr", "--noheader", "--parsable2", "list", "association", "format=cluster,account,user"],
+                            env={**os.environ, "SLURM_CONF": f"{BASE}/etc/slurm.conf"}, capture_output=True, text=True,
+                            timeout=60, check=True).stdout.split()
+    assert "reconftest|research|root" in assocs, assocs
     job = c.slurm.submit_script("#!/bin/bash\nsleep 300\n", extra=["--time=10", f"--output={tmp_path / 'job.out'}"])
     try:
         wait_for(lambda: (c.slurm.show_job(job) or {}).get("JobState") == "RUNNING", 60, f"job {job} to run")
