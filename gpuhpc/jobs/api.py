@@ -46,7 +46,7 @@ def _client(client=None):
 
 
 # ---------------------------------------------------------------- quota
-def _reserve(resources: Resources, name: str, client) -> Any:
+def _reserve(resources: Resources, name: str, client, array_size: int = 1) -> Any:
     """The ledger's pre-submit hold (None when the ledger is not in use)."""
     from gpuhpc.ledger import hooks
 
@@ -59,12 +59,13 @@ def _reserve(resources: Resources, name: str, client) -> Any:
     return hooks.reserve(hooks.ChargeRequest(
         cluster=cluster, user=getpass.getuser(), account=resources.account,
         partition=resources.partition, qos=resources.qos, gpu_type=resources.gpu_type,
-        gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=1, job_name=name,
+        gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=array_size, job_name=name,
     ))
 
 
-def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str]) -> str:
-    res = _reserve(resources, name, client)
+def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str],
+                      array_size: int = 1) -> str:
+    res = _reserve(resources, name, client, array_size)
     try:
         job_id = do_submit()
     except BaseException:
@@ -99,7 +100,8 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     os.makedirs(spec.log_directory, exist_ok=True)
     c = _client(client)
     _check_fits(spec.resources, c)
-    job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script))
+    job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script),
+                               spec.array_size)
     return Job(job_id, client=c, name=spec.name,
                log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
 
@@ -408,8 +410,8 @@ class Job:
 
     def logs(self) -> str:
         """The job's output; a separate stderr file (submitit jobs) is appended."""
-        paths = [self.log_path()]
         rec = self.client.show_job(self.job_id)
+        paths = [self.log_path(rec)]
         if rec and rec.get("StdErr") and rec.get("StdErr") != rec.get("StdOut"):
             paths.append(rec["StdErr"])
         elif self.submitit_job is not None:
