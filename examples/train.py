@@ -134,6 +134,7 @@ def main() -> int:
     ap.add_argument("--result", help="rank 0 writes the final result (JSON) here")
     ap.add_argument("--fail-rank", type=int, default=-1, help="(tests) this rank dies in the save of --fail-at")
     ap.add_argument("--fail-at", type=int, default=-1)
+    ap.add_argument("--stop-save-seconds", type=float, default=0, help="(tests) a slow save when stopping")
     args = ap.parse_args()
 
     coord.coordinator().install()                   # SIGUSR2/SIGTERM -> a stop request
@@ -157,10 +158,13 @@ def main() -> int:
     allreduce = TorchAllReduce() if use_torch else TcpAllReduce(
         rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")))
 
-    def save() -> None:
+    def save(stopping: bool = False) -> None:
         n = state["step"]
         if rank == args.fail_rank and n == args.fail_at:
             os.kill(os.getpid(), signal.SIGKILL)    # killed in the middle of a save
+        if stopping and args.stop_save_seconds:
+            note(f"slow-save {n}")
+            time.sleep(args.stop_save_seconds)      # a big model takes a while to write
         ckpt.save_shard(json.dumps(state).encode(), n)
         note(f"saved {n}")
 
@@ -172,7 +176,7 @@ def main() -> int:
         note(f"step {n}")
         stop = gpuhpc.should_stop(n)                # the same answer on every rank
         if n % args.ckpt_every == 0 or stop:
-            save()
+            save(stopping=stop)
         if stop:
             note(f"stop {n}")
             print(f"rank {rank}: stopping after step {n} (a stop was requested); checkpoint saved", flush=True)

@@ -171,3 +171,36 @@ def test_a_rank_killed_during_a_save_leaves_latest_on_the_previous_checkpoint(jo
     assert second.is_dir() and not ckpt.is_complete(second) and not (second / "MANIFEST.json").exists()
     assert ckpt.latest_checkpoint(ck_dir) == first.resolve()
     assert not result.exists()
+
+
+def test_a_save_longer_than_grace_runs_to_the_partitions_grace_time(jobs_env, tmp_path, slurm, track):
+    """--grace 20 once meant a requeue 10 s after the warning; the gpu partition's GraceTime is 30 s.
+    A 14 s save after a preemption now finishes, and the job resumes from it."""
+    progress, result = tmp_path / "progress", tmp_path / "result.json"
+    job_id = _submit("gpuhpc-test-long-save", progress, result, "--stop-save-seconds", "14", steps=6 * EVERY,
+                     opts=("--grace", "20", "--max-requeues", "2"))
+    track(job_id)
+
+    def progressed():
+        runs = _runs(progress)
+        return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in runs)
+
+    wait_for(progressed, 150, f"job {job_id} to run")
+    node = "gpu-node2"
+    pre = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
+        "--partition=gpu-hi", f"--nodelist={node}", f"--gres=gpu:h100:{min(8, GPUS + _free_gpus(slurm, node))}",
+        "--time=1", "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
+    track(pre)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 300,
+             f"job {job_id} to end")
+    from gpuhpc.jobs.api import Job
+
+    log = Job(job_id, client=slurm).logs()
+    assert job_state(slurm, job_id) == "COMPLETED", log[-3000:]
+    runs = _runs(progress)
+    first, second = [r[0] for r in runs], [r[1] for r in runs]
+    stops = {r["stop"] for r in first}
+    assert len(stops) == 1 and None not in stops, first
+    assert {r["resume"] for r in second} == stops                 # the slow save was committed and used
+    assert "did not exit by the deadline" not in log and "program exited (0) after SIGUSR2" in log
+    assert json.loads(result.read_text()) == reference(WORLD, 6 * EVERY)
