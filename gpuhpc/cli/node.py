@@ -90,6 +90,47 @@ def register(app: typer.Typer) -> None:
                                  "or fabric manager not running)", field="--smi-xml" if smi_xml else None)
         sys.stdout.write(f"{node or _node_name(runner or _runner())} {cid}\n")
 
+    @node_app.command("health")
+    def health_cmd(
+        node: str | None = typer.Argument(None, help="Slurm node name (default: this host's; $SLURMD_NODENAME)."),
+        mode: str = typer.Option("full", "--mode", help="full, or prolog (the fast subset Slurm's Prolog runs)."),
+        apply: bool = typer.Option(False, "--apply", help="Drain a failing node (gpuhpc:<hw|sw|perf>: reason); "
+                                   "resume it once healthy if gpuhpc drained it."),
+        spec: str | None = typer.Option(None, "--spec", help="Health spec YAML (default $GPUHPC_HEALTH_SPEC)."),
+        as_json: bool = typer.Option(False, "--json", help="JSON output."),
+    ) -> None:
+        """Health checks (GPUs vs gres.conf, MIG layout, XID, ECC, clocks, IB, scratch, mounts, munge);
+        exit 1 when one fails. Runs where gpuhpc runs commands (this host, or GPUHPC_SSH_HOST)."""
+        import os
+
+        from gpuhpc.errors import UserInputError
+        from gpuhpc.health import HealthSpec, check_node
+        from gpuhpc.health.spec import load
+
+        if mode not in ("full", "prolog"):
+            raise UserInputError(f"unknown mode {mode!r}", field="--mode", hint="full or prolog")
+        path = spec or os.environ.get("GPUHPC_HEALTH_SPEC")
+        hspec = load(_read(path, "--spec"), path) if path else HealthSpec()
+        runner = _runner()
+        name = node or runner.getenv("SLURMD_NODENAME") or _node_name(runner)
+        out = check_node(name, runner=runner, spec=hspec, mode=mode, apply=apply)
+        if as_json:
+            from gpuhpc.cli._console import print_json
+
+            print_json(out.to_dict())
+        else:
+            lines = [f"{r.status.value:4}  {r.check:12} {r.message}" for r in out.report.results]
+            if out.decision is None:
+                lines.append(f"note: Slurm does not know a node {name!r}: nothing drained or resumed")
+            else:
+                d = out.decision
+                verb = {"none": "no change", "drain": "drain", "resume": "resume"}[d.action.value]
+                done = " (done)" if out.applied else (" (pass --apply to do it)" if d.action.value != "none" else "")
+                lines.append(f"{name}: {verb}{done}: {d.reason or d.why}")
+            sys.stdout.write("\n".join(lines) + "\n")
+        if not out.report.healthy:
+            raise typer.Exit(1)
+
 
 def _read(path: str, opt: str) -> str:
     from pathlib import Path

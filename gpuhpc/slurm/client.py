@@ -76,6 +76,24 @@ class SlurmClient:
                 return value.lower()
         return self.config().get("ClusterName", "")
 
+    def node(self, name: str) -> parsers.NodeInfo | None:
+        """One node (``scontrol show node NAME``); None when Slurm does not know it."""
+        res = self.run(cmd.scontrol_show("node", name), check=False)
+        if not res.ok:
+            if "not found" in (res.stderr + res.stdout).lower():
+                return None
+            raise SlurmError("scontrol show node failed", argv=list(res.argv), stderr=res.stderr)
+        nodes = _parsers().parse_nodes(res.stdout)
+        return nodes[0] if nodes else None
+
+    def drain_node(self, name: str, reason: str) -> None:
+        """Drain ``name`` (running jobs finish, no new ones start) with ``reason``."""
+        self.run(cmd.scontrol_update_node(name, "DRAIN", reason))
+
+    def resume_node(self, name: str) -> None:
+        """Undo a drain (``State=RESUME``)."""
+        self.run(cmd.scontrol_update_node(name, "RESUME"))
+
     # ------------------------------------------------------------ jobs
     def submit_script(self, script: str, *, extra: Sequence[str] = (), workdir: str | None = None,
                       script_dir: str | None = None) -> str:
@@ -137,6 +155,26 @@ class SlurmClient:
 
     def update_job(self, job_id: str, **fields: str) -> None:
         self.run(cmd.scontrol_update_job(job_id, **fields))
+
+    def submit_limits(self, user: str | None = None, account: str | None = None,
+                      qos: str | None = None) -> parsers.SubmitLimits:
+        """MaxArraySize and MaxJobCount from the controller; MaxSubmitJobs from ``user``'s
+        association (in ``account``, when given) and its QOS when accounting has them."""
+        p = _parsers()
+        config = self.config()
+        assoc: list[dict[str, str]] = []
+        qos_rows: list[dict[str, str]] = []
+        if user:
+            try:
+                filters = [f"user={user}"] + ([f"account={account}"] if account else [])
+                assoc = self.sacctmgr_list("assoc", *filters, fields=("Account", "MaxSubmitJobs", "DefaultQOS"))
+                names = {qos} if qos else {r.get("DefaultQOS") or "normal" for r in assoc}
+                qos_rows = [r for r in self.sacctmgr_list("qos", fields=("Name", "MaxSubmitJobsPerUser",
+                                                                          "MaxSubmitJobsPerAccount"))
+                            if r.get("Name") in names]
+            except GpuhpcError:         # no accounting: the controller's limits only
+                assoc, qos_rows = [], []
+        return p.parse_submit_limits(config, assoc, qos_rows)
 
     # ------------------------------------------------------------ accounting admin
     def sacctmgr(self, *words: str, check: bool = True) -> CommandResult:

@@ -157,3 +157,13 @@ def sacctmgr_modify(entity: str, where: Sequence[tuple[str, str]], settings: Seq
 def sacctmgr_delete(entity: str, where: Sequence[tuple[str, str]]) -> list[str]:
     """``sacctmgr -i delete <entity> where k=v ...``."""
     return sacctmgr("delete", entity, "where", *(f"{k}={v}" for k, v in where))
+
+
+# ---------------------------------------------------------------- node state (health gate)
+def scontrol_update_node(nodes: str, state: str, reason: str | None = None) -> list[str]:
+    """``scontrol update NodeName=<nodes> State=<state> [Reason=<reason>]`` (drain, resume, ...).
+    The reason is one argv element: no shell sees it, spaces are fine."""
+    argv = ["scontrol", "update", f"NodeName={nodes}", f"State={state}"]
+    if reason is not None:
+        argv.append(f"Reason={reason}")
+    return argv

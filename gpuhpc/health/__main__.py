@@ -1,0 +1,58 @@
+"""``python -m gpuhpc.health``: the entry point Slurm runs.
+
+- HealthCheckProgram: ``python -m gpuhpc.health --apply`` (full checks; drains on failure,
+  resumes a node gpuhpc drained once it passes). The node is ``$SLURMD_NODENAME``.
+- Prolog: ``python -m gpuhpc.health --mode prolog --apply``: the fast subset; on failure the
+  node is drained with gpuhpc's reason and the exit status is 1 (Slurm then requeues the job).
+- Epilog: ``python -m gpuhpc.health --apply`` (the full set, after the job).
+
+Options: ``--node N`` (default ``$SLURMD_NODENAME``, else the host name), ``--spec FILE``
+(default ``$GPUHPC_HEALTH_SPEC``), ``--json``. Exit 0 healthy, 1 a check failed, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpuhpc.health", description=__doc__.splitlines()[0])
+    p.add_argument("--node", default=None)
+    p.add_argument("--mode", choices=("prolog", "full"), default="full")
+    p.add_argument("--apply", action="store_true", help="drain/resume through scontrol")
+    p.add_argument("--spec", default=None)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    from gpuhpc.errors import GpuhpcError
+    from gpuhpc.health import check_node
+    from gpuhpc.health.spec import HealthSpec, load
+
+    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        path = args.spec or os.environ.get("GPUHPC_HEALTH_SPEC")
+        spec = HealthSpec()
+        if path:
+            with open(path, encoding="utf-8") as fh:
+                spec = load(fh.read(), path)
+        out = check_node(node, spec=spec, mode=args.mode, apply=args.apply)
+    except (GpuhpcError, OSError) as exc:
+        msg = exc.one_line() if isinstance(exc, GpuhpcError) else str(exc)
+        sys.stderr.write(f"gpuhpc health: error: {msg}\n")
+        return getattr(exc, "exit_code", 1)
+    if args.json:
+        sys.stdout.write(json.dumps(out.to_dict()) + "\n")
+    else:
+        for r in out.report.results:
+            sys.stdout.write(f"{node} {r.status.value:4} {r.check}: {r.message}\n")
+        if out.decision:
+            sys.stdout.write(f"{node} {out.decision.action.value}{' (done)' if out.applied else ''}: "
+                             f"{out.decision.reason or out.decision.why}\n")
+    return 0 if out.report.healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""Node health checks: each one a pure function from command output (text) to a :class:`Result`.
+
+Meta GCM's shape: a check returns a status and a message, never raises on what it reads and
+never runs anything itself; :mod:`gpuhpc.health.collect` fetches the text through a runner.
+A failing check names its drain category (:data:`HW`, :data:`SW`, :data:`PERF`), from which
+:mod:`gpuhpc.health.gate` builds the drain reason (``gpuhpc:hw: gpu count 7/8``).
+
+Messages never contain ``=`` (``scontrol show node`` prints the reason among ``Key=Value`` pairs).
+"""
+from __future__ import annotations
+
+import enum
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+HW, SW, PERF = "hw", "sw", "perf"
+CATEGORIES = (HW, SW, PERF)
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    WARN = "warn"           # worth a look; never drains
+    FAIL = "fail"           # drains the node
+    SKIP = "skip"           # nothing to check here (no such hardware, not in the spec)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One check's verdict."""
+
+    check: str
+    status: Status
+    message: str = ""
+    category: str = HW
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "status": self.status.value, "category": self.category,
+                "message": self.message}
+
+
+def ok(check: str, message: str = "", category: str = HW) -> Result:
+    return Result(check, Status.OK, message, category)
+
+
+def fail(check: str, message: str, category: str = HW) -> Result:
+    return Result(check, Status.FAIL, message.replace("=", ":"), category)
+
+
+def skip(check: str, message: str, category: str = HW) -> Result:
+    return Result(check, Status.SKIP, message, category)
+
+
+def warn(check: str, message: str, category: str = HW) -> Result:
+    return Result(check, Status.WARN, message, category)
+
+
+# ------------------------------------------------------------------ gres.conf
+@dataclass(frozen=True)
+class GresLine:
+    """One ``Name=gpu`` line of gres.conf that applies to a node."""
+
+    type: str
+    files: tuple[str, ...] = ()
+    count: int | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.files) if self.files else (self.count or 0)
+
+
+def _kv(line: str) -> dict[str, str]:
+    out = {}
+    for word in line.split():
+        if "=" in word:
+            k, v = word.split("=", 1)
+            out[k.lower()] = v
+    return out
+
+
+def parse_gres_conf(text: str, node: str) -> list[GresLine]:
+    """The ``Name=gpu`` lines of gres.conf that apply to ``node`` (``NodeName=`` hostlists
+    expanded; a line without ``NodeName=`` applies to every node), ``File=`` ranges expanded."""
+    from gpuhpc.hostlist import expand
+
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        kv = _kv(line)
+        if kv.get("name") != "gpu":
+            continue
+        if "nodename" in kv and node not in expand(kv["nodename"], field="gres.conf NodeName"):
+            continue
+        files = tuple(expand(kv["file"], field="gres.conf File")) if "file" in kv else ()
+        count = int(kv["count"]) if kv.get("count", "").isdigit() else None
+        out.append(GresLine(kv.get("type", "gpu"), files, count))
+    return out
+
+
+def expected_counts(lines: Iterable[GresLine]) -> Counter:
+    c: Counter = Counter()
+    for g in lines:
+        c[g.type] += g.n
+    return c
+
+
+# ------------------------------------------------------------------ GPU device files
+def parse_stat(text: str) -> dict[str, str]:
+    """``stat -c '%F|%n' FILES...`` -> {path: file type} (missing files print nothing on stdout)."""
+    out = {}
+    for line in text.splitlines():
+        if "|" in line:
+            kind, path = line.split("|", 1)
+            out[path] = kind
+    return out
+
+
+def check_gpu_devices(expected: Sequence[GresLine], present: Mapping[str, str]) -> Result:
+    """Every gres.conf ``File=`` of the node is a character device: the GPU (or MIG) count a
+    job can be given. ``present``: :func:`parse_stat` of those files."""
+    name = "gpu-devices"
+    if not expected:
+        return skip(name, "no GPUs in gres.conf for this node")
+    if not any(g.files for g in expected):
+        return skip(name, "gres.conf names no File= for this node's GPUs")
+    want: Counter = Counter()
+    have: Counter = Counter()
+    missing = []
+    for g in expected:
+        for f in g.files:
+            want[g.type] += 1
+            if present.get(f) == "character special file":
+                have[g.type] += 1
+            else:
+                missing.append(f)
+    if not missing:
+        return ok(name, f"{sum(have.values())} GPU devices: " + ", ".join(f"{t} {n}" for t, n in sorted(have.items())))
+    total_w, total_h = sum(want.values()), sum(have.values())
+    per = ", ".join(f"{t} {have[t]}/{want[t]}" for t in sorted(want) if have[t] != want[t])
+    return fail(name, f"gpu count {total_h}/{total_w} ({per}; missing {', '.join(missing[:3])}"
+                      f"{' ...' if len(missing) > 3 else ''})")
+
+
+def check_gpu_listing(expected: Mapping[str, int], listing_text: str) -> Result:
+    """``nvidia-smi -L``: the GPUs the driver sees, by type, and the MIG layout (MIG devices by
+    profile), against gres.conf's typed counts."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.inventory.gres import short_type
+    from gpuhpc.inventory.smi import parse_list
+
+    name = "gpu-listing"
+    if not expected:
+        return skip(name, "no GPUs in gres.conf for this node")
+    try:
+        gpus = parse_list(listing_text)
+    except UserInputError as exc:
+        return fail(name, f"nvidia-smi -L unreadable: {exc.message[:80]}")
+    seen: Counter = Counter()
+    for g in gpus:
+        if g.mig:
+            for m in g.mig:
+                seen[m.profile or "mig"] += 1
+        else:
+            seen[short_type(g.name)] += 1
+    # an untyped gres.conf line counts any GPU
+    want = Counter(expected)
+    if set(want) == {"gpu"}:
+        seen = Counter({"gpu": sum(seen.values())})
+    if seen == want:
+        return ok(name, ", ".join(f"{t} {n}" for t, n in sorted(seen.items())))
+    mig = any(g.mig for g in gpus)
+    diff = ", ".join(f"{t} {seen.get(t, 0)}/{want.get(t, 0)}" for t in sorted(set(want) | set(seen))
+                     if seen.get(t, 0) != want.get(t, 0))
+    return fail(name, f"{'mig layout' if mig else 'gpu count'} {sum(seen.values())}/{sum(want.values())} ({diff})")
+
+
+# ------------------------------------------------------------------ XID errors
+_XID = re.compile(r"^\[\s*([\d.]+)\]\s+NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+# XIDs that mean the GPU needs attention (NVIDIA's XID catalogue: "reset GPU"/"contact support");
+# application errors (13, 31, 43, 45 ...) are the job's own and do not drain a node.
+CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 140})
+
+
+def parse_xids(dmesg_text: str) -> list[tuple[float, str, int]]:
+    """``dmesg`` (raw timestamps) -> [(seconds since boot, PCI bus id, xid)]."""
+    out = []
+    for line in dmesg_text.splitlines():
+        m = _XID.match(line.strip())
+        if m:
+            out.append((float(m.group(1)), m.group(2), int(m.group(3))))
+    return out
+
+
+def check_xid(dmesg_text: str, since: float | None) -> tuple[Result, float | None]:
+    """Critical XIDs logged after ``since`` (the newest timestamp the previous run saw; None:
+    all). Returns the result and the new high-water mark to store for the next run."""
+    name = "xid"
+    xids = parse_xids(dmesg_text)
+    mark = max((t for t, _, _ in xids), default=since)
+    new = [(t, bus, x) for t, bus, x in xids if since is None or t > since]
+    bad = [(bus, x) for _, bus, x in new if x in CRITICAL_XIDS]
+    if bad:
+        bus, x = bad[-1]
+        return fail(name, f"xid {x} on {bus}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")), mark
+    if new:
+        return warn(name, f"{len(new)} non-critical xid(s): {sorted({x for _, _, x in new})}"), mark
+    return ok(name, "no new XID"), mark
+
+
+# ------------------------------------------------------------------ ECC, row remapping, clocks
+COUNTER_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "retired_pages.pending",
+                  "remapped_rows.failure", "remapped_rows.pending", "clocks_throttle_reasons.active",
+                  "clocks.sm", "clocks.max.sm")
+
+# clocks_throttle_reasons bits that mean the hardware, not the workload, slows the GPU
+_BAD_THROTTLE = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When counters drain a node."""
+
+    ecc_uncorrected: int = 0          # more than this many volatile uncorrected ECC errors
+    retired_pages_pending: bool = True
+    row_remap_failure: bool = True
+    row_remap_pending: bool = True    # a reset is needed before the remap takes effect
+    min_sm_clock_ratio: float = 0.0   # < this of max SM clock with a bad throttle reason: perf
+
+
+def _num(v: str) -> int | None:
+    v = v.strip()
+    try:
+        return int(v, 16) if v.lower().startswith("0x") else int(float(v))
+    except ValueError:
+        return None             # "[N/A]", "N/A", "[Not Supported]"
+
+
+def check_gpu_counters(csv_text: str, th: Thresholds = Thresholds()) -> list[Result]:
+    """``nvidia-smi --query-gpu=<COUNTER_FIELDS> --format=csv,noheader,nounits`` -> an ECC
+    result (hw) and a clocks result (perf)."""
+    hw_bad, perf_bad = [], []
+    rows = 0
+    for line in csv_text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(COUNTER_FIELDS):
+            continue
+        rows += 1
+        r = dict(zip(COUNTER_FIELDS, cells))
+        i = r["index"]
+        ecc = _num(r["ecc.errors.uncorrected.volatile.total"])
+        if ecc is not None and ecc > th.ecc_uncorrected:
+            hw_bad.append(f"gpu{i} ecc uncorrected {ecc}")
+        if th.retired_pages_pending and r["retired_pages.pending"].lower() == "yes":
+            hw_bad.append(f"gpu{i} retired pages pending")
+        if th.row_remap_failure and (_num(r["remapped_rows.failure"]) or r["remapped_rows.failure"].lower() == "yes"):
+            hw_bad.append(f"gpu{i} row remap failure")
+        if th.row_remap_pending and (_num(r["remapped_rows.pending"]) or r["remapped_rows.pending"].lower() == "yes"):
+            hw_bad.append(f"gpu{i} row remap pending")
+        reasons = _num(r["clocks_throttle_reasons.active"]) or 0
+        bad = [txt for bit, txt in _BAD_THROTTLE.items() if reasons & bit]
+        sm, smax = _num(r["clocks.sm"]), _num(r["clocks.max.sm"])
+        if bad and (not th.min_sm_clock_ratio or (sm and smax and sm / smax < th.min_sm_clock_ratio)):
+            perf_bad.append(f"gpu{i} throttled ({', '.join(bad)}" + (f", sm {sm}/{smax} MHz)" if sm and smax else ")"))
+    if not rows:
+        return [skip("gpu-ecc", "no nvidia-smi counters"), skip("gpu-clocks", "no nvidia-smi counters", PERF)]
+    return [fail("gpu-ecc", "; ".join(hw_bad)) if hw_bad else ok("gpu-ecc", f"{rows} GPUs clean"),
+            fail("gpu-clocks", "; ".join(perf_bad), PERF) if perf_bad else ok("gpu-clocks", "no hw throttling", PERF)]
+
+
+# ------------------------------------------------------------------ InfiniBand
+@dataclass(frozen=True)
+class IbPort:
+    ca: str
+    port: int
+    state: str
+    physical: str
+    rate: int | None
+    link_layer: str
+
+
+def parse_ibstat(text: str) -> list[IbPort]:
+    """``ibstat`` -> one :class:`IbPort` per CA port."""
+    ports: list[IbPort] = []
+    ca = None
+    cur: dict | None = None
+
+    def flush():
+        if cur is not None and ca is not None:
+            ports.append(IbPort(ca, cur["port"], cur.get("state", ""), cur.get("physical state", ""),
+                                _num(cur.get("rate", "")), cur.get("link layer", "")))
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = re.match(r"^CA '([^']+)'", line)
+        if m:
+            flush()
+            ca, cur = m.group(1), None
+            continue
+        m = re.match(r"^Port (\d+):$", line)
+        if m:
+            flush()
+            cur = {"port": int(m.group(1))}
+            continue
+        if cur is not None and ":" in line:
+            k, v = line.split(":", 1)
+            cur[k.strip().lower()] = v.strip()
+    flush()
+    return ports
+
+
+def check_ib(text: str | None, *, min_rate: int | None, ports: int | None = None,
+             link_layer: str = "InfiniBand") -> Result:
+    """Active IB ports at ``min_rate`` Gb/s or more; ``ports``: how many the node must have.
+    Skipped when the spec asks for no IB (``min_rate`` and ``ports`` None)."""
+    name = "ib"
+    if min_rate is None and ports is None:
+        return skip(name, "no IB in the spec")
+    if text is None:
+        return fail(name, "ibstat missing")
+    found = [p for p in parse_ibstat(text) if not link_layer or p.link_layer == link_layer]
+    bad = [f"{p.ca}/{p.port} {p.state.lower() or '?'}" for p in found if p.state != "Active"]
+    bad += [f"{p.ca}/{p.port} rate {p.rate}<{min_rate}" for p in found
+            if p.state == "Active" and min_rate is not None and (p.rate or 0) < min_rate]
+    if ports is not None and len(found) < ports:
+        bad.insert(0, f"ib ports {len(found)}/{ports}")
+    if bad:
+        return fail(name, "ib " + "; ".join(bad) if not bad[0].startswith("ib ") else "; ".join(bad))
+    return ok(name, f"{len(found)} ports active")
+
+
+# ------------------------------------------------------------------ filesystems, munge
+def parse_mounts(text: str) -> dict[str, str]:
+    """``/proc/mounts`` -> {mount point: fs type}."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            out[parts[1].replace("\\040", " ")] = parts[2]
+    return out
+
+
+def check_mounts(mounts_text: str, required: Sequence[str]) -> Result:
+    name = "mounts"
+    if not required:
+        return skip(name, "no required mounts in the spec", SW)
+    have = parse_mounts(mounts_text)
+    missing = [m for m in required if m not in have]
+    if missing:
+        return fail(name, f"not mounted: {', '.join(missing)}", SW)
+    return ok(name, f"{len(required)} mounted", SW)
+
+
+def parse_df(text: str) -> dict[str, tuple[int, int]]:
+    """``df -P -k PATH...`` -> {mount point: (size KiB, available KiB)}."""
+    out = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 6 and parts[1].isdigit():
+            out[" ".join(parts[5:])] = (int(parts[1]), int(parts[3]))
+    return out
+
+
+def check_scratch(path: str | None, df_text: str | None, mounts_text: str, *, min_free_gb: float,
+                  must_be_mount: bool = True) -> Result:
+    """The scratch directory is its own mount (when ``must_be_mount``) with ``min_free_gb`` free."""
+    name = "scratch"
+    if not path:
+        return skip(name, "no scratch in the spec", SW)
+    if must_be_mount and path.rstrip("/") not in parse_mounts(mounts_text):
+        return fail(name, f"scratch {path} not mounted", SW)
+    usage = parse_df(df_text or "")
+    if not usage:
+        return fail(name, f"scratch {path} missing", SW)
+    _, avail = next(iter(usage.values()))
+    free_gb = avail / 1024 / 1024
+    if free_gb < min_free_gb:
+        return fail(name, f"scratch {path} {free_gb:.0f} GB free < {min_free_gb:g}", SW)
+    return ok(name, f"{free_gb:.0f} GB free", SW)
+
+
+def check_munge(encode_rc: int, decode_rc: int, decode_out: str) -> Result:
+    """``munge -n | unmunge``: a credential this node made, decoded here."""
+    name = "munge"
+    if encode_rc != 0:
+        return fail(name, "munge", SW)
+    if decode_rc != 0 or "STATUS:" in decode_out and "Success" not in decode_out:
+        return fail(name, "munge", SW)
+    return ok(name, "credential round trip", SW)
+
+
+@dataclass
+class Report:
+    """All results of one run on one node."""
+
+    node: str
+    results: list[Result] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def failures(self) -> list[Result]:
+        return [r for r in self.results if r.status is Status.FAIL]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "healthy": self.healthy, "elapsed_s": round(self.elapsed_s, 4),
+                "results": [r.to_dict() for r in self.results]}

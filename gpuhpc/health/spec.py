@@ -1,0 +1,89 @@
+"""What a node should look like, for the health checks: a small YAML/JSON file (or defaults).
+
+GPU counts and types come from gres.conf (the one source, rendered from the cluster spec);
+the rest is here::
+
+    gres_conf: /etc/slurm/gres.conf     # default: next to $SLURM_CONF
+    scratch: {path: /scratch, min_free_gb: 50, must_be_mount: true}
+    mounts: [/home, /shared]
+    ib: {min_rate: 400, ports: 8}       # Gb/s per active port; omit for no IB
+    thresholds: {ecc_uncorrected: 0, min_sm_clock_ratio: 0.0}
+    state_dir: /var/lib/gpuhpc/health   # XID high-water marks
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+from gpuhpc.errors import UserInputError
+from gpuhpc.health.checks import Thresholds
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """The expectations a node is checked against."""
+
+    gres_conf: str | None = None
+    scratch_path: str | None = None
+    scratch_min_free_gb: float = 10.0
+    scratch_must_be_mount: bool = True
+    mounts: tuple[str, ...] = ()
+    ib_min_rate: int | None = None
+    ib_ports: int | None = None
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    state_dir: str = "/var/lib/gpuhpc/health"
+
+    def gres_conf_path(self, slurm_conf: str | None) -> str:
+        if self.gres_conf:
+            return self.gres_conf
+        return os.path.join(os.path.dirname(slurm_conf or "/etc/slurm/slurm.conf"), "gres.conf")
+
+
+_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir"}
+
+
+def load(text: str, source: str = "health spec") -> HealthSpec:
+    """A :class:`HealthSpec` from YAML (or JSON) text; unknown keys are an error naming the valid ones."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise UserInputError(f"{source}: not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserInputError(f"{source}: expected a mapping")
+    unknown = set(data) - _TOP
+    if unknown:
+        raise UserInputError(f"unknown key {sorted(unknown)[0]!r}", field=source,
+                             hint=f"valid: {', '.join(sorted(_TOP))}")
+
+    def sub(key: str, allowed: set[str]) -> dict:
+        v = data.get(key) or {}
+        if not isinstance(v, dict):
+            raise UserInputError("expected a mapping", field=f"{source}.{key}")
+        bad = set(v) - allowed
+        if bad:
+            raise UserInputError(f"unknown key {sorted(bad)[0]!r}", field=f"{source}.{key}",
+                                 hint=f"valid: {', '.join(sorted(allowed))}")
+        return v
+
+    scratch = sub("scratch", {"path", "min_free_gb", "must_be_mount"})
+    ib = sub("ib", {"min_rate", "ports"})
+    th_names = {f.name for f in fields(Thresholds)}
+    th = sub("thresholds", th_names)
+    mounts = data.get("mounts") or []
+    if not isinstance(mounts, list) or not all(isinstance(m, str) and m.startswith("/") for m in mounts):
+        raise UserInputError("expected a list of absolute paths", field=f"{source}.mounts")
+    try:
+        return HealthSpec(
+            gres_conf=data.get("gres_conf"),
+            scratch_path=scratch.get("path"), scratch_min_free_gb=float(scratch.get("min_free_gb", 10.0)),
+            scratch_must_be_mount=bool(scratch.get("must_be_mount", True)),
+            mounts=tuple(mounts),
+            ib_min_rate=int(ib["min_rate"]) if ib.get("min_rate") is not None else None,
+            ib_ports=int(ib["ports"]) if ib.get("ports") is not None else None,
+            thresholds=Thresholds(**th),
+            state_dir=str(data.get("state_dir") or HealthSpec.state_dir),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UserInputError(f"bad value: {exc}", field=source) from None
