@@ -55,3 +55,25 @@ def preempt(slurm: SlurmClient, nodelist: str, gres: str, track) -> str:
                "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
     track(job_id)
     return job_id
+
+
+def interrupt(slurm: SlurmClient, job_id: str, action: str, *, node: str, gres: str, track,
+              timeout: float = 150) -> None:
+    """One chaos action on a running job, then wait until Slurm counts the restart:
+    ``preempt`` (a gpu-hi job on ``node`` asking for ``gres``), ``requeue`` (``scontrol
+    requeue``: SIGTERM), ``time_limit`` (TimeLimit=1: the limit falls inside the --signal grace,
+    SIGUSR2 now, the template requeues itself; the limit is put back to 15 minutes after)."""
+    before = slurm.restarts(job_id)
+    if action == "preempt":
+        preempt(slurm, node, gres, track)
+    elif action == "requeue":
+        slurm.requeue(job_id)
+    elif action == "time_limit":
+        slurm.update_job(job_id, TimeLimit="1")
+    else:
+        raise ValueError(action)
+    from polling import wait_for
+
+    wait_for(lambda: slurm.restarts(job_id) > before, timeout, f"{action} of job {job_id} to requeue it")
+    if action == "time_limit":
+        slurm.update_job(job_id, TimeLimit="15")

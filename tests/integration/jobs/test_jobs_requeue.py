@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, gpuhpc, job_state, preempt, progress_runs
+from jobs_helpers import HERE, gpuhpc, interrupt, job_state, progress_runs
 from polling import wait_for
 
 sys.path.insert(0, str(HERE))
@@ -40,16 +40,8 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
 
     for i, action in enumerate(["preempt", "preempt", "requeue", "preempt", "time_limit"]):
         wait_for(progressed_since_start(2 * EVERY, i + 1), 90, f"job {job_id} running again before {action} #{i}")
-        before = slurm.restarts(job_id)
-        if action == "preempt":
-            preempt(slurm, NODE, GRES, track)
-        elif action == "requeue":
-            slurm.requeue(job_id)
-        else:  # the limit hits within the --signal grace: USR2 now, the template requeues itself
-            slurm.update_job(job_id, TimeLimit="1")
-        wait_for(lambda: slurm.restarts(job_id) > before, 120, f"{action} #{i} of job {job_id} to requeue it")
+        interrupt(slurm, job_id, action, node=NODE, gres=GRES, track=track, timeout=120)
         if action == "time_limit":
-            slurm.update_job(job_id, TimeLimit="15")
             assert job_state(slurm, job_id) != "TIMEOUT"
 
     wait_for(lambda: job_state(slurm, job_id) == "COMPLETED", 150, f"job {job_id} to complete")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.jobs import checkpoint as ckpt
-from jobs_helpers import HERE, gpuhpc, job_state
+from jobs_helpers import HERE, gpuhpc, interrupt, job_state, preempt
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -25,6 +25,7 @@ from train import reference  # noqa: E402
 NODES, GPUS = 2, 4
 WORLD = NODES * GPUS
 STEPS, EVERY, STEP_S = 1200, 20, 0.05
+PREEMPT_NODE = "gpu-node2"
 
 
 def _submit(name: str, progress: Path, result: Path, *extra: str, steps: int = STEPS, opts=()) -> str:
@@ -60,11 +61,12 @@ def _runs(progress: Path) -> list[list[dict]]:
     return out
 
 
-def _free_gpus(slurm, node: str) -> int:
-    rec = slurm.run(["scontrol", "--oneliner", "show", "node", node]).stdout
+def _preemptor_gres(slurm) -> str:
+    """Our GPUs on PREEMPT_NODE plus its free ones: preemption then takes only our job."""
+    rec = slurm.run(["scontrol", "--oneliner", "show", "node", PREEMPT_NODE]).stdout
     alloc = next((w for w in rec.split() if w.startswith("AllocTRES=")), "AllocTRES=")
     used = [int(kv.split("=")[1]) for kv in alloc.split("=", 1)[1].split(",") if kv.startswith("gres/gpu=")]
-    return 8 - (used[0] if used else 0)
+    return f"gpu:h100:{min(8, GPUS + 8 - (used[0] if used else 0))}"
 
 
 class LatestWatcher(threading.Thread):
@@ -107,21 +109,7 @@ def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path,
     actions = ["preempt", "preempt", "requeue", "preempt", "time_limit"]
     for i, action in enumerate(actions):
         wait_for(running_and_progressed(i + 1), 150, f"job {job_id} running again before {action} #{i}")
-        before = slurm.restarts(job_id)
-        if action == "preempt":
-            node = "gpu-node2"
-            gres = f"gpu:h100:{min(8, GPUS + _free_gpus(slurm, node))}"    # exactly our GPUs + the free ones
-            pre = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
-                "--partition=gpu-hi", f"--nodelist={node}", f"--gres={gres}", "--time=1",
-                "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
-            track(pre)
-        elif action == "requeue":
-            slurm.requeue(job_id)
-        else:   # the limit falls inside the --signal grace: SIGUSR2 now, the template requeues itself
-            slurm.update_job(job_id, TimeLimit="1")
-        wait_for(lambda: slurm.restarts(job_id) > before, 150, f"{action} #{i} of job {job_id} to requeue it")
-        if action == "time_limit":
-            slurm.update_job(job_id, TimeLimit="15")
+        interrupt(slurm, job_id, action, node=PREEMPT_NODE, gres=_preemptor_gres(slurm), track=track)
 
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 300,
              f"job {job_id} to end")
@@ -186,11 +174,7 @@ def test_a_save_longer_than_grace_runs_to_the_partitions_grace_time(jobs_env, tm
         return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in runs)
 
     wait_for(progressed, 150, f"job {job_id} to run")
-    node = "gpu-node2"
-    pre = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
-        "--partition=gpu-hi", f"--nodelist={node}", f"--gres=gpu:h100:{min(8, GPUS + _free_gpus(slurm, node))}",
-        "--time=1", "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
-    track(pre)
+    preempt(slurm, PREEMPT_NODE, _preemptor_gres(slurm), track)
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 300,
              f"job {job_id} to end")
     from gpuhpc.jobs.api import Job
