@@ -18,12 +18,12 @@ LOCAL=ansible/inventories/local
 build() {
   local stage="$ROOT/.ansible/build/$$" dist="$ROOT/.ansible/dist"
   rm -rf "$stage" && mkdir -p "$stage" "$dist"
-  tar -C ansible --exclude=./inventories --exclude=./.ansible -cf - . | tar -C "$stage" -xf -
+  tar -C ansible --exclude=./inventories --exclude=.ansible --exclude=__pycache__ --exclude='*.pyc' -cf - . \
+    | tar -C "$stage" -xf -
   # the one source of the Slurm templates is slurm-conf/: the collection carries a copy
-  mkdir -p "$stage/roles/gpuhpc_slurm_common/templates"
-  cp slurm-conf/slurm.conf.j2 slurm-conf/gres.conf.j2 slurm-conf/topology.conf.j2 slurm-conf/cgroup.conf.j2 \
-     "$stage/roles/gpuhpc_slurm_common/templates/"
-  mkdir -p "$stage/roles/gpuhpc_slurmdbd/templates"
+  # (slurmdbd.conf in its own role, every other template in gpuhpc_slurm_common)
+  mkdir -p "$stage/roles/gpuhpc_slurm_common/templates" "$stage/roles/gpuhpc_slurmdbd/templates"
+  find slurm-conf -maxdepth 1 -name '*.j2' ! -name slurmdbd.conf.j2 -exec cp {} "$stage/roles/gpuhpc_slurm_common/templates/" \;
   cp slurm-conf/slurmdbd.conf.j2 "$stage/roles/gpuhpc_slurmdbd/templates/"
   ansible-galaxy collection build "$stage" --output-path "$dist" --force >&2
   rm -rf "$stage"
