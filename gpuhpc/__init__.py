@@ -22,6 +22,8 @@ _LAZY = {
     "should_stop": "gpuhpc.jobs.coord",
     "save_shard": "gpuhpc.jobs.checkpoint",
     "report": "gpuhpc.ledger.metrics",
+    "sweep": "gpuhpc.sweeps.api",
+    "Sweep": "gpuhpc.sweeps.api",
     "SlurmClient": "gpuhpc.slurm.client",
     "JobState": "gpuhpc.slurm.state",
 }

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topology": ("topology", "Fabric topology: topology.conf from ibnetdiscover, synthetic fabrics."),
     "node": ("node", "GPU node inventory: gres.conf lines, node sizing checks."),
     "stage": ("stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
+    "sweep": ("sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
+    "report-metric": ("report_metric", "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
     "cmdserver": ("cmdserver", "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
 }
 

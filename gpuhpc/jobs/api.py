@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import posixpath
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -96,14 +97,52 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`."""
     from gpuhpc.jobs.render import render
 
-    script = render(spec)
-    os.makedirs(spec.log_directory, exist_ok=True)
     c = _client(client)
+    spec, upload = _prepare_remote(spec, c.runner)
+    script = render(spec)
+    if c.runner.is_local:
+        os.makedirs(spec.log_directory, exist_ok=True)
+    else:
+        c.runner.run(["mkdir", "-p", "--", spec.log_directory])
     _check_fits(spec.resources, c)
+    uploaded = None
+    if upload is not None:
+        spec, uploaded = upload()
+        script = render(spec)
     job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script),
                                spec.array_size)
-    return Job(job_id, client=c, name=spec.name,
-               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
+    job = Job(job_id, client=c, name=spec.name,
+              log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
+    job.snapshot = uploaded
+    return job
+
+
+def _prepare_remote(spec: JobSpec, runner) -> tuple[JobSpec, Callable[[], tuple[JobSpec, Any]] | None]:
+    """What can refuse the job before anything reaches the cluster: the code snapshot is
+    collected (too big: UserInputError) and, over SSH, a remote default log dir chosen.
+    Returns the spec and the step that uploads the snapshot (None: no snapshot), to run after
+    the checks that ask Slurm and before sbatch; it returns the spec that runs from the
+    snapshot and the :class:`~gpuhpc.jobs.snapshot.Uploaded` record."""
+    if runner.is_local and not spec.snapshot:   # the login node's fast path: nothing to import
+        return spec, None
+    import dataclasses
+
+    from gpuhpc.jobs import snapshot
+
+    if not runner.is_local and spec.log_dir is None:
+        spec = dataclasses.replace(spec, log_dir=posixpath.join(snapshot.remote_base(runner), "logs"))
+    if not snapshot.wanted(spec.snapshot, runner):
+        return spec, None
+    snap = snapshot.collect(".", spec.snapshot_paths, snapshot.max_mb(runner))
+    if snap is None:
+        return spec, None
+
+    def upload() -> tuple[JobSpec, Any]:
+        up = snapshot.upload(snap, runner)
+        return dataclasses.replace(spec, workdir=spec.workdir or snapshot.workdir_in(snap, up),
+                                   env={"GPUHPC_SNAPSHOT": up.path, **spec.env}), up
+
+    return spec, upload
 
 
 # ---------------------------------------------------------------- Python mode
@@ -276,6 +315,7 @@ class Job:
         self.name = name
         self.submitit_job = submitit_job
         self._log_path = log_path
+        self.snapshot = None            # where the code snapshot is (gpuhpc.jobs.snapshot.Uploaded)
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, name={self.name!r})"

@@ -207,6 +207,28 @@ def check_fits(resources: Resources, nodes: Sequence[Any]) -> None:
                              f"{where} has {len(fit)}", field="nodes")
 
 
+_ARRAY_RE = re.compile(r"^(\d+(-\d+(:\d+)?)?)(,\d+(-\d+(:\d+)?)?)*(%\d+)?$")
+
+
+def array_size(array: str, field_name: str = "array") -> int:
+    """The number of tasks of an sbatch ``--array`` value (``0-9%2`` -> 10, ``1,4-6`` -> 4,
+    ``0-10:5`` -> 3); raises UserInputError for anything else."""
+    text = check_text(array, field_name, allow_empty=False)
+    if not _ARRAY_RE.match(text):
+        raise UserInputError(f"{text!r} is not a job array", field=field_name, hint="e.g. 0-49%8 or 1,3,5-7")
+    tasks: set[int] = set()
+    for term in text.split("%", 1)[0].split(","):
+        rng, _, step = term.partition(":")
+        lo, _, hi = rng.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a or (step and int(step) < 1):
+            raise UserInputError(f"bad range {term!r}", field=field_name)
+        tasks.update(range(a, b + 1, int(step or 1)))
+    if "%" in text and int(text.split("%", 1)[1]) < 1:
+        raise UserInputError("the %N limit must be >= 1", field=field_name)
+    return len(tasks)
+
+
 def _default_log_dir() -> str:
     env = os.environ.get("GPUHPC_LOG_DIR")
     if env:
@@ -248,6 +270,9 @@ class JobSpec:
     hold: bool = False
     dependency: str | None = None
     mpi: str = "auto"
+    snapshot: bool | None = None            # code snapshot (gpuhpc.jobs.snapshot); None: over SSH only
+    snapshot_paths: tuple[str, ...] = ()    # extra files/directories for the code snapshot
+    array: str | None = None          # sbatch --array (``0-49%8``, ``1,3,5-7``); each task is one job
 
     def __post_init__(self) -> None:
         cmd = self.command
@@ -291,6 +316,9 @@ class JobSpec:
         for name in ("workdir", "log_dir", "checkpoint_dir", "dependency"):
             if getattr(self, name) is not None:
                 check_text(getattr(self, name), name, allow_empty=False)
+        if self.array is not None:
+            object.__setattr__(self, "array", str(self.array).strip())
+            array_size(self.array)
         if self.dependency is not None and not re.fullmatch(r"[A-Za-z0-9_:,?+]+", self.dependency):
             raise UserInputError(f"invalid dependency {self.dependency!r}", field="dependency",
                                  hint="e.g. afterok:123")
@@ -307,10 +335,23 @@ class JobSpec:
         for name in ("requeue", "hold"):
             if not isinstance(getattr(self, name), bool):
                 raise UserInputError("expected true/false", field=name)
+        if self.snapshot is not None and not isinstance(self.snapshot, bool):
+            raise UserInputError("expected true/false", field="snapshot")
+        paths = self.snapshot_paths
+        if isinstance(paths, str) or not isinstance(paths, (list, tuple)):
+            raise UserInputError("expected a list of paths", field="snapshot_paths")
+        for i, p in enumerate(paths):
+            check_text(p, f"snapshot_paths[{i}]", allow_empty=False)
+        object.__setattr__(self, "snapshot_paths", tuple(paths))
 
     @property
     def grace_s(self) -> int:
         return int(self.grace)
+
+    @property
+    def array_size(self) -> int:
+        """How many tasks ``array`` makes (1 without an array)."""
+        return array_size(self.array) if self.array else 1
 
     @property
     def log_directory(self) -> str:
@@ -398,4 +439,6 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
             opts.append(("hold", None))
         if spec.dependency:
             opts.append(("dependency", spec.dependency))
+        if spec.array:
+            opts.append(("array", spec.array))
     return opts

@@ -1,4 +1,12 @@
-"""``gpuhpc.report(samples_per_s=...)``: throughput reported from inside a running job.
+"""``gpuhpc.report(step=..., **metrics)``: figures reported from inside a running job.
+
+One reporting API for two readers:
+
+- throughput (``samples_per_s=...``) for the cost report's $/throughput: see below;
+- a sweep trial's metrics (``loss=...``): inside a trial (``$GPUHPC_METRICS_FILE`` set by
+  :mod:`gpuhpc.sweeps.trial`) each call also appends one JSON line (``{"step", "metrics"}``)
+  to the trial's own file, with one ``O_APPEND`` write, which the sweep reads back into the
+  database. ``gpuhpc report-metric NAME VALUE [--step N]`` is the shell's way to call it.
 
 Appends one JSON line per call to ``$GPUHPC_METRICS_DIR/<cluster>/<job>[_<task>].jsonl``
 (default ``~/.local/share/gpuhpc/metrics``), keyed by ``SLURM_JOB_ID`` (the array job id)
@@ -26,14 +34,28 @@ def _job_key() -> tuple[str, str, str | None] | None:
     return cluster, job, (task if array_job and task is not None else None)
 
 
-def report(**metrics: float) -> None:
-    """Record throughput figures for the current Slurm job, e.g. ``report(samples_per_s=1234.5)``.
+def _append_line(path: str, record: dict) -> None:
+    """One ``write()`` of one line with ``O_APPEND``: concurrent writers never interleave."""
+    line = json.dumps(record, separators=(",", ":")) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
-    Values must be finite numbers. Only rank 0 writes when ``SLURM_PROCID``/``RANK`` says
-    this process is another rank, so multi-rank jobs are not counted N times.
+
+def report(step: int | None = None, **metrics: float) -> None:
+    """Record figures for the current Slurm job, e.g. ``report(samples_per_s=1234.5)`` or, in a
+    sweep trial, ``report(step=100, loss=0.25)``.
+
+    Values must be finite numbers, ``step`` a whole number. Only rank 0 writes when
+    ``SLURM_PROCID``/``RANK`` says this process is another rank, so multi-rank jobs are not
+    counted N times.
     """
     if not metrics:
         return
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"step {step!r} is not a whole number >= 0")
     clean: dict[str, float] = {}
     for key, value in metrics.items():
         if not key.isidentifier():
@@ -46,9 +68,17 @@ def report(**metrics: float) -> None:
         rank = os.environ.get(rank_var)
         if rank is not None and rank.strip() not in ("", "0"):
             return
+    trial_file = os.environ.get("GPUHPC_METRICS_FILE")
+    if trial_file:
+        _append_line(trial_file, {"ts": time.time(), "step": step, "metrics": clean,
+                                  "trial": os.environ.get("GPUHPC_TRIAL_ID"),
+                                  "job_id": os.environ.get("SLURM_JOB_ID"),
+                                  "restart": os.environ.get("SLURM_RESTART_COUNT", "0")})
     from gpuhpc.ledger.paths import metrics_dir
 
     key = _job_key()
+    if key is None and trial_file:
+        return
     if key is None:            # not in a Slurm job (a local test run): nothing to attribute it to
         global _warned
         if not _warned:
@@ -62,11 +92,6 @@ def report(**metrics: float) -> None:
     folder = metrics_dir() / cluster
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{job}_{task}" if task is not None else job
-    line = json.dumps({"ts": time.time(), "cluster": cluster, "job_id": job,
-                       "array_task_id": task, "metrics": clean}, separators=(",", ":"))
     # one write() of a short line with O_APPEND is atomic enough for concurrent ranks
-    fd = os.open(folder / f"{name}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    _append_line(str(folder / f"{name}.jsonl"), {"ts": time.time(), "cluster": cluster, "job_id": job,
+                                                 "array_task_id": task, "metrics": clean})

@@ -315,3 +315,31 @@ def parse_version(text: str) -> tuple[int, int, int]:
     if not m:
         raise SlurmError(f"cannot parse Slurm version from {text!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+# ---------------------------------------------------------------- submission limits
+@dataclass(frozen=True)
+class SubmitLimits:
+    """What bounds a job array and how many jobs one user may have queued.
+
+    ``max_array_size``: an array *index* must be below it (``--array=0-(k-1)`` needs
+    ``k <= max_array_size``); ``max_job_count``: slurmctld's job records (all users);
+    ``max_submit_jobs``: the user's limit from the association or QOS (None: unlimited or
+    unknown)."""
+
+    max_array_size: int
+    max_job_count: int
+    max_submit_jobs: int | None = None
+
+
+def parse_submit_limits(config: dict[str, str], assoc_rows: list[dict[str, str]] = (),
+                        qos_rows: list[dict[str, str]] = ()) -> SubmitLimits:
+    """Limits from ``scontrol show config`` (``MaxArraySize``, ``MaxJobCount``) and the user's
+    association and QOS rows (``sacctmgr list assoc/qos``: ``MaxSubmitJobs``,
+    ``MaxSubmitJobsPerUser``); the smallest set value wins."""
+    subs = [_int(r.get(k), -1) for r in [*assoc_rows, *qos_rows]
+            for k in ("MaxSubmitJobs", "MaxSubmitJobsPerUser", "MaxSubmitJobsPerAccount")]
+    subs = [s for s in subs if s >= 0]
+    return SubmitLimits(max_array_size=_int(config.get("MaxArraySize"), 1001),
+                        max_job_count=_int(config.get("MaxJobCount"), 10000),
+                        max_submit_jobs=min(subs) if subs else None)

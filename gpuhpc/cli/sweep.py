@@ -1,0 +1,241 @@
+"""``gpuhpc sweep``: hyper-parameter sweeps as job arrays that fit the cluster (docs/sweeps.md)."""
+from __future__ import annotations
+
+import typer
+
+from gpuhpc.cli._console import print_json
+
+sweep_app = typer.Typer(help="Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume.",
+                        no_args_is_help=True)
+
+_STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+                "pending": "white", "requeued": "magenta", "waiting": "dim"}
+
+
+def _sweep(sweep_id: str):
+    from gpuhpc.sweeps.api import Sweep
+
+    return Sweep.load(sweep_id)
+
+
+def _row_out(r: dict) -> dict:
+    return {k: r[k] for k in ("trial", "params", "state", "metrics", "job_id", "restarts", "gpu_hours")}
+
+
+@sweep_app.command("run")
+def run(file: str = typer.Argument(..., metavar="FILE", help="the sweep file (YAML)"),
+        as_json: bool = typer.Option(False, "--json", help='print {"sweep_id": ...}')) -> None:
+    """Validate FILE, submit the trials the cluster allows now (the driver job submits the rest)
+    and return at once with the sweep id."""
+    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps.spec import load_file
+
+    spec = load_file(file)
+    sid = engine.create(spec)
+    if as_json:
+        print_json({"sweep_id": sid})
+    else:
+        typer.echo(f"sweep {sid}: {spec.n_trials} trials of {spec.name} submitted "
+                   f"(gpuhpc sweep status {sid})")
+
+
+def _tail(path: str | None, n: int = 5) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 4096))
+            lines = fh.read().decode(errors="replace").splitlines()[-n:]
+    except OSError:
+        return ""
+    return "\n".join(lines)
+
+
+def _status_renderable(sw, rows: list[dict], info: dict):
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+
+    from gpuhpc.sweeps import engine
+
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    total = info["n_trials"]
+    finished = sum(counts.get(s, 0) for s in ("completed", "failed", "cancelled"))
+    spec = info["spec"]
+    head = Text(f"sweep {sw.id} {info['name']}: {info['status']}"
+                + (f" ({info['message']})" if info.get("message") else "")
+                + f" - {finished}/{total} finished")
+    parts = [head, ProgressBar(total=max(total, 1), completed=finished, width=50)]
+    t = Text("  ".join(f"{s} {counts[s]}" for s in _STATE_STYLE if counts.get(s)))
+    for s, style in _STATE_STYLE.items():
+        t.highlight_words([s], style=style)
+    parts.append(t)
+    b = engine.best(rows, spec.metric.goal)
+    if b is not None:
+        parts.append(Text(f"best: trial {b['trial']} {spec.metric.name}={b['objective']:.6g} params {b['params']}"))
+    failed = [r for r in rows if r["state"] == "failed"]
+    if failed:
+        tab = Table(title=f"failed trials ({len(failed)})", show_lines=False)
+        for col in ("trial", "job", "state", "log tail"):
+            tab.add_column(col)
+        for r in failed[:5]:
+            log = None
+            if r["job_id"]:
+                import glob
+
+                raw = r.get("job_id_raw")
+                pattern = f"{info['directory']}/logs/*-{raw}.out" if raw else None
+                found = glob.glob(pattern) if pattern else []
+                log = found[0] if found else None
+            tab.add_row(str(r["trial"]), r["job_id"] or "", r["raw_state"] or r["state"], _tail(log))
+        parts.append(tab)
+    return Group(*parts)
+
+
+@sweep_app.command("status")
+def status(sweep_id: str = typer.Argument(..., metavar="ID"),
+           watch: bool = typer.Option(False, "--watch", "-w", help="refresh until every trial has finished"),
+           interval: float = typer.Option(5.0, "--interval", help="seconds between refreshes with --watch"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Progress, counts per state, the best trial so far, failed trials with their log tails."""
+    import time
+
+    from gpuhpc.cli._console import console
+    from gpuhpc.sweeps import engine
+
+    sw = _sweep(sweep_id)
+
+    def snapshot():
+        sw.refresh()
+        info = sw.info()
+        rows = engine.trial_rows(sw.id)
+        with engine._session(None) as s:
+            from gpuhpc.sweeps.models import SweepTrial
+
+            raws = {t.number: t.job_id_raw for t in s.query(SweepTrial).filter_by(sweep_id=sw.id)}
+        for r in rows:
+            r["job_id_raw"] = raws.get(r["trial"])
+        return info, rows
+
+    info, rows = snapshot()
+    if as_json:
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        b = engine.best(rows, info["spec"].metric.goal)
+        print_json({"sweep_id": sw.id, "name": info["name"], "status": info["status"], "message": info["message"],
+                    "n_trials": info["n_trials"], "counts": counts, "driver_job_id": info["driver_job_id"],
+                    "chunks": info["chunks"], "best": _row_out(b) if b else None})
+        return
+    if not watch:
+        console().print(_status_renderable(sw, rows, info))
+        return
+    from rich.live import Live
+
+    with Live(_status_renderable(sw, rows, info), console=console(), refresh_per_second=2) as live:
+        while not all(r["state"] in ("completed", "failed", "cancelled") for r in rows) \
+                or len(rows) < info["n_trials"]:
+            time.sleep(interval)
+            info, rows = snapshot()
+            live.update(_status_renderable(sw, rows, info))
+
+
+@sweep_app.command("wait")
+def wait(sweep_id: str = typer.Argument(..., metavar="ID"),
+         timeout: float = typer.Option(None, "--timeout", help="give up after S seconds (exit 124)"),
+         poll: float = typer.Option(3.0, "--poll", help="seconds between checks")) -> int:
+    """Wait for every trial to finish: exit 0 when all completed, 1 when any failed for good."""
+    sw = _sweep(sweep_id)
+    try:
+        ok = sw.wait(timeout=timeout, poll=poll)
+    except TimeoutError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 124
+    if not ok:
+        typer.echo(f"sweep {sw.id}: some trials failed or were cancelled (gpuhpc sweep status {sw.id})", err=True)
+    return 0 if ok else 1
+
+
+@sweep_app.command("results")
+def results(sweep_id: str = typer.Argument(..., metavar="ID"),
+            as_json: bool = typer.Option(False, "--json"), as_csv: bool = typer.Option(False, "--csv")) -> None:
+    """One row per trial: trial, params, state, metrics, job_id, restarts, gpu_hours."""
+    import csv
+    import json
+    import sys
+
+    from gpuhpc.errors import UserInputError
+
+    if as_json == as_csv:
+        raise UserInputError("give one of --json or --csv", field="--json")
+    rows = [_row_out(r) for r in _sweep(sweep_id).rows()]
+    if as_json:
+        print_json(rows)
+        return
+    params = sorted({k for r in rows for k in r["params"]})
+    metrics = sorted({k for r in rows for k in r["metrics"]})
+    w = csv.writer(sys.stdout)
+    w.writerow(["trial", *(f"param.{p}" for p in params), "state", *(f"metric.{m}" for m in metrics),
+                "job_id", "restarts", "gpu_hours"])
+    for r in rows:
+        w.writerow([r["trial"], *(json.dumps(r["params"].get(p)) if not isinstance(r["params"].get(p), str)
+                                  else r["params"][p] for p in params),
+                    r["state"], *(r["metrics"].get(m, "") for m in metrics), r["job_id"] or "", r["restarts"],
+                    r["gpu_hours"]])
+
+
+@sweep_app.command("best")
+def best(sweep_id: str = typer.Argument(..., metavar="ID"), as_json: bool = typer.Option(False, "--json")) -> int:
+    """The best finished trial (by the sweep's metric and goal)."""
+    sw = _sweep(sweep_id)
+    b = sw.best()
+    if b is None:
+        typer.echo(f"sweep {sw.id}: no finished trial has reported the metric yet", err=True)
+        return 1
+    if as_json:
+        print_json(_row_out(b))
+    else:
+        typer.echo(f"trial {b['trial']}: {b['objective']!r} params {b['params']} (job {b['job_id']})")
+    return 0
+
+
+@sweep_app.command("resume")
+def resume(sweep_id: str = typer.Argument(..., metavar="ID"), as_json: bool = typer.Option(False, "--json")) -> None:
+    """Resubmit the trials that failed, were cancelled or never started (never a finished one)."""
+    sw = _sweep(sweep_id)
+    numbers = sw.resume()
+    if as_json:
+        print_json({"sweep_id": sw.id, "resubmitted": numbers})
+    else:
+        typer.echo(f"sweep {sw.id}: {len(numbers)} trial(s) resubmitted")
+
+
+@sweep_app.command("cancel")
+def cancel(sweep_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Cancel the sweep's driver and every array it submitted."""
+    sw = _sweep(sweep_id)
+    ids = sw.cancel()
+    typer.echo(f"sweep {sw.id}: cancelled ({len(ids)} job(s): {' '.join(ids) or 'none active'})")
+
+
+@sweep_app.command("report")
+def report(sweep_id: str = typer.Argument(..., metavar="ID"),
+           html: str = typer.Option(..., "--html", metavar="FILE", help="write an HTML page here")) -> None:
+    """An HTML page: the objective by trial, and each parameter against the objective."""
+    from gpuhpc.sweeps.report import html_report
+
+    sw = _sweep(sweep_id)
+    text = html_report(sw.info(), sw.rows())
+    from gpuhpc.fsutil import write_atomic
+
+    write_atomic(html, text)
+    typer.echo(f"wrote {html}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(sweep_app, name="sweep")

@@ -1,0 +1,4 @@
+"""Hyper-parameter sweeps as Slurm job arrays: :mod:`~gpuhpc.sweeps.spec` (sweep files),
+:mod:`~gpuhpc.sweeps.engine` (chunks, state from accounting, resume, cancel),
+:mod:`~gpuhpc.sweeps.driver` (the driver job), :mod:`~gpuhpc.sweeps.trial` (what a task runs),
+:mod:`~gpuhpc.sweeps.api` (``gpuhpc.sweep`` / ``gpuhpc.Sweep``). docs/sweeps.md."""

@@ -1,0 +1,171 @@
+"""The Python API: ``gpuhpc.sweep(fn, space, ...)`` and the :class:`Sweep` handle.
+
+    sweep = gpuhpc.sweep(train, {"lr": {"type": "loguniform", "low": 1e-5, "high": 1e-1},
+                                 "layers": {"type": "int", "low": 2, "high": 12}},
+                         trials=50, method="random", resources={"gpus": 1, "time": "30m"},
+                         metric={"name": "loss", "goal": "minimize"}, parallelism=8)
+    sweep.wait(); sweep.best(); sweep.results()
+    gpuhpc.Sweep.load(sweep.id).resume()
+
+Each trial runs ``fn(**params)`` in an array task of the same machinery as ``gpuhpc sweep run``
+(chunks that fit MaxArraySize, the checkpoint → requeue → resume contract, state from sacct).
+A number ``fn`` returns is the trial's metric; it may also call :func:`gpuhpc.report`.
+``fn`` may be a :class:`gpuhpc.Checkpointable`: it checkpoints into ``$GPUHPC_CHECKPOINT_DIR``,
+the trial's own directory, and a requeued trial resumes from there.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuhpc.errors import UserInputError
+
+
+class Sweep:
+    """A sweep in the gpuhpc database (CLI or Python made)."""
+
+    def __init__(self, sweep_id: int, *, client=None, url: str | None = None) -> None:
+        self.id = int(sweep_id)
+        self._client = client
+        self._url = url
+
+    def __repr__(self) -> str:
+        return f"Sweep({self.id})"
+
+    @classmethod
+    def load(cls, sweep_id: int | str, *, client=None, url: str | None = None) -> "Sweep":
+        from gpuhpc.sweeps import engine
+
+        if not str(sweep_id).isdigit():
+            raise UserInputError(f"{sweep_id!r} is not a sweep id", field="ID")
+        engine.sweep_info(int(sweep_id), url=url)         # exists?
+        return cls(int(sweep_id), client=client, url=url)
+
+    @property
+    def client(self):
+        if self._client is None:
+            from gpuhpc.slurm.client import SlurmClient
+
+            self._client = SlurmClient()
+        return self._client
+
+    # ------------------------------------------------------------ state
+    def refresh(self) -> dict[str, int]:
+        from gpuhpc.sweeps import engine
+
+        return engine.refresh(self.id, client=self.client, url=self._url)
+
+    def info(self) -> dict[str, Any]:
+        from gpuhpc.sweeps import engine
+
+        return engine.sweep_info(self.id, url=self._url)
+
+    def rows(self, refresh: bool = True) -> list[dict[str, Any]]:
+        """One dict per trial, in trial order (trial, params, state, metrics, job_id, restarts, gpu_hours)."""
+        from gpuhpc.sweeps import engine
+
+        if refresh:
+            self.refresh()
+        return engine.trial_rows(self.id, url=self._url)
+
+    def done(self) -> bool:
+        from gpuhpc.sweeps.models import TrialState
+
+        counts = self.refresh()
+        info = self.info()
+        total = sum(counts.values())
+        return total >= info["n_trials"] and all(TrialState(s).is_terminal for s in counts)
+
+    def wait(self, timeout: float | None = None, poll: float = 3.0) -> bool:
+        """Block until every trial has finished; True when all completed. Raises TimeoutError."""
+        from gpuhpc.sweeps.models import SweepStatus, TrialState
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            counts = self.refresh()
+            info = self.info()
+            total = sum(counts.values())
+            if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value) and \
+                    not any(counts.get(s.value) for s in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED)):
+                return False
+            if total >= info["n_trials"] and all(TrialState(s).is_terminal for s in counts):
+                return counts.get(TrialState.COMPLETED.value, 0) == total
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"sweep {self.id} not finished after {timeout}s: {counts}")
+            time.sleep(poll)
+
+    def best(self) -> dict[str, Any] | None:
+        from gpuhpc.sweeps import engine
+
+        return engine.best(self.rows(), self.info()["spec"].metric.goal)
+
+    def results(self, refresh: bool = True) -> list[Any]:
+        """What ``fn`` returned, in trial order (None for a trial that did not finish). For a
+        command sweep: the metrics dict of each trial."""
+        import cloudpickle
+
+        rows = self.rows(refresh)
+        info = self.info()
+        if info["kind"] != "python":
+            return [r["metrics"] or None for r in rows]
+        out = []
+        for r in rows:
+            p = Path(info["directory"]) / "trials" / str(r["trial"]) / "result.pkl"
+            out.append(cloudpickle.loads(p.read_bytes()) if r["state"] == "completed" and p.exists() else None)
+        return out
+
+    def resume(self) -> list[int]:
+        """Resubmit failed, cancelled and never-started trials (never a finished one)."""
+        from gpuhpc.sweeps import engine
+
+        return engine.resume(self.id, client=self.client, url=self._url)
+
+    def cancel(self) -> list[str]:
+        from gpuhpc.sweeps import engine
+
+        return engine.cancel(self.id, client=self.client, url=self._url)
+
+
+def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | None = None, method: str = "random",
+          resources: Mapping[str, Any] | Any = None, metric: str | Mapping[str, str] | None = None,
+          parallelism: int = 16, seed: int = 0, name: str | None = None, max_requeues: int = 5,
+          chunk_size: int | None = None, max_queued: int | None = None, client=None,
+          url: str | None = None) -> Sweep:
+    """Run ``fn(**params)`` for ``trials`` points of ``space`` (the sweep file's ``parameters``:
+    ``{"lr": {"type": "loguniform", "low": 1e-5, "high": 0.1}, "opt": ["adam", "sgd"]}``) as
+    Slurm arrays; returns at once with a :class:`Sweep`."""
+    import dataclasses
+
+    import cloudpickle
+
+    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps.spec import SweepSpec
+
+    if not callable(fn):
+        raise UserInputError(f"{fn!r} is not callable", field="fn")
+    if not isinstance(space, Mapping):
+        raise UserInputError("space must be a mapping of parameter -> range or values", field="space")
+    params = {k: ({"values": list(v)} if isinstance(v, (list, tuple)) else v) for k, v in space.items()}
+    if resources is not None and not isinstance(resources, Mapping):
+        resources = {f.name: getattr(resources, f.name) for f in dataclasses.fields(resources)}
+    if isinstance(metric, str):
+        metric = {"name": metric}
+    data = {"name": name or getattr(fn, "__name__", "sweep").strip("<>") or "sweep", "parameters": params,
+            "method": method, "seed": seed, "parallelism": parallelism, "resources": dict(resources or {}),
+            "metric": dict(metric or {"name": "objective"}), "max_requeues": max_requeues,
+            "chunk_size": chunk_size, "max_queued": max_queued}
+    if trials is not None:
+        data["trials"] = trials
+    spec = SweepSpec.from_mapping(data, python=True)
+    c = client
+    if c is None:
+        from gpuhpc.slurm.client import SlurmClient
+
+        c = SlurmClient()
+    if not c.runner.is_local:
+        raise UserInputError("a Python sweep can only be submitted where gpuhpc runs Slurm commands locally",
+                             field="fn", hint="use gpuhpc sweep run FILE with a command")
+    sid = engine.create(spec, kind="python", client=c, url=url, payload=cloudpickle.dumps(fn))
+    return Sweep(sid, client=c, url=url)

@@ -1,0 +1,96 @@
+"""What each array task of a sweep runs: ``python -m gpuhpc.sweeps.trial SWEEP_DIR CHUNK``.
+
+It reads line ``$SLURM_ARRAY_TASK_ID`` of ``SWEEP_DIR/chunks/CHUNK.jsonl`` (its trial and
+parameters), points the checkpoint contract at the trial's own directory (a preempted trial,
+or one resubmitted by ``sweep resume``, finds its checkpoint again) and replaces itself with
+the trial: ``bash -c`` of the command with every value shell-quoted (command sweeps), or the
+pickled callable (Python sweeps). Environment: ``GPUHPC_SWEEP_ID``, ``GPUHPC_TRIAL_ID``,
+``GPUHPC_PARAMS_JSON``, ``GPUHPC_TRIAL_DIR``, ``GPUHPC_METRICS_FILE`` (where
+:func:`gpuhpc.report` appends), ``GPUHPC_CHECKPOINT_DIR``, ``GPUHPC_LATEST_CHECKPOINT``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def trial_env(sweep_dir: Path, chunk: int, task: int) -> tuple[dict, dict[str, str], dict]:
+    """(the chunk line, the environment to add, sweep.json) of array task ``task``."""
+    with open(sweep_dir / "chunks" / f"{chunk}.jsonl", encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if i == task:
+                entry = json.loads(line)
+                break
+        else:
+            raise SystemExit(f"gpuhpc: chunk {chunk} has no task {task}")
+    meta = json.loads((sweep_dir / "sweep.json").read_text())
+    number = int(entry["trial"])
+    tdir = sweep_dir / "trials" / str(number)
+    ckpt = tdir / "checkpoints"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    from gpuhpc.jobs.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(ckpt)
+    env = {"GPUHPC_SWEEP_ID": str(meta["sweep_id"]), "GPUHPC_TRIAL_ID": str(number),
+           "GPUHPC_PARAMS_JSON": json.dumps(entry["params"], sort_keys=True), "GPUHPC_TRIAL_DIR": str(tdir),
+           "GPUHPC_METRICS_FILE": str(tdir / "metrics.jsonl"), "GPUHPC_CHECKPOINT_DIR": str(ckpt),
+           "GPUHPC_LATEST_CHECKPOINT": str(latest) if latest else ""}
+    return entry, env, meta
+
+
+def run_python(sweep_dir: Path, params: dict, metric: str) -> int:
+    """A Python sweep's trial: ``fn(**params)``; a number it returns is reported as the metric
+    (a dict: each number in it), and the result is kept in ``result.pkl``."""
+    import cloudpickle
+
+    from gpuhpc.fsutil import write_atomic
+    from gpuhpc.ledger.metrics import report
+
+    fn = cloudpickle.loads((sweep_dir / "fn.pkl").read_bytes())
+    try:
+        from gpuhpc.jobs.checkpoint import Checkpointable, restart_count
+
+        if isinstance(fn, Checkpointable):
+            fn.restarts = restart_count()
+    except ImportError:
+        pass
+    result = fn(**params)
+    tdir = Path(os.environ["GPUHPC_TRIAL_DIR"])
+    write_atomic(tdir / "result.pkl", cloudpickle.dumps(result))
+    if isinstance(result, bool):
+        pass
+    elif isinstance(result, (int, float)):
+        report(**{metric: float(result)})
+    elif isinstance(result, dict):
+        nums = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                and str(k).isidentifier()}
+        if nums:
+            report(**nums)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        sys.stderr.write("usage: python -m gpuhpc.sweeps.trial SWEEP_DIR CHUNK\n")
+        return 2
+    sweep_dir, chunk = Path(args[0]), int(args[1])
+    task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
+    entry, env, meta = trial_env(sweep_dir, chunk, task)
+    os.environ.update(env)
+    sys.stderr.write(f"gpuhpc: sweep {meta['sweep_id']} trial {entry['trial']} (chunk {chunk} task {task}); "
+                     f"params {env['GPUHPC_PARAMS_JSON']}\n")
+    sys.stderr.flush()
+    if meta.get("kind") == "python":
+        return run_python(sweep_dir, entry["params"], meta["metric"])
+    from gpuhpc.sweeps.spec import render_command
+
+    command = render_command(meta["command"], entry["params"])
+    os.execvp("bash", ["bash", "-c", command])
+    return 127      # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
