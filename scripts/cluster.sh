@@ -33,9 +33,18 @@ build() {
 }
 
 install() {
-  local tarball
+  # one build+install at a time; an unchanged collection is not reinstalled under a running play
+  mkdir -p "$ROOT/.ansible"
+  exec 8>"$ROOT/.ansible/install.lock"
+  flock 8
+  local tarball installed="$ANSIBLE_COLLECTIONS_PATH/ansible_collections/gpuhpc/cluster/FILES.json"
   tarball=$(build)
-  ansible-galaxy collection install "$tarball" -p "$ANSIBLE_COLLECTIONS_PATH" --force >&2
+  if [ -f "$installed" ] && tar -xzOf "$tarball" FILES.json | cmp -s - "$installed"; then
+    echo "gpuhpc.cluster: the installed collection is current" >&2
+  else
+    ansible-galaxy collection install "$tarball" -p "$ANSIBLE_COLLECTIONS_PATH" --force >&2
+  fi
+  flock -u 8
 }
 
 case "${1:-up}" in
