@@ -24,7 +24,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
     "requeue": ("requeue", "spec"), "hold": ("hold", "spec"), "dependency": ("dependency", "spec"),
-    "mpi": ("mpi", "spec"),
+    "mpi": ("mpi", "spec"), "snapshot": ("snapshot", "spec"), "snapshot_path": ("snapshot_paths", "spec"),
 }
 
 
@@ -70,6 +70,11 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--no-requeue", dest="requeue", action="store_false", default=None)
     j.add_argument("--hold", action="store_true", default=None)
     j.add_argument("--dependency", "-d")
+    j.add_argument("--snapshot", action=argparse.BooleanOptionalAction, default=None,
+                   help="run from a code snapshot of this git repo (tracked files, uncommitted changes; "
+                        ".gpuhpcignore excludes); default: on over SSH (--cluster), off locally")
+    j.add_argument("--snapshot-path", action="append", metavar="PATH",
+                   help="also put PATH (file or directory) in the snapshot (repeatable)")
     o = p.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true", help="print the sbatch script; submit nothing")
     o.add_argument("--json", action="store_true", help="print {job_id, log} as JSON")
@@ -148,6 +153,10 @@ def run(argv: list[str]) -> int:
     else:
         sys.stdout.write(f"{job.job_id}\n")
         sys.stderr.write(f"submitted job {job.job_id} ({spec.template}); log: {job._log_path}\n")
+    snap = getattr(job, "snapshot", None)
+    if snap is not None:
+        sys.stderr.write(f"code snapshot {snap.digest[:12]}: {snap.files} files, {snap.size / 2**20:.1f} MB, "
+                         f"{'uploaded' if snap.uploaded else 'already on the cluster'} ({snap.path})\n")
     return 0
 
 

@@ -1,0 +1,75 @@
+"""From a laptop (the test process) through the real sshd: a script job submitted from a git
+repository with an uncommitted change runs the changed code from its snapshot; the same
+snapshot is not uploaded twice; a snapshot over the limit is refused before anything is
+submitted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x", "PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture
+def repo(tmp_path):
+    r = tmp_path / "repo"
+    (r / "src").mkdir(parents=True)
+    (r / "src" / "train.py").write_text("print('committed code')\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "v1"]):
+        subprocess.run(["git", "-C", str(r), *args], check=True, capture_output=True, env=GIT_ENV)
+    (r / "src" / "train.py").write_text("import os\nprint('uncommitted code in', os.getcwd())\n")
+    return r
+
+
+def _wait(laptop, job_id, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = laptop.gpuhpc("--cluster", "lab", "status", job_id, "--json")
+        if st.returncode == 0 and json.loads(st.stdout)["finished"]:
+            return json.loads(st.stdout)
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_job_runs_the_uncommitted_code_from_its_snapshot(laptop, repo, tmp_path):
+    remote = tmp_path / "remote"
+    laptop.profile("lab", remote_dir=str(remote))
+    submit = ("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "snap",
+              "--", "python3", "train.py")
+    res = laptop.gpuhpc(*submit, cwd=repo / "src")
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    try:
+        assert "uploaded" in res.stderr and "code snapshot" in res.stderr
+        st = _wait(laptop, job_id)
+        assert st["state"] == "COMPLETED", st
+        logs = laptop.gpuhpc("--cluster", "lab", "logs", job_id)
+        snaps = list((remote / "snapshots").iterdir())
+        assert len(snaps) == 1 and snaps[0].name.isalnum()
+        assert f"uncommitted code in {snaps[0]}/src" in logs.stdout, logs.stdout
+        assert str(remote / "logs") in st["log"]           # the default log dir is on the cluster
+    finally:
+        laptop.gpuhpc("--cluster", "lab", "cancel", job_id)
+    again = laptop.gpuhpc(*submit, cwd=repo / "src")
+    assert again.returncode == 0, again.stderr
+    laptop.gpuhpc("--cluster", "lab", "cancel", again.stdout.strip())
+    assert "already on the cluster" in again.stderr
+    assert len(list((remote / "snapshots").iterdir())) == 1
+
+
+def test_a_snapshot_over_the_limit_is_refused_before_submitting(laptop, repo, tmp_path):
+    laptop.profile("lab", remote_dir=str(tmp_path / "remote"), snapshot_max_mb=1)
+    (repo / "src" / "weights.bin").write_bytes(b"0" * (3 * 1024 * 1024))
+    before = laptop.gpuhpc("--cluster", "lab", "jobs", "--json")
+    res = laptop.gpuhpc("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "snap-big",
+                        "--", "python3", "train.py", cwd=repo / "src")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "src/weights.bin (3.0 MB)" in res.stderr and "over the 1 MB limit" in res.stderr
+    after = laptop.gpuhpc("--cluster", "lab", "jobs", "--json")
+    assert [j for j in json.loads(after.stdout) if j["name"] == "snap-big"] == \
+        [j for j in json.loads(before.stdout) if j["name"] == "snap-big"]
+    assert not (tmp_path / "remote" / "snapshots").exists()
