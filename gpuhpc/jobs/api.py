@@ -260,10 +260,18 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         target = _SubmititCallable(fn, max_requeues)
     c = _client(client)
     if not c.runner.is_local:
-        # submitit writes the pickled call to a local folder and runs sbatch (and its sacct
-        # watcher) itself: the one Slurm access outside gpuhpc.slurm (docs/DEVELOPING.md)
-        raise UserInputError("a Python callable can only be submitted where gpuhpc runs Slurm commands locally",
-                             field="fn", hint="submit it from a login node, or submit a command (gpuhpc submit -- ...)")
+        # submitit runs sbatch itself, locally: over SSH gpuhpc does its local half
+        # (gpuhpc.jobs.remote) and submitit runs the call on the cluster as it does here
+        from gpuhpc.jobs import remote
+
+        _check_fits(resources, c)
+        params = _submitit_params(resources, name, grace_s, None)
+        job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
+                                     max_requeues=max_requeues, client=c,
+                                     reserve=lambda do: _with_reservation(resources, name, c, do))
+        job = Job(job_id, client=c, name=name, log_path=call.log)
+        job.remote_call = call
+        return job
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
     executor.update_parameters(**_submitit_params(resources, name, grace_s, None))
     holder: dict[str, Any] = {}
@@ -285,13 +293,19 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | dict | None = None,
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
-           **kwargs: Any) -> "Job":
+           cluster: str | None = None, **kwargs: Any) -> "Job":
     """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
 
     ``gpuhpc.submit(fn, *args, resources=Resources(gpus=8, time="2h"), **kwargs)`` runs
     ``fn(*args, **kwargs)`` on the cluster; make ``fn`` a :class:`Checkpointable` to
     survive preemption and time limits (requeued at most ``max_requeues`` times; it gets
-    SIGUSR2 ``grace`` seconds before the time limit)."""
+    SIGUSR2 ``grace`` seconds before the time limit). ``cluster="NAME"`` submits over SSH to
+    the cluster profile NAME (from a laptop; the result comes back over SFTP)."""
+    if cluster is not None and client is None:
+        from gpuhpc.slurm.client import SlurmClient
+        from gpuhpc.transport.ssh import shared_runner
+
+        client = SlurmClient(shared_runner({**os.environ, "GPUHPC_CLUSTER": cluster}))
     if isinstance(fn_or_spec, JobSpec):
         if args or kwargs:
             raise UserInputError("a JobSpec takes no extra arguments", field="args")
@@ -316,6 +330,7 @@ class Job:
         self.submitit_job = submitit_job
         self._log_path = log_path
         self.snapshot = None            # where the code snapshot is (gpuhpc.jobs.snapshot.Uploaded)
+        self.remote_call = None         # Python mode over SSH: where its files are (gpuhpc.jobs.remote)
 
     def __repr__(self) -> str:
         return f"Job({self.job_id!r}, name={self.name!r})"
@@ -421,6 +436,10 @@ class Job:
         final = self.wait(timeout)
         if self.submitit_job is not None:
             return self.submitit_job.result()
+        if self.remote_call is not None:
+            from gpuhpc.jobs.remote import load_result
+
+            return load_result(self.client.runner, self.remote_call, self.job_id)
         if final is not JobState.COMPLETED:
             raise JobFailed(f"job {self.job_id} ended {final.value}", hint=f"gpuhpc logs {self.job_id}")
         return None

@@ -25,21 +25,28 @@ def test_local_read_file_is_like_the_ssh_one(tmp_path):
         LocalRunner().read_file(str(tmp_path / "missing"))
 
 
-def test_python_mode_refuses_a_remote_runner():
-    """submitit runs sbatch itself, locally: over SSH a callable is refused before anything is
-    reserved or run (the documented exception in docs/DEVELOPING.md)."""
+def test_python_mode_over_a_remote_runner_checks_the_python_first():
+    """Over SSH a callable goes through gpuhpc.jobs.remote: the cluster's Python is asked
+    first, and a different minor version is refused before anything is copied or submitted."""
     import gpuhpc.jobs.api as api
     from gpuhpc.slurm import SlurmClient
+    from gpuhpc.transport import CommandResult
 
     class Remote:
         is_local = False
+        settings: dict = {}
         calls: list = []
 
         def run(self, argv, **kw):
             self.calls.append(argv)
-            raise AssertionError("nothing may run")
+            if argv[:2] == ["python3", "-c"]:
+                return CommandResult(tuple(argv), 0, "3.1\n", "")
+            raise AssertionError(f"nothing else may run: {argv}")
+
+        def put_file(self, *a, **kw):
+            raise AssertionError("nothing may be copied")
 
     runner = Remote()
-    with pytest.raises(UserInputError, match="Python callable"):
+    with pytest.raises(UserInputError, match="on the cluster"):
         api.submit(print, "hi", resources={"time": "10m"}, client=SlurmClient(runner))
-    assert runner.calls == []
+    assert [c[0] for c in runner.calls] == ["python3"]

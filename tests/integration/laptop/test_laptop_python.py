@@ -1,0 +1,64 @@
+"""Python mode from a laptop (this process) through the real sshd: a callable from the
+repository's own module runs from the code snapshot and its result comes back over SFTP; a
+closure is pickled by value; the cluster's Python is checked before anything is sent."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpuhpc import submit
+from gpuhpc.errors import UserInputError
+from gpuhpc.jobs.api import JobFailed
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x", "PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture
+def on_laptop(laptop, tmp_path, monkeypatch):
+    for k, v in laptop.env.items():
+        monkeypatch.setenv(k, v)
+    laptop.profile("lab", python=sys.executable, remote_dir=str(tmp_path / "remote"))
+    repo = tmp_path / "proj"
+    repo.mkdir()
+    (repo / "lapmod_helper.py").write_text("import os\n\ndef double(x):\n    return 2 * x, os.environ['GPUHPC_SNAPSHOT']\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "v1"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=GIT_ENV)
+    (repo / "lapmod_helper.py").write_text("import os\n\ndef double(x):\n    return 3 * x, os.environ['GPUHPC_SNAPSHOT']\n")
+    monkeypatch.chdir(repo)
+    monkeypatch.syspath_prepend(str(repo))
+    yield laptop
+    sys.modules.pop("lapmod_helper", None)
+
+
+def test_a_callable_runs_on_the_cluster_and_returns_its_result(on_laptop, tmp_path):
+    import lapmod_helper
+
+    res = {"partition": "cpu", "time": "5m"}
+    job = submit(lapmod_helper.double, 7, resources=res, cluster="lab")
+    closure_base = 100
+    job2 = submit(lambda y: y + closure_base, 1, resources=res, cluster="lab", name="closure")
+    failing = submit(lambda: 1 / 0, resources=res, cluster="lab", name="failing")
+    try:
+        value, snap = job.result(timeout=180)
+        assert value == 21                                  # the uncommitted change ran
+        assert snap.startswith(str(tmp_path / "remote" / "snapshots"))
+        assert job2.result(timeout=180) == 101
+        with pytest.raises(JobFailed, match="ZeroDivisionError"):
+            failing.result(timeout=180)
+    finally:
+        for j in (job, job2, failing):
+            j.cancel()
+
+
+def test_a_different_python_minor_is_refused_before_submitting(on_laptop, tmp_path):
+    fake = tmp_path / "python-old"
+    fake.write_text("#!/bin/sh\necho 3.8\n")
+    fake.chmod(0o755)
+    on_laptop.profile("lab", python=str(fake), remote_dir=str(tmp_path / "remote"))
+    with pytest.raises(UserInputError) as err:
+        submit(print, "x", resources={"partition": "cpu", "time": "5m"}, cluster="lab")
+    assert f"Python {sys.version_info[0]}.{sys.version_info[1]} here but 3.8 on the cluster" in err.value.one_line()
+    assert not (tmp_path / "remote").exists()               # nothing was sent
