@@ -419,6 +419,27 @@ def _runs_by_task(rows: Iterable[Any]) -> tuple[dict[tuple[str, int], list[Any]]
     return runs, ranges
 
 
+def _queue_by_task(c, job_ids: Sequence[str]) -> dict:
+    """squeue's view of the arrays ``job_ids``: {(array job, task): row}, and under ``"jobs"``
+    the array job ids it still shows at all (pending ranges included)."""
+    out: dict[Any, Any] = {"jobs": set()}
+    try:
+        rows = c.queue(job_ids=job_ids) if job_ids else []
+    except GpuhpcError:
+        return out
+    for r in rows:
+        job = (r.array_job_id or r.job_id).split("_")[0]
+        out["jobs"].add(job)
+        if r.array_task_id.isdigit():
+            out[(job, int(r.array_task_id))] = r
+    return out
+
+
+def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
+    """Long enough ago that Slurm's accounting must know a job submitted then."""
+    return created is not None and (now() - created).total_seconds() > seconds
+
+
 def _read_metrics(path: Path) -> dict[str, float] | None:
     """The last value of each metric in a trial's metrics file (None when there is none)."""
     try:
@@ -449,7 +470,9 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         if sw is None:
             raise UserInputError(f"no sweep {sid}", field="ID")
         spec = spec_from_json(sw.spec)
-        chunks = {ch.id: ch.job_id for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id}
+        chunk_rows = [ch for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id]
+        chunks = {ch.id: ch.job_id for ch in chunk_rows}
+        chunk_created = {ch.id: ch.created_at for ch in chunk_rows}
         trials = [(t.id, t.number, t.state, t.chunk_id, t.task_id, t.metrics, t.objective, t.restarts, t.gpu_hours,
                    t.raw_state) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
         directory = Path(sw.directory)
@@ -461,6 +484,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         acct += c.accounting(job_ids=live_jobs[i:i + 100], duplicates=True)
     runs, ranges = _runs_by_task(acct)
     active: set[str] | None = None
+    queue: dict | None = None
     updates = []
     counts: dict[str, int] = {}
     for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw in trials:
@@ -486,10 +510,20 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                 new.update(state=_STATE.get(r.state.state.value, TrialState.PENDING).value, raw_state=r.state.raw[:64])
                 if new["state"] == TrialState.REQUEUED.value:
                     new["state"] = TrialState.PENDING.value
-            else:                                   # not in sacct yet: queued, unless Slurm forgot it
-                if active is None:
-                    active = c.active_job_ids(live_jobs) or set()
-                new["state"] = TrialState.PENDING.value if job in active else TrialState.CANCELLED.value
+            else:                                   # not in sacct yet (slurmdbd lags): ask squeue
+                if queue is None:
+                    queue = _queue_by_task(c, live_jobs)
+                q = queue.get((job, task))
+                if q is not None:
+                    st = _STATE.get(q.state.state.value, TrialState.PENDING)
+                    new.update(state=(TrialState.PENDING if st is TrialState.REQUEUED else st).value,
+                               raw_state=q.state.raw[:64])
+                elif job in queue.get("jobs", ()):   # a pending range squeue prints as one row
+                    new["state"] = TrialState.PENDING.value
+                elif old_enough(chunk_created.get(chunk_id)):
+                    new["state"] = TrialState.CANCELLED.value     # neither sacct nor squeue knows it
+                else:
+                    new["state"] = TrialState.PENDING.value
         if new["state"] in (TrialState.COMPLETED.value, TrialState.RUNNING.value, TrialState.FAILED.value,
                             TrialState.REQUEUED.value) and (objective is None or new["state"] != state
                                                 or new["state"] == TrialState.RUNNING.value):

@@ -42,22 +42,34 @@ def trial_env(sweep_dir: Path, chunk: int, task: int) -> tuple[dict, dict[str, s
 
 def run_python(sweep_dir: Path, params: dict, metric: str) -> int:
     """A Python sweep's trial: ``fn(**params)``; a number it returns is reported as the metric
-    (a dict: each number in it), and the result is kept in ``result.pkl``."""
+    (a dict: each number in it), and the result is kept in ``result.pkl``.
+
+    A :class:`~gpuhpc.jobs.checkpoint.Checkpointable` ``fn`` is snapshotted (its ``checkpoint``
+    hook, then the pickled object, to ``state.pkl`` in the trial's directory) on SIGUSR2 or
+    SIGTERM, and the job template requeues the task; the next run calls the restored object."""
+    import signal
+
     import cloudpickle
 
     from gpuhpc.fsutil import write_atomic
+    from gpuhpc.jobs.checkpoint import Checkpointable, restart_count
     from gpuhpc.ledger.metrics import report
 
-    fn = cloudpickle.loads((sweep_dir / "fn.pkl").read_bytes())
-    try:
-        from gpuhpc.jobs.checkpoint import Checkpointable, restart_count
-
-        if isinstance(fn, Checkpointable):
-            fn.restarts = restart_count()
-    except ImportError:
-        pass
-    result = fn(**params)
     tdir = Path(os.environ["GPUHPC_TRIAL_DIR"])
+    state = tdir / "state.pkl"
+    fn = cloudpickle.loads((state if state.exists() else sweep_dir / "fn.pkl").read_bytes())
+    if isinstance(fn, Checkpointable):
+        fn.restarts = restart_count()
+
+        def on_signal(signum, frame):  # noqa: ARG001
+            if fn.checkpoint(**params) is not False:
+                write_atomic(state, cloudpickle.dumps(fn), fsync=True)
+                sys.stderr.write(f"gpuhpc: signal {signum}: trial state saved\n")
+            raise SystemExit(0 if signum == signal.SIGUSR2 else 143)
+
+        signal.signal(signal.SIGUSR2, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    result = fn(**params)
     write_atomic(tdir / "result.pkl", cloudpickle.dumps(result))
     if isinstance(result, bool):
         pass

@@ -1,0 +1,49 @@
+"""Fixtures for the sweeps integration tests: a private data dir (sweep database, sweep
+directories, logs), the ledger off unless a test opts in, a fast driver, and cleanup: every
+sweep a test starts is cancelled at the end (its own array jobs and driver, by id)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.slurm.client import SlurmClient
+
+
+@pytest.fixture
+def slurm() -> SlurmClient:
+    return SlurmClient()
+
+
+@pytest.fixture
+def sweep_env(tmp_path, monkeypatch) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    monkeypatch.setenv("GPUHPC_DATA_DIR", str(data))
+    for k in ("GPUHPC_LOG_DIR", "GPUHPC_CHECKPOINT_ROOT", "GPUHPC_DB_URL", "GPUHPC_SWEEP_ROOT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("GPUHPC_LEDGER", "off")
+    monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "2")
+    return data
+
+
+@pytest.fixture
+def sweeps(slurm):
+    """Register sweep ids; each is cancelled (driver and arrays) at the end."""
+    ids: list[int] = []
+    yield ids.append
+    from gpuhpc.sweeps import engine
+
+    for sid in ids:
+        try:
+            engine.cancel(sid, client=slurm)
+        except Exception:           # the test's own data dir may be gone: nothing to cancel then
+            pass
+
+
+@pytest.fixture
+def track(slurm):
+    ids: list[str] = []
+    yield ids.append
+    for job_id in ids:
+        slurm.run(["scancel", str(job_id)], check=False)

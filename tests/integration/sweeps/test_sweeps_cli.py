@@ -1,0 +1,170 @@
+"""Sweeps on the real cluster: auto-split into arrays that fit, the driver, exact metrics, best,
+resume of only the missing trials, hostile values, bad files, quota."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.slurm.client import SlurmClient
+from sweeps_helpers import PY, gpuhpc, report_cmd, results, run_sweep, write_sweep
+
+pytestmark = pytest.mark.integration
+
+CPU = {"partition": "cpu", "time": "10m"}
+
+
+def _sweep_info(sid: int) -> dict:
+    from gpuhpc.sweeps import engine
+
+    return engine.sweep_info(sid)
+
+
+def test_200_trials_split_into_arrays_that_fit_with_the_driver(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+    """200 trials, chunks of at most 51 tasks (MaxArraySize=51 on the CI cluster; forced here
+    with chunk_size), at most 102 queued at once: the driver submits the rest as they drain."""
+    f = write_sweep(tmp_path / "grid.yaml", name="t-grid", method="grid",
+                    command=f"v={{x}}; {report_cmd('(v-37)*(v-37)')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": 199}},
+                    parallelism=16, resources=CPU, metric={"name": "loss", "goal": "minimize"},
+                    chunk_size=51, max_queued=102)
+    sid = run_sweep(f)
+    sweeps(sid)
+    info = _sweep_info(sid)
+    assert [c["n_tasks"] for c in info["chunks"]] == [51, 51]           # the rest is the driver's
+    assert info["driver_job_id"]
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "600", "--poll", "5", timeout=700)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    rows = results(sid)
+    assert [r["trial"] for r in rows] == list(range(200))
+    for r in rows:
+        x = r["params"]["x"]
+        assert x == r["trial"] and r["state"] == "completed"
+        assert r["metrics"]["loss"] == float((x - 37) ** 2), r
+    best = json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)
+    assert best["trial"] == 37 and best["metrics"]["loss"] == 0.0
+    info = _sweep_info(sid)
+    assert [c["n_tasks"] for c in info["chunks"]] == [51, 51, 51, 47] and info["status"] == "done"
+    # every array starts at task 0 and stays below MaxArraySize (never --array=1000-1999)
+    acct = slurm.accounting(job_ids=[c["job_id"] for c in info["chunks"]])
+    tasks = {int(a.array_task_id) for a in acct if a.array_task_id is not None}
+    assert tasks == set(range(51))
+    # no duplicates: one report per trial
+    d = Path(info["directory"])
+    assert all(len((d / "trials" / str(i) / "metrics.jsonl").read_text().splitlines()) == 1 for i in range(200))
+    drv = slurm.accounting(job_ids=[info["driver_job_id"]])
+    assert drv and drv[-1].state.state.value == "COMPLETED"
+    # results --csv and the HTML report
+    csv = gpuhpc("sweep", "results", str(sid), "--csv")
+    assert csv.returncode == 0 and len(csv.stdout.splitlines()) == 201
+    html = tmp_path / "r.html"
+    rep = gpuhpc("sweep", "report", str(sid), "--html", str(html))
+    assert rep.returncode == 0, rep.stderr
+    assert html.read_text().count("<svg") == 2
+
+
+def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+    f = write_sweep(tmp_path / "r.yaml", name="t-resume", method="grid",
+                    command=f"sleep 2; v={{x}}; {report_cmd('v*3')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": 39}},
+                    parallelism=4, resources=CPU, metric={"name": "loss", "goal": "maximize"}, chunk_size=20)
+    sid = run_sweep(f)
+    sweeps(sid)
+    from gpuhpc.sweeps.api import Sweep
+
+    sw = Sweep(sid)
+    deadline = time.monotonic() + 240
+    while sum(1 for r in sw.rows() if r["state"] == "completed") < 6:
+        assert time.monotonic() < deadline, sw.rows()
+        time.sleep(2)
+    for c in _sweep_info(sid)["chunks"]:            # "half of the sweep": everything still queued or running
+        slurm.cancel(c["job_id"])
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "120", timeout=200)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    before = {r["trial"]: r for r in sw.rows()}
+    done = {t for t, r in before.items() if r["state"] == "completed"}
+    assert 6 <= len(done) < 40
+    assert all(r["state"] == "cancelled" for t, r in before.items() if t not in done)
+    n_chunks = len(_sweep_info(sid)["chunks"])
+    res = gpuhpc("sweep", "resume", str(sid), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["resubmitted"] == sorted(set(range(40)) - done)
+    chunks = _sweep_info(sid)["chunks"]
+    new = chunks[n_chunks:]
+    assert sum(c["n_tasks"] for c in new) == 40 - len(done)     # only the missing ones: count the jobs
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", timeout=500)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    after = {r["trial"]: r for r in results(sid)}
+    for t, r in after.items():
+        assert r["state"] == "completed" and r["metrics"]["loss"] == 3.0 * t
+        if t in done:                                          # never resubmitted
+            assert r["job_id"] == before[t]["job_id"]
+    assert json.loads(gpuhpc("sweep", "resume", str(sid), "--json").stdout)["resubmitted"] == []
+    assert len(_sweep_info(sid)["chunks"]) == len(chunks)
+
+
+HOSTILE = ["lion; touch PWNED", "$(touch PWNED)", "`touch PWNED`", "a\nb; touch PWNED", "it's \"q\" | & >x",
+           "-n", "*"]
+
+
+def test_hostile_values_arrive_literally(sweep_env, sweeps, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    f = write_sweep(tmp_path / "h.yaml", name="t-hostile", method="grid",
+                    command=f"printf '%s' {{v}} > \"$GPUHPC_TRIAL_DIR/out\"; {PY} -m gpuhpc report-metric loss 1",
+                    parameters={"v": {"values": HOSTILE}}, parallelism=7, resources=CPU,
+                    metric={"name": "loss"}, workdir=str(work))
+    sid = run_sweep(f)
+    sweeps(sid)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "240", timeout=300)
+    assert res.returncode == 0, res.stderr
+    d = Path(_sweep_info(sid)["directory"])
+    for i, v in enumerate(HOSTILE):
+        assert (d / "trials" / str(i) / "out").read_text() == v
+        assert json.loads(json.dumps(results(sid)[i]["params"]))["v"] == v
+    assert list(work.iterdir()) == []              # nothing executed: no PWNED, no x
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"parameters": {"x": {"type": "uniform", "low": 1.0, "high": 1.0}}}, "parameters.x.high"),
+    ({"parameters": {"x": {"type": "uniform", "low": 2.0, "high": 1.0}}}, "parameters.x.low"),
+    ({"method": "annealing"}, "method"),
+    ({"parallelism": -4}, "parallelism"),
+    ({"method": "grid", "parameters": {"x": {"values": []}}}, "parameters.x.values"),
+    ({"command": "echo {x} {y}"}, "command"),
+])
+def test_bad_files_exit_2_and_submit_nothing(sweep_env, tmp_path, change, field):
+    data = {"name": "t-bad", "command": "echo {x}", "parameters": {"x": {"type": "uniform", "low": 0, "high": 1}},
+            "method": "random", "trials": 3, "resources": CPU, "metric": {"name": "loss"}}
+    data.update(change)
+    f = write_sweep(tmp_path / "bad.yaml", **data)
+    res = gpuhpc("sweep", "run", str(f))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"error: {field}:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (sweep_env / "sweeps").exists()      # nothing written, nothing submitted
+    q = SlurmClient().queue(user=None)
+    assert not [r for r in q if r.name.startswith("t-bad-")]
+
+
+def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
+                 ["quota", "set", "research", "--gpu-hours", "1", "--period", "month"]):
+        res = gpuhpc(*argv)
+        assert res.returncode == 0, (argv, res.stderr)
+    f = write_sweep(tmp_path / "q.yaml", name="t-quota", command="echo {x}",
+                    parameters={"x": {"type": "uniform", "low": 0, "high": 1}}, trials=10,
+                    resources={"partition": "mig", "gpus": 1, "gpu_type": "1g.10gb", "time": "30m"},
+                    metric={"name": "loss"})
+    res = gpuhpc("sweep", "run", str(f))
+    assert res.returncode == 3, res.stderr
+    assert "2 of the sweep's 10 trials would fit" in res.stderr
+    from gpuhpc.sweeps import engine
+
+    with engine._session(None) as s:
+        from gpuhpc.sweeps.models import Sweep
+
+        assert s.query(Sweep).count() == 0
