@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bootstrap.sh - install everything gpuhpc needs on a fresh Debian 12 machine (as root):
-# OS packages (Slurm 22.05, munge, MariaDB, PostgreSQL, debootstrap tools) and a Python venv
+# OS packages (Slurm 22.05, munge, MariaDB, PostgreSQL, Prometheus, debootstrap tools) and a Python venv
 # at .venv with gpuhpc installed (editable) and its pinned dependencies (constraints.txt).
 # Idempotent: a second run installs nothing.
 set -euo pipefail
@@ -10,7 +10,8 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "bootstrap.sh must run as root (it installs Debian packages)" >&2; exit 1; }
 
 pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
-      postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates iproute2 util-linux bc)
+      postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates iproute2 util-linux bc
+      prometheus prometheus-node-exporter)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

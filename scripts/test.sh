@@ -24,6 +24,7 @@ teardown() {
     [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
     bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true
     bash scripts/services/s3.sh stop >/dev/null 2>&1 || true
+    bash scripts/services/prometheus.sh stop >/dev/null 2>&1 || true
     .venv/bin/python -m gpuhpc cmdserver stop >/dev/null 2>&1 || true
   fi
   say "done (exit $rc)"
@@ -46,6 +47,9 @@ say "cluster up (scripts/cluster.sh up: ansible-galaxy collection build + instal
 bash scripts/cluster.sh up >/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /tmp/gpuhpc-cluster-up.log; exit 1; }
 grep -A20 "PLAY RECAP" /tmp/gpuhpc-cluster-up.log || true
 sinfo -N -o '%12N %10P %6t %G'
+
+say "prometheus on 127.0.0.1:9090, node/Slurm/GPU exporters (scripts/services/prometheus.sh)"
+bash scripts/services/prometheus.sh start >/dev/null
 
 say "pytest"
 # the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one

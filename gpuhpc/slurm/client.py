@@ -138,6 +138,15 @@ class SlurmClient:
         recs = _parsers().parse_oneliner_records(res.stdout)
         return recs[0] if recs else None
 
+    def job_gpu_indexes(self, job_id: str) -> dict[str, list[int]]:
+        """{node: GRES indexes} a running job holds (``scontrol -d show job``; {} when unknown)."""
+        res = self.run(cmd.scontrol_show_job_detail(job_id), check=False)
+        if not res.ok:
+            if "Invalid job id" in (res.stderr + res.stdout):
+                return {}
+            raise SlurmError("scontrol show job failed", argv=list(res.argv), stderr=res.stderr)
+        return _parsers().parse_job_gpu_indexes(res.stdout)
+
     def restarts(self, job_id: str) -> int:
         """How many times a job was requeued: ``Restarts=`` from scontrol while the job is
         known to slurmctld, else the number of earlier runs ``sacct --duplicates`` lists."""

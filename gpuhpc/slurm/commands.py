@@ -167,3 +167,8 @@ def scontrol_update_node(nodes: str, state: str, reason: str | None = None) -> l
     if reason is not None:
         argv.append(f"Reason={reason}")
     return argv
+
+
+def scontrol_show_job_detail(job_id: str) -> list[str]:
+    """``scontrol --oneliner -d show job ID``: adds per-node ``Nodes=... GRES=gpu:h100:2(IDX:4-5)``."""
+    return ["scontrol", "--oneliner", "-d", "show", "job", str(job_id)]

@@ -343,3 +343,29 @@ def parse_submit_limits(config: dict[str, str], assoc_rows: list[dict[str, str]]
     return SubmitLimits(max_array_size=_int(config.get("MaxArraySize"), 1001),
                         max_job_count=_int(config.get("MaxJobCount"), 10000),
                         max_submit_jobs=min(subs) if subs else None)
+
+
+# ---------------------------------------------------------------- scontrol -d show job
+_IDX = re.compile(r"\(IDX:([^)]*)\)")
+
+
+def parse_job_gpu_indexes(text: str) -> dict[str, list[int]]:
+    """``scontrol --oneliner -d show job`` -> {node: GRES indexes the job holds there} (the
+    ``Nodes=<hostlist> ... GRES=gpu:h100:2(IDX:4-5)`` groups; a node without GPUs maps to [])."""
+    from gpuhpc.hostlist import expand, expand_ranges
+
+    out: dict[str, list[int]] = {}
+    nodes: list[str] = []
+    for token in text.split():
+        if token.startswith("Nodes="):
+            nodes = expand(token[len("Nodes="):])
+            for n in nodes:
+                out.setdefault(n, [])
+        elif token.startswith("GRES=") and nodes:
+            idx: list[int] = []
+            for m in _IDX.finditer(token):
+                idx += expand_ranges(m.group(1).replace("N/A", ""))
+            for n in nodes:
+                out[n] = sorted(set(out[n]) | set(idx))
+            nodes = []
+    return out

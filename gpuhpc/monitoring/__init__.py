@@ -1,0 +1,41 @@
+"""Monitoring: Prometheus exporters for GPUs (NVML, :mod:`.gpu_exporter`) and Slurm
+(:mod:`.slurm_exporter`), the Prolog/Epilog job mapping (:mod:`.jobmap`), the metric
+catalogue dashboards and rules are checked against (:data:`METRICS`), and per-job
+efficiency summaries (:mod:`.efficiency`).
+
+Only this package imports ``prometheus_client``; only :mod:`.gpu_exporter` imports ``pynvml``
+(or, with ``GPUHPC_NVML_STANDIN`` set, :mod:`gpuhpc.testing.nvml_standin`).
+"""
+from __future__ import annotations
+
+# name -> (type, help, labels): everything the exporters export. A test checks the exporters
+# against it, and every dashboard panel and rule against it.
+GPU_LABELS = ("node", "gpu", "mig", "uuid", "model", "job_id", "user")
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "gpuhpc_gpu_info": ("gauge", "One per GPU or MIG instance (value 1), with its job while one holds it.", GPU_LABELS),
+    "gpuhpc_gpu_utilization_percent": ("gauge", "GPU (or MIG instance) utilisation, %.", GPU_LABELS),
+    "gpuhpc_gpu_memory_utilization_percent": ("gauge", "Memory controller utilisation, %.", GPU_LABELS),
+    "gpuhpc_gpu_memory_used_bytes": ("gauge", "Frame buffer memory used.", GPU_LABELS),
+    "gpuhpc_gpu_memory_total_bytes": ("gauge", "Frame buffer memory size.", GPU_LABELS),
+    "gpuhpc_gpu_power_watts": ("gauge", "Board power draw (whole GPU).", GPU_LABELS),
+    "gpuhpc_gpu_temperature_celsius": ("gauge", "GPU core temperature.", GPU_LABELS),
+    "gpuhpc_gpu_pcie_tx_bytes_per_second": ("gauge", "PCIe transmit throughput.", GPU_LABELS),
+    "gpuhpc_gpu_pcie_rx_bytes_per_second": ("gauge", "PCIe receive throughput.", GPU_LABELS),
+    "gpuhpc_gpu_nvlink_tx_bytes_total": ("counter", "NVLink data transmitted, all links.", GPU_LABELS),
+    "gpuhpc_gpu_nvlink_rx_bytes_total": ("counter", "NVLink data received, all links.", GPU_LABELS),
+    "gpuhpc_gpu_exporter_errors_total": ("counter", "NVML calls that failed other than 'not supported'.", ("node",)),
+    "gpuhpc_slurm_partition_nodes": ("gauge", "Nodes of a partition by state.", ("partition", "state")),
+    "gpuhpc_slurm_partition_gpus": ("gauge", "GPUs of a partition by type and state (alloc, idle, drained, down).",
+                                    ("partition", "type", "state")),
+    "gpuhpc_slurm_partition_pending_jobs": ("gauge", "Pending jobs per partition.", ("partition",)),
+    "gpuhpc_slurm_partition_pending_gpus": ("gauge", "GPUs pending jobs ask for, by type.", ("partition", "type")),
+    "gpuhpc_slurm_job_gpus": ("gauge", "GPUs a running job holds, by type.", ("job_id", "user", "account",
+                                                                           "partition", "type")),
+    "gpuhpc_slurm_scrape_ok": ("gauge", "1 when the last Slurm scrape worked.", ()),
+}
+# recording rules (gpuhpc/monitoring/prometheus/rules.yml) define these; dashboards may use them too
+RECORDED = {
+    "gpuhpc:job_gpu_utilization_percent:avg",
+    "gpuhpc:gpu_idle_held:bool",
+    "gpuhpc:partition_gpu_allocated_ratio",
+}

@@ -1,0 +1,1 @@
+"""Test-only stand-ins that gpuhpc switches to through environment variables (never by default)."""

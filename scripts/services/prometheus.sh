@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# prometheus.sh start|stop|wipe - metrics on the local cluster, run directly (no systemd):
+#   Debian's prometheus on 127.0.0.1:9090 (its default port), Debian's
+#   prometheus-node-exporter on 127.0.0.1:9100, gpuhpc's Slurm exporter on :9410 and one
+#   gpuhpc GPU exporter per fake GPU node (gpu-node1 :9411, gpu-node2 :9412, mig-node1 :9413)
+#   on the NVML stand-in (state files $D/nvml/<node>.json, built from ../shared/fixtures).
+# The job map the Prolog/Epilog hook writes is $D/jobmap. Scrape and rule interval: $SCRAPE (5s).
+# `start` prints the environment the monitoring tests read.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}
+PY=${PY:-$PWD/.venv/bin/python}
+FIXTURES=${GPUHPC_SHARED:-$PWD/../shared}/fixtures
+NODES=(gpu-node1 gpu-node2 mig-node1)
+alive() { [ -s "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
+launch() {  # name, then the command
+  local name=$1; shift
+  alive "$name" && return 0
+  setsid "$@" > "$D/$name.log" 2>&1 < /dev/null &
+  echo $! > "$D/$name.pid"
+}
+wait_http() {  # name url
+  for _ in $(seq 300); do
+    curl -sf -o /dev/null "$2" && return 0
+    alive "$1" || { tail -20 "$D/$1.log" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "$1 did not answer at $2" >&2; exit 1
+}
+stop_all() {
+  for f in "$D"/*.pid; do
+    [ -e "$f" ] || continue
+    kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
+case "${1:-start}" in
+start)
+  mkdir -p "$D/data" "$D/nvml" "$D/jobmap"
+  "$PY" -m gpuhpc.testing.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
+  cp gpuhpc/monitoring/prometheus/rules.yml "$D/rules.yml"
+  {
+    echo "global: {scrape_interval: $SCRAPE, evaluation_interval: $SCRAPE}"
+    echo "rule_files: [$D/rules.yml]"
+    echo "scrape_configs:"
+    echo "  - {job_name: node, static_configs: [{targets: ['127.0.0.1:9100'], labels: {node: $(hostname -s)}}]}"
+    echo "  - {job_name: slurm, static_configs: [{targets: ['127.0.0.1:9410']}]}"
+    echo "  - job_name: gpu"
+    echo "    static_configs:"
+    port=9411
+    for n in "${NODES[@]}"; do echo "      - {targets: ['127.0.0.1:$port'], labels: {node: $n}}"; port=$((port + 1)); done
+  } > "$D/prometheus.yml"
+  launch node-exporter /usr/bin/prometheus-node-exporter --web.listen-address=127.0.0.1:9100
+  launch slurm-exporter "$PY" -m gpuhpc.monitoring.slurm_exporter --port 9410
+  port=9411
+  for n in "${NODES[@]}"; do
+    GPUHPC_NVML_STANDIN="$D/nvml/$n.json" GPUHPC_JOBMAP_DIR="$D/jobmap" \
+      launch "gpu-exporter-$n" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
+    port=$((port + 1))
+  done
+  launch prometheus /usr/bin/prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" \
+    --web.listen-address=127.0.0.1:$PORT --storage.tsdb.retention.time=7d
+  wait_http node-exporter http://127.0.0.1:9100/metrics
+  wait_http slurm-exporter http://127.0.0.1:9410/metrics
+  port=9411
+  for n in "${NODES[@]}"; do wait_http "gpu-exporter-$n" "http://127.0.0.1:$port/metrics"; port=$((port + 1)); done
+  wait_http prometheus "http://127.0.0.1:$PORT/-/ready"
+  echo "GPUHPC_PROMETHEUS_URL=http://127.0.0.1:$PORT GPUHPC_NVML_STATE_DIR=$D/nvml GPUHPC_JOBMAP_DIR=$D/jobmap"
+  ;;
+stop) stop_all ;;
+wipe) stop_all; rm -rf "$D" ;;
+*) echo "usage: $0 start|stop|wipe" >&2; exit 2 ;;
+esac

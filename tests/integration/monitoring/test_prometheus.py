@@ -1,0 +1,160 @@
+"""Prometheus on the local cluster (scripts/services/prometheus.sh, started by scripts/test.sh):
+it scrapes the node exporter, the Slurm exporter and one GPU exporter per GPU node; a running
+job's GPUs (a MIG job's too) carry its job id once the Prolog hook has mapped them; the
+partition GPU counts match ``scontrol``; every metric the dashboards read is really there.
+
+The Prolog/Epilog hook (``python -m gpuhpc.monitoring.jobmap prolog|epilog``) is run here with
+the environment slurmd gives a Prolog (the local slurm.conf names no Prolog yet); the GRES
+indexes are the job's real ones from ``scontrol -d show job``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.monitoring import RECORDED
+from gpuhpc.monitoring.promql import dashboard_exprs, metric_names
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.testing import nvml_standin
+
+pytestmark = pytest.mark.integration
+
+PROM = os.environ.get("GPUHPC_PROMETHEUS_URL", "http://127.0.0.1:9090")
+STATE_DIR = Path(os.environ.get("GPUHPC_NVML_STATE_DIR", "/var/tmp/gpuhpc-prometheus/nvml"))
+JOBMAP_DIR = os.environ.get("GPUHPC_JOBMAP_DIR", "/var/tmp/gpuhpc-prometheus/jobmap")
+DASHBOARDS = Path(__file__).resolve().parents[3] / "gpuhpc" / "monitoring" / "dashboards"
+
+
+def query(expr: str) -> list[dict]:
+    url = f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(expr: str, n: int, timeout: float = 40) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = query(expr)
+        if len(res) >= n or time.monotonic() > deadline:
+            return res
+        time.sleep(1)
+
+
+def _hook(kind: str, node: str, job_id: str, user: str, idx: list[int]) -> None:
+    env = {**os.environ, "SLURMD_NODENAME": node, "SLURM_JOB_ID": job_id, "SLURM_JOB_USER": user,
+           "SLURM_JOB_GPUS": ",".join(map(str, idx)), "GPUHPC_JOBMAP_DIR": JOBMAP_DIR}
+    subprocess.run([sys.executable, "-m", "gpuhpc.monitoring.jobmap", kind], env=env, check=True, timeout=30)
+
+
+def _start(client: SlurmClient, tmp_path, *args: str) -> str:
+    job = client.submit_script("#!/bin/bash\nsleep 300\n", extra=[*args, "--time=6", "--job-name=gpuhpc-metrics",
+                                                                 f"--output={tmp_path}/%j.out"])
+    for _ in range(120):
+        rows = client.queue(job_ids=[job])
+        if rows and rows[0].state.raw == "RUNNING":
+            return job
+        time.sleep(1)
+    client.cancel(job)
+    pytest.fail(f"job {job} did not start: {rows}")
+
+
+def test_targets_are_up():
+    res = query("up")
+    jobs = {(r["metric"]["job"], r["metric"].get("node", "")): r["value"][1] for r in res}
+    assert jobs.get(("slurm", "")) == "1" and any(j == "node" and v == "1" for (j, _), v in jobs.items())
+    for node in ("gpu-node1", "gpu-node2", "mig-node1"):
+        assert jobs.get(("gpu", node)) == "1", jobs
+
+
+def test_running_jobs_gpu_series_carry_job_id_mig_included(tmp_path):
+    client = SlurmClient()
+    user = os.environ.get("USER") or "root"
+    jobs: list[tuple[str, dict[str, list[int]]]] = []
+    saved = {n: (STATE_DIR / f"{n}.json").read_text() for n in ("gpu-node1", "gpu-node2", "mig-node1")}
+    try:
+        gpu_job = _start(client, tmp_path, "--partition=gpu", "--gres=gpu:h100:2")
+        jobs.append((gpu_job, client.job_gpu_indexes(gpu_job)))
+        mig_job = _start(client, tmp_path, "--partition=mig", "--gres=gpu:3g.40gb:1")
+        jobs.append((mig_job, client.job_gpu_indexes(mig_job)))
+        for job, per_node in jobs:
+            for node, idx in per_node.items():
+                assert idx, (job, per_node)
+                _hook("prolog", node, job, user, idx)
+        # the stand-in: the H100 job keeps its first GPU busy, the MIG job its slice half busy
+        (node, idx), = jobs[0][1].items()
+        st = json.loads(saved[node])
+        st["gpus"][idx[0]]["util"] = 93
+        nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
+        res = wait_for(f'gpuhpc_gpu_utilization_percent{{job_id="{gpu_job}"}}', 2)
+        assert len(res) == 2, res
+        assert {r["metric"]["user"] for r in res} == {user} and {r["metric"]["node"] for r in res} == {node}
+        assert sorted(int(r["metric"]["gpu"]) for r in res) == idx
+        busy = wait_for(f'gpuhpc_gpu_utilization_percent{{job_id="{gpu_job}"}} > 50', 1)
+        assert [int(r["metric"]["gpu"]) for r in busy] == [idx[0]]
+
+        res = wait_for(f'gpuhpc_gpu_memory_used_bytes{{job_id="{mig_job}"}}', 1)
+        assert len(res) == 1 and res[0]["metric"]["mig"] == "3g.40gb", res
+        assert [int(r["metric"]["gpu"]) for r in res] == jobs[1][1]["mig-node1"]
+        # recording rule: the job's mean utilisation
+        rec = wait_for(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}}', 1)
+        assert rec and abs(float(rec[0]["value"][1]) - 46.5) < 0.01, rec
+    finally:
+        for job, per_node in jobs:
+            client.cancel(job)
+            for node, idx in per_node.items():
+                _hook("epilog", node, job, user, idx)
+        for n, text in saved.items():
+            (STATE_DIR / f"{n}.json").write_text(text)
+
+
+def _scontrol_gpus(client: SlurmClient, partition: str) -> tuple[dict[str, int], dict[str, int]]:
+    total: dict[str, int] = {}
+    alloc: dict[str, int] = {}
+    for n in client.nodes():
+        if partition in n.partitions:
+            for t, k in n.gpus_total.items():
+                total[t] = total.get(t, 0) + k
+                alloc[t] = alloc.get(t, 0) + n.gpus_alloc.get(t, 0)
+    return total, alloc
+
+
+@pytest.mark.parametrize("partition", ["gpu", "mig"])
+def test_partition_gpu_counts_match_scontrol(partition):
+    client = SlurmClient()
+    for attempt in range(5):       # other tests start and end jobs: compare one quiet moment
+        total, alloc = _scontrol_gpus(client, partition)
+        time.sleep(6)              # one scrape interval later
+        res = query(f'gpuhpc_slurm_partition_gpus{{partition="{partition}"}}')
+        prom_total: dict[str, float] = {}
+        prom_alloc: dict[str, float] = {}
+        for r in res:
+            t = r["metric"]["type"]
+            prom_total[t] = prom_total.get(t, 0) + float(r["value"][1])
+            if r["metric"]["state"] == "alloc":
+                prom_alloc[t] = float(r["value"][1])
+        assert prom_total == {t: float(k) for t, k in total.items()}, (prom_total, total)
+        if prom_alloc == {t: float(k) for t, k in alloc.items()} and _scontrol_gpus(client, partition)[1] == alloc:
+            return
+    pytest.fail(f"allocated GPUs never agreed: prometheus {prom_alloc}, scontrol {alloc}")
+
+
+def test_every_dashboard_metric_is_in_prometheus():
+    with urllib.request.urlopen(f"{PROM}/api/v1/label/__name__/values", timeout=10) as resp:
+        names = set(json.load(resp)["data"])
+    missing = set()
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        for title, expr in dashboard_exprs(json.loads(path.read_text())):
+            for name in metric_names(expr):
+                if name not in names and name not in RECORDED:
+                    missing.add((path.name, title, name))
+    assert not missing, sorted(missing)
+    assert RECORDED & names, "no recording rule has produced a series yet"
