@@ -118,3 +118,26 @@ def test_node_health_cli_json():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["node"] == "gpu-node1" and out["decision"]["action"] == "none" and not out["applied"]
+
+
+def test_prolog_and_epilog_hooks_as_slurmd_runs_them(tmp_path):
+    """The hook scripts slurm.conf names (Prolog=, Epilog=), run with the environment slurmd
+    gives them: the job's GPUs mapped, the fast checks pass, the epilog clears the map."""
+    from pathlib import Path
+
+    from gpuhpc.monitoring import jobmap
+
+    hooks = Path(__file__).resolve().parents[3] / "gpuhpc" / "health" / "hooks"
+    envfile = tmp_path / "hooks.env"
+    envfile.write_text(f"GPUHPC_PYTHON={sys.executable}\nGPUHPC_JOBMAP_DIR={tmp_path / 'jobmap'}\n")
+    env = {"PATH": os.environ["PATH"], "GPUHPC_HOOKS_ENV": str(envfile), "SLURMD_NODENAME": "gpu-node1",
+           "SLURM_JOB_ID": "424242", "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "2,3"}
+    if os.environ.get("SLURM_CONF"):
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    proc = subprocess.run([str(hooks / "gpuhpc-prolog")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert jobmap.read("gpu-node1", str(tmp_path / "jobmap")) == {2: {"job_id": "424242", "user": "alice"},
+                                                                    3: {"job_id": "424242", "user": "alice"}}
+    proc = subprocess.run([str(hooks / "gpuhpc-epilog")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert jobmap.read("gpu-node1", str(tmp_path / "jobmap")) == {}
