@@ -46,7 +46,8 @@ def test_200_trials_split_into_arrays_that_fit_with_the_driver(sweep_env, sweeps
     best = json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)
     assert best["trial"] == 37 and best["metrics"]["loss"] == 0.0
     info = _sweep_info(sid)
-    assert [c["n_tasks"] for c in info["chunks"]] == [51, 51, 51, 47] and info["status"] == "done"
+    sizes = [c["n_tasks"] for c in info["chunks"]]      # the driver's chunks: what room there was
+    assert sum(sizes) == 200 and max(sizes) <= 51 and len(sizes) >= 4 and info["status"] == "done", sizes
     # every array starts at task 0 and stays below MaxArraySize (never --array=1000-1999)
     acct = slurm.accounting(job_ids=[c["job_id"] for c in info["chunks"]])
     tasks = {int(a.array_task_id) for a in acct if a.array_task_id is not None}

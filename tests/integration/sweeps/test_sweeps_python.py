@@ -1,0 +1,64 @@
+"""The Python API: a 50-trial sweep of a callable returns the right results in trial order,
+including after its array tasks are preempted (gpu partition, a gpu-hi job on the node): a
+preempted trial resumes from its checkpoint, not from step 0."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.slurm.client import SlurmClient
+from sweeps_helpers import HERE
+
+pytestmark = pytest.mark.integration
+
+NODE, GRES = "gpu-node2", "gpu:h100:8"
+
+
+def _progress(d: Path, trial: int) -> list[str]:
+    p = d / "trials" / str(trial) / "progress"
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, track, slurm: SlurmClient, monkeypatch):
+    import gpuhpc
+
+    monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
+    sys.path.insert(0, str(HERE))
+    from sweeps_lib import Objective
+
+    sw = gpuhpc.sweep(Objective(steps=30, step_s=0.1), {"x": {"type": "int", "low": 0, "high": 49}},
+                      method="grid", parallelism=8, metric={"name": "objective", "goal": "minimize"},
+                      resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "nodelist": NODE, "time": "10m"},
+                      chunk_size=25, name="t-pysweep")
+    sweeps(sw.id)
+    assert isinstance(sw, gpuhpc.Sweep)
+    d = Path(sw.info()["directory"])
+    # preempt the running trials once some have made progress
+    deadline = time.monotonic() + 180
+    while not any(len(_progress(d, t)) > 5 for t in range(50)):
+        assert time.monotonic() < deadline, "no trial started"
+        time.sleep(1)
+    running = [t for t in range(50) if 5 < len(_progress(d, t)) < 30]
+    pid = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
+        "--partition=gpu-hi", f"--nodelist={NODE}", f"--gres={GRES}", "--time=1",
+        "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
+    track(pid)
+    assert sw.wait(timeout=480, poll=3) is True
+    assert sw.results() == [float(x * x + 30) for x in range(50)]       # in trial order
+    rows = sw.rows()
+    assert [r["trial"] for r in rows] == list(range(50))
+    restarted = [r for r in rows if r["restarts"] > 0]
+    assert restarted, "the preemption requeued no trial"
+    resumed = 0
+    for r in restarted:
+        starts = [line for line in _progress(d, r["trial"]) if line.startswith("start ")]
+        assert len(starts) >= 2
+        if int(starts[-1].split()[2]) > 0:          # resumed from its checkpoint, not from step 0
+            resumed += 1
+    assert resumed >= 1, (running, [(r["trial"], _progress(d, r["trial"])[:3]) for r in restarted])
+    assert sw.best()["trial"] == 0
+    again = gpuhpc.Sweep.load(sw.id)
+    assert again.resume() == []                      # nothing to resubmit: never a finished trial
