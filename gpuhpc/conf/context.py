@@ -244,6 +244,7 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
         "slurmd_parameters": ",".join(rt.slurmd_parameters) or None,
         "return_to_service": rt.return_to_service,
         "min_job_age": rt.min_job_age,
+        "max_array_size": rt.max_array_size,
         "kill_wait": rt.kill_wait,
         "job_requeue": 1 if rt.job_requeue else 0,
         "gres_types": "gpu" if gpu_types else None,

@@ -120,6 +120,7 @@ class Runtime(_Model):
     slurmd_parameters: list[Word] = []
     return_to_service: Literal[0, 1, 2] = 1
     min_job_age: int | None = Field(default=None, ge=2)
+    max_array_size: int | None = Field(default=None, ge=1, le=4000001)   # MaxArraySize (Slurm: 1001)
     kill_wait: int | None = Field(default=None, ge=0)
     job_requeue: bool = True
     gres_autodetect: Literal["off", "nvml"] = "off"
