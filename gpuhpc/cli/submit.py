@@ -24,7 +24,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
     "requeue": ("requeue", "spec"), "hold": ("hold", "spec"), "dependency": ("dependency", "spec"),
-    "mpi": ("mpi", "spec"), "snapshot": ("snapshot", "spec"), "snapshot_path": ("snapshot_paths", "spec"),
+    "mpi": ("mpi", "spec"), "array": ("array", "spec"), "snapshot": ("snapshot", "spec"), "snapshot_path": ("snapshot_paths", "spec"),
 }
 
 
@@ -70,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--no-requeue", dest="requeue", action="store_false", default=None)
     j.add_argument("--hold", action="store_true", default=None)
     j.add_argument("--dependency", "-d")
+    j.add_argument("--array", "-a", metavar="INDEXES",
+                   help="a job array (0-49%%8: 50 tasks, 8 at a time); the ledger holds every task")
     j.add_argument("--snapshot", action=argparse.BooleanOptionalAction, default=None,
                    help="run from a code snapshot of this git repo (tracked files, uncommitted changes; "
                         ".gpuhpcignore excludes); default: on over SSH (--cluster), off locally")
