@@ -83,3 +83,13 @@ def test_cpus_per_srun_task(env, expected):
 @pytest.mark.parametrize("template", ["torchrun", "deepspeed", "mpi"])
 def test_srun_lines_pass_cpus_per_task(template):
     assert '--cpus-per-task="$_gpuhpc_cpt"' in render(_spec(template))
+
+
+def test_single_on_two_nodes_exits_2_from_the_cli():
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--nodes", "2", "--dry-run", "--", "true"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("error: template: the single template runs one process on one node")
+    assert len(res.stderr.strip().splitlines()) == 1
