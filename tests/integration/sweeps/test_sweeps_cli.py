@@ -169,3 +169,24 @@ def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, mo
         from gpuhpc.sweeps.models import Sweep
 
         assert s.query(Sweep).count() == 0
+
+
+def test_submit_array_reserves_every_task(sweep_env, tmp_path, monkeypatch, track):
+    """`gpuhpc submit --array` (what sweeps and the API use) holds the real array size, not 1."""
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
+                 ["quota", "set", "research", "--gpu-hours", "100", "--period", "month"]):
+        assert gpuhpc(*argv).returncode == 0, argv
+    res = gpuhpc("submit", "--array", "0-9%2", "--partition", "mig", "--gpus", "1", "--gpu-type", "1g.10gb",
+                 "--time", "30m", "--hold", "--name", "t-array", "--json", "--", "true")
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    import sqlite3
+
+    con = sqlite3.connect(sweep_env / "ledger.db")
+    size, hours = con.execute("SELECT array_size, gpu_hours FROM reservations WHERE job_id = ?", (job_id,)).fetchone()
+    assert size == 10 and float(hours) == 5.0
+    res = gpuhpc("submit", "--array", "0-9;id", "--dry-run", "--", "true")
+    assert res.returncode == 2 and "array" in res.stderr
