@@ -358,3 +358,9 @@ def report_cost(
         t.add_row(r["period_start"], r["key"], f"{float(r['gpu_hours']):,.2f}", f"{float(r['cost']):,.2f}",
                   str(r["jobs"]), *[r[f"cost_per_1m_{reports.unit(m)}"] or "" for m in rep.metrics])
     console().print(t)
+
+
+# ------------------------------------------------------------------ report efficiency
+from gpuhpc.cli.efficiency import register_report as _register_efficiency  # noqa: E402
+
+_register_efficiency(report_app)

@@ -46,6 +46,7 @@ start)
     echo "  - {job_name: node, static_configs: [{targets: ['127.0.0.1:9100'], labels: {node: $(hostname -s)}}]}"
     echo "  - {job_name: slurm, static_configs: [{targets: ['127.0.0.1:9410']}]}"
     echo "  - job_name: gpu"
+    echo "    honor_labels: true"
     echo "    static_configs:"
     port=9411
     for n in "${NODES[@]}"; do echo "      - {targets: ['127.0.0.1:$port'], labels: {node: $n}}"; port=$((port + 1)); done

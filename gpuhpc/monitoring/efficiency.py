@@ -1,0 +1,421 @@
+"""Per-job GPU efficiency from Prometheus (what the GPU exporter recorded), priced in the
+ledger's price book: ``gpuhpc report efficiency JOBID`` and the idle-GPU ranking of an
+account (``--account A --period week``).
+
+Idle means under the site's threshold (``--idle-threshold``, ``$GPUHPC_IDLE_THRESHOLD``, 5 %
+by default, the same number as the waste alert in ``prometheus/rules.yml``). Idle GPU-hours
+count every sample a device held by the job was idle; their cost is those hours times the
+job's effective rate (GPU type × partition × QOS multipliers at the job's start).
+
+:func:`summarize` and :func:`advise` are pure; the rest asks Prometheus (HTTP API, stdlib
+urllib), Slurm (SlurmClient) and the ledger's price book.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from gpuhpc.errors import GpuhpcError, UserInputError
+
+DEFAULT_URL = "http://127.0.0.1:9090"
+DEFAULT_THRESHOLD = 5.0
+UTIL = "gpuhpc_gpu_utilization_percent"
+MEM = "gpuhpc_gpu_memory_used_bytes"
+PERIODS = {"day": 1, "week": 7, "month": 30}
+# MIG profiles a single-GPU job could move to, smallest first: (profile, memory GB)
+MIG_FITS = (("1g.10gb", 10), ("2g.20gb", 20), ("3g.40gb", 40))
+
+
+def idle_threshold(value: float | None = None) -> float:
+    if value is not None:
+        return value
+    env = os.environ.get("GPUHPC_IDLE_THRESHOLD")
+    try:
+        return float(env) if env else DEFAULT_THRESHOLD
+    except ValueError:
+        raise UserInputError(f"GPUHPC_IDLE_THRESHOLD={env!r} is not a number") from None
+
+
+class Prometheus:
+    """The few HTTP API calls the report needs."""
+
+    def __init__(self, url: str | None = None, timeout: float = 30) -> None:
+        self.url = (url or os.environ.get("GPUHPC_PROMETHEUS_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout
+
+    def _get(self, path: str, params: dict) -> list[dict]:
+        full = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(full, timeout=self.timeout) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.load(exc).get("error", "")
+            except ValueError:
+                detail = ""
+            raise GpuhpcError(f"Prometheus at {self.url}: HTTP {exc.code} {detail}".strip()) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise GpuhpcError(f"cannot reach Prometheus at {self.url}: {getattr(exc, 'reason', exc)}",
+                              hint="set GPUHPC_PROMETHEUS_URL") from None
+        if body.get("status") != "success":
+            raise GpuhpcError(f"Prometheus: {body.get('error', 'query failed')}")
+        return body["data"]["result"]
+
+    def query(self, expr: str, at: dt.datetime | None = None) -> list[dict]:
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at.timestamp():.3f}"
+        return self._get("/api/v1/query", params)
+
+    def query_range(self, expr: str, start: dt.datetime, end: dt.datetime, step: int) -> list[dict]:
+        return self._get("/api/v1/query_range", {"query": expr, "start": f"{start.timestamp():.3f}",
+                                                  "end": f"{end.timestamp():.3f}", "step": str(step)})
+
+
+# ------------------------------------------------------------------ pure summaries
+@dataclass
+class Device:
+    """One GPU or MIG instance a job held."""
+
+    node: str
+    gpu: str
+    mig: str = ""
+    times: list[float] = field(default_factory=list)
+    util: list[float] = field(default_factory=list)
+    mem_times: list[float] = field(default_factory=list)
+    mem: list[float] = field(default_factory=list)
+    mean_util: float = 0.0
+    peak_mem_bytes: float = 0.0
+    idle_hours: float = 0.0
+    held_hours: float = 0.0
+    idle: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.node} gpu {self.gpu}" + (f" ({self.mig})" if self.mig else "")
+
+    def to_dict(self) -> dict:
+        return {"node": self.node, "gpu": self.gpu, "mig": self.mig, "mean_util_percent": round(self.mean_util, 2),
+                "peak_memory_bytes": self.peak_mem_bytes, "idle_gpu_hours": round(self.idle_hours, 4),
+                "held_gpu_hours": round(self.held_hours, 4), "idle": self.idle}
+
+
+@dataclass
+class JobEfficiency:
+    """One job's report."""
+
+    job_id: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    state: str = ""
+    gpu_type: str = ""
+    gpus: int = 0
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    elapsed_s: int = 0
+    time_limit_s: int | None = None
+    threshold: float = DEFAULT_THRESHOLD
+    step_s: int = 15
+    devices: list[Device] = field(default_factory=list)
+    rate: Decimal | None = None        # per GPU-hour, multipliers applied; None: no price
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def idle_gpu_hours(self) -> float:
+        return sum(d.idle_hours for d in self.devices)
+
+    @property
+    def idle_cost(self) -> Decimal | None:
+        if self.rate is None:
+            return None
+        return (Decimal(str(round(self.idle_gpu_hours, 6))) * self.rate).quantize(Decimal("0.01"))
+
+    @property
+    def time_limit_used(self) -> float | None:
+        return self.elapsed_s / self.time_limit_s if self.time_limit_s else None
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "user": self.user, "account": self.account, "partition": self.partition,
+                "state": self.state, "gpu_type": self.gpu_type, "gpus": self.gpus,
+                "start": self.start.isoformat() if self.start else None,
+                "end": self.end.isoformat() if self.end else None, "elapsed_s": self.elapsed_s,
+                "time_limit_s": self.time_limit_s,
+                "time_limit_used": round(self.time_limit_used, 4) if self.time_limit_used is not None else None,
+                "idle_threshold_percent": self.threshold, "idle_gpu_hours": round(self.idle_gpu_hours, 4),
+                "rate_per_gpu_hour": str(self.rate) if self.rate is not None else None,
+                "idle_cost": str(self.idle_cost) if self.idle_cost is not None else None,
+                "devices": [d.to_dict() for d in self.devices], "advice": self.advice}
+
+
+def _key(metric: dict) -> tuple[str, str, str]:
+    return metric.get("node", ""), metric.get("gpu", ""), metric.get("mig", "")
+
+
+def _gpu_sort(k: tuple[str, str, str]):
+    return (k[0], int(k[1]) if k[1].isdigit() else 1 << 30, k[2])
+
+
+def summarize(util: list[dict], mem: list[dict], *, threshold: float, step_s: int) -> list[Device]:
+    """Prometheus range results (``matrix``) -> one :class:`Device` per (node, gpu, mig)."""
+    devs: dict[tuple[str, str, str], Device] = {}
+    for series in util:
+        k = _key(series["metric"])
+        d = devs.setdefault(k, Device(*k))
+        for t, v in series["values"]:
+            d.times.append(float(t))
+            d.util.append(float(v))
+    for series in mem:
+        k = _key(series["metric"])
+        d = devs.setdefault(k, Device(*k))
+        for t, v in series["values"]:
+            d.mem_times.append(float(t))
+            d.mem.append(float(v))
+    for d in devs.values():
+        order = sorted(range(len(d.times)), key=d.times.__getitem__)
+        d.times, d.util = [d.times[i] for i in order], [d.util[i] for i in order]
+        if d.util:
+            d.mean_util = sum(d.util) / len(d.util)
+            d.held_hours = len(d.util) * step_s / 3600
+            d.idle_hours = sum(1 for u in d.util if u < threshold) * step_s / 3600
+        d.peak_mem_bytes = max(d.mem, default=0.0)
+        d.idle = bool(d.util) and d.mean_util < threshold
+    return [devs[k] for k in sorted(devs, key=_gpu_sort)]
+
+
+def _ranges(nums: list[int]) -> str:
+    """[4, 5, 6, 7, 9] -> '4–7, 9'."""
+    out, i = [], 0
+    nums = sorted(nums)
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(f"{nums[i]}–{nums[j]}" if j > i + 1 else ", ".join(map(str, nums[i:j + 1])))
+        i = j + 1
+    return ", ".join(out)
+
+
+def advise(rep: JobEfficiency) -> list[str]:
+    """Plain-words advice from a summarized report."""
+    from gpuhpc.slurm.durations import format_duration
+
+    out = []
+    devs = rep.devices
+    if not devs:
+        return ["no GPU metrics for this job in Prometheus (no GPUs, or the Prolog's job map was not written)"]
+    idle = [d for d in devs if d.idle]
+    busy = len(devs) - len(idle)
+    if idle and busy == 0:
+        out.append(f"no GPU was busy (all under {rep.threshold:g} %): check that the job uses the GPU at all")
+    elif idle:
+        nodes = sorted({d.node for d in idle})
+        for node in nodes:
+            on = [d for d in idle if d.node == node]
+            nums = [int(d.gpu) for d in on if d.gpu.isdigit()]
+            label = "MIG instances" if any(d.mig for d in on) else "GPUs"
+            where = f" on {node}" if len({d.node for d in devs}) > 1 else ""
+            out.append(f"{label} {_ranges(nums)}{where} were idle: ask for {busy}")
+    if len(devs) - len(idle) == 1 and not any(d.mig for d in devs):
+        peak = max(d.peak_mem_bytes for d in devs if not d.idle) / 1e9
+        for profile, gb in MIG_FITS:
+            if 0 < peak <= gb * 0.9:
+                out.append(f"peak GPU memory {peak:.0f} GB: a {profile} MIG slice would do")
+                break
+    used = rep.time_limit_used
+    if used is not None and used < 0.5 and rep.state not in ("RUNNING", "PENDING") and rep.elapsed_s > 0:
+        suggest = max(300, math.ceil(rep.elapsed_s * 1.5 / 300) * 300)
+        out.append(f"used {used:.0%} of its {format_duration(rep.time_limit_s)} time limit: "
+                   f"--time={format_duration(suggest)} would schedule sooner")
+    if not out:
+        out.append("GPUs were busy: nothing to change")
+    return out
+
+
+# ------------------------------------------------------------------ Slurm, ledger, Prometheus
+def _sacct_time(text: str) -> dt.datetime | None:
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).astimezone()     # sacct prints the host's local time
+    except ValueError:
+        return None
+
+
+def price_book():
+    """The ledger's price book (empty when the ledger has no prices or does not exist)."""
+    from gpuhpc.ledger import quota
+    from gpuhpc.ledger.paths import db_url
+    from gpuhpc.ledger.pricing import PriceBook
+
+    try:
+        with quota.transaction(db_url()) as tx:
+            return quota.load_price_book(tx)
+    except GpuhpcError:
+        return PriceBook()
+
+
+def _rate(book, gpu_type: str, partition: str, qos: str, at: dt.datetime | None) -> Decimal | None:
+    from gpuhpc.ledger.pricing import to_decimal
+
+    if book is None or not gpu_type:
+        return None
+    r = book.effective_rate(gpu_type, partition or None, qos or None, at or dt.datetime.now(dt.timezone.utc))
+    return to_decimal(r) if r is not None else None
+
+
+def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, threshold: float | None = None,
+               book=None, now: dt.datetime | None = None) -> JobEfficiency:
+    """One job's efficiency: its runs' metadata from sacct, its GPUs' series from Prometheus."""
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.slurm.durations import reported_seconds
+
+    if not str(job_id).replace("_", "").isdigit():
+        raise UserInputError(f"not a job id: {job_id!r}", field="JOBID")
+    client = client or SlurmClient()
+    prom = prom or Prometheus()
+    rows = [r for r in client.accounting(job_ids=[str(job_id)]) if r.job_id == str(job_id)]
+    if not rows:
+        raise UserInputError(f"Slurm has no job {job_id}", field="JOBID")
+    row = rows[-1]
+    now = now or dt.datetime.now(dt.timezone.utc)
+    start = _sacct_time(row.start)
+    end = _sacct_time(row.end)
+    gpus = row.gpus
+    gpu_type = next((t for t in gpus if t != "gpu"), next(iter(gpus), ""))
+    rep = JobEfficiency(job_id=str(job_id), user=row.user, account=row.account, partition=row.partition,
+                        qos=row.qos, state=row.state.raw.split()[0] if row.state.raw else "", gpu_type=gpu_type,
+                        gpus=sum(gpus.values()), start=start, end=end, elapsed_s=row.elapsed_s,
+                        time_limit_s=reported_seconds(row.time_limit), threshold=idle_threshold(threshold))
+    if start is not None:
+        span = max(1.0, (min(end or now, now) - start).total_seconds())
+        rep.step_s = max(5, math.ceil(span / 500))
+        # one step past the end: the last scrape of a job's GPUs may land just after Slurm's End
+        stop = min((end or now) + dt.timedelta(seconds=rep.step_s), now)
+        sel = f'{{job_id="{rep.job_id}"}}'
+        util = prom.query_range(f"{UTIL}{sel}", start, stop, rep.step_s)
+        mem = prom.query_range(f"{MEM}{sel}", start, stop, rep.step_s)
+        rep.devices = summarize(util, mem, threshold=rep.threshold, step_s=rep.step_s)
+    rep.rate = _rate(book if book is not None else price_book(), gpu_type, row.partition, row.qos, start)
+    rep.advice = advise(rep)
+    return rep
+
+
+@dataclass
+class RankRow:
+    job_id: str
+    user: str
+    account: str
+    gpu_type: str
+    gpus: int
+    idle_gpu_hours: float
+    rate: Decimal | None
+
+    @property
+    def idle_cost(self) -> Decimal | None:
+        return None if self.rate is None else (Decimal(str(round(self.idle_gpu_hours, 6))) * self.rate).quantize(Decimal("0.01"))
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "user": self.user, "account": self.account, "gpu_type": self.gpu_type,
+                "gpus": self.gpus, "idle_gpu_hours": round(self.idle_gpu_hours, 4),
+                "rate_per_gpu_hour": str(self.rate) if self.rate is not None else None,
+                "idle_cost": str(self.idle_cost) if self.idle_cost is not None else None}
+
+
+def rank(account: str, period: str = "week", *, client=None, prom: Prometheus | None = None,
+         threshold: float | None = None, book=None, now: dt.datetime | None = None, step_s: int = 15) -> list[RankRow]:
+    """Jobs of ``account`` that ran in the last day/week/month, by idle GPU-hours (most first).
+    One Prometheus query counts every job's idle samples; sacct says whose jobs they are."""
+    from gpuhpc.slurm.client import SlurmClient
+
+    if period not in PERIODS:
+        raise UserInputError(f"unknown period {period!r}", field="--period", hint=", ".join(PERIODS))
+    client = client or SlurmClient()
+    prom = prom or Prometheus()
+    th = idle_threshold(threshold)
+    now = now or dt.datetime.now(dt.timezone.utc)
+    since = now - dt.timedelta(days=PERIODS[period])
+    window = int((now - since).total_seconds())
+    expr = (f'sum by (job_id) (count_over_time(({UTIL}{{job_id!=""}} < {th:g})[{window}s:{step_s}s]))')
+    idle = {r["metric"]["job_id"]: float(r["value"][1]) * step_s / 3600 for r in prom.query(expr, at=now)}
+    rows = [r for r in client.job_runs(since, now, job_ids=list(idle)) if r.account == account]
+    book = book if book is not None else price_book()
+    out: dict[str, RankRow] = {}
+    for r in rows:
+        key = r.job_id
+        if key not in idle or key in out:
+            continue
+        gpus = r.gpus
+        gtype = next((t for t in gpus if t != "gpu"), next(iter(gpus), ""))
+        out[key] = RankRow(key, r.user, r.account, gtype, sum(gpus.values()), idle[key],
+                           _rate(book, gtype, r.partition, r.qos, _sacct_time(r.start)))
+    return sorted(out.values(), key=lambda x: (-x.idle_gpu_hours, x.job_id))
+
+
+# ------------------------------------------------------------------ HTML
+def _e(text) -> str:
+    import html
+
+    return html.escape(str(text), quote=True)
+
+
+def render_html(rep: JobEfficiency, *, generated: dt.datetime | None = None) -> str:
+    """A self-contained page: utilisation and memory over time per GPU/MIG instance (matplotlib
+    SVG, no scripts), the table, the advice."""
+    from gpuhpc.reports import charts
+    from gpuhpc.slurm.durations import format_duration
+
+    generated = generated or dt.datetime.now(dt.timezone.utc)
+    t0 = min((d.times[0] for d in rep.devices if d.times), default=0.0)
+    svg_util = svg_mem = "<p>No GPU samples.</p>"
+    if rep.devices and any(d.times for d in rep.devices):
+        longest = max(rep.devices, key=lambda d: len(d.times))
+        x = [(t - t0) / 60 for t in longest.times]
+
+        def aligned(d: Device, values: list[float], times: list[float]) -> list[float]:
+            by_t = dict(zip(times, values))
+            return [by_t.get(t, float("nan")) for t in longest.times]
+
+        svg_util = charts.lines(x, {d.name: aligned(d, d.util, d.times) for d in rep.devices},
+                                xlabel="minutes since start", ylabel="GPU utilisation %", from_zero=True,
+                                title=f"job {rep.job_id}: GPU utilisation")
+        svg_mem = charts.lines(x, {d.name: [v / 1e9 for v in aligned(d, d.mem, d.mem_times)] for d in rep.devices},
+                               xlabel="minutes since start", ylabel="GPU memory used, GB", from_zero=True,
+                               title=f"job {rep.job_id}: GPU memory")
+    rows = "".join(
+        f"<tr><td>{_e(d.name)}</td><td>{d.mean_util:.1f}</td><td>{d.peak_mem_bytes / 1e9:.1f}</td>"
+        f"<td>{d.idle_hours:.3f}</td><td>{'idle' if d.idle else 'busy'}</td></tr>" for d in rep.devices)
+    used = rep.time_limit_used
+    cost = f"{rep.idle_cost:,.2f}" if rep.idle_cost is not None else "no price in the ledger"
+    advice = "".join(f"<li>{_e(a)}</li>" for a in rep.advice)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>gpuhpc efficiency: job {_e(rep.job_id)}</title>
+<style>
+body{{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2em;color:#222}}
+table{{border-collapse:collapse;margin-top:1em}}th,td{{border:1px solid #ccc;padding:4px 10px;text-align:right}}
+th{{background:#f4f4f4}}td:first-child{{text-align:left}}.meta{{color:#666;font-size:90%}}
+</style></head><body>
+<h1>Job {_e(rep.job_id)}: GPU efficiency</h1>
+<p class="meta">{_e(rep.user)} / {_e(rep.account)} on {_e(rep.partition)}; {rep.gpus} × {_e(rep.gpu_type or "GPU")};
+{_e(rep.state)}; elapsed {_e(format_duration(rep.elapsed_s))} of {_e(format_duration(rep.time_limit_s))}
+{f"({used:.0%} of the time limit)" if used is not None else ""}; idle under {rep.threshold:g} %;
+generated {_e(generated.strftime("%Y-%m-%d %H:%M UTC"))}.</p>
+<h2>Advice</h2><ul class="advice">{advice}</ul>
+<p>Idle GPU-hours: <b>{rep.idle_gpu_hours:.3f}</b>; their cost: <b>{_e(cost)}</b>.</p>
+<h2>Utilisation</h2>
+<figure class="chart">{svg_util}</figure>
+<h2>Memory</h2>
+<figure class="chart">{svg_mem}</figure>
+<h2>Per GPU / MIG instance</h2>
+<table><thead><tr><th>device</th><th>mean util %</th><th>peak memory GB</th><th>idle GPU-hours</th><th></th></tr></thead>
+<tbody>{rows}</tbody></table>
+</body></html>
+"""

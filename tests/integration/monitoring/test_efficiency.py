@@ -1,0 +1,163 @@
+"""`gpuhpc report efficiency` on the real cluster and Prometheus: a 4-GPU job that keeps 2 GPUs
+busy (scripted through the NVML stand-in) gets a report naming the 2 idle GPUs and their cost
+at the ledger's price; the weekly ranking of its account puts it first. The job map is written
+by the Prolog hook run with slurmd's environment (as in test_prometheus.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.testing import nvml_standin
+
+pytestmark = pytest.mark.integration
+
+STATE_DIR = Path(os.environ.get("GPUHPC_NVML_STATE_DIR", "/var/tmp/gpuhpc-prometheus/nvml"))
+JOBMAP_DIR = os.environ.get("GPUHPC_JOBMAP_DIR", "/var/tmp/gpuhpc-prometheus/jobmap")
+NAME = "gpuhpc-efficiency"
+RATE = "2.50"
+
+
+def _gpuhpc(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _hook(kind: str, node: str, job: str, idx: list[int]) -> None:
+    env = {**os.environ, "SLURMD_NODENAME": node, "SLURM_JOB_ID": job, "SLURM_JOB_USER": "root",
+           "SLURM_JOB_GPUS": ",".join(map(str, idx)), "GPUHPC_JOBMAP_DIR": JOBMAP_DIR}
+    subprocess.run([sys.executable, "-m", "gpuhpc.monitoring.jobmap", kind], env=env, check=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def half_idle_job(tmp_path_factory):
+    """A finished 4-GPU job whose GPUs 2 and 3 of its four stayed idle for ~45 s."""
+    tmp = tmp_path_factory.mktemp("eff")
+    env = {**os.environ, "GPUHPC_DATA_DIR": str(tmp / "data")}
+    env.pop("GPUHPC_DB_URL", None)
+    for args in (("db", "upgrade"), ("ledger", "price", "set", "--gpu-type", "h100", "--rate", RATE,
+                                     "--effective", "2020-01-01")):
+        proc = _gpuhpc(*args, env=env)
+        assert proc.returncode == 0, proc.stderr
+    client = SlurmClient()
+    job = client.submit_script("#!/bin/bash\nsleep 600\n", extra=[
+        "--partition=gpu", "--nodes=1", "--gres=gpu:h100:4", "--account=research", "--time=10",
+        f"--job-name={NAME}", f"--output={tmp}/%j.out"])
+    idx: dict[str, list[int]] = {}
+    saved: dict[str, str] = {}
+    try:
+        for _ in range(120):
+            rows = client.queue(job_ids=[job])
+            if rows and rows[0].state.raw == "RUNNING":
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"job {job} did not start")
+        idx = client.job_gpu_indexes(job)
+        (node, gpus), = idx.items()
+        saved[node] = (STATE_DIR / f"{node}.json").read_text()
+        st = json.loads(saved[node])
+        for i in gpus[:2]:
+            st["gpus"][i]["util"] = 88
+            st["gpus"][i]["memory_used"] = 30 * 10**9
+        nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
+        _hook("prolog", node, job, gpus)
+        time.sleep(45)
+    finally:
+        client.cancel(job)
+        for node, gpus in idx.items():
+            _hook("epilog", node, job, gpus)
+        for node, text in saved.items():
+            (STATE_DIR / f"{node}.json").write_text(text)
+    for _ in range(60):             # sacct has the end time
+        rows = [r for r in client.accounting(job_ids=[job]) if r.job_id == job]
+        if rows and rows[0].end not in ("", "Unknown"):
+            break
+        time.sleep(1)
+    return job, node, gpus, env
+
+
+def test_report_names_idle_gpus_and_their_cost(half_idle_job):
+    job, node, gpus, env = half_idle_job
+    proc = _gpuhpc("report", "efficiency", job, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["gpus"] == 4 and rep["gpu_type"] == "h100" and rep["account"] == "research"
+    devs = {int(d["gpu"]): d for d in rep["devices"]}
+    assert sorted(devs) == gpus
+    assert [i for i in gpus if devs[i]["idle"]] == gpus[2:]
+    assert all(devs[i]["mean_util_percent"] > 80 for i in gpus[:2])
+    lo, hi = gpus[2], gpus[3]
+    assert f"GPUs {lo}, {hi} were idle: ask for 2" in rep["advice"], rep["advice"]
+    assert rep["rate_per_gpu_hour"] == "2.500000"
+    idle_h = rep["idle_gpu_hours"]
+    assert 2 * 30 / 3600 <= idle_h <= 2 * 120 / 3600, idle_h      # two GPUs, ~45 s each
+    assert float(rep["idle_cost"]) == pytest.approx(idle_h * 2.5, abs=0.011)
+    text = _gpuhpc("report", "efficiency", job, env=env)
+    assert text.returncode == 0 and "IDLE" in text.stdout and "advice: GPUs" in text.stdout
+
+
+def test_weekly_ranking_puts_it_first(half_idle_job):
+    job, _, _, env = half_idle_job
+    proc = _gpuhpc("report", "efficiency", "--account", "research", "--period", "week", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows and any(r["job_id"] == job for r in rows)
+    hours = [r["idle_gpu_hours"] for r in rows]
+    assert hours == sorted(hours, reverse=True)
+    # first, unless an earlier run of this very test (same name) idled longer
+    ahead = [r["job_id"] for r in rows[: [r["job_id"] for r in rows].index(job)]]
+    names = {r.job_id: r.name for r in SlurmClient().accounting(job_ids=ahead)} if ahead else {}
+    assert all(names.get(j) == NAME for j in ahead), (ahead, names)
+    assert {r["account"] for r in rows} == {"research"}
+
+
+def test_bad_input_exits_2():
+    for args in (("report", "efficiency"), ("report", "efficiency", "12x"),
+                 ("report", "efficiency", "--account", "research", "--period", "year")):
+        proc = _gpuhpc(*args, env=dict(os.environ))
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def _chromium(tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["chromium", "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", f"--user-data-dir={tmp_path / 'profile'}", *args, page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _console(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+
+
+def test_html_page_renders_its_charts_in_headless_chromium(half_idle_job, tmp_path):
+    from PIL import Image
+
+    job, _, _, env = half_idle_job
+    page = tmp_path / "eff.html"
+    proc = _gpuhpc("report", "efficiency", job, "--html", str(page), env=env)
+    assert proc.returncode == 0, proc.stderr
+    # the console check sees a console error when there is one
+    bad = tmp_path / "bad.html"
+    bad.write_text('<html><body><script>console.error("gpuhpc-probe")</script></body></html>')
+    assert any("gpuhpc-probe" in line for line in _console(_chromium(tmp_path, bad, "--dump-dom").stderr))
+
+    dom = _chromium(tmp_path, page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert not _console(dom.stderr), _console(dom.stderr)
+    assert dom.stdout.count("<svg") == 2 and dom.stdout.count("<path") > 10
+    assert f"Job {job}: GPU efficiency" in dom.stdout and "were idle: ask for 2" in dom.stdout
+
+    shot = tmp_path / "eff.png"
+    run = _chromium(tmp_path, page, "--window-size=1000,1600", f"--screenshot={shot}")
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    assert not _console(run.stderr)
+    img = Image.open(shot).convert("RGB")
+    px = img.tobytes()              # the page is black, grey and white except for the charts' lines
+    colored = sum(1 for i in range(0, len(px), 3) if max(px[i:i + 3]) - min(px[i:i + 3]) > 60)
+    assert colored > 500, "no coloured chart lines drawn"
