@@ -167,23 +167,16 @@ class SlurmClient:
 
     def submit_limits(self, user: str | None = None, account: str | None = None,
                       qos: str | None = None) -> parsers.SubmitLimits:
-        """MaxArraySize and MaxJobCount from the controller; MaxSubmitJobs from ``user``'s
-        association (in ``account``, when given) and its QOS when accounting has them."""
+        """MaxArraySize and MaxJobCount from the controller; MaxSubmitJobs (and the user's
+        current count) from slurmctld's association manager for ``user`` (in ``account``, with
+        ``qos``), when accounting enforces limits. Two ``scontrol`` calls, no slurmdbd query."""
         p = _parsers()
         config = self.config()
-        assoc: list[dict[str, str]] = []
-        qos_rows: list[dict[str, str]] = []
+        text = ""
         if user:
-            try:
-                filters = [f"user={user}"] + ([f"account={account}"] if account else [])
-                assoc = self.sacctmgr_list("assoc", *filters, fields=("Account", "MaxSubmitJobs", "DefaultQOS"))
-                names = {qos} if qos else {r.get("DefaultQOS") or "normal" for r in assoc}
-                qos_rows = [r for r in self.sacctmgr_list("qos", fields=("Name", "MaxSubmitJobsPerUser",
-                                                                          "MaxSubmitJobsPerAccount"))
-                            if r.get("Name") in names]
-            except GpuhpcError:         # no accounting: the controller's limits only
-                assoc, qos_rows = [], []
-        return p.parse_submit_limits(config, assoc, qos_rows)
+            res = self.run(cmd.scontrol_show_assoc_mgr(user), check=False)
+            text = res.stdout if res.ok else ""
+        return p.parse_submit_limits(config, text, user=user, account=account, qos=qos)
 
     # ------------------------------------------------------------ accounting admin
     def sacctmgr(self, *words: str, check: bool = True) -> CommandResult:

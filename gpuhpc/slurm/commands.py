@@ -130,6 +130,12 @@ def scontrol_show_config() -> list[str]:
     return ["scontrol", "show", "config"]
 
 
+def scontrol_show_assoc_mgr(user: str, flags: str = "assoc,qos") -> list[str]:
+    """``scontrol show assoc_mgr``: slurmctld's cached association and QOS limits with their
+    current usage (``MaxSubmitJobs=LIMIT(CURRENT)``, ``N`` = no limit); no slurmdbd round trip."""
+    return ["scontrol", "show", "assoc_mgr", f"users={user}", f"flags={flags}"]
+
+
 def scontrol_reconfigure() -> list[str]:
     """``scontrol reconfigure``: slurmctld re-reads slurm.conf, topology.conf, gres.conf ..."""
     return ["scontrol", "reconfigure"]

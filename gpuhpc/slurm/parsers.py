@@ -330,19 +330,50 @@ class SubmitLimits:
     max_array_size: int
     max_job_count: int
     max_submit_jobs: int | None = None
+    submitted: int = 0          # the user's jobs counted against MaxSubmitJobs now
 
 
-def parse_submit_limits(config: dict[str, str], assoc_rows: list[dict[str, str]] = (),
-                        qos_rows: list[dict[str, str]] = ()) -> SubmitLimits:
-    """Limits from ``scontrol show config`` (``MaxArraySize``, ``MaxJobCount``) and the user's
-    association and QOS rows (``sacctmgr list assoc/qos``: ``MaxSubmitJobs``,
-    ``MaxSubmitJobsPerUser``); the smallest set value wins."""
-    subs = [_int(r.get(k), -1) for r in [*assoc_rows, *qos_rows]
-            for k in ("MaxSubmitJobs", "MaxSubmitJobsPerUser", "MaxSubmitJobsPerAccount")]
-    subs = [s for s in subs if s >= 0]
+def parse_submit_limits(config: dict[str, str], assoc_mgr: str = "", *, user: str | None = None,
+                        account: str | None = None, qos: str | None = None) -> SubmitLimits:
+    """Limits from ``scontrol show config`` (``MaxArraySize``, ``MaxJobCount``) and
+    ``scontrol show assoc_mgr`` (:func:`~gpuhpc.slurm.commands.scontrol_show_assoc_mgr`): the
+    user's association's ``MaxSubmitJobs``/``GrpSubmitJobs`` (in ``account`` when given) and
+    the QOS's ``MaxSubmitJobsPU`` (``qos``, else ``normal``); the smallest set value wins.
+    ``submitted`` is the user's current count from the same records."""
+    limits: list[int] = []
+    current = 0
+    section, rec_ok, qos_ok = "", False, False
+    want_qos = qos or "normal"
+    for raw in assoc_mgr.splitlines():
+        line = raw.strip()
+        if line.startswith("Association Records"):
+            section = "assoc"
+        elif line.startswith("QOS Records"):
+            section = "qos"
+        if line.startswith("ClusterName="):
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            uname = f.get("UserName", "").split("(", 1)[0]
+            rec_ok = section == "assoc" and bool(uname) and (user is None or uname == user) and \
+                (account is None or f.get("Account") == account)
+            continue
+        if line.startswith("QOS="):
+            qos_ok = line[4:].split("(", 1)[0] == want_qos
+            continue
+        for m in re.finditer(r"\b(MaxSubmitJobs|GrpSubmitJobs|MaxSubmitJobsPU)=([0-9N]+)\((\d+)\)?", line):
+            key, lim, cur = m.group(1), m.group(2), int(m.group(3) or 0)
+            if key == "MaxSubmitJobsPU" and not qos_ok:
+                continue
+            if key != "MaxSubmitJobsPU" and not rec_ok:
+                continue
+            if lim.isdigit():
+                limits.append(int(lim))
+            current = max(current, cur)
+        m2 = re.search(r"\bMaxSubmitJobs=(\d+)(?=\s|$)", line)     # a limit printed without usage
+        if m2 and rec_ok:
+            limits.append(int(m2.group(1)))
     return SubmitLimits(max_array_size=_int(config.get("MaxArraySize"), 1001),
                         max_job_count=_int(config.get("MaxJobCount"), 10000),
-                        max_submit_jobs=min(subs) if subs else None)
+                        max_submit_jobs=min(limits) if limits else None, submitted=current)
 
 
 # ---------------------------------------------------------------- scontrol -d show job

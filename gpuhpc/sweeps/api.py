@@ -131,7 +131,7 @@ class Sweep:
 def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | None = None, method: str = "random",
           resources: Mapping[str, Any] | Any = None, metric: str | Mapping[str, str] | None = None,
           parallelism: int = 16, seed: int = 0, name: str | None = None, max_requeues: int = 5,
-          chunk_size: int | None = None, max_queued: int | None = None, client=None,
+          chunk_size: int | None = None, max_queued: int | None = None, hold: bool = False, client=None,
           url: str | None = None) -> Sweep:
     """Run ``fn(**params)`` for ``trials`` points of ``space`` (the sweep file's ``parameters``:
     ``{"lr": {"type": "loguniform", "low": 1e-5, "high": 0.1}, "opt": ["adam", "sgd"]}``) as
@@ -155,7 +155,7 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
     data = {"name": name or getattr(fn, "__name__", "sweep").strip("<>") or "sweep", "parameters": params,
             "method": method, "seed": seed, "parallelism": parallelism, "resources": dict(resources or {}),
             "metric": dict(metric or {"name": "objective"}), "max_requeues": max_requeues,
-            "chunk_size": chunk_size, "max_queued": max_queued}
+            "chunk_size": chunk_size, "max_queued": max_queued, "hold": hold}
     if trials is not None:
         data["trials"] = trials
     spec = SweepSpec.from_mapping(data, python=True)

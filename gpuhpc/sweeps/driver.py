@@ -85,7 +85,8 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
             if waiting and status == SweepStatus.RUNNING.value:
                 queued = sum(counts.get(st.value, 0) for st in (TrialState.PENDING, TrialState.RUNNING,
                                                                  TrialState.REQUEUED))
-                plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued)
+                plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued,
+                                              fresh=True)
                 n = min(plan.now, plan.chunk)
                 if n > 0:
                     try:

@@ -225,6 +225,19 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     return sid
 
 
+def _limits(client, spec: SweepSpec, fresh: bool = False):
+    """The submission limits, asked once per client (the driver asks afresh each round)."""
+    cached = None if fresh else getattr(client, "_gpuhpc_sweep_limits", None)
+    if cached is None:
+        r = spec.res
+        cached = client.submit_limits(getpass.getuser(), r.account, r.qos)
+        try:
+            client._gpuhpc_sweep_limits = cached
+        except AttributeError:
+            pass
+    return cached
+
+
 class Plan:
     """How many trials go out now and in chunks of what size."""
 
@@ -232,22 +245,20 @@ class Plan:
         self.now, self.chunk, self.limits = now, chunk, limits
 
 
-def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_sweep: int = 0) -> Plan:
+def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_sweep: int = 0,
+                    fresh: bool = False) -> Plan:
     """``now``: how many of ``len_waiting`` trials may be queued at once: the sweep's
     ``max_queued``, the user's MaxSubmitJobs less the jobs already queued, MaxJobCount less the
     jobs slurmctld holds; ``chunk``: at most MaxArraySize (and the sweep's ``chunk_size``)."""
-    r = spec.res
-    limits = client.submit_limits(getpass.getuser(), r.account, r.qos)
+    limits = _limits(client, spec, fresh)
     chunk = min(limits.max_array_size, spec.chunk_size or limits.max_array_size)
     room = len_waiting
     if spec.max_queued is not None:
         room = min(room, spec.max_queued - queued_by_sweep)
-    if limits.max_submit_jobs is not None or len_waiting > limits.max_job_count // 4:
+    if limits.max_submit_jobs is not None:
+        room = min(room, limits.max_submit_jobs - limits.submitted - 1)     # one left for the driver
+    if len_waiting > limits.max_job_count // 4:
         rows = client.queue()
-        me = getpass.getuser()
-        mine = sum(1 for q in rows if q.user == me and not q.state.state.is_finished)
-        if limits.max_submit_jobs is not None:
-            room = min(room, limits.max_submit_jobs - mine - 1)     # one left for the driver
         room = min(room, limits.max_job_count - len(rows) - 1)
     return Plan(max(0, room), max(1, chunk), limits)
 
@@ -264,7 +275,7 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
         resources=spec.res, name=f"{spec.name}-s{sid}-c{number}", template=spec.template, env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
-        array=f"0-{k - 1}%{min(spec.parallelism, k)}", dependency=dependency)
+        array=f"0-{k - 1}%{min(spec.parallelism, k)}", dependency=dependency, hold=spec.hold)
 
 
 def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int | None = None,
@@ -295,7 +306,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         waiting = waiting[:max(0, limit)]
     if not waiting:
         return []
-    plan_chunk = min(c.submit_limits(None).max_array_size, spec.chunk_size or 10**9)
+    plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
     dependency = None
     if prev_job:
         active = c.active_job_ids([prev_job])
@@ -328,17 +339,20 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
 
 
 def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None) -> None:
-    from sqlalchemy import update
+    """Record the chunk's array job id and each trial's task (one executemany)."""
+    from sqlalchemy import bindparam, update
 
     t = now()
+    table = SweepTrial.__table__
+    stmt = (update(table).where(table.c.sweep_id == sid, table.c.number == bindparam("n"))
+            .values(chunk_id=chunk_id, task_id=bindparam("task"), job_id=bindparam("jid"), job_id_raw=None,
+                    state=TrialState.PENDING.value, raw_state="PENDING", attempts=table.c.attempts + 1,
+                    restarts=0, exit_code=None, updated_at=t))
     with _session(url) as s:
         ch = s.get(SweepChunk, chunk_id)
         ch.job_id, ch.state = job_id, "submitted"
-        for task, (number, _) in enumerate(rows):
-            s.execute(update(SweepTrial).where(SweepTrial.sweep_id == sid, SweepTrial.number == number).values(
-                chunk_id=chunk_id, task_id=task, job_id=f"{job_id}_{task}", job_id_raw=None,
-                state=TrialState.PENDING.value, raw_state="PENDING", attempts=SweepTrial.attempts + 1,
-                restarts=0, exit_code=None, updated_at=t))
+        s.connection().execute(stmt, [{"n": number, "task": task, "jid": f"{job_id}_{task}"}
+                                      for task, (number, _) in enumerate(rows)])
 
 
 def recover(sid: int, *, client=None, url: str | None = None) -> None:

@@ -104,6 +104,7 @@ class SweepSpec(_Frozen):
     chunk_size: int | None = None         # at most MaxArraySize; smaller forces more chunks
     max_queued: int | None = None         # trials queued at once (else from the cluster's limits)
     driver_partition: str | None = None   # the sweep driver's partition (default: cpu, when it exists)
+    hold: bool = False                    # submit the arrays held (scontrol release them)
 
     # ------------------------------------------------------------ derived
     @property

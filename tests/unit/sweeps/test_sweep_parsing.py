@@ -28,11 +28,39 @@ def test_runs_by_task_with_requeues_and_pending_ranges():
     assert ranges[("101", 50)].state.state.value == "CANCELLED"
 
 
-def test_submit_limits():
-    lim = parse_submit_limits({"MaxArraySize": "51", "MaxJobCount": "10000"},
-                              [{"MaxSubmitJobs": ""}], [{"MaxSubmitJobsPerUser": "120"}])
-    assert (lim.max_array_size, lim.max_job_count, lim.max_submit_jobs) == (51, 10000, 120)
-    assert parse_submit_limits({}).max_submit_jobs is None
+ASSOC_MGR = """Current Association Manager state
+
+Association Records
+
+ClusterName=local Account=research UserName= Partition= Priority=0 ID=3
+    GrpJobs=N(0) GrpJobsAccrue=N(0)
+    GrpSubmitJobs=N(7) GrpWall=N(0.00)
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs= MaxWallPJ=
+ClusterName=local Account=research UserName=alice(1000) Partition= Priority=0 ID=4
+    GrpJobs=N(0) GrpJobsAccrue=N(0)
+    GrpSubmitJobs=N(5) GrpWall=N(0.00)
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs=300(5) MaxWallPJ=
+ClusterName=local Account=other UserName=alice(1000) Partition= Priority=0 ID=5
+    MaxJobs= MaxJobsAccrue= MaxSubmitJobs=10(0) MaxWallPJ=
+
+QOS Records
+
+QOS=normal(1)
+    MaxJobsPU=N(0) MaxJobsAccruePU=N(0) MaxSubmitJobsPU=120(5)
+QOS=low(2)
+    MaxJobsPU=N(0) MaxJobsAccruePU=N(0) MaxSubmitJobsPU=2(0)
+"""
+
+
+def test_submit_limits_from_the_association_manager():
+    cfg = {"MaxArraySize": "51", "MaxJobCount": "10000"}
+    lim = parse_submit_limits(cfg, ASSOC_MGR, user="alice", account="research")
+    assert (lim.max_array_size, lim.max_job_count, lim.max_submit_jobs, lim.submitted) == (51, 10000, 120, 5)
+    assert parse_submit_limits(cfg, ASSOC_MGR, user="alice", account="other").max_submit_jobs == 10
+    assert parse_submit_limits(cfg, ASSOC_MGR, user="alice", account="research", qos="low").max_submit_jobs == 2
+    assert parse_submit_limits(cfg, ASSOC_MGR, user="bob").max_submit_jobs == 120     # the QOS's, per user
+    assert parse_submit_limits(cfg, ASSOC_MGR.split("QOS Records")[0], user="bob").max_submit_jobs is None
+    assert parse_submit_limits({}).max_array_size == 1001
 
 
 def test_best_respects_goal_and_ties():
