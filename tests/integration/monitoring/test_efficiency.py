@@ -68,6 +68,13 @@ def half_idle_job(tmp_path_factory):
         nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
         _hook("prolog", node, job, gpus)
         time.sleep(45)
+        # the waste alert is pending (its `for: 10m` running) for exactly the two idle GPUs
+        waste_log = tmp / "waste.log"
+        proc = subprocess.run([sys.executable, "-m", "gpuhpc.monitoring.notify", "--include-pending",
+                               "--log", str(waste_log), "--state", str(tmp / "sent.json")],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        waste = [json.loads(line) for line in waste_log.read_text().splitlines()] if waste_log.exists() else []
     finally:
         client.cancel(job)
         for node, gpus in idx.items():
@@ -79,11 +86,11 @@ def half_idle_job(tmp_path_factory):
         if rows and rows[0].end not in ("", "Unknown"):
             break
         time.sleep(1)
-    return job, node, gpus, env
+    return job, node, gpus, env, waste
 
 
 def test_report_names_idle_gpus_and_their_cost(half_idle_job):
-    job, node, gpus, env = half_idle_job
+    job, node, gpus, env, _ = half_idle_job
     proc = _gpuhpc("report", "efficiency", job, "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
@@ -103,7 +110,7 @@ def test_report_names_idle_gpus_and_their_cost(half_idle_job):
 
 
 def test_weekly_ranking_puts_it_first(half_idle_job):
-    job, _, _, env = half_idle_job
+    job, _, _, env, _ = half_idle_job
     proc = _gpuhpc("report", "efficiency", "--account", "research", "--period", "week", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
@@ -138,7 +145,7 @@ def _console(stderr: str) -> list[str]:
 def test_html_page_renders_its_charts_in_headless_chromium(half_idle_job, tmp_path):
     from PIL import Image
 
-    job, _, _, env = half_idle_job
+    job, _, _, env, _ = half_idle_job
     page = tmp_path / "eff.html"
     proc = _gpuhpc("report", "efficiency", job, "--html", str(page), env=env)
     assert proc.returncode == 0, proc.stderr
@@ -161,3 +168,10 @@ def test_html_page_renders_its_charts_in_headless_chromium(half_idle_job, tmp_pa
     px = img.tobytes()              # the page is black, grey and white except for the charts' lines
     colored = sum(1 for i in range(0, len(px), 3) if max(px[i:i + 3]) - min(px[i:i + 3]) > 60)
     assert colored > 500, "no coloured chart lines drawn"
+
+
+def test_waste_alert_is_pending_for_the_idle_gpus(half_idle_job):
+    job, node, gpus, _, waste = half_idle_job
+    mine = sorted((w["node"], int(w["gpu"])) for w in waste if w["job_id"] == job)
+    assert mine == [(node, g) for g in gpus[2:]], waste
+    assert all(w["alert"] == "GpuhpcIdleGpuHeld" and w["state"] == "pending" for w in waste)
