@@ -98,12 +98,18 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     from gpuhpc.jobs.render import render
 
     c = _client(client)
-    spec, upload = _prepare_remote(spec, c.runner)
+    runner = getattr(c, "runner", None)
+    if runner is None:                      # a client without one runs here
+        from gpuhpc.transport.local import LocalRunner
+
+        runner = LocalRunner()
+    spec, upload = _prepare_remote(spec, runner)
+    spec = _with_staging(spec, runner)
     script = render(spec)
-    if c.runner.is_local:
+    if runner.is_local:
         os.makedirs(spec.log_directory, exist_ok=True)
     else:
-        c.runner.run(["mkdir", "-p", "--", spec.log_directory])
+        runner.run(["mkdir", "-p", "--", spec.log_directory])
     _check_fits(spec.resources, c)
     uploaded = None
     if upload is not None:
@@ -115,6 +121,42 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
     job.snapshot = uploaded
     return job
+
+
+def _with_staging(spec: JobSpec, runner) -> JobSpec:
+    """``inputs:`` / ``checkpoint: s3://...``: the command runs behind gpuhpc.staging.job, which
+    pulls the inputs into the node cache first and syncs checkpoints with S3. On a local
+    runner the URLs and credentials are tried first (one LIST each): a bad bucket or no
+    credentials is refused before anything is submitted."""
+    if not spec.inputs and not spec.checkpoint:
+        return spec
+    import dataclasses
+    import sys
+
+    if spec.template == "torchrun":
+        raise UserInputError("inputs and an S3 checkpoint are not supported with the torchrun template yet",
+                             field="template", hint="use --template single, deepspeed or mpi, or "
+                                                    "`gpuhpc stage pull --cache` in your script")
+    if runner.is_local:
+        from gpuhpc.staging.s3 import S3Stager, S3Url
+
+        stager = S3Stager.from_env()
+        for url in [*spec.inputs, *([spec.checkpoint] if spec.checkpoint else [])]:
+            field = "checkpoint" if url == spec.checkpoint else f"inputs.{url}"
+            first = next(iter(stager.list(S3Url.parse(url, field))), None)    # credentials, bucket
+            if first is None and url in spec.inputs:
+                raise UserInputError(f"nothing at {url}", field=field, hint="check the bucket and prefix")
+        python = sys.executable
+    else:
+        from gpuhpc.jobs.remote import python_of
+
+        python = python_of(runner)
+    wrap = [python, "-m", "gpuhpc.staging.job"]
+    for url, dest in spec.inputs.items():
+        wrap += ["--input", f"{url}={dest}"]
+    if spec.checkpoint:
+        wrap += ["--checkpoint", spec.checkpoint]
+    return dataclasses.replace(spec, command=(*wrap, "--", *spec.command))
 
 
 def _prepare_remote(spec: JobSpec, runner) -> tuple[JobSpec, Callable[[], tuple[JobSpec, Any]] | None]:

@@ -229,6 +229,14 @@ def array_size(array: str, field_name: str = "array") -> int:
     return len(tasks)
 
 
+def check_s3_url(url: Any, field_name: str) -> str:
+    """``s3://BUCKET[/PREFIX]`` (checked here without boto3: the spec is on the CLI's start-up path)."""
+    if not isinstance(url, str) or not url.startswith("s3://") or not url[5:].split("/", 1)[0] \
+            or any(ord(c) < 32 or c.isspace() for c in url):
+        raise UserInputError(f"not an S3 URL: {url!r}", field=field_name, hint="use s3://BUCKET/PREFIX/")
+    return url
+
+
 def _default_log_dir() -> str:
     env = os.environ.get("GPUHPC_LOG_DIR")
     if env:
@@ -272,6 +280,8 @@ class JobSpec:
     mpi: str = "auto"
     snapshot: bool | None = None            # code snapshot (gpuhpc.jobs.snapshot); None: over SSH only
     snapshot_paths: tuple[str, ...] = ()    # extra files/directories for the code snapshot
+    inputs: Mapping[str, str] = field(default_factory=dict)   # s3://bucket/prefix -> path in the job ($VARs ok)
+    checkpoint: str | None = None           # s3://bucket/run-x/: checkpoints uploaded there, restored from there
     array: str | None = None          # sbatch --array (``0-49%8``, ``1,3,5-7``); each task is one job
 
     def __post_init__(self) -> None:
@@ -343,6 +353,17 @@ class JobSpec:
         for i, p in enumerate(paths):
             check_text(p, f"snapshot_paths[{i}]", allow_empty=False)
         object.__setattr__(self, "snapshot_paths", tuple(paths))
+        if not isinstance(self.inputs, Mapping):
+            raise UserInputError("expected a mapping of s3://URL: path", field="inputs",
+                                 hint="e.g. inputs: {s3://bucket/ds/: $GPUHPC_SCRATCH/ds}")
+        for url, dest in self.inputs.items():
+            check_s3_url(url, f"inputs.{url}")
+            if not isinstance(dest, str):
+                raise UserInputError("expected a path", field=f"inputs.{url}")
+            check_text(dest, f"inputs.{url}", allow_empty=False)
+        object.__setattr__(self, "inputs", dict(self.inputs))
+        if self.checkpoint is not None:
+            check_s3_url(self.checkpoint, "checkpoint")
 
     @property
     def grace_s(self) -> int:

@@ -110,10 +110,28 @@ def _open_nofollow(path: Path, flags: int, mode: int = 0o600) -> int:
 
 
 class NodeCache:
-    def __init__(self, stager: S3Stager, root: str | Path | None = None) -> None:
+    """The user's node-local cache of S3 prefixes and objects.
+
+    * **Keyed by the objects' ETags**: an entry serves a URL only while S3 lists the same keys
+      with the same ETags (one LIST per fetch); anything else is fetched again.
+    * **Verified**: each file's size and modification time are recorded when the download
+      completes and checked on every hit, so a truncated, rewritten or deleted file is found
+      and the entry fetched again. ``verify="full"`` (``GPUHPC_CACHE_VERIFY=full``) also
+      records and checks SHA-256 (reads everything again on a hit: as slow as a copy).
+    * **One download**: a per-entry ``flock``; jobs asking at once wait for the first.
+    * **LRU by size**: before a download, least recently used entries (not in use) are removed
+      until the new one fits ``max_bytes`` (``GPUHPC_NODE_CACHE_MAX_GB``, default 80% of the
+      file system the cache is on).
+    """
+
+    def __init__(self, stager: S3Stager, root: str | Path | None = None, *, max_bytes: int | None = None,
+                 verify: str | None = None) -> None:
         self.stager = stager
         self._shared = None if root else os.environ.get("GPUHPC_NODE_CACHE_ROOT") or None
         self.root = Path(root) if root else default_cache_root()
+        self.max_bytes = max_bytes
+        self.verify = verify or os.environ.get("GPUHPC_CACHE_VERIFY") or "stat"
+        self.notes: list[str] = []          # what happened (damaged entries, evictions): for the job log
 
     def _prepare(self) -> Path:
         if self._shared:
@@ -124,33 +142,132 @@ class NodeCache:
         """Return (local path, downloaded?) for an S3 prefix or object."""
         root = self._prepare()
         slot = root / hashlib.sha256(str(url).encode()).hexdigest()[:24]
-        manifest = {o.key: o.etag for o in self.stager.list(url)}
-        fd = _open_nofollow(root / f"{slot.name}.lock", os.O_RDWR | os.O_CREAT)
+        listed = list(self.stager.list(url))
+        objects = {o.key: o.etag for o in listed}
+        need = sum(getattr(o, "size", 0) or 0 for o in listed)
+        lock = root / f"{slot.name}.lock"
+        fd = _open_nofollow(lock, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if os.path.islink(slot):
                 raise _refuse(slot, "it is a symlink", f"remove it (rm {slot})")
             marker = slot / ".gpuhpc-complete"
-            if self._read_marker(marker) == manifest:
-                return slot / "data", False
+            record = self._read_marker(marker)
+            if record and record.get("objects") == objects:
+                problem = self._damage(slot / "data", record)
+                if problem is None:
+                    os.utime(fd)                    # last used: the LRU order
+                    return slot / "data", False
+                self.notes.append(f"cache entry for {url} is damaged ({problem}): fetching it again")
             if slot.exists():
                 shutil.rmtree(slot)
+            self._evict(root, need, keep=slot.name)
             self.stager.pull(url, slot / "data")
+            files = self._record(slot / "data")
             wfd = _open_nofollow(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             with os.fdopen(wfd, "w") as fh:
-                fh.write(json.dumps(manifest, sort_keys=True))
+                fh.write(json.dumps({"url": str(url), "objects": objects, "files": files,
+                                     "bytes": sum(f[0] for f in files.values())}, sort_keys=True))
+            os.utime(fd)
             return slot / "data", True
         finally:
             os.close(fd)
+
+    # ------------------------------------------------------------ verification
+    def _record(self, data: Path) -> dict[str, list]:
+        out: dict[str, list] = {}
+        for p in sorted(data.rglob("*")):
+            st = os.lstat(p)
+            if stat.S_ISREG(st.st_mode):
+                out[p.relative_to(data).as_posix()] = [st.st_size, st.st_mtime_ns,
+                                                       _sha256(p) if self.verify == "full" else None]
+        return out
+
+    def _damage(self, data: Path, record: dict) -> str | None:
+        """None when every recorded file is there, unchanged; else what is wrong."""
+        files = record.get("files")
+        if not isinstance(files, dict):
+            return "no file list (an older cache entry)"
+        for rel, (size, mtime_ns, sha) in files.items():
+            try:
+                st = os.lstat(data / rel)
+            except FileNotFoundError:
+                return f"{rel} is missing"
+            if not stat.S_ISREG(st.st_mode):
+                return f"{rel} is not a regular file"
+            if st.st_size != size:
+                return f"{rel} has {st.st_size} bytes, not {size}"
+            if st.st_mtime_ns != mtime_ns:
+                return f"{rel} was modified after the download"
+            if self.verify == "full" and sha and _sha256(data / rel) != sha:
+                return f"{rel} does not match its SHA-256"
+        return None
+
+    # ------------------------------------------------------------ eviction
+    def _limit(self, root: Path) -> int:
+        if self.max_bytes is not None:
+            return self.max_bytes
+        env = os.environ.get("GPUHPC_NODE_CACHE_MAX_GB", "")
+        try:
+            if env:
+                return int(float(env) * 1024 ** 3)
+        except ValueError:
+            raise StagingError(f"GPUHPC_NODE_CACHE_MAX_GB={env!r} is not a number") from None
+        st = os.statvfs(root)
+        return int(st.f_blocks * st.f_frsize * 0.8)
+
+    def _evict(self, root: Path, need: int, keep: str) -> None:
+        """Remove least recently used entries (never one in use) until ``need`` more bytes fit."""
+        limit = self._limit(root)
+        entries = []
+        for lock in root.glob("*.lock"):
+            name = lock.name[:-5]
+            if name == keep:
+                continue
+            record = self._read_marker(root / name / ".gpuhpc-complete") or {}
+            size = record.get("bytes") if isinstance(record.get("bytes"), int) else _tree_size(root / name)
+            entries.append((os.lstat(lock).st_mtime_ns, name, size))
+        total = sum(e[2] for e in entries)
+        for _used, name, size in sorted(entries):
+            if total + need <= limit:
+                break
+            try:
+                fd = _open_nofollow(root / f"{name}.lock", os.O_RDWR)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue                            # in use by another job: keep it
+                if os.path.islink(root / name):
+                    continue
+                shutil.rmtree(root / name, ignore_errors=True)
+                total -= size
+                self.notes.append(f"evicted {name} ({size / 2**20:.0f} MB, least recently used)")
+            finally:
+                os.close(fd)
 
     @staticmethod
     def _read_marker(marker: Path) -> dict | None:
         try:
             fd = _open_nofollow(marker, os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         with os.fdopen(fd) as fh:
             try:
-                return json.load(fh)
+                data = json.load(fh)
             except ValueError:
                 return None
+        return data if isinstance(data, dict) else None
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def _tree_size(path: Path) -> int:
+    if not path.is_dir() or path.is_symlink():
+        return 0
+    return sum(os.lstat(p).st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

@@ -17,7 +17,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from boto3.exceptions import Boto3Error
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from gpuhpc.errors import StagingError, UserInputError
 from gpuhpc.fsutil import atomic_path
@@ -58,15 +58,19 @@ class RemoteObject:
 class S3Stager:
     def __init__(self, *, endpoint_url: str | None = None, region: str | None = None,
                  access_key: str | None = None, secret_key: str | None = None,
-                 multipart_threshold: int = 64 * MB, multipart_chunksize: int = 16 * MB,
-                 max_concurrency: int = 4) -> None:
+                 multipart_threshold: int = 16 * MB, multipart_chunksize: int = 16 * MB,
+                 max_concurrency: int = 10, parallel_files: int = 8, progress=None) -> None:
         self.endpoint_url = endpoint_url
+        self.gets = 0                   # GetObject requests made (a cache hit makes none)
+        self.parallel_files = parallel_files
+        self.progress = progress        # None (quiet: jobs), or an object with start(total) / advance(n)
         self._client = boto3.client(
             "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
             aws_access_key_id=access_key, aws_secret_access_key=secret_key,
             config=Config(retries={"max_attempts": 5, "mode": "standard"},
                           s3={"addressing_style": "path"} if endpoint_url else None),
         )
+        self._client.meta.events.register("before-call.s3.GetObject", self._count_get)
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold,
                                         multipart_chunksize=multipart_chunksize,
                                         max_concurrency=max_concurrency)
@@ -80,9 +84,21 @@ class S3Stager:
                    secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None, **kwargs)
 
     # ------------------------------------------------------------ helpers
+    def _count_get(self, **_kwargs) -> None:
+        self.gets += 1
+
+    def _start(self, total: int) -> None:
+        if self.progress is not None:
+            self.progress.start(total)
+
+    def _callback(self):
+        return self.progress.advance if self.progress is not None else None
+
     def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except NoCredentialsError as exc:
+            raise _no_credentials() from exc
         except (ClientError, BotoCoreError, Boto3Error) as exc:
             code = getattr(exc, "response", {}).get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
             raise StagingError(f"S3 {what} failed{f' ({code})' if code else ''}: {exc}") from exc
@@ -106,6 +122,8 @@ class S3Stager:
                 for obj in page.get("Contents", []):
                     yield RemoteObject(obj["Key"], obj["Size"], obj["ETag"].strip('"'),
                                        obj["LastModified"].timestamp())
+        except NoCredentialsError as exc:
+            raise _no_credentials() from exc
         except (ClientError, BotoCoreError) as exc:
             raise StagingError(f"S3 list {url} failed: {exc}") from exc
 
@@ -116,12 +134,13 @@ class S3Stager:
         if not src.exists():
             raise UserInputError(f"{src} does not exist", field="LOCAL")
         files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
+        self._start(sum(p.stat().st_size for p in files))
         for path in files:
             key = url.key if src.is_file() and url.key and not url.key.endswith("/") else \
                 url.child(path.name if src.is_file() else path.relative_to(src).as_posix()).key
             sha = _sha256(path)
             self._call(f"upload {path}", self._client.upload_file, str(path), url.bucket, key,
-                       ExtraArgs={"Metadata": {"sha256": sha}}, Config=self._transfer)
+                       ExtraArgs={"Metadata": {"sha256": sha}}, Config=self._transfer, Callback=self._callback())
         return len(files)
 
     def pull(self, url: S3Url, local: str | Path) -> int:
@@ -132,26 +151,43 @@ class S3Stager:
         exact = [o for o in objs if o.key == url.key]
         if exact and not url.key.endswith("/"):
             target = dest / Path(url.key).name if dest.is_dir() else dest
+            self._start(exact[0].size)
             self._download(url.bucket, exact[0].key, target)
             return 1
         base = url.key.rstrip("/") + "/" if url.key else ""
-        n = 0
+        todo = []
         for obj in objs:
             if not obj.key.startswith(base) or obj.key.endswith("/"):
                 continue
             rel = obj.key[len(base):]
-            if ".." in Path(rel).parts:
+            if ".." in Path(rel).parts or rel.startswith("/"):
                 raise StagingError(f"refusing to write outside {dest}: key {obj.key!r}")
-            self._download(url.bucket, obj.key, dest / rel)
-            n += 1
-        if n == 0:
+            todo.append((obj, dest / rel))
+        if not todo:
             raise StagingError(f"nothing found at {url}")
-        return n
+        self._start(sum(o.size for o, _ in todo))
+        if len(todo) == 1 or self.parallel_files <= 1:
+            for obj, target in todo:
+                self._download(url.bucket, obj.key, target)
+        else:                   # many small files: several at once (each may be multipart too)
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(self.parallel_files, len(todo))) as pool:
+                for f in [pool.submit(self._download, url.bucket, o.key, t) for o, t in todo]:
+                    f.result()
+        return len(todo)
 
     def _download(self, bucket: str, key: str, target: Path) -> None:
         with atomic_path(target, mode=None) as tmp:     # the mode boto3 gives (umask)
             self._call(f"download s3://{bucket}/{key}", self._client.download_file, bucket, key, str(tmp),
-                       Config=self._transfer)
+                       Config=self._transfer, Callback=self._callback())
+
+    def put_bytes(self, data: bytes, url: S3Url) -> None:
+        self._call(f"upload {url}", self._client.put_object, Bucket=url.bucket, Key=url.key, Body=data)
+
+    def get_bytes(self, url: S3Url) -> bytes:
+        r = self._call(f"download {url}", self._client.get_object, Bucket=url.bucket, Key=url.key)
+        return self._call(f"download {url}", r["Body"].read)
 
     def latest(self, url: S3Url) -> S3Url | None:
         """Newest object under a prefix (e.g. the latest checkpoint), or None."""
@@ -168,6 +204,12 @@ class S3Stager:
     def head(self, url: S3Url) -> RemoteObject:
         r = self._call(f"head {url}", self._client.head_object, Bucket=url.bucket, Key=url.key)
         return RemoteObject(url.key, r["ContentLength"], r["ETag"].strip('"'), r["LastModified"].timestamp())
+
+
+def _no_credentials() -> StagingError:
+    return StagingError("no S3 credentials found",
+                        hint="set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials "
+                             "(boto3's usual chain)")
 
 
 def _sha256(path: Path) -> str:
