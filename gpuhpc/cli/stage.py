@@ -5,6 +5,45 @@ import typer
 
 from gpuhpc.cli._console import print_json
 
+class _Bar:
+    """A rich progress bar on stderr when it is a terminal (the stager's ``progress``); jobs and
+    pipes get none."""
+
+    def __init__(self, what: str) -> None:
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        from gpuhpc.cli._console import err_console
+
+        self.what = what
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            TimeRemainingColumn(), console=err_console(), transient=True)
+        self.task = None
+
+    def start(self, total: int) -> None:
+        self.bar.start()
+        self.task = self.bar.add_task(self.what, total=total)
+
+    def advance(self, n: int) -> None:
+        self.bar.update(self.task, advance=n)
+
+    def __enter__(self) -> "_Bar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+
+def _stager(what: str):
+    """(stager, bar or None)."""
+    import sys
+
+    from gpuhpc.staging.s3 import S3Stager
+
+    bar = _Bar(what) if sys.stderr.isatty() else None
+    return S3Stager.from_env(progress=bar), bar
+
+
 stage_app = typer.Typer(help="Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials).",
                         no_args_is_help=True)
 
@@ -14,13 +53,17 @@ def push(local: str = typer.Argument(..., help="file or directory"),
          url: str = typer.Argument(..., help="s3://BUCKET/PREFIX"),
          create_bucket: bool = typer.Option(False, "--create-bucket", help="create the bucket if missing")) -> None:
     """Upload a file or directory tree (multipart for large files)."""
-    from gpuhpc.staging.s3 import S3Stager, S3Url
+    from gpuhpc.staging.s3 import S3Url
 
     dest = S3Url.parse(url, "URL")
-    stager = S3Stager.from_env()
+    stager, bar = _stager(f"push {dest}")
     if create_bucket:
         stager.ensure_bucket(dest.bucket)
-    n = stager.push(local, dest)
+    if bar is None:
+        n = stager.push(local, dest)
+    else:
+        with bar:
+            n = stager.push(local, dest)
     typer.echo(f"pushed {n} file(s) to {dest}")
 
 
@@ -32,10 +75,10 @@ def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
          latest: bool = typer.Option(False, "--latest", help="only the newest object under the prefix (checkpoints)")) -> None:
     """Download a prefix or object; each file lands atomically."""
     from gpuhpc.errors import UserInputError
-    from gpuhpc.staging.s3 import S3Stager, S3Url
+    from gpuhpc.staging.s3 import S3Url
 
     src = S3Url.parse(url, "URL")
-    stager = S3Stager.from_env()
+    stager, bar = _stager(f"pull {src}")
     if latest:
         newest = stager.latest(src)
         if newest is None:
@@ -44,12 +87,20 @@ def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
     if cache:
         from gpuhpc.staging.cache import NodeCache
 
-        path, fetched = NodeCache(stager).fetch(src)
+        if bar is None:
+            path, fetched = NodeCache(stager).fetch(src)
+        else:
+            with bar:
+                path, fetched = NodeCache(stager).fetch(src)
         typer.echo(str(path))
         return
     if not local:
         raise UserInputError("missing destination", field="LOCAL", hint="give a path or use --cache")
-    n = stager.pull(src, local)
+    if bar is None:
+        n = stager.pull(src, local)
+    else:
+        with bar:
+            n = stager.pull(src, local)
     typer.echo(f"pulled {n} file(s) from {src} to {local}", err=True)
 
 
