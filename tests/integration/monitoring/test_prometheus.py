@@ -158,3 +158,23 @@ def test_every_dashboard_metric_is_in_prometheus():
                     missing.add((path.name, title, name))
     assert not missing, sorted(missing)
     assert RECORDED & names, "no recording rule has produced a series yet"
+
+
+def test_promtool_accepts_the_rules_and_the_roles_scrape_config(tmp_path):
+    """Debian's promtool checks the packaged rules and what the Ansible role renders."""
+    import jinja2
+    import yaml
+
+    role = Path(__file__).resolve().parents[3] / "ansible" / "roles" / "gpuhpc_monitoring"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(role / "templates"), undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    variables.update(ansible_managed="test", groups={"all": ["ctl1", "gpu1"], "slurm_controller": ["ctl1"],
+                                                     "slurm_compute": ["gpu1"]}, hostvars={"ctl1": {}, "gpu1": {}})
+    (tmp_path / "rules.yml").write_text(env.get_template("gpuhpc-rules.yml.j2").render(**variables))
+    (tmp_path / "prometheus.yml").write_text(env.get_template("prometheus.yml.j2").render(**variables))
+    packaged = DASHBOARDS.parent / "prometheus" / "rules.yml"
+    for argv in (["promtool", "check", "rules", str(packaged), str(tmp_path / "rules.yml")],
+                 ["promtool", "check", "config", "--syntax-only", str(tmp_path / "prometheus.yml")]):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
