@@ -17,7 +17,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from boto3.exceptions import Boto3Error
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
 from gpuhpc.errors import StagingError, UserInputError
 from gpuhpc.fsutil import atomic_path
@@ -64,12 +64,17 @@ class S3Stager:
         self.gets = 0                   # GetObject requests made (a cache hit makes none)
         self.parallel_files = parallel_files
         self.progress = progress        # None (quiet: jobs), or an object with start(total) / advance(n)
-        self._client = boto3.client(
-            "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
-            aws_access_key_id=access_key, aws_secret_access_key=secret_key,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"},
-                          s3={"addressing_style": "path"} if endpoint_url else None),
-        )
+        try:
+            self._client = boto3.client(
+                "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
+                aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+                config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                              s3={"addressing_style": "path"} if endpoint_url else None),
+            )
+        except ProfileNotFound as exc:
+            raise UserInputError(str(exc), field="AWS_PROFILE", hint="name a profile of ~/.aws/config") from exc
+        except (BotoCoreError, ValueError) as exc:
+            raise StagingError(f"cannot set up the S3 client: {exc}") from exc
         self._client.meta.events.register("before-call.s3.GetObject", self._count_get)
         self._transfer = TransferConfig(multipart_threshold=multipart_threshold,
                                         multipart_chunksize=multipart_chunksize,
