@@ -25,6 +25,7 @@ build() {
   mkdir -p "$stage/roles/gpuhpc_slurm_common/templates" "$stage/roles/gpuhpc_slurmdbd/templates"
   find slurm-conf -maxdepth 1 -name '*.j2' ! -name slurmdbd.conf.j2 -exec cp {} "$stage/roles/gpuhpc_slurm_common/templates/" \;
   cp slurm-conf/slurmdbd.conf.j2 "$stage/roles/gpuhpc_slurmdbd/templates/"
+  cp slurm-conf/job_submit.lua "$stage/roles/gpuhpc_slurm_common/templates/"
   ansible-galaxy collection build "$stage" --output-path "$dist" --force >&2
   rm -rf "$stage"
   local version

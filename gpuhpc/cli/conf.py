@@ -68,7 +68,10 @@ def render_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Clust
 
 
 @conf_app.command("context")
-def context_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Cluster spec YAML.")) -> None:
+def context_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Cluster spec YAML."),
+                billing: Path = typer.Option(None, "--billing", dir_okay=False,
+                                             help="The ledger's billing document (gpuhpc ledger billing): "
+                                                  "TRESBillingWeights per partition.")) -> None:
     """Print the validated template context as JSON (what the Ansible roles render from)."""
     import json
 
@@ -77,7 +80,15 @@ def context_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Clus
 
     spec = _load(spec_path)
     _warn_all(validate(spec))
-    typer.echo(json.dumps(build_context(spec), indent=1, sort_keys=True))
+    doc = None
+    if billing is not None:
+        from gpuhpc.errors import UserInputError
+
+        try:
+            doc = json.loads(billing.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserInputError(f"--billing {billing}: {exc}") from None
+    typer.echo(json.dumps(build_context(spec, doc), indent=1, sort_keys=True))
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ so the templates stay plain Jinja with standard filters only.
 from __future__ import annotations
 
 import posixpath
+from fractions import Fraction
 from typing import Any
 
 from gpuhpc.conf.validate import resolve_nodes
@@ -107,8 +108,52 @@ def _nccl_profiles(spec: ClusterSpec) -> list[dict[str, Any]]:
     return out
 
 
-def build_context(spec: ClusterSpec) -> dict[str, Any]:
-    """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first)."""
+def _fmt_weight(w: Fraction) -> str:
+    """A billing weight as Slurm reads it (a decimal, at most 6 places, no trailing zeros)."""
+    q = round(w * 1_000_000)
+    whole, frac = divmod(q, 1_000_000)
+    return str(whole) + (f".{frac:06d}".rstrip("0") if frac else "")
+
+
+def billing_weights(billing: dict[str, Any] | None, partitions: list[dict[str, Any]],
+                    node_rows: list[dict[str, Any]], gpu_types: list[str]) -> dict[str, str]:
+    """``TRESBillingWeights`` per partition from the ledger's billing document
+    (``gpuhpc ledger billing``: ``{"rates": {gpu type or "*": weight per GPU}, "partitions":
+    {name: multiplier}}``, weights in billing units, docs/ledger.md).
+
+    A partition's weights are its GPU types' rates × its multiplier, written as ``GRES/gpu=<the
+    lowest>`` plus ``GRES/gpu:<type>=<rate - lowest>`` for the dearer types: a typed request
+    is billed its type's rate exactly, and an untyped one (``--gpus=1``) is estimated at the
+    partition's lowest rate until its GPU is allocated. CPUs and memory are not billed
+    (``CPU=0``), as in the ledger."""
+    if not billing:
+        return {}
+    rates = {str(k): Fraction(str(v)) for k, v in (billing.get("rates") or {}).items()}
+    mults = {str(k): Fraction(str(v)) for k, v in (billing.get("partitions") or {}).items()}
+    types_of: dict[str, list[str]] = {}
+    for row in node_rows:
+        for part in (row.get("gres") or "").split(","):
+            if part.startswith("gpu:"):
+                types_of.setdefault(row["nodes"], []).append(part.split(":")[1])
+    out: dict[str, str] = {}
+    for p in partitions:
+        names = list(types_of) if p["nodes"] == "ALL" else hostlist.expand(p["nodes"])
+        types = [t for t in gpu_types if any(t in types_of.get(n, []) for n in names)]
+        priced = {t: rates.get(t, rates.get("*")) for t in types}
+        priced = {t: r * mults.get(p["name"], Fraction(1)) for t, r in priced.items() if r is not None}
+        if not priced:
+            out[p["name"]] = "CPU=0"
+            continue
+        low = min(priced.values())
+        parts = ["CPU=0", f"GRES/gpu={_fmt_weight(low)}"]
+        parts += [f"GRES/gpu:{t}={_fmt_weight(r - low)}" for t, r in priced.items() if r != low]
+        out[p["name"]] = ",".join(parts)
+    return out
+
+
+def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
+    ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition."""
     rt = spec.runtime
     pn = "-%n" if rt.multiple_slurmd else ""
     run = rt.run_dir
@@ -185,6 +230,11 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
             **per_gpu,
         })
 
+    weights = billing_weights(billing, partitions, node_rows, gpu_types)
+    for p in partitions:
+        if p["name"] in weights:
+            p["tres_billing_weights"] = weights[p["name"]]
+
     dbd = spec.slurmdbd
     accounting = None
     if dbd is not None:
@@ -256,6 +306,13 @@ def build_context(spec: ClusterSpec) -> dict[str, Any]:
         "preempt_type": f"preempt/{pre.type}",
         "preempt_mode": preempt_mode,
         "accounting": accounting,
+        "priority": None if spec.priority is None else {
+            "type": f"priority/{spec.priority.type}",
+            "decay_half_life": spec.priority.decay_half_life,
+            "usage_reset_period": spec.priority.usage_reset_period,
+        },
+        "job_submit_lua": spec.job_submit_lua,
+        "billing_unit": (billing or {}).get("unit"),
         "node_lines": _merge(node_rows),
         "gres_lines": _merge(gres_rows),
         "partitions": partitions,

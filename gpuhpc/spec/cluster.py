@@ -146,6 +146,17 @@ class Slurmdbd(_Model):
     track_gpu_types: bool = True   # AccountingStorageTRES gets gres/gpu:<type> for every type
 
 
+class Priority(_Model):
+    """The priority plugin and how usage decays (``PriorityType``, ``PriorityDecayHalfLife``,
+    ``PriorityUsageResetPeriod``). Budgets that Slurm enforces (``GrpTRESMins`` on an account,
+    written by ``gpuhpc ledger sync-slurm``) accumulate usage only under ``multifactor``; with
+    ``decay_half_life: "0"`` and ``usage_reset_period: NONE`` that usage never decays, and the
+    ledger resets it at each quota period (docs/ledger.md)."""
+    type: Literal["basic", "multifactor"] = "basic"
+    decay_half_life: SlurmTime | None = None       # "0": no decay (hard budgets)
+    usage_reset_period: Literal["NONE", "NOW", "DAILY", "WEEKLY", "MONTHLY", "QUARTERLY", "YEARLY"] | None = None
+
+
 class Scratch(_Model):
     path: AbsPath
     size_gb: int | None = Field(default=None, ge=1)
@@ -333,6 +344,10 @@ class ClusterSpec(_Model):
     slurmdbd: Slurmdbd | None = None
     runtime: Runtime = Runtime()
     preemption: Preemption = Preemption()
+    priority: Priority | None = None          # None: Slurm's default (priority/basic), nothing rendered
+    # JobSubmitPlugins=lua with gpuhpc's job_submit.lua (refuses a job that cannot fit its account's
+    # published budget, slurm-conf/job_submit.lua); the roles install the script next to slurm.conf
+    job_submit_lua: bool = False
     node_groups: list[NodeGroup] = Field(min_length=1)
     partitions: list[Partition] = Field(min_length=1)
     qos: list[Qos] = []
