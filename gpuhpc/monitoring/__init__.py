@@ -39,3 +39,18 @@ RECORDED = {
     "gpuhpc:gpu_idle_held:bool",
     "gpuhpc:partition_gpu_allocated_ratio",
 }
+
+
+def serve(collector, *, port: int, addr: str, what: str) -> None:
+    """Serve ``collector`` on ``addr:port`` (``/metrics``) until killed: the exporters' main loop."""
+    import sys
+    import time
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(port, addr=addr, registry=registry)
+    sys.stderr.write(f"gpuhpc {what} exporter on {addr}:{port}\n")
+    while True:
+        time.sleep(3600)

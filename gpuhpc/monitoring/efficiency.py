@@ -167,18 +167,13 @@ def _gpu_sort(k: tuple[str, str, str]):
 def summarize(util: list[dict], mem: list[dict], *, threshold: float, step_s: int) -> list[Device]:
     """Prometheus range results (``matrix``) -> one :class:`Device` per (node, gpu, mig)."""
     devs: dict[tuple[str, str, str], Device] = {}
-    for series in util:
-        k = _key(series["metric"])
-        d = devs.setdefault(k, Device(*k))
-        for t, v in series["values"]:
-            d.times.append(float(t))
-            d.util.append(float(v))
-    for series in mem:
-        k = _key(series["metric"])
-        d = devs.setdefault(k, Device(*k))
-        for t, v in series["values"]:
-            d.mem_times.append(float(t))
-            d.mem.append(float(v))
+    for results, times, values in ((util, "times", "util"), (mem, "mem_times", "mem")):
+        for series in results:
+            k = _key(series["metric"])
+            d = devs.setdefault(k, Device(*k))
+            for t, v in series["values"]:
+                getattr(d, times).append(float(t))
+                getattr(d, values).append(float(v))
     for d in devs.values():
         order = sorted(range(len(d.times)), key=d.times.__getitem__)
         d.times, d.util = [d.times[i] for i in order], [d.util[i] for i in order]

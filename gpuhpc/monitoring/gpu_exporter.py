@@ -16,7 +16,6 @@ import argparse
 import os
 import re
 import sys
-import time
 
 from gpuhpc.monitoring import GPU_LABELS, METRICS
 from gpuhpc.monitoring import jobmap
@@ -167,14 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--addr", default="127.0.0.1")
     ap.add_argument("--jobmap-dir", default=None, help=f"default ${jobmap.ENV_DIR} or {jobmap.DEFAULT_DIR}")
     args = ap.parse_args(argv)
-    from prometheus_client import CollectorRegistry, start_http_server
+    from gpuhpc.monitoring import serve
 
-    registry = CollectorRegistry()
-    registry.register(GpuCollector(args.node, jobmap_dir=args.jobmap_dir))
-    start_http_server(args.port, addr=args.addr, registry=registry)
-    sys.stderr.write(f"gpuhpc gpu exporter for {args.node} on {args.addr}:{args.port}\n")
-    while True:
-        time.sleep(3600)
+    serve(GpuCollector(args.node, jobmap_dir=args.jobmap_dir), port=args.port, addr=args.addr,
+          what=f"GPU ({args.node})")
+    return 0
 
 
 if __name__ == "__main__":

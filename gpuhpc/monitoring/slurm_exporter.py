@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections import defaultdict
 
 from gpuhpc.monitoring import METRICS
@@ -114,14 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=9410)
     ap.add_argument("--addr", default="127.0.0.1")
     args = ap.parse_args(argv)
-    from prometheus_client import CollectorRegistry, start_http_server
+    from gpuhpc.monitoring import serve
 
-    registry = CollectorRegistry()
-    registry.register(SlurmCollector())
-    start_http_server(args.port, addr=args.addr, registry=registry)
-    sys.stderr.write(f"gpuhpc slurm exporter on {args.addr}:{args.port}\n")
-    while True:
-        time.sleep(3600)
+    serve(SlurmCollector(), port=args.port, addr=args.addr, what="Slurm")
+    return 0
 
 
 if __name__ == "__main__":
