@@ -57,6 +57,15 @@ def job_rows(user: str | None = None) -> list[dict[str, Any]]:
             "elapsed": r.elapsed, "elapsed_s": el, "time_limit": r.time_limit,
             "gpu_hours": round(gpus * el / 3600.0, 3), "reason": r.reason, "nodelist": r.nodelist,
         })
+        if r.reason and "Minutes" in r.reason:       # a budget may hold it: say so in words
+            from gpuhpc.ledger import budget
+
+            text = budget.explain_reason(r.reason, account=r.account, user=me, partition=r.partition,
+                                         tres_per_node=r.tres_per_node, nodes=r.nodes,
+                                         time_limit_s=_elapsed_s(r.time_limit) or None)
+            if text:
+                rows[-1]["budget"] = text
+                rows[-1]["reason"] = f"{r.reason}: {text}"
     return rows
 
 

@@ -57,6 +57,13 @@ def _money(value: str | None, what: str):
     return parse_money(value, what=what)
 
 
+def _admin(what: str) -> None:
+    """Admin commands: one-line permission error (nothing changed) for a user who may not write the ledger."""
+    from gpuhpc.ledger import admin
+
+    admin.require_admin(what)
+
+
 def _redacted_url() -> str:
     from sqlalchemy.engine import make_url
 
@@ -112,6 +119,7 @@ def ledger_ingest(
     from gpuhpc.slurm.client import SlurmClient
 
     db.check_schema()
+    _admin("ledger ingest")
     start = _when(since, "--since") or ingest.default_since()
     end = _when(until, "--until")
     client = SlurmClient()
@@ -147,19 +155,44 @@ def ledger_sync_slurm(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sacctmgr commands only."),
     json_: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Create accounts/users in slurmdbd and mirror GPU-hour quotas as QOS GrpTRESMins (NoDecay)."""
+    """Make Slurm enforce the budgets: accounts/users in slurmdbd, GrpTRESMins on each account
+    (gres/gpu for GPU-hours, billing for money), RawUsage=0 at a new period; publish the billing
+    document (TRESBillingWeights) and the budget snapshot (job_submit.lua, gpuhpc submit)."""
     from gpuhpc.cli._console import print_json
     from gpuhpc.ledger import slurm_sync
     from gpuhpc.slurm.client import SlurmClient
 
+    _admin("ledger sync-slurm")
     plans = slurm_sync.plan(accounts=account or None)
     res = slurm_sync.sync(SlurmClient(), plans, dry_run=dry_run)
+    if not dry_run:
+        slurm_sync.record_periods(plans)
+        billing_path, snap_path = slurm_sync.publish()
+        sys.stderr.write(f"published {snap_path} and {billing_path} (apply a price change to slurm.conf with "
+                         f"the gpuhpc.cluster collection: scontrol reconfigure)\n")
     if json_:
         print_json(res.as_dict())
     else:
         for c in res.commands:
             sys.stdout.write(" ".join(c) + "\n")
         sys.stderr.write(f"{len(plans)} accounts, {len(res.commands)} changes{' (dry run)' if dry_run else ''}\n")
+
+
+@ledger_app.command("billing")
+def ledger_billing(output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                         help="Write it here (default: print).")) -> None:
+    """The billing document: today's prices as Slurm billing weights (gpuhpc conf context --billing)."""
+    import json
+
+    from gpuhpc.ledger import admin, budget, db
+
+    with db.session_scope() as s:
+        doc = budget.billing_document(admin.load_price_book(s), admin.utcnow())
+    if output is None:
+        sys.stdout.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    else:
+        budget.write_billing(doc, output)
+        sys.stderr.write(f"wrote {output}\n")
 
 
 @price_app.command("set")
@@ -178,6 +211,7 @@ def price_set(
     from gpuhpc.errors import UserInputError
     from gpuhpc.ledger import admin
 
+    _admin("ledger price set")
     eff = _when(effective, "--effective")
     did = False
     if gpu_type:
@@ -204,6 +238,7 @@ def price_load(file: Path = typer.Argument(..., exists=True, dir_okay=False, hel
     """Load a price book YAML (see docs/ledger.md)."""
     from gpuhpc.ledger import pricebook
 
+    _admin("ledger price load")
     n = pricebook.load_file(file)
     sys.stderr.write(f"loaded {n} price entries from {file}\n")
 
@@ -233,6 +268,7 @@ def account_add(name: str, description: str = typer.Option("", help="Free text."
     """Create a ledger account (project)."""
     from gpuhpc.ledger import admin
 
+    _admin("ledger account add")
     created = admin.add_account(name, description=description)
     sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
 
@@ -261,6 +297,7 @@ def user_add(name: str, account: str = typer.Option(..., help="Account to join."
     """Add a user to an account."""
     from gpuhpc.ledger import admin
 
+    _admin("ledger user add")
     created = admin.add_user(name, account, default=default)
     sys.stderr.write(f"user {name} {'added to' if created else 'already in'} {account}\n")
 
@@ -277,6 +314,7 @@ def quota_set(
     """Set an account's (or a user's) quota."""
     from gpuhpc.ledger import admin
 
+    _admin("quota set")
     admin.set_quota(account, user=user, gpu_hours=_money(gpu_hours, "--gpu-hours"), money=_money(money, "--money"),
                     period=period)
 
@@ -286,34 +324,86 @@ def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None
     """Remove an account's (or user's) quota."""
     from gpuhpc.ledger import admin
 
+    _admin("quota remove")
     ok = admin.remove_quota(account, user=user)
     sys.stderr.write("quota removed\n" if ok else "no such quota\n")
 
 
 @quota_app.command("show")
-def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = typer.Option(False, "--json")) -> None:
-    """Usage vs quota for the current period."""
+def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = typer.Option(False, "--json"),
+               slurm: bool = typer.Option(True, "--slurm/--no-slurm",
+                                          help="Also show Slurm's usage of each budget (GrpTRESMins).")) -> None:
+    """Usage vs quota for the current period: the ledger's and Slurm's, side by side."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import admin
+    from gpuhpc.ledger import admin, hooks, paths
 
+    if not hooks.writable(paths.db_url()):
+        return _quota_show_snapshot(account, json_)
     rows = admin.quota_status(account)
+    slurm_used: dict[tuple[str, str], dict[str, int]] = {}
+    if slurm and rows:
+        from gpuhpc.errors import GpuhpcError
+        from gpuhpc.slurm.client import SlurmClient
+
+        try:
+            for a in SlurmClient().assoc_budgets({r.account for r in rows}):
+                slurm_used[(a.account, a.user)] = a.used
+        except GpuhpcError:
+            pass
+    from gpuhpc.ledger import budget
+
+    def slurm_of(r) -> tuple:
+        u = slurm_used.get((r.account, r.user or ""))
+        if u is None:
+            return None, None
+        return (pricing_q(u.get("gres/gpu", 0) / 60), budget.billing_minutes_to_money(u.get("billing", 0)))
+
+    def pricing_q(v: float):
+        from decimal import Decimal
+
+        return Decimal(str(round(v, 6)))
+
     if json_:
-        print_json([r.as_dict() for r in rows])
+        out = []
+        for r in rows:
+            h, m = slurm_of(r)
+            out.append({**r.as_dict(), "slurm_used_gpu_hours": h, "slurm_used_money": m})
+        print_json(out)
         return
     from rich.table import Table
 
-    def fmt(used, held, budget, rem) -> str:
-        if budget is None:
+    def fmt(used, held, budget_, rem) -> str:
+        if budget_ is None:
             return "-"
-        pct = (used + held) / budget * 100 if budget else 0
-        return f"{used:,.2f} + {held:,.2f} held / {budget:,.2f} ({pct:.0f}%), {rem:,.2f} left"
+        pct = (used + held) / budget_ * 100 if budget_ else 0
+        return f"{used:,.2f} + {held:,.2f} held / {budget_:,.2f} ({pct:.0f}%), {rem:,.2f} left"
 
-    t = Table("account", "user", "period", "GPU-hours", "money")
+    t = Table("account", "user", "period", "GPU-hours (ledger)", "Slurm", "money (ledger)", "Slurm")
     for r in rows:
+        h, m = slurm_of(r)
         t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start:%Y-%m-%d}",
                   fmt(r.used_gpu_hours, r.held_gpu_hours, r.gpu_hours_budget, r.remaining_gpu_hours),
-                  fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money))
+                  "-" if h is None else f"{h:,.2f} used",
+                  fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money),
+                  "-" if m is None else f"{m:,.2f} used")
     console().print(t)
+
+
+def _quota_show_snapshot(account: Optional[str], json_: bool) -> None:
+    """A user without access to the ledger database: the budgets the ledger published."""
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import budget
+
+    snap = budget.read_snapshot()
+    rows = [b for b in (snap.budgets if snap else []) if account is None or b.account == account]
+    if json_:
+        print_json([{"account": b.account, "user": b.user, "kind": b.kind, "period": b.label,
+                     "budget": b.budget, "left": b.left} for b in rows])
+        return
+    sys.stderr.write(f"(the published budget snapshot {budget.snapshot_path()}; the ledger database is "
+                     f"for admins)\n")
+    for b in rows:
+        sys.stdout.write(budget.describe(b, snap.currency) + "\n")
 
 
 # ------------------------------------------------------------------ report

@@ -48,20 +48,34 @@ def _client(client=None):
 
 # ---------------------------------------------------------------- quota
 def _reserve(resources: Resources, name: str, client, array_size: int = 1) -> Any:
-    """The ledger's pre-submit hold (None when the ledger is not in use)."""
+    """The ledger's pre-submit hold (None when the ledger is not in use). A user who may not
+    write the ledger (it belongs to the admin) gets the published budget snapshot instead: the
+    budgets are shown, a job that cannot fit is refused (exit 3), Slurm's limits bind."""
+    import os
+
     from gpuhpc.ledger import hooks
 
-    if hooks.ledger_in_use() is None:
+    url = hooks.ledger_in_use()
+    off = os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no")
+    if off:
         return None
     try:
         cluster = client.cluster_name() or "default"
     except GpuhpcError:
         cluster = "default"
-    return hooks.reserve(hooks.ChargeRequest(
+    req = hooks.ChargeRequest(
         cluster=cluster, user=getpass.getuser(), account=resources.account,
         partition=resources.partition, qos=resources.qos, gpu_type=resources.gpu_type,
         gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=array_size, job_name=name,
-    ))
+    )
+    if url is None or not hooks.writable(url):
+        import sys
+
+        account = resources.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
+        for line in hooks.submit_budget(req, account):
+            sys.stderr.write(f"budget: {line}\n")
+        return None
+    return hooks.reserve(req)
 
 
 def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str],
@@ -109,7 +123,7 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
     if runner.is_local:
         os.makedirs(spec.log_directory, exist_ok=True)
     else:
-        runner.run(["mkdir", "-p", "--", spec.log_directory])
+        runner.makedirs(spec.log_directory)
     _check_fits(spec.resources, c)
     uploaded = None
     if upload is not None:
@@ -434,6 +448,27 @@ class Job:
         info["restarts"] = self.restarts(rec)
         info["finished"] = self._done(JobState(info["state"]), rec)
         info["log"] = self.log_path(rec)
+        if rec and "Minutes" in (rec.get("Reason") or ""):      # held by a budget: in words
+            from gpuhpc.ledger import budget
+
+            try:
+                limit = int(rec.get("TimeLimit_s") or 0) or None
+            except ValueError:
+                limit = None
+            if limit is None:
+                from gpuhpc.slurm.durations import reported_seconds
+
+                try:
+                    limit = reported_seconds(rec.get("TimeLimit", "")) or None
+                except GpuhpcError:
+                    limit = None
+            text = budget.explain_reason(rec.get("Reason"), account=rec.get("Account"),
+                                         user=(rec.get("UserId") or "").split("(", 1)[0] or None,
+                                         partition=rec.get("Partition"), tres_per_node=rec.get("TresPerNode"),
+                                         nodes=int(rec.get("NumNodes", "1").split("-")[0] or 1),
+                                         time_limit_s=limit)
+            if text:
+                info["budget"] = text
         return info
 
     @property

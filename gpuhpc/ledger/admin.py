@@ -28,6 +28,33 @@ def session_tx(s: Session) -> quota.Tx:
     return quota.Tx(s.connection().connection.dbapi_connection, s.get_bind().dialect.name)
 
 
+def require_admin(what: str, url: str | None = None) -> None:
+    """Raise LedgerError (one line, nothing changed) unless this process may change the ledger:
+    SQLite, the file and its directory are writable (the admin owns them, mode 0600/0640);
+    PostgreSQL, the role may write the tables (the migrations' ``gpuhpc_admin`` grants)."""
+    import getpass
+
+    from gpuhpc.errors import LedgerError
+    from gpuhpc.ledger import hooks, paths
+
+    url = url or paths.db_url()
+    me = getpass.getuser()
+    if url.startswith("sqlite:"):
+        if not hooks.writable(url):
+            raise LedgerError(f"permission denied: {what} changes the ledger, which only its admin may do "
+                              f"(user {me} cannot write {quota.sqlite_file(url)})")
+        return
+    from sqlalchemy import text
+
+    with db.get_engine(url).connect() as conn:
+        ok = conn.execute(text("SELECT has_table_privilege(current_user, 'quotas', 'UPDATE') AND "
+                               "has_table_privilege(current_user, 'charges', 'INSERT')")).scalar()
+        conn.rollback()
+    if not ok:
+        raise LedgerError(f"permission denied: {what} changes the ledger, which only its admin may do "
+                          f"(database role of user {me} has read access only)")
+
+
 def load_price_book(s: Session) -> pricing.PriceBook:
     return quota.load_price_book(session_tx(s))
 

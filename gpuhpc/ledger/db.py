@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +141,9 @@ def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None,
     before = current_revision(engine)
     command.upgrade(alembic_config(url), revision)
     _checked.discard(url)
+    f = _sqlite_file(url)
+    if f is not None and f.exists() and f.stat().st_uid == os.geteuid():
+        os.chmod(f, 0o600)      # only its owner (the admin) may read or change the ledger
     return before, current_revision(engine)
 
 

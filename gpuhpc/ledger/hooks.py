@@ -78,6 +78,38 @@ def ledger_in_use() -> str | None:
     return f"sqlite:///{path}"
 
 
+def writable(url: str) -> bool:
+    """May this process write the ledger at ``url``? (SQLite: the file and its directory, where
+    the WAL lives. PostgreSQL: decided by the server's grants, so True here.)"""
+    if not url.startswith("sqlite:"):
+        return True
+    path = url.split("://", 1)[1].split("?", 1)[0]
+    path = path[1:] if path.startswith("/") else path
+    if not os.path.exists(path):        # no ledger yet: whoever creates it (gpuhpc db upgrade) owns it
+        return True
+    return os.access(path, os.R_OK | os.W_OK) and os.access(os.path.dirname(path) or ".", os.W_OK)
+
+
+def submit_budget(req: ChargeRequest, account: str | None) -> list[str]:
+    """For a user who cannot write the ledger: the budgets of ``account`` from the snapshot the
+    ledger publishes (the file job_submit.lua reads), one line each; QuotaExceeded (exit 3) when
+    the job alone needs more than is left. Slurm's own limits are what bind."""
+    if not account:
+        return []
+    from gpuhpc.errors import QuotaExceeded
+    from gpuhpc.ledger import budget
+
+    snap = budget.read_snapshot()
+    if snap is None:
+        return []
+    lines, refusal = budget.check_job(snap, account=account, user=req.user, partition=req.partition,
+                                      gpu_type=req.gpu_type, gpus=req.gpus, time_limit_s=req.time_limit_s,
+                                      array_size=req.array_size)
+    if refusal:
+        raise QuotaExceeded(refusal)
+    return lines
+
+
 def reserve(req: ChargeRequest) -> Reservation | None:
     """Worst case = gpus × time limit × rate × array_size. Reserves atomically against the
     account's (and user's) quota in its own committed transaction BEFORE sbatch.

@@ -1,40 +1,44 @@
-"""``gpuhpc ledger sync-slurm``: mirror ledger accounts, users and GPU-hour quotas into slurmdbd
-so that a user who calls ``sbatch`` directly is still held to the quota.
+"""``gpuhpc ledger sync-slurm``: make Slurm itself enforce the ledger's budgets, for every job
+charged to an account, whoever submits it and however (``gpuhpc submit`` or a plain ``sbatch``).
 
-For every ledger account: the Slurm account exists, every member has an association, and a
-QOS (``gpuhpc-<account>``; an account already named ``gpuhpc-*`` uses its own name) is the
-account's (and its users') only and default QOS, with
+A budget is a limit on the **account's association**: ``GrpTRESMins=gres/gpu=<GPU-hours × 60>``
+for a GPU-hour quota, ``GrpTRESMins=billing=<money × 60,000,000>`` for a money quota (billing
+units: :mod:`gpuhpc.ledger.budget`; the weights come from the price book). Slurm sums a
+``Grp*`` limit over the association and all its children, so every user association under the
+account is bound, including users that an admin added with ``sacctmgr`` only, and whatever QOS a
+job asks for. A per-user quota is the same limit on that user's association in the account.
 
-* ``Flags=NoDecay`` and ``GrpTRESMins=gres/gpu=<GPU-hours × 60>``: the cumulative limit.
-  Slurm counts that usage only with ``PriorityType=priority/multifactor``, and without
-  ``AccountingStorageEnforce=safe`` it stops *new* jobs only once usage reached the limit;
-* ``MaxTRESMinsPerJob=gres/gpu=<remaining GPU-minutes>`` (budget − settled usage, refreshed
-  on every sync, e.g. after each ``ledger ingest``): a directly submitted job larger than
-  what is left pends with ``QOSMaxGRESMinutesPerJob``; this works with any priority plugin.
+Why the association and not a budget QOS: a QOS binds only the jobs that run under it, and a
+user association keeps its own QOS list (``sacctmgr add user`` or the Ansible role never give it
+the budget QOS), so a QOS budget leaks. The cost: association usage decays with
+``PriorityDecayHalfLife``; budgets need ``PriorityDecayHalfLife=0`` and
+``PriorityUsageResetPeriod=NONE`` (the cluster spec's ``priority``), so fair-share sees undecayed
+usage; the ledger resets an account's usage (``RawUsage=0``) when its quota period rolls over.
 
-At a new quota period the QOS's raw usage is reset (the period is remembered in the QOS
-description). Slurm enforces any of it only with
-``AccountingStorageEnforce=associations,limits,qos`` in slurm.conf.
+Requirements in slurm.conf: ``PriorityType=priority/multifactor`` (usage accumulates only
+there) and ``AccountingStorageEnforce=associations,limits,qos,safe`` (``safe``: a job starts
+only if its whole time limit fits in what is left).
 
-The ledger database is read first and closed; sacctmgr runs afterwards (no network call
-inside a DB transaction), through :class:`~gpuhpc.slurm.client.SlurmClient`, which builds the
-command lines.
+The ledger database is read first and closed; sacctmgr runs afterwards (no network call inside
+a DB transaction), through :class:`~gpuhpc.slurm.client.SlurmClient`.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import admin, db, pricing
-from gpuhpc.ledger.orm import Account, Quota, utcnow
+from gpuhpc.ledger import admin, budget, db, pricing
+from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
 
-DESC_PREFIX = "gpuhpc period="
+UNSET = -1
 
 
-def qos_name(account: str) -> str:
-    return account if account.startswith("gpuhpc-") else f"gpuhpc-{account}"
+def _limit(gpu_hours, money) -> dict[str, int]:
+    return {"gres/gpu": UNSET if gpu_hours is None else int(gpu_hours * 60),
+            "billing": UNSET if money is None else budget.money_to_billing_minutes(money)}
 
 
 @dataclass(frozen=True)
@@ -42,10 +46,10 @@ class AccountPlan:
     account: str
     description: str
     users: tuple[str, ...]
-    qos: str
-    grp_gpu_minutes: int | None      # None: no GPU-hour quota (limit cleared)
-    max_job_gpu_minutes: int | None  # remaining GPU-minutes of the period (budget - used)
-    period_start: dt.datetime | None
+    limits: dict[str, int]                       # GrpTRESMins of the account association (-1: none)
+    user_limits: dict[str, dict[str, int]]       # per-user quotas: user -> GrpTRESMins
+    period_start: dt.datetime | None             # of the account quota
+    reset: bool = False                          # a new period: Slurm's usage starts again
 
 
 @dataclass
@@ -54,6 +58,10 @@ class SyncResult:
 
     def as_dict(self) -> dict:
         return {"commands": [" ".join(c) for c in self.commands]}
+
+
+def _state_key(account: str) -> str:
+    return "budget:" + hashlib.sha1(account.encode()).hexdigest()[:24]
 
 
 def plan(*, url: str | None = None, accounts: list[str] | None = None,
@@ -65,18 +73,50 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
         if accounts:
             stmt = stmt.where(Account.name.in_(accounts))
         for a in s.scalars(stmt):
-            qrow = s.scalar(select(Quota).where(Quota.account_id == a.id, Quota.user_key == 0))
-            minutes = remaining = None
-            start = None
-            if qrow is not None and qrow.gpu_hours is not None:
-                minutes = int(qrow.gpu_hours * 60)
-                start = pricing.period_start(qrow.period.value, now)
-                b = admin.bucket(s, qrow, now)
-                remaining = max(int((qrow.gpu_hours - b.used_gpu_hours) * 60), 0)
+            limits, start, user_limits = _limit(None, None), None, {}
+            for q in s.scalars(select(Quota).where(Quota.account_id == a.id)):
+                if q.user_id is None:
+                    limits = _limit(q.gpu_hours, q.money)
+                    start = pricing.period_start(q.period.value, now)
+                else:
+                    user_limits[q.user.name] = _limit(q.gpu_hours, q.money)
+            st = s.get(IngestState, _state_key(a.name))
+            reset = start is not None and (st is None or st.last_since != start)
             users = tuple(sorted(m.user.name for m in a.memberships))
-            out.append(AccountPlan(a.name, a.description or a.name, users, qos_name(a.name), minutes, remaining,
-                                   start))
+            out.append(AccountPlan(a.name, a.description or a.name, users, limits, user_limits, start, reset))
     return out
+
+
+def record_periods(plans: list[AccountPlan], *, url: str | None = None) -> None:
+    """After a sync: remember each account's period, so that the next period resets Slurm's usage once."""
+    with db.session_scope(url) as s:
+        for p in plans:
+            if p.period_start is None:
+                continue
+            key = _state_key(p.account)
+            st = s.get(IngestState, key) or IngestState(name=key, last_detail=p.account)
+            st.last_since = p.period_start
+            st.last_run_at = utcnow()
+            s.add(st)
+
+
+def parse_tres(text: str) -> dict[str, int]:
+    """``billing=5,gres/gpu=3`` -> dict (unparsable parts left out)."""
+    out = {}
+    for part in (text or "").split(","):
+        k, _, v = part.partition("=")
+        if k and v.lstrip("-").isdigit():
+            out[k] = int(v)
+    return out
+
+
+def _differs(have: str, want: dict[str, int]) -> bool:
+    cur = parse_tres(have)
+    return any(cur.get(k, UNSET) != v for k, v in want.items())
+
+
+def _tres(want: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(want.items()))
 
 
 def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResult:
@@ -90,44 +130,42 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
     def modify(entity: str, where: list[tuple[str, str]], *settings: tuple[str, str]) -> None:
         res.commands.append(client.sacctmgr_modify(entity, where, settings, dry_run=dry_run))
 
-    qos = {r["Name"]: r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "MaxTRESMins",
-                                                                      "Description"])}
     accts = {r["Account"] for r in client.sacctmgr_list("account", fields=["Account"])}
-    assocs = client.sacctmgr_list("association", fields=["Account", "User", "QOS", "DefaultQOS"])
+    assocs = client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
     users_of: dict[str, dict[str, dict]] = {}
     for r in assocs:
         users_of.setdefault(r["Account"], {})[r["User"]] = r
     for p in plans:
-        want_limit = f"gres/gpu={p.grp_gpu_minutes}" if p.grp_gpu_minutes is not None else "gres/gpu=-1"
-        want_max = f"gres/gpu={p.max_job_gpu_minutes}" if p.max_job_gpu_minutes is not None else "gres/gpu=-1"
-        desc = f"{DESC_PREFIX}{p.period_start.date().isoformat()}" if p.period_start else "gpuhpc"
-        limits = (("Flags", "NoDecay"), ("GrpTRESMins", want_limit), ("MaxTRESMinsPerJob", want_max))
-        qos_assoc = (("QOS", p.qos), ("DefaultQOS", p.qos))
-        cur = qos.get(p.qos)
-        if cur is None:
-            add("qos", p.qos, *limits, ("Description", desc))
-        else:
-            def same(have: str, want: str, unset: bool) -> bool:
-                return have == want or (unset and "gres/gpu" not in have)
-
-            if ("NoDecay" not in cur.get("Flags", "")
-                    or not same(cur.get("GrpTRESMins", ""), want_limit, p.grp_gpu_minutes is None)
-                    or not same(cur.get("MaxTRESMins", ""), want_max, p.max_job_gpu_minutes is None)):
-                modify("qos", [("name", p.qos)], *limits)
-            if cur.get("Description", "") != desc:
-                # a new quota period: Slurm's usage starts again from zero, like the ledger's
-                modify("qos", [("name", p.qos)], ("Description", desc), ("RawUsage", "0"))
         if p.account not in accts:
-            add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"), *qos_assoc)
+            add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"),
+                *((("GrpTRESMins", _tres(p.limits)),) if _differs("", p.limits) else ()))
         else:
-            a = users_of.get(p.account, {}).get("", {})
-            if a.get("QOS") != p.qos or a.get("DefaultQOS") != p.qos:
-                modify("account", [("name", p.account)], *qos_assoc)
+            have = users_of.get(p.account, {}).get("", {})
+            if _differs(have.get("GrpTRESMins", ""), p.limits):
+                modify("account", [("name", p.account)], ("GrpTRESMins", _tres(p.limits)))
+            if p.reset:
+                # a new quota period: Slurm's usage of the budget starts again from zero, like the ledger's
+                modify("account", [("name", p.account)], ("RawUsage", "0"))
         have_users = users_of.get(p.account, {})
-        for u in p.users:
+        for u in sorted(set(p.users) | set(p.user_limits)):
+            want = p.user_limits.get(u, _limit(None, None))
             ua = have_users.get(u)
             if ua is None:
-                add("user", u, ("Account", p.account), *qos_assoc)
-            elif ua.get("QOS") != p.qos or ua.get("DefaultQOS") != p.qos:
-                modify("user", [("name", u), ("account", p.account)], *qos_assoc)
+                add("user", u, ("Account", p.account),
+                    *((("GrpTRESMins", _tres(want)),) if u in p.user_limits else ()))
+            elif _differs(ua.get("GrpTRESMins", ""), want) and (u in p.user_limits or ua.get("GrpTRESMins")):
+                modify("user", [("name", u), ("account", p.account)], ("GrpTRESMins", _tres(want)))
     return res
+
+
+def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_file=None,
+            snapshot_file=None) -> tuple[str, str]:
+    """Write the billing document (prices -> TRESBillingWeights) and the budget snapshot; returns their paths."""
+    now = now or utcnow()
+    with db.session_scope(url) as s:
+        book = admin.load_price_book(s)
+    statuses = admin.quota_status(url=url, now=now)
+    doc = budget.billing_document(book, now)
+    b = budget.write_billing(doc, billing_file)
+    snap = budget.write_snapshot(budget.render_snapshot(statuses, book, now), snapshot_file)
+    return str(b), str(snap)

@@ -178,6 +178,14 @@ class SlurmClient:
             text = res.stdout if res.ok else ""
         return p.parse_submit_limits(config, text, user=user, account=account, qos=qos)
 
+    def assoc_budgets(self, accounts: Iterable[str]) -> list[parsers.AssocBudget]:
+        """``GrpTRESMins`` limits and usage of these accounts' associations (slurmctld's cache)."""
+        names = sorted(set(accounts))
+        if not names:
+            return []
+        res = self.run(cmd.scontrol_show_assoc_mgr_accounts(names), check=False)
+        return _parsers().parse_assoc_tres_mins(res.stdout if res.ok else "")
+
     # ------------------------------------------------------------ accounting admin
     def sacctmgr(self, *words: str, check: bool = True) -> CommandResult:
         return self.run(cmd.sacctmgr(*words), check=check)

@@ -178,3 +178,9 @@ def scontrol_update_node(nodes: str, state: str, reason: str | None = None) -> l
 def scontrol_show_job_detail(job_id: str) -> list[str]:
     """``scontrol --oneliner -d show job ID``: adds per-node ``Nodes=... GRES=gpu:h100:2(IDX:4-5)``."""
     return ["scontrol", "--oneliner", "-d", "show", "job", str(job_id)]
+
+
+def scontrol_show_assoc_mgr_accounts(accounts: Sequence[str]) -> list[str]:
+    """``scontrol show assoc_mgr accounts=A,B flags=assoc``: the accounts' associations (the
+    account's own and its users') with ``GrpTRESMins=LIMIT(USED minutes)`` (budgets, gpuhpc ledger)."""
+    return ["scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", "flags=assoc"]

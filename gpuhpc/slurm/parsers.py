@@ -400,3 +400,35 @@ def parse_job_gpu_indexes(text: str) -> dict[str, list[int]]:
                 out[n] = sorted(set(out[n]) | set(idx))
             nodes = []
     return out
+
+
+# ---------------------------------------------------------------- association budgets
+@dataclass(frozen=True)
+class AssocBudget:
+    """One association's ``GrpTRESMins``: limit (None: unlimited) and usage, in TRES-minutes."""
+
+    account: str
+    user: str                 # "" for the account's own association
+    limits: dict[str, int | None]
+    used: dict[str, int]
+
+
+def parse_assoc_tres_mins(text: str) -> list[AssocBudget]:
+    """``scontrol show assoc_mgr ... flags=assoc`` -> each association's ``GrpTRESMins``
+    (``gres/gpu=3(1)``: limit 3, used 1 minute; ``N`` = no limit)."""
+    out: list[AssocBudget] = []
+    acct = user = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("ClusterName="):
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            acct, user = f.get("Account", ""), f.get("UserName", "").split("(", 1)[0]
+            continue
+        if acct is not None and line.startswith("GrpTRESMins="):
+            limits: dict[str, int | None] = {}
+            used: dict[str, int] = {}
+            for m in re.finditer(r"([\w/:.]+)=(\d+|N)\((\d+)\)", line[len("GrpTRESMins="):]):
+                limits[m.group(1)] = None if m.group(2) == "N" else int(m.group(2))
+                used[m.group(1)] = int(m.group(3))
+            out.append(AssocBudget(acct, user or "", limits, used))
+    return out

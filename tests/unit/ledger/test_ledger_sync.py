@@ -36,29 +36,69 @@ def test_plan_and_commands(ledger_url):
     admin.add_account("proj", url=ledger_url)
     admin.add_user("alice", "proj", url=ledger_url)
     admin.add_user("bob", "proj", url=ledger_url)
-    admin.set_quota("proj", gpu_hours=Decimal("10.5"), period="month", url=ledger_url)
+    admin.set_quota("proj", gpu_hours=Decimal("10.5"), money=Decimal("12.5"), period="month", url=ledger_url)
+    admin.set_quota("proj", user="bob", gpu_hours=Decimal("1"), period="month", url=ledger_url)
     now = dt.datetime(2026, 11, 15, tzinfo=dt.timezone.utc)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
-    assert (p.qos, p.grp_gpu_minutes, p.max_job_gpu_minutes, p.users) == ("gpuhpc-proj", 630, 630, ("alice", "bob"))
+    # a GPU-hour quota in GPU-minutes, a money quota in billing-minutes (60,000,000 per unit of money)
+    assert p.limits == {"gres/gpu": 630, "billing": 750_000_000} and p.users == ("alice", "bob") and p.reset
+    assert p.user_limits == {"bob": {"gres/gpu": 60, "billing": -1}}
     c = RecordingClient()
     res = slurm_sync.sync(c, [p])
-    assert c.runner.calls[0] == ("add", "qos", "gpuhpc-proj", "Flags=NoDecay", "GrpTRESMins=gres/gpu=630",
-                          "MaxTRESMinsPerJob=gres/gpu=630", "Description=gpuhpc period=2026-11-01")
-    assert ("add", "account", "proj", "Description=proj", "Organization=gpuhpc", "QOS=gpuhpc-proj",
-            "DefaultQOS=gpuhpc-proj") in c.runner.calls
-    assert ("add", "user", "bob", "Account=proj", "QOS=gpuhpc-proj", "DefaultQOS=gpuhpc-proj") in c.runner.calls
-    assert len(res.commands) == 4
-    # already in place: nothing to do
+    # the budget sits on the ACCOUNT association: it binds every user under it, however added
+    assert c.runner.calls[0] == ("add", "account", "proj", "Description=proj", "Organization=gpuhpc",
+                                 "GrpTRESMins=billing=750000000,gres/gpu=630")
+    assert ("add", "user", "alice", "Account=proj") in c.runner.calls
+    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=billing=-1,gres/gpu=60") in c.runner.calls
+    assert len(res.commands) == 3
+    slurm_sync.record_periods([p], url=ledger_url)
+    (p,) = slurm_sync.plan(url=ledger_url, now=now)
+    assert not p.reset
+    # already in place (a user added with sacctmgr only is left alone): nothing to do
     done = RecordingClient(
-        qos=[{"Name": "gpuhpc-proj", "Flags": "NoDecay", "GrpTRESMins": "gres/gpu=630", "MaxTRESMins": "gres/gpu=630",
-              "Description": "gpuhpc period=2026-11-01"}],
         accounts=[{"Account": "proj"}],
-        assocs=[{"Account": "proj", "User": u, "QOS": "gpuhpc-proj", "DefaultQOS": "gpuhpc-proj"}
-                for u in ("", "alice", "bob")])
+        assocs=[{"Account": "proj", "User": "", "GrpTRESMins": "billing=750000000,gres/gpu=630"},
+                {"Account": "proj", "User": "alice", "GrpTRESMins": ""},
+                {"Account": "proj", "User": "carol", "GrpTRESMins": ""},
+                {"Account": "proj", "User": "bob", "GrpTRESMins": "gres/gpu=60"}])
     assert slurm_sync.sync(done, [p]).commands == []
-    # next month: raw usage reset
+    # next month: Slurm's usage of the budget restarts with the ledger's
     (p2,) = slurm_sync.plan(url=ledger_url, now=now + dt.timedelta(days=20))
     again = slurm_sync.sync(done, [p2], dry_run=True)
-    assert again.commands == [["sacctmgr", "-i", "modify", "qos", "where", "name=gpuhpc-proj", "set",
-                               "Description=gpuhpc period=2026-12-01", "RawUsage=0"]]
+    assert again.commands == [["sacctmgr", "-i", "modify", "account", "where", "name=proj", "set", "RawUsage=0"]]
     assert done.runner.calls == []                                   # dry run ran nothing
+
+
+def test_billing_document_and_snapshot(ledger_url, tmp_path):
+    from gpuhpc.conf.context import billing_weights
+    from gpuhpc.ledger import budget
+
+    t0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=t0, url=ledger_url)
+    admin.set_price("1g.10gb", base="h100", fraction="1/7", effective_from=t0, url=ledger_url)
+    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=t0, url=ledger_url)
+    admin.add_account("proj", url=ledger_url)
+    admin.set_quota("proj", money=Decimal("1000"), period="month", url=ledger_url)
+    now = dt.datetime(2026, 11, 15, tzinfo=dt.timezone.utc)
+    with __import__("gpuhpc.ledger.db", fromlist=["db"]).session_scope(ledger_url) as s:
+        book = admin.load_price_book(s)
+    doc = budget.billing_document(book, now)
+    assert doc["rates"] == {"1g.10gb": "2500000/7", "h100": "2500000"} and doc["partitions"] == {"gpu": "3/5"}
+    nodes = [{"nodes": "g1", "gres": "gpu:h100:8"}, {"nodes": "m1", "gres": "gpu:1g.10gb:7,gpu:3g.40gb:2"}]
+    parts = [{"name": "gpu", "nodes": "g1"}, {"name": "mig", "nodes": "m1"}, {"name": "all", "nodes": "ALL"}]
+    w = billing_weights(doc, parts, nodes, ["h100", "1g.10gb", "3g.40gb"])
+    assert w["gpu"] == "CPU=0,GRES/gpu=1500000"                      # 2.50 × 0.6 per GPU-hour, in millionths
+    assert w["mig"] == "CPU=0,GRES/gpu=357142.857143"                # 3g.40gb has no price: not billed
+    assert w["all"] == "CPU=0,GRES/gpu=357142.857143,GRES/gpu:h100=2142857.142857"
+    text = budget.render_snapshot(admin.quota_status(url=ledger_url, now=now), book, now)
+    path = budget.write_snapshot(text, tmp_path / "b.txt")
+    snap = budget.read_snapshot(path)
+    assert snap.rate("gpu", "h100") == Decimal("1.5") and snap.rate("mig", "1g.10gb") == Decimal("0.357143")
+    lines, refusal = budget.check_job(snap, account="proj", user="x", partition="gpu", gpu_type="h100", gpus=8,
+                                      time_limit_s=3600 * 100, now=now.timestamp())
+    assert refusal == "account proj: budget $1,000.00 for 2026-11, $1,000.00 left; this job may cost $1,200.00"
+    assert budget.explain_reason("AssocGrpBillingMinutes", account="proj", user="x", partition="gpu",
+                                 tres_per_node="gres:gpu:h100:1", nodes=1, time_limit_s=3600, snap=snap,
+                                 now=now.timestamp()).endswith("this job may cost $1.50")
+    assert budget.explain_reason("Resources", account="proj", user="x", partition="gpu", tres_per_node="",
+                                 nodes=1, time_limit_s=60, snap=snap) is None
