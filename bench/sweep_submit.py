@@ -61,7 +61,8 @@ def _run(argv: list[str], env: dict[str, str], input: str | None = None) -> subp
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("-r", "--repeats", type=int, default=1,
+                    help="each repeat leaves 4 x TRIALS cancelled job records in slurmctld until MinJobAge")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=51, help="array size of the CLI sweep (default 51)")
     ap.add_argument("--partition", default="cpu")
@@ -99,6 +100,17 @@ def main() -> int:
     scripts = [render(_trial_spec(spec, 0, __import__("pathlib").Path(tmp) / "raw", n, k, None))
                for n, k in enumerate(sizes)]
 
+    # every held task cancelled at the end stays a job record until MinJobAge: make sure this
+    # run cannot fill MaxJobCount (which would refuse everyone's jobs meanwhile)
+    from gpuhpc.slurm.client import SlurmClient
+
+    sc = SlurmClient()
+    limit = sc.submit_limits().max_job_count
+    held = len(sc.queue())
+    need = args.repeats * args.trials * (2 if args.no_api else 4)
+    if held + need > limit * 0.8:
+        raise SystemExit(f"not running: slurmctld holds {held} job records, this run adds {need}, MaxJobCount is "
+                         f"{limit}; wait for MinJobAge to expire records, or lower --repeats/--trials")
     cancel: list[str] = []
     times: dict[str, list[float]] = {"sbatch": [], "sweep run": [], "gpuhpc.sweep": [], "submitit map_array": []}
     try:

@@ -63,6 +63,14 @@ gpuhpc ledger ingest
 gpuhpc report cost --by user --period day
 gpuhpc report cost --by gpu-type --period day --html "$DEMO/cost.html"
 gpuhpc quota show research
+
+say "and a small sweep: 12 trials as job arrays on the cpu partition, the best one printed"
+SWEEP=$(cd "$REPO" && gpuhpc sweep run examples/sweeps/quick.yaml --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sweep_id"])')
+echo "sweep $SWEEP submitted"
+gpuhpc sweep wait "$SWEEP" --timeout 600 || { gpuhpc sweep status "$SWEEP" >&2; exit 1; }
+gpuhpc sweep status "$SWEEP"
+gpuhpc sweep best "$SWEEP" --json
+gpuhpc sweep report "$SWEEP" --html "$DEMO/sweep.html"
 echo
-echo "cost report with charts: $DEMO/cost.html"
+echo "cost report with charts: $DEMO/cost.html; sweep report: $DEMO/sweep.html"
 echo "next: source .venv/bin/activate; gpuhpc --help   (README.md has the tour)"

@@ -70,7 +70,9 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     head = Text(f"sweep {sw.id} {info['name']}: {info['status']}"
                 + (f" ({info['message']})" if info.get("message") else "")
                 + f" - {finished}/{total} finished")
-    parts = [head, ProgressBar(total=max(total, 1), completed=finished, width=50)]
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=max(total, 1), completed=finished, width=50), f"{100 * finished // max(total, 1)}%")
+    parts = [head, bar]
     t = Text("  ".join(f"{s} {counts[s]}" for s in _STATE_STYLE if counts.get(s)))
     for s, style in _STATE_STYLE.items():
         t.highlight_words([s], style=style)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, QuotaExceeded, UserInputError
-from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepStatus, SweepTrial, TrialState
+from gpuhpc.sweeps.state import SweepStatus, TrialState
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
 
 UTC = dt.timezone.utc
@@ -80,10 +80,12 @@ def _client(client=None):
 def db_url(url: str | None = None) -> str:
     """The gpuhpc database (the ledger's). The embedded SQLite file is created (migrated to
     head) on first use; any other database must be at head (``gpuhpc db upgrade``)."""
-    from gpuhpc.ledger import db, paths
+    from gpuhpc.ledger import paths
 
     url = url or paths.db_url()
-    if url.startswith("sqlite"):
+    if url.startswith("sqlite") and not os.path.exists(paths.default_db_path() if url == paths.db_url() else "/"):
+        from gpuhpc.ledger import db
+
         f = db._sqlite_file(url)
         if f is not None and not f.exists():
             db.upgrade(url)
@@ -91,9 +93,22 @@ def db_url(url: str | None = None) -> str:
 
 
 def _session(url: str | None):
+    """An ORM session (the readers: refresh, resume, cancel, results). The submit path uses
+    :func:`_conn` (DB-API, no SQLAlchemy import: ``gpuhpc sweep run`` stays close to sbatch)."""
     from gpuhpc.ledger.db import session_scope
 
     return session_scope(db_url(url))
+
+
+def _conn(url: str | None):
+    """A DB-API connection to the sweep database (:class:`gpuhpc.ledger.quota.Connection`)."""
+    from gpuhpc.ledger import quota
+
+    return quota.Connection(db_url(url))
+
+
+def _many(tx, sql: str, rows: list) -> None:
+    tx.cur.executemany(sql.replace("?", "%s") if tx.pg else sql, rows)
 
 
 def _ledger_url(url: str | None) -> str | None:
@@ -181,8 +196,6 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     """Record a sweep and its trials, then submit what the cluster allows now (and the driver
     when something is left). Returns the sweep id. Nothing is written or submitted when the
     resources cannot fit (exit 2) or the quota is exceeded (exit 3)."""
-    from sqlalchemy import insert
-
     c = _client(client)
     from gpuhpc.jobs.api import _check_fits
 
@@ -197,18 +210,22 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     n = spec.n_trials
     first = spec.generate(0, n) if spec.method != "tpe" else []
     root = sweep_root()
-    with _session(url) as s:
-        sw = Sweep(name=spec.name, user_name=getpass.getuser(), cluster=cluster, spec=spec_json(spec), kind=kind,
-                   status=SweepStatus.RUNNING.value, directory="", n_trials=n, created_at=now(), updated_at=now())
-        s.add(sw)
-        s.flush()
-        sid = sw.id
-        sw.directory = str(root / str(sid))
-        t = now()
-        if first:
-            s.execute(insert(SweepTrial), [
-                dict(sweep_id=sid, number=i, params=json.dumps(p, sort_keys=True), state=TrialState.WAITING.value,
-                     attempts=0, restarts=0, gpu_hours=Decimal(0), updated_at=t) for i, p in enumerate(first)])
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            t = tx.ts(now())
+            sid = tx.insert("INSERT INTO sweeps (name, user_name, cluster, spec, kind, status, message, directory, "
+                            "n_trials, driver_job_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, NULL, '', ?, "
+                            "NULL, ?, ?)", (spec.name, getpass.getuser(), cluster, spec_json(spec), kind,
+                                            SweepStatus.RUNNING.value, n, t, t))
+            tx.q("UPDATE sweeps SET directory = ? WHERE id = ?", (str(root / str(sid)), sid))
+            zero = tx.num(Decimal(0))
+            _many(tx, "INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
+                      "updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?)",
+                  [(sid, i, json.dumps(p, sort_keys=True), TrialState.WAITING.value, zero, t)
+                   for i, p in enumerate(first)])
+    finally:
+        conn.close()
     directory = root / str(sid)
     (directory / "chunks").mkdir(parents=True, exist_ok=True)
     (directory / "trials").mkdir(exist_ok=True)
@@ -257,9 +274,11 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
         room = min(room, spec.max_queued - queued_by_sweep)
     if limits.max_submit_jobs is not None:
         room = min(room, limits.max_submit_jobs - limits.submitted - 1)     # one left for the driver
-    if len_waiting > limits.max_job_count // 4:
+    if len_waiting > min(100, limits.max_job_count // 20):
+        # slurmctld refuses ("temporarily unable to accept job") an array whose tasks would
+        # take it past MaxJobCount; finished and cancelled tasks count until MinJobAge
         rows = client.queue()
-        room = min(room, limits.max_job_count - len(rows) - 1)
+        room = min(room, limits.max_job_count - len(rows) - max(10, limits.max_job_count // 100))
     return Plan(max(0, room), max(1, chunk), limits)
 
 
@@ -286,79 +305,86 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
     from gpuhpc.jobs.api import submit_spec
 
     c = _client(client)
-    with _session(url) as s:
-        sw = s.get(Sweep, sid)
-        if sw is None:
-            raise UserInputError(f"no sweep {sid}", field="ID")
-        if sw.status == SweepStatus.CANCELLED.value:
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            row = tx.one("SELECT status, spec, directory FROM sweeps WHERE id = ?", (sid,))
+            if row is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            status, spec_text, directory = row
+            waiting = [(n, p) for n, p in tx.q("SELECT number, params FROM sweep_trials WHERE sweep_id = ? AND "
+                                               "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
+            last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
+                          (sid,))
+        if status == SweepStatus.CANCELLED.value:
             return []
-        spec = spec_from_json(sw.spec)
-        q = s.query(SweepTrial).filter_by(sweep_id=sid, state=TrialState.WAITING.value).order_by(SweepTrial.number)
-        waiting = [(t.number, t.params) for t in q]
+        spec = spec_from_json(spec_text)
+        directory = Path(directory)
         if numbers is not None:
             wanted = set(numbers)
             waiting = [w for w in waiting if w[0] in wanted]
-        last = s.query(SweepChunk).filter_by(sweep_id=sid).order_by(SweepChunk.number.desc()).first()
-        next_number = (last.number + 1) if last else 0
-        prev_job = last.job_id if last is not None else None
-        directory = Path(sw.directory)
-    if limit is not None:
-        waiting = waiting[:max(0, limit)]
-    if not waiting:
-        return []
-    plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
-    dependency = None
-    if prev_job:
-        active = c.active_job_ids([prev_job])
-        if active and prev_job in active:
-            dependency = f"afterany:{prev_job}"
-    out = []
-    for i in range(0, len(waiting), plan_chunk):
-        rows = waiting[i:i + plan_chunk]
-        number = next_number
-        next_number += 1
-        with _session(url) as s:
-            ch = SweepChunk(sweep_id=sid, number=number, n_tasks=len(rows), state="submitting",
-                            trials=json.dumps([t for t, _ in rows]), created_at=now())
-            s.add(ch)
-            s.flush()
-            chunk_id = ch.id
-        _write_chunk_file(directory, number, rows)
-        jspec = _trial_spec(spec, sid, directory, number, len(rows), dependency)
+        next_number = (last[0] + 1) if last else 0
+        prev_job = last[1] if last else None
+        if limit is not None:
+            waiting = waiting[:max(0, limit)]
+        if not waiting:
+            return []
+        plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
+        dependency = None
+        if prev_job:
+            active = c.active_job_ids([prev_job])
+            if active and prev_job in active:
+                dependency = f"afterany:{prev_job}"
+        out = []
         os.makedirs(directory / "logs", exist_ok=True)
-        try:
-            job = submit_spec(jspec, client=c)
-        except BaseException:
-            with _session(url) as s:
-                s.get(SweepChunk, chunk_id).state = "failed"
-            raise
-        _attach(sid, chunk_id, job.job_id, rows, url)
-        out.append(job.job_id)
-        dependency = f"afterany:{job.job_id}"
-    return out
+        for i in range(0, len(waiting), plan_chunk):
+            rows = waiting[i:i + plan_chunk]
+            number = next_number
+            next_number += 1
+            with conn.transaction() as tx:
+                chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
+                                     "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
+                                     (sid, number, len(rows), json.dumps([t for t, _ in rows]), tx.ts(now())))
+            _write_chunk_file(directory, number, rows)
+            jspec = _trial_spec(spec, sid, directory, number, len(rows), dependency)
+            try:
+                job = submit_spec(jspec, client=c)
+            except BaseException:
+                with conn.transaction() as tx:
+                    tx.q("UPDATE sweep_chunks SET state = 'failed' WHERE id = ?", (chunk_id,))
+                raise
+            _attach(sid, chunk_id, job.job_id, rows, url, conn=conn)
+            out.append(job.job_id)
+            dependency = f"afterany:{job.job_id}"
+        return out
+    finally:
+        conn.close()
 
 
-def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None) -> None:
+def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None,
+            conn=None) -> None:
     """Record the chunk's array job id and each trial's task (one executemany)."""
-    from sqlalchemy import bindparam, update
-
-    t = now()
-    table = SweepTrial.__table__
-    stmt = (update(table).where(table.c.sweep_id == sid, table.c.number == bindparam("n"))
-            .values(chunk_id=chunk_id, task_id=bindparam("task"), job_id=bindparam("jid"), job_id_raw=None,
-                    state=TrialState.PENDING.value, raw_state="PENDING", attempts=table.c.attempts + 1,
-                    restarts=0, exit_code=None, updated_at=t))
-    with _session(url) as s:
-        ch = s.get(SweepChunk, chunk_id)
-        ch.job_id, ch.state = job_id, "submitted"
-        s.connection().execute(stmt, [{"n": number, "task": task, "jid": f"{job_id}_{task}"}
-                                      for task, (number, _) in enumerate(rows)])
+    own = conn is None
+    conn = conn or _conn(url)
+    try:
+        with conn.transaction() as tx:
+            t = tx.ts(now())
+            tx.q("UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?", (job_id, chunk_id))
+            _many(tx, "UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
+                      "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
+                      "WHERE sweep_id = ? AND number = ?",
+                  [(chunk_id, task, f"{job_id}_{task}", TrialState.PENDING.value, t, sid, number)
+                   for task, (number, _) in enumerate(rows)])
+    finally:
+        if own:
+            conn.close()
 
 
 def recover(sid: int, *, client=None, url: str | None = None) -> None:
     """A chunk left ``submitting`` (the submitter died between sbatch and the database): find
     its job by name in the queue and attach it, else give its trials back to ``waiting``."""
     c = _client(client)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         stuck = [(ch.id, ch.number, json.loads(ch.trials)) for ch in
@@ -373,6 +399,7 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
         else:
+            from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
             with _session(url) as s:
                 s.get(SweepChunk, chunk_id).state = "failed"
 
@@ -384,6 +411,7 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
     from gpuhpc.jobs.spec import JobSpec, Resources
 
     c = _client(client)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
@@ -407,6 +435,7 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
                     name=f"{spec.name}-s{sid}-driver", env=env, log_dir=str(directory / "logs"),
                     checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory))
     job = submit_spec(jspec, client=c)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         s.get(Sweep, sid).driver_job_id = job.job_id
     return job.job_id
@@ -479,6 +508,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     from sqlalchemy import update
 
     c = _client(client)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
@@ -552,6 +582,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                 or "exit_code" in new:
             updates.append((tid, new))
     all_done = bool(trials) and sum(counts.get(st, 0) for st in terminal) == len(trials)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         t = now()
         for tid, new in updates:
@@ -573,6 +604,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     recover(sid, client=c, url=url)
     refresh(sid, client=c, url=url)
     redo = (TrialState.FAILED.value, TrialState.CANCELLED.value, TrialState.WAITING.value)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
@@ -590,6 +622,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     queued = sum(1 for r in trial_rows(sid, url=url) if r["state"] in (
         TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value))
     plan = plan_submission(spec, c, len_waiting=len(numbers), queued_by_sweep=queued)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         cluster = s.get(Sweep, sid).cluster
     check_quota(spec, plan.now, cluster, url)
@@ -604,6 +637,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
 def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
     """Cancel the sweep: its driver first (so nothing new is submitted), then every chunk."""
     c = _client(client)
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
@@ -627,6 +661,7 @@ def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
 # ---------------------------------------------------------------- reading
 def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
     """One row per trial, in trial order: trial, params, state, metrics, job_id, restarts, gpu_hours."""
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         return [dict(trial=t.number, params=json.loads(t.params), state=t.state,
                      metrics=json.loads(t.metrics) if t.metrics else {}, job_id=t.job_id, restarts=t.restarts,
@@ -636,6 +671,7 @@ def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
 
 
 def sweep_info(sid: int, *, url: str | None = None) -> dict[str, Any]:
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:

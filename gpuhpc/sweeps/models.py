@@ -11,29 +11,9 @@ be a zombie: see :mod:`gpuhpc.sweeps.engine`.
 """
 from __future__ import annotations
 
-import enum
-
 # the tables are declared with the ledger's (gpuhpc/ledger/orm.py), so that the one metadata
 # Alembic compares holds them
 from gpuhpc.ledger.orm import Sweep, SweepChunk, SweepTrial  # noqa: F401
 
 
-class TrialState(str, enum.Enum):
-    WAITING = "waiting"         # not submitted yet (the driver submits it later), or to resubmit
-    PENDING = "pending"         # queued in Slurm
-    RUNNING = "running"
-    REQUEUED = "requeued"       # preempted / requeued / node failure: comes back, not done
-    COMPLETED = "completed"
-    FAILED = "failed"           # failed for good (exit code, time limit, OOM, requeue cap)
-    CANCELLED = "cancelled"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.CANCELLED)
-
-
-class SweepStatus(str, enum.Enum):
-    RUNNING = "running"
-    DONE = "done"
-    CANCELLED = "cancelled"
-    BLOCKED = "blocked"         # the driver could not submit more (quota); `sweep resume` retries
+from gpuhpc.sweeps.state import SweepStatus, TrialState  # noqa: F401
