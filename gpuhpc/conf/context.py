@@ -310,6 +310,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
             "type": f"priority/{spec.priority.type}",
             "decay_half_life": spec.priority.decay_half_life,
             "usage_reset_period": spec.priority.usage_reset_period,
+            "calc_period": spec.priority.calc_period_min,
         },
         "job_submit_lua": spec.job_submit_lua,
         "billing_unit": (billing or {}).get("unit"),

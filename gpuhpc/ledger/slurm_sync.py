@@ -115,6 +115,10 @@ def _differs(have: str, want: dict[str, int]) -> bool:
     return any(cur.get(k, UNSET) != v for k, v in want.items())
 
 
+def _set_only(want: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in want.items() if v != UNSET}
+
+
 def _tres(want: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(want.items()))
 
@@ -138,7 +142,7 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
     for p in plans:
         if p.account not in accts:
             add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"),
-                *((("GrpTRESMins", _tres(p.limits)),) if _differs("", p.limits) else ()))
+                *((("GrpTRESMins", _tres(_set_only(p.limits))),) if _set_only(p.limits) else ()))
         else:
             have = users_of.get(p.account, {}).get("", {})
             if _differs(have.get("GrpTRESMins", ""), p.limits):
@@ -152,7 +156,7 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
             ua = have_users.get(u)
             if ua is None:
                 add("user", u, ("Account", p.account),
-                    *((("GrpTRESMins", _tres(want)),) if u in p.user_limits else ()))
+                    *((("GrpTRESMins", _tres(_set_only(want))),) if _set_only(want) else ()))
             elif _differs(ua.get("GrpTRESMins", ""), want) and (u in p.user_limits or ua.get("GrpTRESMins")):
                 modify("user", [("name", u), ("account", p.account)], ("GrpTRESMins", _tres(want)))
     return res

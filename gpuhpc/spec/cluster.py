@@ -155,6 +155,7 @@ class Priority(_Model):
     type: Literal["basic", "multifactor"] = "basic"
     decay_half_life: SlurmTime | None = None       # "0": no decay (hard budgets)
     usage_reset_period: Literal["NONE", "NOW", "DAILY", "WEEKLY", "MONTHLY", "QUARTERLY", "YEARLY"] | None = None
+    calc_period_min: int | None = Field(default=None, ge=1)   # PriorityCalcPeriod: how often usage is added up
 
 
 class Scratch(_Model):

@@ -49,7 +49,7 @@ def test_plan_and_commands(ledger_url):
     assert c.runner.calls[0] == ("add", "account", "proj", "Description=proj", "Organization=gpuhpc",
                                  "GrpTRESMins=billing=750000000,gres/gpu=630")
     assert ("add", "user", "alice", "Account=proj") in c.runner.calls
-    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=billing=-1,gres/gpu=60") in c.runner.calls
+    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=gres/gpu=60") in c.runner.calls
     assert len(res.commands) == 3
     slurm_sync.record_periods([p], url=ledger_url)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
