@@ -58,11 +58,10 @@ class RemoteObject:
 class S3Stager:
     def __init__(self, *, endpoint_url: str | None = None, region: str | None = None,
                  access_key: str | None = None, secret_key: str | None = None,
-                 multipart_threshold: int = 16 * MB, multipart_chunksize: int = 16 * MB,
-                 max_concurrency: int = 10, parallel_files: int = 8, progress=None) -> None:
+                 multipart_threshold: int = 8 * MB, multipart_chunksize: int = 8 * MB,
+                 max_concurrency: int = 10, progress=None) -> None:
         self.endpoint_url = endpoint_url
         self.gets = 0                   # GetObject requests made (a cache hit makes none)
-        self.parallel_files = parallel_files
         self.progress = progress        # None (quiet: jobs), or an object with start(total) / advance(n)
         try:
             self._client = boto3.client(
@@ -171,16 +170,38 @@ class S3Stager:
         if not todo:
             raise StagingError(f"nothing found at {url}")
         self._start(sum(o.size for o, _ in todo))
-        if len(todo) == 1 or self.parallel_files <= 1:
-            for obj, target in todo:
-                self._download(url.bucket, obj.key, target)
-        else:                   # many small files: several at once (each may be multipart too)
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(min(self.parallel_files, len(todo))) as pool:
-                for f in [pool.submit(self._download, url.bucket, o.key, t) for o, t in todo]:
-                    f.result()
+        if len(todo) == 1:
+            self._download(url.bucket, todo[0][0].key, todo[0][1])
+        else:                   # one transfer manager: its threads serve every file (and part) at once
+            self._download_many(url.bucket, [(o.key, t) for o, t in todo])
         return len(todo)
+
+    def _download_many(self, bucket: str, items: list[tuple[str, Path]]) -> None:
+        import uuid
+
+        from boto3.s3.transfer import create_transfer_manager
+        from s3transfer.subscribers import BaseSubscriber
+
+        progress = self._callback()
+
+        class _Progress(BaseSubscriber):
+            def on_progress(self, future, bytes_transferred, **kwargs):  # noqa: ARG002
+                progress(bytes_transferred)
+
+        subscribers = [_Progress()] if progress is not None else None
+        pending: list[tuple[Path, Path, object]] = []
+        try:
+            with create_transfer_manager(self._client, self._transfer) as manager:
+                for key, target in items:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}"
+                    pending.append((tmp, target, manager.download(bucket, key, str(tmp), subscribers=subscribers)))
+                for tmp, target, future in pending:
+                    self._call(f"download s3://{bucket}/{target.name}", future.result)
+                    os.replace(tmp, target)
+        finally:
+            for tmp, _target, _future in pending:
+                tmp.unlink(missing_ok=True)
 
     def _download(self, bucket: str, key: str, target: Path) -> None:
         with atomic_path(target, mode=None) as tmp:     # the mode boto3 gives (umask)

@@ -61,6 +61,10 @@ class Runner(Protocol):
         """Copy the local file ``local`` to ``path`` where the commands run, atomically."""
         ...
 
+    def makedirs(self, path: str) -> None:
+        """``mkdir -p path`` where the commands run (over SFTP: no remote shell)."""
+        ...
+
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists where the commands run."""
         ...

@@ -70,6 +70,12 @@ class LocalRunner:
 
         write_atomic(path, data, mode)
 
+    def makedirs(self, path: str) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise TransportError(f"cannot create {path}: {exc.strerror}") from exc
+
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 

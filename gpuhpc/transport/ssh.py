@@ -295,6 +295,12 @@ class SSHRunner:
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"sftp {self._where()}: cannot read {path}: {exc}") from exc
 
+    def makedirs(self, path: str) -> None:
+        try:
+            self._mkdirs(self._sftp_session(), path)
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"sftp {self._where()}: cannot create {path}: {exc}") from exc
+
     def exists(self, path: str) -> bool:
         try:
             self._sftp_session().stat(path)
