@@ -73,3 +73,30 @@ def test_a_snapshot_over_the_limit_is_refused_before_submitting(laptop, repo, tm
     assert [j for j in json.loads(after.stdout) if j["name"] == "snap-big"] == \
         [j for j in json.loads(before.stdout) if j["name"] == "snap-big"]
     assert not (tmp_path / "remote" / "snapshots").exists()
+
+
+def test_follow_logs_then_cancel(laptop, repo, tmp_path):
+    laptop.profile("lab", remote_dir=str(tmp_path / "remote"))
+    res = laptop.gpuhpc("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "follow",
+                        "--", "bash", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.3; done",
+                        cwd=repo)
+    assert res.returncode == 0, res.stderr
+    job_id = res.stdout.strip()
+    import os
+    import sys
+
+    follow = subprocess.Popen([sys.executable, "-m", "gpuhpc", "--cluster", "lab", "logs", "-f", job_id],
+                              env={**os.environ, **laptop.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ticks: list[str] = []
+        while len(ticks) < 3:
+            ln = follow.stdout.readline()
+            assert ln, follow.stderr.read()
+            if ln.startswith("tick "):
+                ticks.append(ln)
+        assert ticks == ["tick 1\n", "tick 2\n", "tick 3\n"], ticks
+    finally:
+        cancel = laptop.gpuhpc("--cluster", "lab", "cancel", job_id)
+    assert cancel.returncode == 0, cancel.stderr
+    follow.wait(timeout=60)                     # the follower ends with the job
+    assert follow.returncode == 0, follow.stderr.read()
