@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from gpuhpc.staging.s3 import S3Stager
 
+REPO = Path(__file__).resolve().parents[3]
+
 
 @pytest.fixture(scope="module")
 def s3_env(sshd):
-    from conftest import REPO
-
     out = subprocess.run(["bash", str(REPO / "scripts/services/s3.sh"), "start"], check=True,
                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
     return dict(kv.split("=", 1) for kv in out.split())
