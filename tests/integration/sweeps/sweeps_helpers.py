@@ -38,3 +38,14 @@ def results(sid: int) -> list[dict]:
 def report_cmd(expr: str) -> str:
     """Shell: report ``loss`` = the arithmetic ``expr`` (bash $((...)), over shell variables)."""
     return f"{PY} -m gpuhpc report-metric loss $(( {expr} ))"
+
+
+def research_quota(monkeypatch, gpu_hours: float) -> None:
+    """The ledger on (SQLite in the test's data dir): account research, root in it, a monthly
+    GPU-hour quota."""
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
+                 ["quota", "set", "research", "--gpu-hours", str(gpu_hours), "--period", "month"]):
+        res = gpuhpc(*argv)
+        assert res.returncode == 0, (argv, res.stderr)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import PY, gpuhpc, report_cmd, results, run_sweep, write_sweep
+from sweeps_helpers import PY, gpuhpc, report_cmd, research_quota, results, run_sweep, write_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -150,12 +150,7 @@ def test_bad_files_exit_2_and_submit_nothing(sweep_env, tmp_path, change, field)
 
 
 def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, monkeypatch):
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", "1", "--period", "month"]):
-        res = gpuhpc(*argv)
-        assert res.returncode == 0, (argv, res.stderr)
+    research_quota(monkeypatch, 1)
     f = write_sweep(tmp_path / "q.yaml", name="t-quota", command="echo {x}",
                     parameters={"x": {"type": "uniform", "low": 0, "high": 1}}, trials=10,
                     resources={"partition": "mig", "gpus": 1, "gpu_type": "1g.10gb", "time": "30m"},
@@ -173,11 +168,7 @@ def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, mo
 
 def test_submit_array_reserves_every_task(sweep_env, tmp_path, monkeypatch, track):
     """`gpuhpc submit --array` (what sweeps and the API use) holds the real array size, not 1."""
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", "100", "--period", "month"]):
-        assert gpuhpc(*argv).returncode == 0, argv
+    research_quota(monkeypatch, 100)
     res = gpuhpc("submit", "--array", "0-9%2", "--partition", "mig", "--gpus", "1", "--gpu-type", "1g.10gb",
                  "--time", "30m", "--hold", "--name", "t-array", "--json", "--", "true")
     assert res.returncode == 0, res.stderr
