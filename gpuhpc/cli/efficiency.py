@@ -70,5 +70,8 @@ def register_report(report_app: typer.Typer) -> None:
             out.append(f"  {d.name:28} mean {d.mean_util:5.1f} %  peak mem {d.peak_mem_bytes / 1e9:6.1f} GB  "
                        f"idle {d.idle_hours:7.3f} GPU-h{'  IDLE' if d.idle else ''}")
         out.append(f"idle GPU-hours {rep.idle_gpu_hours:.3f} (under {rep.threshold:g} %), cost {cost}")
+        if rep.cpu_efficiency is not None:
+            out.append(f"CPU {rep.cpu_used_seconds:,.0f} core-s of {rep.cpus} cores ({rep.cpu_efficiency:.0%})"
+                       + (f", peak RSS {rep.peak_rss_bytes / 1e9:.2f} GB" if rep.peak_rss_bytes else ""))
         out += [f"advice: {a}" for a in rep.advice]
         sys.stdout.write("\n".join(out) + "\n")

@@ -31,6 +31,10 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuhpc_slurm_partition_pending_gpus": ("gauge", "GPUs pending jobs ask for, by type.", ("partition", "type")),
     "gpuhpc_slurm_job_gpus": ("gauge", "GPUs a running job holds, by type.", ("job_id", "user", "account",
                                                                            "partition", "type")),
+    "gpuhpc_slurm_job_cpu_used_seconds": ("gauge", "CPU time a running job has used so far (sstat, all steps).",
+                                          ("job_id", "user", "account", "partition")),
+    "gpuhpc_slurm_job_memory_max_rss_bytes": ("gauge", "Largest resident set of a running job's steps (sstat).",
+                                              ("job_id", "user", "account", "partition")),
     "gpuhpc_slurm_scrape_ok": ("gauge", "1 when the last Slurm scrape worked.", ()),
 }
 # recording rules (gpuhpc/monitoring/prometheus/rules.yml) define these; dashboards may use them too

@@ -28,6 +28,8 @@ DEFAULT_URL = "http://127.0.0.1:9090"
 DEFAULT_THRESHOLD = 5.0
 UTIL = "gpuhpc_gpu_utilization_percent"
 MEM = "gpuhpc_gpu_memory_used_bytes"
+CPU = "gpuhpc_slurm_job_cpu_used_seconds"
+RSS = "gpuhpc_slurm_job_memory_max_rss_bytes"
 PERIODS = {"day": 1, "week": 7, "month": 30}
 # MIG profiles a single-GPU job could move to, smallest first: (profile, memory GB)
 MIG_FITS = (("1g.10gb", 10), ("2g.20gb", 20), ("3g.40gb", 40))
@@ -128,6 +130,25 @@ class JobEfficiency:
     devices: list[Device] = field(default_factory=list)
     rate: Decimal | None = None        # per GPU-hour, multipliers applied; None: no price
     advice: list[str] = field(default_factory=list)
+    cpus: int = 0
+    cpu_times: list[float] = field(default_factory=list)    # the Slurm exporter's sstat samples
+    cpu_used: list[float] = field(default_factory=list)     # CPU seconds used so far, per sample
+    rss: list[float] = field(default_factory=list)          # largest step RSS so far, per sample
+
+    @property
+    def cpu_used_seconds(self) -> float | None:
+        return max(self.cpu_used) if self.cpu_used else None
+
+    @property
+    def cpu_efficiency(self) -> float | None:
+        used = self.cpu_used_seconds
+        if used is None or not self.cpus or not self.elapsed_s:
+            return None
+        return used / (self.cpus * self.elapsed_s)
+
+    @property
+    def peak_rss_bytes(self) -> float | None:
+        return max(self.rss) if self.rss else None
 
     @property
     def idle_gpu_hours(self) -> float:
@@ -153,6 +174,9 @@ class JobEfficiency:
                 "idle_threshold_percent": self.threshold, "idle_gpu_hours": round(self.idle_gpu_hours, 4),
                 "rate_per_gpu_hour": str(self.rate) if self.rate is not None else None,
                 "idle_cost": str(self.idle_cost) if self.idle_cost is not None else None,
+                "cpus": self.cpus, "cpu_used_seconds": self.cpu_used_seconds,
+                "cpu_efficiency": round(self.cpu_efficiency, 4) if self.cpu_efficiency is not None else None,
+                "peak_rss_bytes": self.peak_rss_bytes,
                 "devices": [d.to_dict() for d in self.devices], "advice": self.advice}
 
 
@@ -206,10 +230,10 @@ def advise(rep: JobEfficiency) -> list[str]:
     out = []
     devs = rep.devices
     if not devs:
-        return ["no GPU metrics for this job in Prometheus (no GPUs, or the Prolog's job map was not written)"]
+        out.append("no GPU metrics for this job in Prometheus (no GPUs, or the Prolog's job map was not written)")
     idle = [d for d in devs if d.idle]
     busy = len(devs) - len(idle)
-    if idle and busy == 0:
+    if devs and idle and busy == 0:
         out.append(f"no GPU was busy (all under {rep.threshold:g} %): check that the job uses the GPU at all")
     elif idle:
         nodes = sorted({d.node for d in idle})
@@ -219,12 +243,15 @@ def advise(rep: JobEfficiency) -> list[str]:
             label = "MIG instances" if any(d.mig for d in on) else "GPUs"
             where = f" on {node}" if len({d.node for d in devs}) > 1 else ""
             out.append(f"{label} {_ranges(nums)}{where} were idle: ask for {busy}")
-    if len(devs) - len(idle) == 1 and not any(d.mig for d in devs):
+    if devs and len(devs) - len(idle) == 1 and not any(d.mig for d in devs):
         peak = max(d.peak_mem_bytes for d in devs if not d.idle) / 1e9
         for profile, gb in MIG_FITS:
             if 0 < peak <= gb * 0.9:
                 out.append(f"peak GPU memory {peak:.0f} GB: a {profile} MIG slice would do")
                 break
+    eff = rep.cpu_efficiency
+    if eff is not None and rep.cpus >= 4 and eff < 0.25 and rep.elapsed_s >= 600:
+        out.append(f"CPUs: {eff:.0%} of {rep.cpus} cores busy on average: ask for fewer (--cpus-per-gpu)")
     used = rep.time_limit_used
     if used is not None and used < 0.5 and rep.state not in ("RUNNING", "PENDING") and rep.elapsed_s > 0:
         suggest = max(300, math.ceil(rep.elapsed_s * 1.5 / 300) * 300)
@@ -286,10 +313,12 @@ def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, thre
     end = _sacct_time(row.end)
     gpus = row.gpus
     gpu_type = next((t for t in gpus if t != "gpu"), next(iter(gpus), ""))
+    cpus = str(row.alloc_tres.get("cpu", ""))
     rep = JobEfficiency(job_id=str(job_id), user=row.user, account=row.account, partition=row.partition,
                         qos=row.qos, state=row.state.raw.split()[0] if row.state.raw else "", gpu_type=gpu_type,
                         gpus=sum(gpus.values()), start=start, end=end, elapsed_s=row.elapsed_s,
-                        time_limit_s=reported_seconds(row.time_limit), threshold=idle_threshold(threshold))
+                        time_limit_s=reported_seconds(row.time_limit), threshold=idle_threshold(threshold),
+                        cpus=int(cpus) if cpus.isdigit() else 0)
     if start is not None:
         span = max(1.0, (min(end or now, now) - start).total_seconds())
         rep.step_s = max(5, math.ceil(span / 500))
@@ -299,6 +328,12 @@ def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, thre
         util = prom.query_range(f"{UTIL}{sel}", start, stop, rep.step_s)
         mem = prom.query_range(f"{MEM}{sel}", start, stop, rep.step_s)
         rep.devices = summarize(util, mem, threshold=rep.threshold, step_s=rep.step_s)
+        for expr, values in ((CPU, rep.cpu_used), (RSS, rep.rss)):
+            for series in prom.query_range(f"max({expr}{sel})", start, stop, rep.step_s):
+                for t, v in series["values"]:
+                    if values is rep.cpu_used:
+                        rep.cpu_times.append(float(t))
+                    values.append(float(v))
     rep.rate = _rate(book if book is not None else price_book(), gpu_type, row.partition, row.qos, start)
     rep.advice = advise(rep)
     return rep
@@ -385,6 +420,24 @@ def render_html(rep: JobEfficiency, *, generated: dt.datetime | None = None) -> 
         svg_mem = charts.lines(x, {d.name: [v / 1e9 for v in aligned(d, d.mem, d.mem_times)] for d in rep.devices},
                                xlabel="minutes since start", ylabel="GPU memory used, GB", from_zero=True,
                                title=f"job {rep.job_id}: GPU memory")
+    svg_cpu = ""
+    if len(rep.cpu_used) >= 2:
+        t0c = t0 or rep.cpu_times[0]
+        pts = list(zip(rep.cpu_times, rep.cpu_used))
+        xs = [(b[0] - t0c) / 60 for b in pts[1:]]
+        busy = [max(0.0, (b[1] - a[1]) / (b[0] - a[0])) if b[0] > a[0] else 0.0 for a, b in zip(pts, pts[1:])]
+        series = {"CPU cores busy": busy}
+        if rep.cpus:
+            series[f"allocated ({rep.cpus})"] = [float(rep.cpus)] * len(xs)
+        svg_cpu = "<h2>CPU</h2>\n<figure class=\"chart\">" + charts.lines(
+            xs, series, xlabel="minutes since start", ylabel="cores", from_zero=True,
+            title=f"job {rep.job_id}: CPU (sstat samples)") + "</figure>"
+    cpu_line = ""
+    if rep.cpu_efficiency is not None:
+        cpu_line = (f"<p>CPU: {rep.cpu_used_seconds:,.0f} core-seconds used of {rep.cpus} cores × "
+                    f"{_e(format_duration(rep.elapsed_s))} ({rep.cpu_efficiency:.0%})"
+                    + (f"; peak memory (RSS) {rep.peak_rss_bytes / 1e9:.2f} GB" if rep.peak_rss_bytes else "")
+                    + ".</p>")
     rows = "".join(
         f"<tr><td>{_e(d.name)}</td><td>{d.mean_util:.1f}</td><td>{d.peak_mem_bytes / 1e9:.1f}</td>"
         f"<td>{d.idle_hours:.3f}</td><td>{'idle' if d.idle else 'busy'}</td></tr>" for d in rep.devices)
@@ -405,10 +458,12 @@ th{{background:#f4f4f4}}td:first-child{{text-align:left}}.meta{{color:#666;font-
 generated {_e(generated.strftime("%Y-%m-%d %H:%M UTC"))}.</p>
 <h2>Advice</h2><ul class="advice">{advice}</ul>
 <p>Idle GPU-hours: <b>{rep.idle_gpu_hours:.3f}</b>; their cost: <b>{_e(cost)}</b>.</p>
+{cpu_line}
 <h2>Utilisation</h2>
 <figure class="chart">{svg_util}</figure>
 <h2>Memory</h2>
 <figure class="chart">{svg_mem}</figure>
+{svg_cpu}
 <h2>Per GPU / MIG instance</h2>
 <table><thead><tr><th>device</th><th>mean util %</th><th>peak memory GB</th><th>idle GPU-hours</th><th></th></tr></thead>
 <tbody>{rows}</tbody></table>

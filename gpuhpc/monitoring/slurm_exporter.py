@@ -1,7 +1,8 @@
 """Slurm exporter: per partition, nodes by state, GPUs allocated/idle/drained/down by type,
-pending jobs and the GPUs they ask for; per running job, the GPUs it holds. Asked through
-:class:`~gpuhpc.slurm.client.SlurmClient` on every scrape (``scontrol show node`` and one
-``squeue``); :func:`samples` is pure, for the tests.
+pending jobs and the GPUs they ask for; per running job, the GPUs it holds, the CPU time it has
+used and its largest RSS. Asked through :class:`~gpuhpc.slurm.client.SlurmClient` on every
+scrape (``scontrol show node``, one ``squeue``, one ``sstat`` for the running jobs);
+:func:`samples` is pure, for the tests.
 
     python -m gpuhpc.monitoring.slurm_exporter --port 9410 [--addr 127.0.0.1]
 """
@@ -38,8 +39,10 @@ def tres_gpus(tres_per_node: str) -> dict[str, int]:
     return parse_gres(",".join(i for i in items if i.startswith("gpu")))
 
 
-def samples(nodes, queue) -> list[tuple[str, tuple[str, ...], float]]:
-    """(metric, label values, value) from ``SlurmClient.nodes()`` and ``SlurmClient.queue()``."""
+def samples(nodes, queue, usage=None) -> list[tuple[str, tuple[str, ...], float]]:
+    """(metric, label values, value) from ``SlurmClient.nodes()``, ``SlurmClient.queue()`` and
+    the running jobs' sstat usage (:func:`gpuhpc.slurm.usage.job_usage`)."""
+    usage = usage or {}
     node_counts: dict[tuple[str, str], int] = defaultdict(int)
     gpus: dict[tuple[str, str, str], int] = defaultdict(int)
     partitions: set[str] = set()
@@ -67,6 +70,11 @@ def samples(nodes, queue) -> list[tuple[str, tuple[str, ...], float]]:
                 for t, k in per_node.items():
                     pending_gpus[(p, t)] += k * max(1, row.nodes)
         elif state == "RUNNING":
+            u = usage.get(row.job_id)
+            if u is not None:
+                labels = (row.job_id, row.user, row.account, row.partition)
+                out.append(("gpuhpc_slurm_job_cpu_used_seconds", labels, u.cpu_seconds))
+                out.append(("gpuhpc_slurm_job_memory_max_rss_bytes", labels, u.max_rss_bytes))
             for t, k in per_node.items():
                 out.append(("gpuhpc_slurm_job_gpus", (row.job_id, row.user, row.account, row.partition, t),
                             float(k * max(1, row.nodes))))
@@ -96,8 +104,12 @@ class SlurmCollector:
 
         from gpuhpc.errors import GpuhpcError
 
+        from gpuhpc.slurm.usage import job_usage
+
         try:
-            data, ok = samples(self.client.nodes(), self.client.queue()), 1.0
+            queue = self.client.queue()
+            running = [r.job_id for r in queue if r.state.raw.startswith("RUNNING") and "_" not in r.job_id]
+            data, ok = samples(self.client.nodes(), queue, job_usage(self.client, running)), 1.0
         except GpuhpcError:
             data, ok = [], 0.0
         fams = {name: GaugeMetricFamily(name, help_, labels=list(labels))

@@ -62,3 +62,16 @@ def test_html_is_self_contained_with_two_charts():
     page = render_html(rep, generated=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc))
     assert page.count("<svg") == 2 and "<script" not in page and "&lt;alice&gt;" in page
     assert "GPUs 2, 3 were idle: ask for 2" in page and "http://" not in page.replace("http://www.w3.org", "")
+
+
+def test_cpu_efficiency_advice_and_chart():
+    util = {("n1", "0", ""): [90.0] * 20}
+    rep = _job(util, {("n1", "0", ""): [70e9] * 20}, cpus=16)
+    rep.cpu_times = [1000.0 + 60 * k for k in range(61)]
+    rep.cpu_used = [60.0 * k for k in range(61)]        # one core busy out of 16
+    rep.rss = [2e9] * 61
+    rep.advice = advise(rep)
+    assert rep.cpu_used_seconds == 3600 and abs(rep.cpu_efficiency - 1 / 16) < 1e-9
+    assert "CPUs: 6% of 16 cores busy on average: ask for fewer (--cpus-per-gpu)" in rep.advice
+    page = render_html(rep)
+    assert page.count("<svg") == 3 and "3,600 core-seconds used of 16 cores" in page and "2.00 GB" in page
