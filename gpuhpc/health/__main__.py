@@ -4,6 +4,8 @@
   resumes a node gpuhpc drained once it passes). The node is ``$SLURMD_NODENAME``.
 - Prolog: ``python -m gpuhpc.health --mode prolog --apply``: the fast subset; on failure the
   node is drained with gpuhpc's reason and the exit status is 1 (Slurm then requeues the job).
+  An error of gpuhpc's own (slurmctld unreachable, a bad spec, a bug) exits 0: the prolog fails
+  open, so only a fault a check found can keep jobs off a node.
 - Epilog: ``python -m gpuhpc.health --apply`` (the full set, after the job).
 
 Options: ``--node N`` (default ``$SLURMD_NODENAME``, else the host name), ``--spec FILE``
@@ -39,9 +41,13 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, encoding="utf-8") as fh:
                 spec = load(fh.read(), path)
         out = check_node(node, spec=spec, mode=args.mode, apply=args.apply)
-    except (GpuhpcError, OSError) as exc:
-        msg = exc.one_line() if isinstance(exc, GpuhpcError) else str(exc)
+    except Exception as exc:  # noqa: BLE001 - the prolog fails open, whatever went wrong
+        msg = exc.one_line() if isinstance(exc, GpuhpcError) else f"{type(exc).__name__}: {exc}"
         sys.stderr.write(f"gpuhpc health: error: {msg}\n")
+        if args.mode == "prolog":
+            # a prolog that fails makes Slurm drain the node and requeue the job: only a check
+            # that *found* a fault may do that, never gpuhpc's own trouble (a slow slurmctld, a bug)
+            return 0
         return getattr(exc, "exit_code", 1)
     if args.json:
         sys.stdout.write(json.dumps(out.to_dict()) + "\n")

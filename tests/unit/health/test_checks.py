@@ -185,3 +185,14 @@ def test_spec_file_validation():
         load("ib: {speed: 1}\n")
     with pytest.raises(UserInputError, match="mounts"):
         load("mounts: [home]\n")
+
+
+def test_prolog_fails_open_on_gpuhpc_own_errors(tmp_path, monkeypatch, capsys):
+    from gpuhpc.health import __main__ as entry
+
+    bad = tmp_path / "spec.yml"
+    bad.write_text("nonsense: 1\n")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-node1")
+    assert entry.main(["--mode", "prolog", "--spec", str(bad)]) == 0
+    assert entry.main(["--spec", str(bad)]) == 2
+    assert "unknown key 'nonsense'" in capsys.readouterr().err
