@@ -62,3 +62,51 @@ def test_a_different_python_minor_is_refused_before_submitting(on_laptop, tmp_pa
         submit(print, "x", resources={"partition": "cpu", "time": "5m"}, cluster="lab")
     assert f"Python {sys.version_info[0]}.{sys.version_info[1]} here but 3.8 on the cluster" in err.value.one_line()
     assert not (tmp_path / "remote").exists()               # nothing was sent
+
+
+COUNTER = '''
+import time
+
+from gpuhpc.jobs.checkpoint import Checkpointable
+
+
+class Counter(Checkpointable):
+    def __init__(self):
+        self.step = 0
+
+    def __call__(self, steps, progress):
+        with open(progress, "a", buffering=1) as log:
+            log.write(f"start {self.restarts} {self.step}\\n")
+            while self.step < steps:
+                time.sleep(0.25)
+                self.step += 1
+                log.write(f"step {self.step}\\n")
+        return self.step
+'''
+
+
+def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(on_laptop, tmp_path):
+    import time
+
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.transport.local import LocalRunner
+
+    (tmp_path / "proj" / "lapmod_counter.py").write_text(COUNTER)
+    import lapmod_counter
+
+    progress = tmp_path / "progress.log"
+    job = submit(lapmod_counter.Counter(), 60, str(progress), resources={"partition": "cpu", "time": "10m"},
+                 cluster="lab", name="laptop-counter", grace=30)
+    slurm = SlurmClient(LocalRunner())
+    try:
+        deadline = time.time() + 90
+        while not (progress.exists() and progress.read_text().count("step ") >= 8):
+            assert time.time() < deadline, "the job did not start"
+            time.sleep(0.5)
+        slurm.requeue(job.job_id)
+        assert job.result(timeout=240) == 60
+        starts = [ln.split() for ln in progress.read_text().splitlines() if ln.startswith("start")]
+        assert len(starts) == 2 and starts[0] == ["start", "0", "0"]
+        assert starts[1][1] == "1" and int(starts[1][2]) >= 8        # resumed, not restarted
+    finally:
+        job.cancel()
