@@ -68,8 +68,13 @@ def _finish(client, job_id, timeout=240) -> str:
     return Job(job_id, client=client).wait(timeout, poll=1).value
 
 
-def test_inputs_come_from_the_node_cache_and_a_second_job_makes_no_get(env, bucket, slurm, tmp_path):
+def test_inputs_come_from_the_node_cache_and_a_second_job_makes_no_get(env, bucket, slurm, tmp_path, monkeypatch):
     client, ids = slurm
+    monkeypatch.delenv("GPUHPC_LEDGER")             # the ledger's database records these jobs
+    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
+                 ["ledger", "user", "add", "root", "--account", "research", "--default"]):
+        res = subprocess.run([sys.executable, "-m", "gpuhpc", *argv], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (argv, res.stderr)
     src = tmp_path / "ds"
     src.mkdir()
     blob = os.urandom(DATASET_MB * MB)
@@ -96,6 +101,8 @@ def test_inputs_come_from_the_node_cache_and_a_second_job_makes_no_get(env, buck
     secret = env["AWS_SECRET_ACCESS_KEY"]
     assert secret not in render(_with_staging(spec, LocalRunner()))
     assert all(secret not in text for text in logs)
+    db = list((tmp_path / "data").glob("ledger.db*"))
+    assert db, "no ledger database"
     for p in (tmp_path / "data").rglob("*"):
         if p.is_file():
             assert secret.encode() not in p.read_bytes(), p
