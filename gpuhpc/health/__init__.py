@@ -41,6 +41,10 @@ def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None =
 
     runner = runner or default_runner()
     report = collect.run_checks(node, runner, spec or HealthSpec(), mode=mode)
+    if mode == "prolog" and report.healthy:
+        # every job start runs the prolog: a healthy node asks slurmctld nothing (resuming a node
+        # gpuhpc drained is HealthCheckProgram's job; a drained node starts no jobs anyway)
+        return Outcome(report, Decision(Action.NONE, None, "healthy (prolog: slurmctld not asked)"))
     client = client or SlurmClient(runner)
     info = client.node(node)
     if info is None:
