@@ -61,12 +61,13 @@ def stage_inputs(stager: S3Stager, inputs: list[tuple[str, str]], cache=None) ->
         for note in cache.notes:
             _log(note)
         cache.notes.clear()
-        if dest.is_symlink() or dest.is_file():
-            dest.unlink()
-        elif dest.exists():
+        if dest.exists() and not dest.is_symlink() and dest.is_dir():
             raise StagingError(f"input destination {dest} exists and is a directory")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(path, dest)
+        tmp = dest.parent / f".{dest.name}.{socket.gethostname()}.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        os.symlink(path, tmp)
+        os.replace(tmp, dest)               # atomic: tasks of one job on a node may all do this
         _log(f"input {url} -> {dest}: {'downloaded' if fetched else 'cache hit'} "
              f"({stager.gets - gets} GETs, {time.monotonic() - t0:.2f}s)")
         out[url_text] = path
