@@ -1,12 +1,19 @@
-"""``gpuhpc sweep``: hyper-parameter sweeps as job arrays that fit the cluster (docs/sweeps.md)."""
+"""``gpuhpc sweep``: hyper-parameter sweeps as job arrays that fit the cluster (docs/sweeps.md).
+
+argparse, not typer (:mod:`gpuhpc.cli._args`): ``gpuhpc sweep run`` is measured against raw
+``sbatch`` of the same chunks (bench/sweep_submit.py), and typer's import and per-parameter
+adapters cost more than a sweep's database work. rich is imported by ``status`` only.
+"""
 from __future__ import annotations
 
-import typer
+import sys
 
+from gpuhpc.cli._args import ArgParser, parse
 from gpuhpc.cli._console import print_json
 
-sweep_app = typer.Typer(help="Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume.",
-                        no_args_is_help=True)
+
+def _echo(text: str, err: bool = False) -> None:
+    (sys.stderr if err else sys.stdout).write(text + "\n")
 
 _STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
                 "pending": "white", "requeued": "magenta", "waiting": "dim"}
@@ -22,9 +29,7 @@ def _row_out(r: dict) -> dict:
     return {k: r[k] for k in ("trial", "params", "state", "metrics", "job_id", "restarts", "gpu_hours")}
 
 
-@sweep_app.command("run")
-def run(file: str = typer.Argument(..., metavar="FILE", help="the sweep file (YAML)"),
-        as_json: bool = typer.Option(False, "--json", help='print {"sweep_id": ...}')) -> None:
+def run(file: str, as_json: bool) -> int:
     """Validate FILE, submit the trials the cluster allows now (the driver job submits the rest)
     and return at once with the sweep id."""
     from gpuhpc.sweeps import engine
@@ -35,8 +40,8 @@ def run(file: str = typer.Argument(..., metavar="FILE", help="the sweep file (YA
     if as_json:
         print_json({"sweep_id": sid})
     else:
-        typer.echo(f"sweep {sid}: {spec.n_trials} trials of {spec.name} submitted "
-                   f"(gpuhpc sweep status {sid})")
+        _echo(f"sweep {sid}: {spec.n_trials} trials of {spec.name} submitted (gpuhpc sweep status {sid})")
+    return 0
 
 
 def _tail(path: str | None, n: int = 5) -> str:
@@ -99,11 +104,7 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     return Group(*parts)
 
 
-@sweep_app.command("status")
-def status(sweep_id: str = typer.Argument(..., metavar="ID"),
-           watch: bool = typer.Option(False, "--watch", "-w", help="refresh until every trial has finished"),
-           interval: float = typer.Option(5.0, "--interval", help="seconds between refreshes with --watch"),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     """Progress, counts per state, the best trial so far, failed trials with their log tails."""
     import time
 
@@ -133,10 +134,10 @@ def status(sweep_id: str = typer.Argument(..., metavar="ID"),
         print_json({"sweep_id": sw.id, "name": info["name"], "status": info["status"], "message": info["message"],
                     "n_trials": info["n_trials"], "counts": counts, "driver_job_id": info["driver_job_id"],
                     "chunks": info["chunks"], "best": _row_out(b) if b else None})
-        return
+        return 0
     if not watch:
         console().print(_status_renderable(sw, rows, info))
-        return
+        return 0
     from rich.live import Live
 
     with Live(_status_renderable(sw, rows, info), console=console(), refresh_per_second=2) as live:
@@ -145,40 +146,31 @@ def status(sweep_id: str = typer.Argument(..., metavar="ID"),
             time.sleep(interval)
             info, rows = snapshot()
             live.update(_status_renderable(sw, rows, info))
+    return 0
 
 
-@sweep_app.command("wait")
-def wait(sweep_id: str = typer.Argument(..., metavar="ID"),
-         timeout: float = typer.Option(None, "--timeout", help="give up after S seconds (exit 124)"),
-         poll: float = typer.Option(3.0, "--poll", help="seconds between checks")) -> int:
+def wait(sweep_id: str, timeout: float | None, poll: float) -> int:
     """Wait for every trial to finish: exit 0 when all completed, 1 when any failed for good."""
     sw = _sweep(sweep_id)
     try:
         ok = sw.wait(timeout=timeout, poll=poll)
     except TimeoutError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _echo(f"error: {exc}", err=True)
         return 124
     if not ok:
-        typer.echo(f"sweep {sw.id}: some trials failed or were cancelled (gpuhpc sweep status {sw.id})", err=True)
+        _echo(f"sweep {sw.id}: some trials failed or were cancelled (gpuhpc sweep status {sw.id})", err=True)
     return 0 if ok else 1
 
 
-@sweep_app.command("results")
-def results(sweep_id: str = typer.Argument(..., metavar="ID"),
-            as_json: bool = typer.Option(False, "--json"), as_csv: bool = typer.Option(False, "--csv")) -> None:
+def results(sweep_id: str, as_json: bool, as_csv: bool) -> int:
     """One row per trial: trial, params, state, metrics, job_id, restarts, gpu_hours."""
     import csv
     import json
-    import sys
 
-    from gpuhpc.errors import UserInputError
-
-    if as_json == as_csv:
-        raise UserInputError("give one of --json or --csv", field="--json")
     rows = [_row_out(r) for r in _sweep(sweep_id).rows()]
     if as_json:
         print_json(rows)
-        return
+        return 0
     params = sorted({k for r in rows for k in r["params"]})
     metrics = sorted({k for r in rows for k in r["metrics"]})
     w = csv.writer(sys.stdout)
@@ -189,45 +181,43 @@ def results(sweep_id: str = typer.Argument(..., metavar="ID"),
                                   else r["params"][p] for p in params),
                     r["state"], *(r["metrics"].get(m, "") for m in metrics), r["job_id"] or "", r["restarts"],
                     r["gpu_hours"]])
+    return 0
 
 
-@sweep_app.command("best")
-def best(sweep_id: str = typer.Argument(..., metavar="ID"), as_json: bool = typer.Option(False, "--json")) -> int:
+def best(sweep_id: str, as_json: bool) -> int:
     """The best finished trial (by the sweep's metric and goal)."""
     sw = _sweep(sweep_id)
     b = sw.best()
     if b is None:
-        typer.echo(f"sweep {sw.id}: no finished trial has reported the metric yet", err=True)
+        _echo(f"sweep {sw.id}: no finished trial has reported the metric yet", err=True)
         return 1
     if as_json:
         print_json(_row_out(b))
     else:
-        typer.echo(f"trial {b['trial']}: {b['objective']!r} params {b['params']} (job {b['job_id']})")
+        _echo(f"trial {b['trial']}: {b['objective']!r} params {b['params']} (job {b['job_id']})")
     return 0
 
 
-@sweep_app.command("resume")
-def resume(sweep_id: str = typer.Argument(..., metavar="ID"), as_json: bool = typer.Option(False, "--json")) -> None:
+def resume(sweep_id: str, as_json: bool) -> int:
     """Resubmit the trials that failed, were cancelled or never started (never a finished one)."""
     sw = _sweep(sweep_id)
     numbers = sw.resume()
     if as_json:
         print_json({"sweep_id": sw.id, "resubmitted": numbers})
     else:
-        typer.echo(f"sweep {sw.id}: {len(numbers)} trial(s) resubmitted")
+        _echo(f"sweep {sw.id}: {len(numbers)} trial(s) resubmitted")
+    return 0
 
 
-@sweep_app.command("cancel")
-def cancel(sweep_id: str = typer.Argument(..., metavar="ID")) -> None:
+def cancel(sweep_id: str) -> int:
     """Cancel the sweep's driver and every array it submitted."""
     sw = _sweep(sweep_id)
     ids = sw.cancel()
-    typer.echo(f"sweep {sw.id}: cancelled ({len(ids)} job(s): {' '.join(ids) or 'none active'})")
+    _echo(f"sweep {sw.id}: cancelled ({len(ids)} job(s): {' '.join(ids) or 'none active'})")
+    return 0
 
 
-@sweep_app.command("report")
-def report(sweep_id: str = typer.Argument(..., metavar="ID"),
-           html: str = typer.Option(..., "--html", metavar="FILE", help="write an HTML page here")) -> None:
+def report(sweep_id: str, html: str) -> int:
     """An HTML page: the objective by trial, and each parameter against the objective."""
     from gpuhpc.sweeps.report import html_report
 
@@ -236,8 +226,69 @@ def report(sweep_id: str = typer.Argument(..., metavar="ID"),
     from gpuhpc.fsutil import write_atomic
 
     write_atomic(html, text)
-    typer.echo(f"wrote {html}", err=True)
+    _echo(f"wrote {html}", err=True)
+    return 0
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(sweep_app, name="sweep")
+def parser() -> ArgParser:
+    p = ArgParser("gpuhpc sweep", description="Hyper-parameter sweeps: job arrays that split to fit the cluster, "
+                                              "run detached, resume (docs/sweeps.md).")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    sub.required = True
+    a = sub.add_parser("run", help="submit a sweep file; returns at once with the sweep id")
+    a.add_argument("file", metavar="FILE", help="the sweep file (YAML)")
+    a.add_argument("--json", action="store_true", help='print {"sweep_id": ...}')
+    a = sub.add_parser("status", help="progress, counts per state, best so far, failed trials with log tails")
+    a.add_argument("id", metavar="ID")
+    a.add_argument("--watch", "-w", action="store_true", help="refresh until every trial has finished")
+    a.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes with --watch")
+    a.add_argument("--json", action="store_true")
+    a = sub.add_parser("wait", help="wait for every trial: exit 0 all completed, 1 some failed for good")
+    a.add_argument("id", metavar="ID")
+    a.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 124)")
+    a.add_argument("--poll", type=float, default=3.0, help="seconds between checks")
+    a = sub.add_parser("results", help="one row per trial: trial, params, state, metrics, job_id, restarts, gpu_hours")
+    a.add_argument("id", metavar="ID")
+    g = a.add_mutually_exclusive_group(required=True)
+    g.add_argument("--json", action="store_true")
+    g.add_argument("--csv", action="store_true")
+    a = sub.add_parser("best", help="the best finished trial")
+    a.add_argument("id", metavar="ID")
+    a.add_argument("--json", action="store_true")
+    a = sub.add_parser("resume", help="resubmit failed, cancelled and never-started trials (never a finished one)")
+    a.add_argument("id", metavar="ID")
+    a.add_argument("--json", action="store_true")
+    a = sub.add_parser("cancel", help="cancel the sweep's driver and every array it submitted")
+    a.add_argument("id", metavar="ID")
+    a = sub.add_parser("report", help="an HTML page: objective by trial, each parameter vs the objective")
+    a.add_argument("id", metavar="ID")
+    a.add_argument("--html", required=True, metavar="FILE")
+    return p
+
+
+def _run(argv: list[str]) -> int:
+    ns = parse(parser(), argv)
+    if isinstance(ns, int):
+        return ns
+    if ns.cmd == "run":
+        return run(ns.file, ns.json)
+    if ns.cmd == "status":
+        return status(ns.id, ns.watch, ns.interval, ns.json)
+    if ns.cmd == "wait":
+        return wait(ns.id, ns.timeout, ns.poll)
+    if ns.cmd == "results":
+        return results(ns.id, ns.json, ns.csv)
+    if ns.cmd == "best":
+        return best(ns.id, ns.json)
+    if ns.cmd == "resume":
+        return resume(ns.id, ns.json)
+    if ns.cmd == "cancel":
+        return cancel(ns.id)
+    return report(ns.id, ns.html)
+
+
+def main(argv: list[str], debug: bool = False) -> int:
+    """``gpuhpc sweep COMMAND ...`` (``argv[0]`` is ``sweep``)."""
+    from gpuhpc.cli import run_guarded
+
+    return run_guarded(lambda: _run(argv[1:]), lambda: debug)
