@@ -110,3 +110,26 @@ def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(on_laptop, 
         assert starts[1][1] == "1" and int(starts[1][2]) >= 8        # resumed, not restarted
     finally:
         job.cancel()
+
+
+def test_a_20_trial_sweep_from_the_laptop_gives_best(on_laptop, tmp_path):
+    import gpuhpc
+
+    offset = 7
+
+    def objective(x):
+        return float((x - offset) ** 2)
+
+    sw = gpuhpc.sweep(objective, {"x": {"type": "int", "low": 0, "high": 19}}, method="grid", parallelism=10,
+                      metric={"name": "objective", "goal": "minimize"}, name="laptop-sweep",
+                      resources={"partition": "cpu", "time": "5m"}, cluster="lab",
+                      driver_resources={"partition": "cpu", "time": "15m"},
+                      driver_env={"GPUHPC_DATA_DIR": str(tmp_path / "cluster-data"), "GPUHPC_LEDGER": "off",
+                                  "GPUHPC_SWEEP_DRIVER_POLL": "2"})
+    try:
+        assert sw.wait(timeout=400) is True
+        assert sw.results() == [float((x - 7) ** 2) for x in range(20)]
+        best = sw.best()
+        assert best["trial"] == 7, best
+    finally:
+        sw.cancel()                         # the driver (its trials are 5-minute jobs at most)
