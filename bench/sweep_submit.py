@@ -112,7 +112,7 @@ def main() -> int:
     sc = SlurmClient()
     lim = sc.submit_limits()
     limit, max_array = lim.max_job_count, lim.max_array_size
-    held = len(sc.queue())
+    held = sc.job_records()
     need = args.repeats * args.trials * (2 if args.no_api else 4)
     if held + need > limit * 0.8:
         raise SystemExit(f"not running: slurmctld holds {held} job records, this run adds {need}, MaxJobCount is "

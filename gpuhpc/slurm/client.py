@@ -165,6 +165,10 @@ class SlurmClient:
     def update_job(self, job_id: str, **fields: str) -> None:
         self.run(cmd.scontrol_update_job(job_id, **fields))
 
+    def job_records(self) -> int:
+        """How many job records slurmctld holds now (what MaxJobCount bounds)."""
+        return sum(1 for line in self.run(cmd.squeue_records()).stdout.splitlines() if line.strip())
+
     def submit_limits(self, user: str | None = None, account: str | None = None,
                       qos: str | None = None) -> parsers.SubmitLimits:
         """MaxArraySize and MaxJobCount from the controller; MaxSubmitJobs (and the user's

@@ -130,6 +130,12 @@ def scontrol_show_config() -> list[str]:
     return ["scontrol", "show", "config"]
 
 
+def squeue_records() -> list[str]:
+    """One short line per job record slurmctld holds (every array task, finished ones too):
+    what counts against MaxJobCount."""
+    return ["squeue", "--noheader", "--array", "--all", "--states=all", "--format=%A"]
+
+
 def scontrol_show_assoc_mgr(user: str, flags: str = "assoc,qos") -> list[str]:
     """``scontrol show assoc_mgr``: slurmctld's cached association and QOS limits with their
     current usage (``MaxSubmitJobs=LIMIT(CURRENT)``, ``N`` = no limit); no slurmdbd round trip."""

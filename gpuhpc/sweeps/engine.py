@@ -277,8 +277,7 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
     if len_waiting > min(100, limits.max_job_count // 20):
         # slurmctld refuses ("temporarily unable to accept job") an array whose tasks would
         # take it past MaxJobCount; finished and cancelled tasks count until MinJobAge
-        rows = client.queue()
-        room = min(room, limits.max_job_count - len(rows) - max(10, limits.max_job_count // 100))
+        room = min(room, limits.max_job_count - client.job_records() - max(10, limits.max_job_count // 100))
     return Plan(max(0, room), max(1, chunk), limits)
 
 
