@@ -47,3 +47,31 @@ def track(slurm):
     yield ids.append
     for job_id in ids:
         slurm.run(["scancel", str(job_id)], check=False)
+
+
+@pytest.fixture
+def pg_sweep_db(sweep_env, monkeypatch):
+    """A fresh PostgreSQL database at head as the gpuhpc database (GPUHPC_DB_URL), dropped after."""
+    import os
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    from gpuhpc.ledger import db
+
+    admin = os.environ.get("GPUHPC_TEST_PG_URL")
+    if not admin:
+        pytest.fail("GPUHPC_TEST_PG_URL is not set (scripts/services/postgres.sh start)", pytrace=False)
+    name = f"gpuhpc_sweep_{uuid.uuid4().hex[:10]}"
+    eng = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(admin).set(database=name).render_as_string(hide_password=False)
+    db.upgrade(url)
+    monkeypatch.setenv("GPUHPC_DB_URL", url)
+    yield url
+    db.get_engine(url).dispose()
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    eng.dispose()

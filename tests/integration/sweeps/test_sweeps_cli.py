@@ -181,3 +181,18 @@ def test_submit_array_reserves_every_task(sweep_env, tmp_path, monkeypatch, trac
     assert size == 10 and float(hours) == 5.0
     res = gpuhpc("submit", "--array", "0-9;id", "--dry-run", "--", "true")
     assert res.returncode == 2 and "array" in res.stderr
+
+
+def test_sweep_state_on_postgresql(pg_sweep_db, sweeps, tmp_path):
+    """The same sweep with the gpuhpc database on PostgreSQL (run, driver, resume bookkeeping)."""
+    f = write_sweep(tmp_path / "pg.yaml", name="t-pg", method="grid", command=f"v={{x}}; {report_cmd('v+10')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": 9}}, parallelism=5, resources=CPU,
+                    metric={"name": "loss", "goal": "maximize"}, chunk_size=4, max_queued=8)
+    sid = run_sweep(f)
+    sweeps(sid)
+    assert _sweep_info(sid)["driver_job_id"]
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", timeout=400)
+    assert res.returncode == 0, res.stderr
+    rows = results(sid)
+    assert [r["metrics"]["loss"] for r in rows] == [float(x + 10) for x in range(10)]
+    assert json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)["trial"] == 9
