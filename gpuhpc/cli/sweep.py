@@ -92,12 +92,16 @@ def _status_renderable(sw, rows: list[dict], info: dict):
             tab.add_column(col)
         for r in failed[:5]:
             log = None
-            if r["job_id"]:
+            raw = r.get("job_id_raw")
+            try:            # the job that ran the trial last (the trial records it)
+                with open(f"{info['directory']}/trials/{r['trial']}/jobs") as fh:
+                    raw = fh.read().split()[-1]
+            except (OSError, IndexError):
+                pass
+            if raw:
                 import glob
 
-                raw = r.get("job_id_raw")
-                pattern = f"{info['directory']}/logs/*-{raw}.out" if raw else None
-                found = glob.glob(pattern) if pattern else []
+                found = glob.glob(f"{info['directory']}/logs/*-{raw}.out")
                 log = found[0] if found else None
             tab.add_row(str(r["trial"]), r["job_id"] or "", r["raw_state"] or r["state"], _tail(log))
         parts.append(tab)

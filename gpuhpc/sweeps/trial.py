@@ -92,8 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
     entry, env, meta = trial_env(sweep_dir, chunk, task)
     os.environ.update(env)
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:         # which job ran this trial (its log is logs/*-<job>.out): sweep status shows the tail
+        fd = os.open(os.path.join(env["GPUHPC_TRIAL_DIR"], "jobs"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, f"{job}\n".encode())
+        finally:
+            os.close(fd)
     sys.stderr.write(f"gpuhpc: sweep {meta['sweep_id']} trial {entry['trial']} (chunk {chunk} task {task}); "
-                     f"params {env['GPUHPC_PARAMS_JSON']}\n")
+                     f"params {env['GPUHPC_PARAMS_JSON']}; checkpoints in {env['GPUHPC_CHECKPOINT_DIR']} "
+                     f"(latest {env['GPUHPC_LATEST_CHECKPOINT'] or 'none'})\n")
     sys.stderr.flush()
     if meta.get("kind") == "python":
         return run_python(sweep_dir, entry["params"], meta["metric"])
