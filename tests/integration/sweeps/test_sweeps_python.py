@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import HERE
+from sweeps_helpers import HERE, gpuhpc, research_quota
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +23,19 @@ def _progress(d: Path, trial: int) -> list[str]:
 
 
 def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, track, slurm: SlurmClient, monkeypatch):
-    import gpuhpc
+    import gpuhpc as api
 
+    research_quota(monkeypatch, 1000)               # the ledger on: one reservation per chunk, charges per run
     monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
     sys.path.insert(0, str(HERE))
     from sweeps_lib import Objective
 
-    sw = gpuhpc.sweep(Objective(steps=30, step_s=0.1), {"x": {"type": "int", "low": 0, "high": 49}},
+    sw = api.sweep(Objective(steps=30, step_s=0.1), {"x": {"type": "int", "low": 0, "high": 49}},
                       method="grid", parallelism=8, metric={"name": "objective", "goal": "minimize"},
                       resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "nodelist": NODE, "time": "10m"},
                       chunk_size=25, name="t-pysweep")
     sweeps(sw.id)
-    assert isinstance(sw, gpuhpc.Sweep)
+    assert isinstance(sw, api.Sweep)
     d = Path(sw.info()["directory"])
     # preempt the running trials once some have made progress
     deadline = time.monotonic() + 180
@@ -60,5 +61,25 @@ def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, tra
             resumed += 1
     assert resumed >= 1, (running, [(r["trial"], _progress(d, r["trial"])[:3]) for r in restarted])
     assert sw.best()["trial"] == 0
-    again = gpuhpc.Sweep.load(sw.id)
+    again = api.Sweep.load(sw.id)
     assert again.resume() == []                      # nothing to resubmit: never a finished trial
+    # the ledger: each chunk reserved with its real array size; one usage record and one charge
+    # per run (a preempted task's runs each count once), nothing twice
+    import sqlite3
+
+    chunks = sw.info()["chunks"]
+    con = sqlite3.connect(sweep_env / "ledger.db")
+    sizes = {j: n for j, n in con.execute("SELECT job_id, array_size FROM reservations")}
+    assert all(sizes[c["job_id"]] == c["n_tasks"] for c in chunks), (sizes, chunks)
+    res = gpuhpc("ledger", "ingest", "--json")
+    assert res.returncode == 0, res.stderr
+    ids = [c["job_id"] for c in chunks]
+    runs = [r for r in slurm.accounting(job_ids=ids, duplicates=True)
+            if r.array_task_id is not None and r.start not in ("", "None", "Unknown")]
+    marks = ",".join("?" * len(ids))
+    recs = con.execute(f"SELECT job_id, array_task_id, run_start FROM usage_records WHERE job_id IN ({marks})",
+                       ids).fetchall()
+    assert len(recs) == len(set(recs)) == len(runs), (len(recs), len(runs))
+    per_run = con.execute(f"SELECT count(*) FROM charges c JOIN usage_records u ON u.id = c.usage_id "
+                          f"WHERE u.job_id IN ({marks}) GROUP BY c.usage_id", ids).fetchall()
+    assert len(per_run) == len(recs) and {n for (n,) in per_run} == {1}
