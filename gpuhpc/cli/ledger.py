@@ -118,8 +118,8 @@ def ledger_ingest(
     from gpuhpc.ledger import db, ingest, paths
     from gpuhpc.slurm.client import SlurmClient
 
-    db.check_schema()
     _admin("ledger ingest")
+    db.check_schema()
     start = _when(since, "--since") or ingest.default_since()
     end = _when(until, "--until")
     client = SlurmClient()

@@ -85,9 +85,18 @@ def writable(url: str) -> bool:
         return True
     path = url.split("://", 1)[1].split("?", 1)[0]
     path = path[1:] if path.startswith("/") else path
+    d = os.path.dirname(path) or "."
+    try:
+        os.stat(path)
+    except PermissionError:             # a directory on the way is the admin's only
+        return False
+    except OSError:
+        pass
+    if os.path.isdir(d) and not os.access(d, os.X_OK):
+        return False
     if not os.path.exists(path):        # no ledger yet: whoever creates it (gpuhpc db upgrade) owns it
         return True
-    return os.access(path, os.R_OK | os.W_OK) and os.access(os.path.dirname(path) or ".", os.W_OK)
+    return os.access(path, os.R_OK | os.W_OK) and os.access(d, os.W_OK)
 
 
 def submit_budget(req: ChargeRequest, account: str | None) -> list[str]:

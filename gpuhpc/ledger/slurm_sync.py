@@ -34,11 +34,16 @@ from gpuhpc.ledger import admin, budget, db, pricing
 from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
 
 UNSET = -1
+# Slurm decides in whole TRES-minutes: ``safe`` starts a job when  floor(settled usage) +
+# floor(running jobs' reserve) + the job's own limit <= GrpTRESMins, so each floor can hide
+# just under one minute. The limit is set this many TRES-minutes below the budget, so that jobs
+# can never together run past the budget itself (for money: 2/60,000,000 of the currency).
+HEADROOM_MINUTES = 2
 
 
 def _limit(gpu_hours, money) -> dict[str, int]:
-    return {"gres/gpu": UNSET if gpu_hours is None else int(gpu_hours * 60),
-            "billing": UNSET if money is None else budget.money_to_billing_minutes(money)}
+    return {"gres/gpu": UNSET if gpu_hours is None else max(int(gpu_hours * 60) - HEADROOM_MINUTES, 0),
+            "billing": UNSET if money is None else max(budget.money_to_billing_minutes(money) - HEADROOM_MINUTES, 0)}
 
 
 @dataclass(frozen=True)
@@ -147,9 +152,10 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
             have = users_of.get(p.account, {}).get("", {})
             if _differs(have.get("GrpTRESMins", ""), p.limits):
                 modify("account", [("name", p.account)], ("GrpTRESMins", _tres(p.limits)))
-            if p.reset:
-                # a new quota period: Slurm's usage of the budget starts again from zero, like the ledger's
-                modify("account", [("name", p.account)], ("RawUsage", "0"))
+        if p.reset:
+            # a new quota period (or a first sync): Slurm's usage of the budget starts from zero, like
+            # the ledger's (an account re-added in slurmdbd keeps the usage it had)
+            modify("account", [("name", p.account)], ("RawUsage", "0"))
         have_users = users_of.get(p.account, {})
         for u in sorted(set(p.users) | set(p.user_limits)):
             want = p.user_limits.get(u, _limit(None, None))

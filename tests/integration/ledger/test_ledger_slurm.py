@@ -167,16 +167,15 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
     admin.add_account(acct, description="gpuhpc ledger test", url=url)
     admin.add_user(user, acct, url=url)
     admin.set_quota(acct, gpu_hours=Decimal("1"), url=url)           # 60 GPU-minutes
-    qos = slurm_sync.qos_name(acct)
-    assert qos == acct
     try:
         plans = slurm_sync.plan(url=url, accounts=[acct])
         first = slurm_sync.sync(client, plans)
         assert first.commands
         assert slurm_sync.sync(client, plans).commands == []          # idempotent
-        (q,) = [r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins", "MaxTRESMins"])
-                if r["Name"] == qos]
-        assert "NoDecay" in q["Flags"] and q["GrpTRESMins"] == "gres/gpu=60" and q["MaxTRESMins"] == "gres/gpu=60"
+        # the budget is on the account's association: every user's job under it counts
+        (a,) = [r for r in client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
+                if r["Account"] == acct and not r["User"]]
+        assert a["GrpTRESMins"] == "gres/gpu=58"                        # 60 GPU-minutes, 2 of headroom
         # a user going around gpuhpc: 8 GPUs × 60 min = 480 GPU-min > 60
         try:
             j = client.submit_script("#!/bin/bash\nsleep 1\n", extra=[
@@ -189,7 +188,7 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
         row = _wait(lambda: (s := _state(client, j)) and s.reason not in ("None", "", "Priority") and s, 30,
                     "a pending reason")
         assert row.state.state.value == "PENDING", row
-        assert re.search(r"(GRES|TRES)Min", row.reason), row.reason    # QOSMaxGRESMinutesPerJob / QOSGrpGRESMinutes
+        assert re.search(r"(GRES|TRES)Min", row.reason), row.reason    # AssocGrpGRESMinutes (safe)
         # a job within the limit runs: 1 GPU × 1 min
         ok = client.submit_script("#!/bin/bash\nexit 0\n", extra=[
             "-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "1", "-J", "gpuhpc-ledger-test-ok", "-o", "/dev/null"])
@@ -211,7 +210,6 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
               "test jobs to leave the queue")
         client.sacctmgr_delete("user", [("name", user), ("account", acct)], check=False)
         client.sacctmgr_delete("account", [("name", acct)], check=False)
-        client.sacctmgr_delete("qos", [("name", qos)], check=False)
     assert not [r for r in client.sacctmgr_list("account", fields=["Account"]) if r["Account"] == acct]
 
 

@@ -40,27 +40,29 @@ def test_plan_and_commands(ledger_url):
     admin.set_quota("proj", user="bob", gpu_hours=Decimal("1"), period="month", url=ledger_url)
     now = dt.datetime(2026, 11, 15, tzinfo=dt.timezone.utc)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
-    # a GPU-hour quota in GPU-minutes, a money quota in billing-minutes (60,000,000 per unit of money)
-    assert p.limits == {"gres/gpu": 630, "billing": 750_000_000} and p.users == ("alice", "bob") and p.reset
-    assert p.user_limits == {"bob": {"gres/gpu": 60, "billing": -1}}
+    # a GPU-hour quota in GPU-minutes, a money quota in billing-minutes (60,000,000 per unit of money),
+    # each 2 minutes below the budget (Slurm's whole-minute arithmetic)
+    assert p.limits == {"gres/gpu": 628, "billing": 749_999_998} and p.users == ("alice", "bob") and p.reset
+    assert p.user_limits == {"bob": {"gres/gpu": 58, "billing": -1}}
     c = RecordingClient()
     res = slurm_sync.sync(c, [p])
     # the budget sits on the ACCOUNT association: it binds every user under it, however added
     assert c.runner.calls[0] == ("add", "account", "proj", "Description=proj", "Organization=gpuhpc",
-                                 "GrpTRESMins=billing=750000000,gres/gpu=630")
+                                 "GrpTRESMins=billing=749999998,gres/gpu=628")
     assert ("add", "user", "alice", "Account=proj") in c.runner.calls
-    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=gres/gpu=60") in c.runner.calls
-    assert len(res.commands) == 3
+    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=gres/gpu=58") in c.runner.calls
+    assert c.runner.calls[1] == ("modify", "account", "where", "name=proj", "set", "RawUsage=0")   # first sync
+    assert len(res.commands) == 4
     slurm_sync.record_periods([p], url=ledger_url)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
     assert not p.reset
     # already in place (a user added with sacctmgr only is left alone): nothing to do
     done = RecordingClient(
         accounts=[{"Account": "proj"}],
-        assocs=[{"Account": "proj", "User": "", "GrpTRESMins": "billing=750000000,gres/gpu=630"},
+        assocs=[{"Account": "proj", "User": "", "GrpTRESMins": "billing=749999998,gres/gpu=628"},
                 {"Account": "proj", "User": "alice", "GrpTRESMins": ""},
                 {"Account": "proj", "User": "carol", "GrpTRESMins": ""},
-                {"Account": "proj", "User": "bob", "GrpTRESMins": "gres/gpu=60"}])
+                {"Account": "proj", "User": "bob", "GrpTRESMins": "gres/gpu=58"}])
     assert slurm_sync.sync(done, [p]).commands == []
     # next month: Slurm's usage of the budget restarts with the ledger's
     (p2,) = slurm_sync.plan(url=ledger_url, now=now + dt.timedelta(days=20))

@@ -1,0 +1,291 @@
+"""Budgets that bind every job, on the real local cluster (issue 14).
+
+* a Unix user the test creates, added to the account with sacctmgr only, submits 10 concurrent
+  plain-sbatch 1-GPU jobs against a 6 GPU-minute budget: together they never exceed it, the rest
+  pend with Slurm's budget reason (AssocGrpGRESMinutes), which `gpuhpc jobs` puts in words, and a
+  job that alone cannot fit is refused at submit by job_submit.lua;
+* that user cannot change the ledger (price set, quota set, ingest: one line each, nothing
+  changed) but `gpuhpc submit` works and shows the budget;
+* a money budget with two GPU types is consumed in proportion to their prices (billing weights
+  from the price book, applied by the collection with `scontrol reconfigure`: slurmctld keeps its
+  pid, a running job is untouched); after ingest the ledger and Slurm agree per job; a period
+  rollover frees the budget in both.
+
+Own accounts only (quota-t1, quota-t2); every limit and the published snapshot are removed in
+finally blocks, so no other test's job pends on them.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import pwd
+import re
+import subprocess
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.ledger import admin, budget, db, ingest, slurm_sync
+from gpuhpc.slurm import commands as cmd
+from gpuhpc.slurm.client import SlurmClient
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
+USER = "gpuhpc-quota-u1"
+# the user runs gpuhpc from this checkout with the system Python 3.11 (the venv's interpreter lives
+# under /root, which other users cannot enter); the venv's site-packages are world-readable
+SITE = next((REPO / ".venv" / "lib").glob("python3.*/site-packages"))
+BOOT = ("import sys; sys.path[:0] = [sys.argv.pop(1), sys.argv.pop(1)]; sys.argv[0] = 'gpuhpc'; "
+        "from gpuhpc.cli.main import main; sys.exit(main())")
+
+
+@pytest.fixture()
+def client():
+    return SlurmClient()
+
+
+@pytest.fixture()
+def unix_user():
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", USER], check=True)
+    return USER
+
+
+def as_user(user: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    keep = {k: v for k, v in (env or {}).items()}
+    envs = [f"{k}={v}" for k, v in keep.items()]
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={pwd.getpwnam(user).pw_dir}", *envs, *argv],
+                          capture_output=True, text=True, cwd="/tmp", timeout=120)
+
+
+def gpuhpc_as(user: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return as_user(user, ["/usr/bin/python3.11", "-c", BOOT, str(REPO), str(SITE), *args], env)
+
+
+def _wait(pred, timeout: float, what: str, step: float = 1.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _done(client, ids: list[str]) -> bool:
+    """Every job finished (squeue keeps finished jobs for MinJobAge, in a final state)."""
+    return all(r.state.state.is_finished for r in client.queue(job_ids=ids)) if ids else True
+
+
+def _assoc(client, account: str) -> dict[str, str]:
+    rows = [r for r in client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
+            if r["Account"] == account and not r["User"]]
+    return rows[0] if rows else {}
+
+
+def _cleanup(client, account: str, users: list[str], jobs: list[str]) -> None:
+    for j in jobs:
+        client.run(cmd.scancel(j), check=False)
+    _wait(lambda: _done(client, jobs), 60, "test jobs to finish")
+    for u in users:
+        client.sacctmgr_delete("user", [("name", u), ("account", account)], check=False)
+    client.sacctmgr_delete("account", [("name", account)], check=False)
+    budget.snapshot_path().unlink(missing_ok=True)
+
+
+def _used_minutes(client, account: str, tres: str) -> int:
+    for a in client.assoc_budgets([account]):
+        if a.account == account and not a.user:
+            return a.used.get(tres, 0)
+    return 0
+
+
+def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_path, client, unix_user):
+    acct = "quota-t1"
+    data = Path(tempfile.mkdtemp(prefix="gpuhpc-quota-"))
+    os.chmod(data, 0o755)                       # like /var/lib/gpuhpc: the file inside is the admin's only
+    url = f"sqlite:///{data / 'ledger.db'}"
+    db.upgrade(url)
+    assert (data / "ledger.db").stat().st_mode & 0o777 == 0o600
+    admin.add_account(acct, description="issue 14 test", url=url)
+    admin.set_price("h100", rate=Decimal("2.50"), url=url)
+    admin.set_quota(acct, gpu_hours=Decimal("0.1"), period="day", url=url)     # 6 GPU-minutes
+    jobs: list[str] = []
+    try:
+        plans = slurm_sync.plan(url=url, accounts=[acct])
+        slurm_sync.sync(client, plans)
+        slurm_sync.record_periods(plans, url=url)
+        slurm_sync.publish(url=url, billing_file=tmp_path / "billing.json")
+        assert _assoc(client, acct)["GrpTRESMins"] == "gres/gpu=4"   # 2 minutes of headroom
+        # the user joins the account in Slurm only; the ledger never heard of them
+        client.sacctmgr("add", "user", unix_user, f"Account={acct}", check=False)   # (kept by an aborted run)
+        assert any(r["User"] == unix_user for r in client.sacctmgr_list("association", fields=["Account", "User"])
+                   if r["Account"] == acct)
+        user_env = {"GPUHPC_DB_URL": url, "GPUHPC_DATA_DIR": f"/tmp/{unix_user}-gpuhpc",
+                    "GPUHPC_BUDGET_SNAPSHOT": str(budget.snapshot_path())}
+
+        # --- who may change the ledger: not this user; one line each, nothing changed
+        before = (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)])
+        for args in (["ledger", "price", "set", "--gpu-type", "h100", "--rate", "0.01"],
+                     ["quota", "set", acct, "--gpu-hours", "1000"],
+                     ["ledger", "ingest"]):
+            r = gpuhpc_as(unix_user, args, user_env)
+            assert r.returncode == 1, (args, r.stdout, r.stderr)
+            assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: permission denied"), r.stderr
+        assert (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)]) == before
+
+        # --- gpuhpc submit works for the user and shows the budget (the published snapshot)
+        r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "1m",
+                                  "--grace", "10s", "--log-dir", f"/tmp/{unix_user}-logs", "--", "true"], user_env)
+        assert r.returncode == 0, r.stderr
+        assert "budget: account quota-t1: budget 0.10 GPU-hours for" in r.stderr, r.stderr
+        jobs.append(r.stdout.strip().splitlines()[-1].strip())
+        # and refuses, before sbatch, a job that alone cannot fit
+        r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "10m",
+                                  "--grace", "10s", "--", "true"], user_env)
+        assert r.returncode == 3 and "this job may use 0.17 GPU-hours" in r.stderr, r.stderr
+        _wait(lambda: _done(client, jobs[-1:]), 90, "the user's gpuhpc job to finish")
+        # --- a plain sbatch that can never fit is refused at submit by job_submit.lua, with the budget
+        r = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "10",
+                                                 "-o", "/dev/null", "--wrap", "sleep 1"]))
+        assert r.returncode != 0 and "account quota-t1: budget 0.10 GPU-hours" in r.stderr, r.stderr
+
+        # --- 10 concurrent plain sbatch, 1 GPU for 40 s each (6.7 GPU-minutes): together never above 6
+        ids: list[str] = []
+        lock = threading.Lock()
+
+        def submit() -> None:
+            out = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "1",
+                                                       "-o", "/dev/null", "--wrap", "sleep 40"]))
+            if out.returncode == 0:
+                with lock:
+                    ids.append(out.stdout.strip().split(";")[0])
+
+        threads = [threading.Thread(target=submit) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        jobs.extend(ids)
+        assert len(ids) == 10
+        seen_reason, translated = set(), ""
+        end = time.time() + 240
+        while time.time() < end:
+            rows = [r for r in client.queue(job_ids=ids) if not r.state.state.is_finished]
+            running = [r for r in rows if r.state.state.value == "RUNNING"]
+            for r in rows:
+                if r.state.state.value == "PENDING":
+                    seen_reason.add(r.reason)
+            assert len(running) <= 4, rows          # GrpTRESMins=gres/gpu=4 and 1-minute limits
+            if not translated and "AssocGrpGRESMinutes" in seen_reason:
+                out = gpuhpc_as(unix_user, ["jobs"], user_env)
+                m = re.search(r"AssocGrpGRESMinutes: account quota-t1: budget 0\.10 GPU-hours for \S+, [\d.]+ "
+                              r"GPU-hours left; this job may use 0\.02 GPU-hours", out.stdout)
+                translated = m.group(0) if m else out.stdout + out.stderr
+            if not rows:
+                break
+            time.sleep(2)
+        for j in ids:
+            client.run(cmd.scancel(j), check=False)
+        _wait(lambda: _done(client, ids), 60, "the jobs to finish")
+        assert "AssocGrpGRESMinutes" in seen_reason, seen_reason
+        assert translated.startswith("AssocGrpGRESMinutes: account quota-t1"), translated
+        runs = _wait(lambda: (rs := client.accounting(job_ids=ids, all_users=True))
+                     and len(rs) == len(ids) and all(r.state.state.is_finished for r in rs) and rs, 30,
+                     "sacct to show the jobs finished")
+        gpu_seconds = sum(r.elapsed_s for r in runs)            # 1 GPU each
+        assert gpu_seconds <= 6 * 60, (gpu_seconds, len(runs))
+        started = [r for r in runs if r.elapsed_s > 0]
+        assert 0 < len(started) < 10, [(r.job_id, r.elapsed_s) for r in runs]
+    finally:
+        _cleanup(client, acct, [unix_user], jobs)
+        shutil.rmtree(data, ignore_errors=True)
+    assert not _assoc(client, acct)
+
+
+def _billing(row) -> int:
+    return int(row.alloc_tres.get("billing", 0))
+
+
+def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp_path, client):
+    acct = "quota-t2"
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    db.upgrade(url)
+    # a real change every run (so the collection has something to reconfigure): h100 0.60 or 0.90 /GPU-h
+    weights = client.config().get("TRESBillingWeights", "")
+    billing_file = budget.billing_path()
+    old = json.loads(billing_file.read_text()).get("rates", {}).get("h100") if billing_file.exists() else None
+    rate = Decimal("0.90") if old == "600000" else Decimal("0.60")
+    t0 = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(minutes=5)
+    admin.set_price("h100", rate=rate, effective_from=t0, url=url)
+    admin.set_price("1g.10gb", base="h100", fraction="1/5", effective_from=t0, url=url)
+    admin.add_account(acct, description="issue 14 money test", url=url)
+    admin.set_quota(acct, money=Decimal("1.00"), period="day", url=url)
+    jobs: list[str] = []
+    try:
+        plans = slurm_sync.plan(url=url, accounts=[acct])
+        slurm_sync.sync(client, plans)
+        slurm_sync.record_periods(plans, url=url)
+        slurm_sync.publish(url=url)
+        assert _assoc(client, acct)["GrpTRESMins"] == "billing=59999998"
+        # a job running through the price change
+        long = client.submit_script("#!/bin/bash\nsleep 300\n", extra=["-A", acct, "-p", "cpu", "-t", "10",
+                                                                       "-o", "/dev/null", "-J", "quota-t2-long"])
+        jobs.append(long)
+        _wait(lambda: (q := client.queue(job_ids=[long])) and q[0].state.state.value == "RUNNING", 60, "the long job")
+        pid = Path("/run/slurm/slurmctld.pid").read_text().strip()
+        up = subprocess.run(["bash", str(REPO / "scripts" / "cluster.sh"), "up"], capture_output=True, text=True,
+                            timeout=600)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
+        assert Path("/run/slurm/slurmctld.pid").read_text().strip() == pid            # reconfigured, not restarted
+        assert "TRESBillingWeights" in Path("/etc/slurm/slurm.conf").read_text()
+        (q,) = client.queue(job_ids=[long])
+        assert q.state.state.value == "RUNNING", q                                     # untouched
+        del weights
+        w = int(rate * 1_000_000)
+        # two GPU types, 20 s each
+        a = client.submit_script("#!/bin/bash\nsleep 20\n", extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1",
+                                                                   "-t", "1", "-o", "/dev/null"])
+        b = client.submit_script("#!/bin/bash\nsleep 20\n", extra=["-A", acct, "-p", "mig", "--gres=gpu:1g.10gb:1",
+                                                                   "-t", "1", "-o", "/dev/null"])
+        jobs += [a, b]
+        _wait(lambda: _done(client, [a, b]), 150, "the two GPU jobs to finish")
+        runs = _wait(lambda: (rs := {r.job_id: r for r in client.accounting(job_ids=[a, b], all_users=True)})
+                     and all(j in rs and rs[j].state.state.is_finished for j in (a, b)) and rs, 30, "sacct")
+        assert _billing(runs[a]) == w and _billing(runs[b]) == w // 5      # in proportion to the prices
+        # settle from sacct: the ledger's charge and Slurm's billing agree per job (the ledger's 6 decimals)
+        since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+        rows = _wait(lambda: (rs := client.job_runs(since, job_ids=[a, b]))
+                     and {a, b} <= {r.array_job_id for r in rs} and rs, 30, "sacct window")
+        ingest.ingest_rows(rows, since=since, active=set(), url=url)
+        (st,) = admin.quota_status(acct, url=url)
+        slurm_money = sum(budget.billing_minutes_to_money(Decimal(_billing(runs[j])) * runs[j].elapsed_s / 60)
+                          for j in (a, b))
+        assert abs(st.used_money - slurm_money) <= Decimal("0.000001") * 2, (st.used_money, slurm_money)
+        # Slurm's own usage of the budget (added up every PriorityCalcPeriod = 1 min here)
+        _wait(lambda: _used_minutes(client, acct, "billing") > 0, 130, "Slurm to add up the usage", step=5)
+        used = budget.billing_minutes_to_money(_used_minutes(client, acct, "billing"))
+        assert abs(used - st.used_money) <= Decimal("0.0001"), (used, st.used_money)
+        # period rollover (the period start moved): both the ledger's and Slurm's usage start again
+        tomorrow = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
+        (p2,) = slurm_sync.plan(url=url, accounts=[acct], now=tomorrow)
+        assert p2.reset
+        res = slurm_sync.sync(client, [p2])
+        assert ["sacctmgr", "-i", "modify", "account", "where", f"name={acct}", "set", "RawUsage=0"] in res.commands
+        _wait(lambda: _used_minutes(client, acct, "billing") == 0, 30, "Slurm's usage reset")
+        (st2,) = admin.quota_status(acct, url=url, now=tomorrow)
+        assert st2.used_money == 0 and st2.remaining_money == Decimal("1.00")
+    finally:
+        _cleanup(client, acct, [], jobs)
+    assert not _assoc(client, acct)
+    print(f"h100 {rate}/GPU-h -> billing weight {int(rate * 1_000_000)}", file=sys.stderr)
