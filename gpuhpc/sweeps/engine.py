@@ -340,10 +340,19 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             rows = waiting[i:i + plan_chunk]
             number = next_number
             next_number += 1
-            with conn.transaction() as tx:
-                chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
-                                     "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
-                                     (sid, number, len(rows), json.dumps([t for t, _ in rows]), tx.ts(now())))
+            try:
+                with conn.transaction() as tx:
+                    chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
+                                         "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
+                                         (sid, number, len(rows), json.dumps([t for t, _ in rows]), tx.ts(now())))
+                    # claim the trials: another submitter (the driver, a resume) may have taken some
+                    tx.q(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
+                         f"state = ? AND number IN ({', '.join('?' * len(rows))})",
+                         (TrialState.PENDING.value, chunk_id, sid, TrialState.WAITING.value, *(t for t, _ in rows)))
+                    if tx.cur.rowcount != len(rows):
+                        raise _Rollback
+            except _Rollback:
+                break
             _write_chunk_file(directory, number, rows)
             jspec = _trial_spec(spec, sid, directory, number, len(rows), dependency)
             try:
@@ -351,6 +360,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             except BaseException:
                 with conn.transaction() as tx:
                     tx.q("UPDATE sweep_chunks SET state = 'failed' WHERE id = ?", (chunk_id,))
+                    tx.q("UPDATE sweep_trials SET state = ? WHERE sweep_id = ? AND chunk_id = ? AND job_id IS NULL",
+                         (TrialState.WAITING.value, sid, chunk_id))
                 raise
             _attach(sid, chunk_id, job.job_id, rows, url, conn=conn)
             out.append(job.job_id)
@@ -397,10 +408,12 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
         ids = sorted({(r.array_job_id or r.job_id).split("_")[0] for r in rows if r.name == jname})
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
-        else:
+        else:                       # never submitted: its trials wait again
             from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
             with _session(url) as s:
                 s.get(SweepChunk, chunk_id).state = "failed"
+                s.query(SweepTrial).filter_by(sweep_id=sid, chunk_id=chunk_id, job_id=None).update(
+                    {"state": TrialState.WAITING.value}, synchronize_session=False)
 
 
 # ---------------------------------------------------------------- the driver job
@@ -624,12 +637,13 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         cluster = s.get(Sweep, sid).cluster
+    active = c.active_job_ids([driver]) if driver else set()
+    if driver and active and driver in active:
+        return sorted(numbers)          # the running driver submits them (one submitter at a time)
     check_quota(spec, plan.now, cluster, url)
     submit_waiting(sid, client=c, url=url, limit=plan.now)
     if plan.now < len(numbers):
-        active = c.active_job_ids([driver]) if driver else set()
-        if not driver or not active or driver not in active:
-            start_driver(sid, client=c, url=url)
+        start_driver(sid, client=c, url=url)
     return sorted(numbers)
 
 
