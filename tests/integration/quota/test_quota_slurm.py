@@ -230,6 +230,8 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
     admin.set_price("h100", rate=rate, effective_from=t0, url=url)
     admin.set_price("1g.10gb", base="h100", fraction="1/5", effective_from=t0, url=url)
     admin.add_account(acct, description="issue 14 money test", url=url)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    admin.add_user(me, acct, url=url)
     admin.set_quota(acct, money=Decimal("1.00"), period="day", url=url)
     jobs: list[str] = []
     try:
@@ -286,6 +288,6 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         (st2,) = admin.quota_status(acct, url=url, now=tomorrow)
         assert st2.used_money == 0 and st2.remaining_money == Decimal("1.00")
     finally:
-        _cleanup(client, acct, [], jobs)
+        _cleanup(client, acct, [me], jobs)
     assert not _assoc(client, acct)
     print(f"h100 {rate}/GPU-h -> billing weight {int(rate * 1_000_000)}", file=sys.stderr)
