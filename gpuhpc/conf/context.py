@@ -151,6 +151,31 @@ def billing_weights(billing: dict[str, Any] | None, partitions: list[dict[str, A
     return out
 
 
+HOOKS_ENV_FILE = "/etc/gpuhpc/hooks.env"   # the hooks read it (gpuhpc/health/hooks/*; $GPUHPC_HOOKS_ENV)
+
+
+def _health(spec: ClusterSpec) -> dict[str, Any] | None:
+    """HealthCheckProgram/Interval/NodeState, Prolog and Epilog (the gpuhpc hooks), and what the
+    gpuhpc_slurm_common role writes to the hooks' env file; None without ``health`` in the spec."""
+    h = spec.health
+    if h is None:
+        return None
+    hook = lambda name: posixpath.join(h.hooks_dir, name)  # noqa: E731
+    return {
+        "program": h.program or hook("gpuhpc-healthcheck"),
+        "interval": h.interval,
+        "node_state": ",".join(h.node_state),
+        "prolog": hook("gpuhpc-prolog") if h.prolog else None,
+        "epilog": hook("gpuhpc-epilog") if h.epilog else None,
+        # not used by the templates; for the gpuhpc_slurm_common role (hooks and hooks.env)
+        "hooks_dir": h.hooks_dir,
+        "hooks": ["gpuhpc-healthcheck"] + (["gpuhpc-prolog"] if h.prolog else []) + (["gpuhpc-epilog"] if h.epilog else []),
+        "env_file": HOOKS_ENV_FILE,
+        "env": {"GPUHPC_PYTHON": h.python, "GPUHPC_JOBMAP_DIR": h.jobmap_dir,
+                **({"GPUHPC_HEALTH_SPEC": h.spec_file} if h.spec_file else {})},
+    }
+
+
 def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
     ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition."""
@@ -313,6 +338,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
             "calc_period": spec.priority.calc_period_min,
         },
         "job_submit_lua": spec.job_submit_lua,
+        "health": _health(spec),
         "billing_unit": (billing or {}).get("unit"),
         "node_lines": _merge(node_rows),
         "gres_lines": _merge(gres_rows),

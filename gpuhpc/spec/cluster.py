@@ -158,6 +158,37 @@ class Priority(_Model):
     calc_period_min: int | None = Field(default=None, ge=1)   # PriorityCalcPeriod: how often usage is added up
 
 
+HEALTH_NODE_STATES = ("ANY", "IDLE", "ALLOC", "MIXED", "NONDRAINED_IDLE", "CYCLE")
+
+
+class Health(_Model):
+    """Slurm runs gpuhpc's node health gate (docs/health.md): ``HealthCheckProgram`` every
+    ``interval`` seconds, the fast checks in the ``Prolog`` and the full ones in the ``Epilog``.
+    The hooks come from the gpuhpc package on the nodes (``hooks_dir``); they read
+    ``/etc/gpuhpc/hooks.env``, which the gpuhpc_slurm_common role writes from the rest."""
+    interval: int = Field(default=300, ge=10, le=86400)       # HealthCheckInterval, seconds
+    # HealthCheckNodeState: ANY runs on drained nodes too, which is how a node gpuhpc drained returns
+    node_state: list[Literal[HEALTH_NODE_STATES]] = Field(default=["ANY"], min_length=1)
+    prolog: bool = True                        # Prolog: the job map, then the fast checks (< 1 s)
+    epilog: bool = True                        # Epilog: the job map cleared, then the full checks
+    hooks_dir: AbsPath = "/usr/local/sbin"     # gpuhpc-healthcheck, gpuhpc-prolog, gpuhpc-epilog
+    program: AbsPath | None = None             # HealthCheckProgram; default: hooks_dir/gpuhpc-healthcheck
+    python: AbsPath = "/opt/gpuhpc/venv/bin/python"   # the gpuhpc install on the nodes (GPUHPC_PYTHON)
+    spec_file: AbsPath | None = None           # the health spec on the nodes (GPUHPC_HEALTH_SPEC)
+    jobmap_dir: AbsPath = "/run/gpuhpc/jobmap"   # the GPU-to-job map the GPU exporter reads
+
+    @model_validator(mode="after")
+    def _node_state(self) -> "Health":
+        states = [s for s in self.node_state if s != "CYCLE"]
+        if not states:
+            raise ValueError("node_state: CYCLE needs a state to run in as well (e.g. [ANY, CYCLE])")
+        if "ANY" in states and len(states) > 1:
+            raise ValueError("node_state: ANY already covers every state; list ANY alone (plus CYCLE)")
+        if len(set(self.node_state)) != len(self.node_state):
+            raise ValueError("node_state: a state is listed twice")
+        return self
+
+
 class Scratch(_Model):
     path: AbsPath
     size_gb: int | None = Field(default=None, ge=1)
@@ -349,6 +380,7 @@ class ClusterSpec(_Model):
     # JobSubmitPlugins=lua with gpuhpc's job_submit.lua (refuses a job that cannot fit its account's
     # published budget, slurm-conf/job_submit.lua); the roles install the script next to slurm.conf
     job_submit_lua: bool = False
+    health: Health | None = None              # None: Slurm runs no health checks, no Prolog/Epilog
     node_groups: list[NodeGroup] = Field(min_length=1)
     partitions: list[Partition] = Field(min_length=1)
     qos: list[Qos] = []
