@@ -171,6 +171,8 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
         plans = slurm_sync.plan(url=url, accounts=[acct])
         first = slurm_sync.sync(client, plans)
         assert first.commands
+        slurm_sync.record_periods(plans, url=url)                      # the period's RawUsage=0 is done
+        plans = slurm_sync.plan(url=url, accounts=[acct])
         assert slurm_sync.sync(client, plans).commands == []          # idempotent
         # the budget is on the account's association: every user's job under it counts
         (a,) = [r for r in client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
