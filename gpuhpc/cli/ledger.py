@@ -383,9 +383,9 @@ def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = type
         h, m = slurm_of(r)
         t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start:%Y-%m-%d}",
                   fmt(r.used_gpu_hours, r.held_gpu_hours, r.gpu_hours_budget, r.remaining_gpu_hours),
-                  "-" if h is None else f"{h:,.2f} used",
+                  "-" if h is None or r.gpu_hours_budget is None else f"{h:,.2f} used",
                   fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money),
-                  "-" if m is None else f"{m:,.2f} used")
+                  "-" if m is None or r.money_budget is None else f"{m:,.2f} used")
     console().print(t)
 
 

@@ -104,3 +104,26 @@ def test_billing_document_and_snapshot(ledger_url, tmp_path):
                                  now=now.timestamp()).endswith("this job may cost $1.50")
     assert budget.explain_reason("Resources", account="proj", user="x", partition="gpu", tres_per_node="",
                                  nodes=1, time_limit_s=60, snap=snap) is None
+
+
+def test_local_spec_renders_billing_weights_priority_and_lua():
+    """The price book's weights land on the partition lines of slurm.conf, from the same templates."""
+    from pathlib import Path
+
+    from gpuhpc.conf.context import build_context
+    from gpuhpc.conf.render import render_context
+    from gpuhpc.spec.cluster import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[3] / "examples" / "clusters" / "local.yaml")
+    doc = {"unit": "u", "rates": {"h100": "600000", "1g.10gb": "120000"}, "partitions": {"gpu": "1/2"}}
+    conf = render_context(build_context(spec, doc))["slurm.conf"]
+    lines = {ln.split()[0]: ln for ln in conf.splitlines() if ln.startswith("PartitionName=")}
+    assert "TRESBillingWeights=CPU=0,GRES/gpu=300000 " in lines["PartitionName=gpu"]
+    assert "TRESBillingWeights=CPU=0,GRES/gpu=600000 " in lines["PartitionName=gpu-hi"]
+    assert "TRESBillingWeights=CPU=0,GRES/gpu=120000 " in lines["PartitionName=mig"]
+    assert "TRESBillingWeights=CPU=0,GRES/gpu=120000,GRES/gpu:h100=480000 " in lines["PartitionName=all"]
+    for want in ("PriorityType=priority/multifactor", "PriorityDecayHalfLife=0", "PriorityUsageResetPeriod=NONE",
+                 "JobSubmitPlugins=lua", "AccountingStorageEnforce=associations,limits,qos,safe"):
+        assert want in conf.splitlines(), want
+    # without a billing document nothing changes (the goldens)
+    assert "TRESBillingWeights" not in render_context(build_context(spec))["slurm.conf"]
