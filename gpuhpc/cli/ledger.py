@@ -419,7 +419,13 @@ def report_cost(
 ) -> None:
     """Cost grouped by user/account/partition/GPU type per day/week/month."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import reports
+    from gpuhpc.ledger import hooks, paths, reports
+
+    if not hooks.writable(paths.db_url()):
+        from gpuhpc.errors import LedgerError
+
+        raise LedgerError("the ledger database is readable by its admins only; `gpuhpc quota show` prints your "
+                          "accounts' budgets (the published snapshot), an admin runs cost reports")
 
     rep = reports.cost_report(by=by, period=period, since=_when(since, "--since"), until=_when(until, "--until"))
     if html is not None:

@@ -72,7 +72,8 @@ def billing_document(book: pricing.PriceBook, at: dt.datetime, currency: str = "
     return {"unit": UNIT, "currency": currency, "rates": rates, "partitions": parts}
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: Path | str, text: str, mode: int = 0o644) -> None:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
@@ -80,8 +81,8 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def write_billing(doc: dict, path: Path | None = None) -> Path:
-    path = path or billing_path()
+def write_billing(doc: dict, path: Path | str | None = None) -> Path:
+    path = Path(path) if path else billing_path()
     write_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return path
 
@@ -148,15 +149,15 @@ def render_snapshot(statuses, book: pricing.PriceBook, at: dt.datetime, currency
     return "\n".join(lines) + "\n"
 
 
-def write_snapshot(text: str, path: Path | None = None) -> Path:
-    path = path or snapshot_path()
+def write_snapshot(text: str, path: Path | str | None = None) -> Path:
+    path = Path(path) if path else snapshot_path()
     write_atomic(path, text)
     return path
 
 
-def read_snapshot(path: Path | None = None) -> Snapshot | None:
+def read_snapshot(path: Path | str | None = None) -> Snapshot | None:
     """The published snapshot, or None when there is none (or it cannot be read)."""
-    path = path or snapshot_path()
+    path = Path(path) if path else snapshot_path()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError:
