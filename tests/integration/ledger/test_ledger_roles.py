@@ -1,6 +1,6 @@
 """Who may change a PostgreSQL ledger: migration 0004's roles, checked with psql as a user's role
 (issue 14). gpuhpc_reader reads; it cannot UPDATE or DELETE charges, and gpuhpc's admin commands
-refuse it with one line; gpuhpc_admin may change the ledger."""
+refuse it with one line, and it sees only its own accounts' rows; gpuhpc_admin may change the ledger."""
 from __future__ import annotations
 
 import subprocess
@@ -44,7 +44,13 @@ def test_reader_role_cannot_change_charges_and_admin_can(pg_url, monkeypatch, ca
     reader_url = make_url(pg_url).set(username=reader).render_as_string(hide_password=False)
     writer_url = make_url(pg_url).set(username=writer).render_as_string(hide_password=False)
     try:
+        # row-level security: the reader sees its own accounts' rows only
         r = _psql(reader_url, "SELECT count(*) FROM charges")
+        assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+        admin.add_user(reader, "quota-pg", url=pg_url)
+        r = _psql(reader_url, "SELECT count(*) FROM charges")
+        assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
+        r = _psql(writer_url, "SELECT count(*) FROM charges")
         assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr
         for sql in ("UPDATE charges SET amount = 0", "DELETE FROM charges", "UPDATE quotas SET money = 1000000",
                     "INSERT INTO gpu_prices (gpu_type, rate, currency, effective_from) VALUES ('h100', 0, 'USD', now())"):
@@ -65,6 +71,12 @@ def test_reader_role_cannot_change_charges_and_admin_can(pg_url, monkeypatch, ca
         admin.require_admin("quota set", url=writer_url)
         r = _psql(writer_url, "UPDATE quotas SET money = 20")
         assert r.returncode == 0, r.stderr
+        admin.set_quota("quota-pg", money=Decimal("30"), url=writer_url)       # through gpuhpc, as that role
+        from gpuhpc.ledger import hooks, quota
+
+        res = quota.reserve(hooks.ChargeRequest(cluster="local", user="alice", account="quota-pg", partition="gpu",
+                                                qos=None, gpu_type=None, gpus=0, time_limit_s=60), url=writer_url)
+        quota.release(res.id, url=writer_url)
     finally:
         for u in (reader_url, writer_url):
             try:
