@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# lab.sh bake|up|down|status|ssh HOST CMD|ctl CMD|wipe - a 4-host Slurm lab on this one machine, for
+# the multi-host deploy test (tests/integration/lab). Each host boots systemd as its PID 1 in its own
+# network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian 12 image
+# baked once with debootstrap (cached in $LAB/image); its sshd is Debian's ssh.service.
+#   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
+#   login   10.213.0.12  srun/sbatch, gpuhpc
+#   c1, c2  10.213.0.13-14  slurmd
+# Management network 10.213.0.0/24 on bridge br0 inside namespace lab-sw (the "switch", where the
+# Ansible control node runs: `lab.sh ctl CMD`); every host also has an address on 10.213.1.0/24, the
+# same wire but outside the management network (the nftables test connects from 10.213.1.1).
+# Nothing is added to the root network namespace and nothing here listens on 127.0.0.1.
+# Lab hosts have no route out: the packages the roles install are downloaded into the image when it
+# is baked (PRESEED) and apt's index is the baked one.
+set -euo pipefail
+LAB=${GPUHPC_LAB_DIR:-/var/tmp/gpuhpc-lab}
+IMAGE=$LAB/image
+KEY=$LAB/id_ed25519
+NET=10.213.0
+OUTNET=10.213.1
+SELF=$(readlink -f "$0")
+HOSTS=(ctl login c1 c2)
+declare -A IP=([ctl]=11 [login]=12 [c1]=13 [c2]=14)
+# installed in the image (the hosts' base system)
+BASE="systemd systemd-sysv dbus python3 python3-apt openssh-server iproute2 procps sudo ca-certificates"
+# only downloaded into the image's apt cache, with their recommends (as Ansible's apt installs them):
+# the roles install them, for real, from there
+PRESEED="munge slurm-client slurmd slurmctld slurmdbd mariadb-server libpam-slurm-adopt nftables mdadm xfsprogs python3-venv"
+
+log() { echo "lab: $*" >&2; }
+
+bake() {
+  local stamp="$IMAGE/.gpuhpc-lab-baked" want
+  want=$(echo "2|$BASE|$PRESEED" | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then log "image is current: $IMAGE"; return 0; fi
+  command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
+  local t mirror
+  t=$(date +%s)
+  rm -rf "$IMAGE.new" && mkdir -p "$LAB"
+  # the Debian mirror this machine's apt is configured with (deb822 sources, then sources.list)
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+  debootstrap --variant=minbase bookworm "$IMAGE.new" "$mirror" >/dev/null
+  local R=$IMAGE.new
+  printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
+  unshare --mount --propagation private sh -ec "mount -t proc proc $R/proc
+    chroot $R apt-get update -q=2
+    chroot $R env DEBIAN_FRONTEND=noninteractive apt-get install -y -q=2 --no-install-recommends $BASE >/dev/null
+    chroot $R apt-get clean
+    chroot $R env DEBIAN_FRONTEND=noninteractive apt-get install -y -q=2 --download-only $PRESEED >/dev/null
+    umount $R/proc"
+  rm -f "$R/usr/sbin/policy-rc.d" "$R"/etc/ssh/ssh_host_*   # per-host keys and machine id: first boot
+  # a systemd that boots in a container: no getty, no udev, no logind seat, no time sync
+  for u in getty@tty1.service systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer; do
+    chroot "$R" systemctl mask "$u" >/dev/null 2>&1 || true
+  done
+  echo "$want" > "$R/.gpuhpc-lab-baked"
+  rm -rf "$IMAGE" && mv "$R" "$IMAGE"
+  log "baked $IMAGE in $(( $(date +%s) - t )) s, $(du -sh "$IMAGE" | cut -f1)"
+}
+
+# PID 1 of a host's fresh mount/PID/UTS namespace (inside its network namespace): overlay root, host
+# keys on the first boot, then systemd. Debian's units start sshd; the roles start everything else.
+host_init() {
+  local h=$1 d=$LAB/hosts/$1 M=$LAB/hosts/$1/merged
+  mount --make-rprivate /
+  mount -t overlay overlay -o "lowerdir=$IMAGE,upperdir=$d/upper,workdir=$d/work" "$M"
+  if [ ! -f "$d/upper/etc/ssh/.gpuhpc-lab-hostkeys" ]; then
+    chroot "$M" ssh-keygen -A >/dev/null && touch "$M/etc/ssh/.gpuhpc-lab-hostkeys"
+    tr -d '-' < /proc/sys/kernel/random/uuid > "$M/etc/machine-id"   # journald/dbus: one id per host
+  fi
+  echo "$h" > "$M/etc/hostname"
+  { echo "127.0.0.1 localhost"; for x in "${HOSTS[@]}"; do echo "$NET.${IP[$x]} $x"; done; } > "$M/etc/hosts"
+  mkdir -p -m 700 "$M/root/.ssh"; install -m 600 "$KEY.pub" "$M/root/.ssh/authorized_keys"
+  # no route out: apt's index is the image's, and the roles' packages are in its cache
+  mkdir -p "$M/var/lib/apt/periodic"; touch "$M/var/lib/apt/periodic/update-success-stamp"
+  # a cgroup of its own in every hierarchy: the host's systemd takes it as the root of its tree
+  local c
+  for c in $(awk '$3 == "cgroup" {print $2}' /proc/self/mounts); do
+    mkdir -p "$c/gpuhpc-lab/$h"
+    if [ -f "$c/cpuset.cpus" ]; then   # cpuset: a new cgroup starts with no CPUs and no memory nodes
+      cat "$c/cpuset.cpus" > "$c/gpuhpc-lab/cpuset.cpus"; cat "$c/cpuset.mems" > "$c/gpuhpc-lab/cpuset.mems"
+      cat "$c/cpuset.cpus" > "$c/gpuhpc-lab/$h/cpuset.cpus"; cat "$c/cpuset.mems" > "$c/gpuhpc-lab/$h/cpuset.mems"
+    fi
+    echo $$ > "$c/gpuhpc-lab/$h/cgroup.procs"
+  done
+  # and in the unified hierarchy, which systemd (hybrid mode) reads its root from
+  mkdir -p "$d/cg2" && mount -t cgroup2 cgroup2 "$d/cg2"
+  mkdir -p "$d/cg2/gpuhpc-lab/$h" && echo $$ > "$d/cg2/gpuhpc-lab/$h/cgroup.procs"
+  umount "$d/cg2"
+  mount -t proc proc "$M/proc"
+  mount -t sysfs sys "$M/sys"
+  mount --rbind /sys/fs/cgroup "$M/sys/fs/cgroup"
+  mount -t tmpfs -o mode=755 tmpfs "$M/run"
+  mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
+  mount --bind /dev "$M/dev"
+  : > "$d/console"; mount --bind "$d/console" "$M/dev/console"   # systemd's console: a file per host
+  hostname "$h"
+  exec chroot "$M" /lib/systemd/systemd --system --log-target=console
+}
+
+pid1() {   # the host's PID 1 (systemd), as this machine sees it; nothing when the host is down
+  local f=$LAB/hosts/$1/unshare.pid
+  [ -f "$f" ] && pgrep -P "$(cat "$f")" 2>/dev/null | head -1 || true
+}
+
+start_host() {
+  local h=$1 d=$LAB/hosts/$1
+  [ -n "$(pid1 "$h")" ] && { log "$h is running"; return 0; }
+  mkdir -p "$d/upper" "$d/work" "$d/merged"
+  ip netns add "lab-$h" 2>/dev/null || true
+  if ! ip -n lab-sw link show "v$h" >/dev/null 2>&1; then
+    ip -n lab-sw link add "v$h" type veth peer name eth0 netns "lab-$h"
+    ip -n lab-sw link set "v$h" master br0 up
+    ip -n "lab-$h" link set lo up
+    ip -n "lab-$h" addr add "$NET.${IP[$h]}/24" dev eth0
+    ip -n "lab-$h" addr add "$OUTNET.${IP[$h]}/24" dev eth0
+    ip -n "lab-$h" link set eth0 up
+  fi
+  # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs
+  nsenter --net="/run/netns/lab-$h" unshare --mount --pid --uts --fork --propagation private \
+    "$SELF" _init "$h" > "$d/init.log" 2>&1 &
+  echo $! > "$d/unshare.pid"
+}
+
+wait_ssh() {
+  local h=$1 t
+  for t in $(seq 300); do
+    kill -0 "$(cat "$LAB/hosts/$h/unshare.pid")" 2>/dev/null || break
+    ip netns exec lab-sw bash -c "exec 3<>/dev/tcp/$NET.${IP[$h]}/22 && head -c4 <&3" 2>/dev/null | grep -q SSH && return 0
+    sleep 0.2
+  done
+  log "$h: sshd did not come up; see $LAB/hosts/$h/console and init.log"; tail -20 "$LAB/hosts/$h/init.log" >&2; return 1
+}
+
+known_hosts() {
+  local h
+  for h in "${HOSTS[@]}"; do
+    [ -f "$LAB/hosts/$h/upper/etc/ssh/ssh_host_ed25519_key.pub" ] || continue
+    echo "$h,$NET.${IP[$h]} $(cut -d' ' -f1,2 "$LAB/hosts/$h/upper/etc/ssh/ssh_host_ed25519_key.pub")"
+  done > "$LAB/known_hosts.new"
+  mv "$LAB/known_hosts.new" "$LAB/known_hosts"
+}
+
+up() {
+  bake
+  local t h
+  t=$(date +%s%N)
+  [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C gpuhpc-lab -f "$KEY"
+  if ! ip netns list | grep -qw lab-sw; then
+    ip netns add lab-sw
+    ip -n lab-sw link set lo up
+    ip -n lab-sw link add br0 type bridge
+    ip -n lab-sw addr add "$NET.1/24" dev br0
+    ip -n lab-sw addr add "$OUTNET.1/24" dev br0
+    ip -n lab-sw link set br0 up
+  fi
+  for h in "${@:-${HOSTS[@]}}"; do start_host "$h"; done
+  for h in "${@:-${HOSTS[@]}}"; do wait_ssh "$h"; done
+  known_hosts
+  log "up: ${*:-${HOSTS[*]}} in $(( ($(date +%s%N) - t) / 1000000 )) ms (ssh answers on every host)"
+}
+
+stop_host() {
+  local h=$1 d=$LAB/hosts/$1 p
+  p=$(pid1 "$h")
+  # SIGKILL to the namespace's init: the kernel ends every process of the host (a power cut)
+  [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true
+  [ -f "$d/unshare.pid" ] && { wait_gone "$(cat "$d/unshare.pid")"; rm -f "$d/unshare.pid"; }
+  # the host's (now empty) cgroups, deepest first
+  find $(awk '$3 == "cgroup" {print $2 "/gpuhpc-lab/'"$h"'"}' /proc/self/mounts) -depth -type d -exec rmdir {} + 2>/dev/null || true
+  mkdir -p "$d/cg2" && unshare --mount sh -c "mount -t cgroup2 cgroup2 $d/cg2 &&
+    find $d/cg2/gpuhpc-lab/$h -depth -type d -exec rmdir {} + 2>/dev/null" || true
+}
+
+wait_gone() { local t; for t in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; }
+
+down() {
+  local h
+  for h in "${@:-${HOSTS[@]}}"; do
+    stop_host "$h"
+    [ $# -gt 0 ] || { ip netns del "lab-$h" 2>/dev/null || true; }
+  done
+  [ $# -gt 0 ] || { ip netns del lab-sw 2>/dev/null || true; }
+  log "down: ${*:-all}"
+}
+
+status() {
+  local h p rc=0
+  for h in "${HOSTS[@]}"; do
+    p=$(pid1 "$h")
+    if [ -n "$p" ]; then
+      echo "$h $NET.${IP[$h]} pid1=$p $(ip netns exec lab-sw timeout 5 ssh "${SSH_OPTS[@]}" "root@$NET.${IP[$h]}" systemctl is-system-running 2>/dev/null || true)"
+    else
+      echo "$h $NET.${IP[$h]} down"; rc=3
+    fi
+  done
+  return $rc
+}
+
+SSH_OPTS=(-o BatchMode=yes -o StrictHostKeyChecking=yes -o "UserKnownHostsFile=$LAB/known_hosts" -i "$KEY")
+
+case "${1:-}" in
+  _init) host_init "$2" ;;
+  up) shift; up "$@" ;;
+  down) shift; down "$@" ;;
+  status) status ;;
+  wipe) down; rm -rf "$LAB/hosts" "$LAB/known_hosts" ;;
+  ssh) h=$2; shift 2; exec ip netns exec lab-sw ssh "${SSH_OPTS[@]}" "root@$NET.${IP[$h]}" "$@" ;;
+  ctl) shift; exec ip netns exec lab-sw "$@" ;;
+  bake) bake ;;
+  *) echo "usage: scripts/lab.sh bake|up|down|status|wipe|ssh HOST [CMD]|ctl CMD" >&2; exit 2 ;;
+esac
