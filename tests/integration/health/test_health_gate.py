@@ -36,6 +36,13 @@ def _device(client: SlurmClient) -> str:
     return files[3]
 
 
+def _restore(dev: str, st: os.stat_result) -> None:
+    """Put the device back (a concurrent ``scripts/cluster.sh up`` may have made it already)."""
+    if not os.path.exists(dev):
+        os.mknod(dev, st.st_mode, st.st_rdev)
+        os.chown(dev, st.st_uid, st.st_gid)
+
+
 def _state(client: SlurmClient):
     n = client.node(NODE)
     assert n is not None
@@ -58,7 +65,8 @@ def _wait(client: SlurmClient, pred, timeout: float) -> tuple[float, tuple[str, 
         if pred(*st):
             return time.monotonic() - t0, st
         if time.monotonic() - t0 > timeout:
-            pytest.fail(f"{NODE} still {st} after {timeout:.0f} s")
+            pytest.fail(f"{NODE} still {st} after {timeout:.0f} s (a concurrent `scripts/cluster.sh up` "
+                        "recreates a removed fake GPU device)")
         time.sleep(0.25)
 
 
@@ -75,7 +83,7 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
         os.unlink(dev)
         drained_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" in s, interval + SLACK)
         assert reason.startswith("gpuhpc:hw: gpu count 7/8"), (state, reason)
-        print(f"\nhealth: {NODE} drained by HealthCheckProgram {drained_in:.1f} s after its GPU device went "
+        print(f"\nhealth: {NODE} drained by Slurm's health run {drained_in:.1f} s after its GPU device went "
               f"(interval {interval} s): {reason}")
 
         # a job that needs both H100 nodes waits for the drained one instead of failing
@@ -88,11 +96,10 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
         client.cancel(job_id)
         job_id = None
 
-        os.mknod(dev, st.st_mode, st.st_rdev)
-        os.chown(dev, st.st_uid, st.st_gid)
+        _restore(dev, st)
         back_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" not in s, interval + SLACK)
         t_tick = time.monotonic()           # a health run has just happened; the next is ~interval away
-        print(f"health: {NODE} resumed by HealthCheckProgram {back_in:.1f} s after the device came back")
+        print(f"health: {NODE} resumed by Slurm's health run {back_in:.1f} s after the device came back")
 
         # an admin's drain, on a failing node: the next run leaves it (no gpuhpc reason over it) ...
         client.drain_node(NODE, ADMIN_REASON)
@@ -101,17 +108,14 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
         # ... and on a healthy one: the next run does not resume it
-        os.mknod(dev, st.st_mode, st.st_rdev)
-        os.chown(dev, st.st_uid, st.st_gid)
+        _restore(dev, st)
         time.sleep(max(0.0, t_tick + 2 * interval + TICK_SLACK - time.monotonic()))
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
     finally:
         if job_id:
             client.cancel(job_id)
-        if not os.path.exists(dev):
-            os.mknod(dev, st.st_mode, st.st_rdev)
-            os.chown(dev, st.st_uid, st.st_gid)
+        _restore(dev, st)
         state, reason = _state(client)
         # ours to undo: gpuhpc's drain, the test's admin drain, or Slurm's own if another job's
         # Prolog met the missing device (the node was not drained when the test started)
