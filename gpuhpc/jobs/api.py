@@ -59,12 +59,8 @@ def _reserve(resources: Resources, name: str, client, array_size: int = 1) -> An
     off = os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no")
     if off:
         return None
-    try:
-        cluster = client.cluster_name() or "default"
-    except GpuhpcError:
-        cluster = "default"
     req = hooks.ChargeRequest(
-        cluster=cluster, user=getpass.getuser(), account=resources.account,
+        cluster="", user=getpass.getuser(), account=resources.account,
         partition=resources.partition, qos=resources.qos, gpu_type=resources.gpu_type,
         gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=array_size, job_name=name,
     )
@@ -75,7 +71,13 @@ def _reserve(resources: Resources, name: str, client, array_size: int = 1) -> An
         for line in hooks.submit_budget(req, account):
             sys.stderr.write(f"budget: {line}\n")
         return None
-    return hooks.reserve(req)
+    try:
+        cluster = client.cluster_name() or "default"
+    except GpuhpcError:
+        cluster = "default"
+    import dataclasses
+
+    return hooks.reserve(dataclasses.replace(req, cluster=cluster))
 
 
 def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str],
