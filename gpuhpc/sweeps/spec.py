@@ -23,6 +23,7 @@ its path (``parameters.lr.low``); nothing is submitted.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -31,31 +32,106 @@ import re
 import shlex
 import string
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, ValidationError
+from dataclasses import dataclass, field
+from typing import Any
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.jobs.spec import Resources, check_text
 
 METHODS = ("grid", "random", "tpe")
 PARAM_TYPES = ("uniform", "loguniform", "int", "values")
+GOALS = ("minimize", "maximize")
+TEMPLATES = ("single", "torchrun", "deepspeed", "mpi")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Value = str | int | float | bool
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+# Stdlib dataclasses, not pydantic, like gpuhpc.jobs.spec: `gpuhpc sweep run` and gpuhpc.sweep()
+# are measured against raw sbatch and submitit, and pydantic's import and model building cost
+# more than the sweep's own database work. Types are checked here, each error naming its field.
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-class Param(_Frozen):
+def _num(v: Any, field_name: str) -> float:
+    if isinstance(v, str):          # YAML 1.1 reads 1e-5 (no dot) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if not _is_num(v):
+        raise UserInputError(f"expected a number, got {v!r}", field=field_name)
+    return float(v)
+
+
+def _int(v: Any, field_name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        raise UserInputError(f"expected an integer, got {v!r}", field=field_name)
+    return v
+
+
+def _str(v: Any, field_name: str) -> str:
+    if not isinstance(v, str):
+        raise UserInputError(f"expected a string, got {type(v).__name__}", field=field_name)
+    return v
+
+
+def _choice(v: Any, field_name: str, choices: Sequence[str]) -> str:
+    if v not in choices:
+        raise UserInputError(f"{v!r} is not one of {', '.join(choices)}", field=field_name)
+    return v
+
+
+def _mapping(v: Any, field_name: str) -> Mapping[str, Any]:
+    if not isinstance(v, Mapping):
+        raise UserInputError(f"expected a mapping, got {type(v).__name__}", field=field_name)
+    return v
+
+
+def _known(data: Mapping[str, Any], cls: type, prefix: str) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)]
+    bad = [k for k in data if k not in valid]
+    if bad:
+        raise UserInputError(f"unknown field (valid: {', '.join(valid)})", field=f"{prefix}{bad[0]}")
+
+
+@dataclass(frozen=True)
+class Param:
     """One parameter: a range (``uniform``, ``loguniform``, ``int``) or a list of ``values``."""
 
-    type: Literal["uniform", "loguniform", "int", "values"] | None = None
+    type: str | None = None
     low: float | None = None
     high: float | None = None
     values: tuple[Value, ...] | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Any, f: str) -> "Param":
+        if isinstance(data, (list, tuple)):          # shorthand: opt: [adam, sgd]
+            data = {"values": list(data)}
+        data = _mapping(data, f)
+        _known(data, cls, f"{f}.")
+        kind = data.get("type")
+        if kind is not None:
+            _choice(kind, f"{f}.type", PARAM_TYPES)
+        low = None if data.get("low") is None else _num(data["low"], f"{f}.low")
+        high = None if data.get("high") is None else _num(data["high"], f"{f}.high")
+        values = data.get("values")
+        if values is not None:
+            if not isinstance(values, (list, tuple)):
+                raise UserInputError("expected a list", field=f"{f}.values")
+            for i, v in enumerate(values):
+                if not isinstance(v, (str, int, float, bool)):
+                    raise UserInputError(f"a value is a string, number or boolean, not {type(v).__name__}",
+                                         field=f"{f}.values[{i}]")
+            values = tuple(values)
+        return cls(type=kind, low=low, high=high, values=values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "low": self.low, "high": self.high,
+                "values": None if self.values is None else list(self.values)}
 
     @property
     def kind(self) -> str:
@@ -79,27 +155,29 @@ class Param(_Frozen):
         return rng.uniform(self.low, self.high)                         # type: ignore[arg-type]
 
 
-class Metric(_Frozen):
+@dataclass(frozen=True)
+class Metric:
     name: str
-    goal: Literal["minimize", "maximize"] = "minimize"
+    goal: str = "minimize"
 
 
-class SweepSpec(_Frozen):
+@dataclass(frozen=True)
+class SweepSpec:
     """A validated sweep (build it with :meth:`from_mapping` or :func:`load_file`)."""
 
     name: str
-    command: str | None = None            # None: a Python-callable sweep (gpuhpc.sweep)
     parameters: dict[str, Param]
-    method: Literal["grid", "random", "tpe"] = "random"
+    metric: Metric
+    command: str | None = None            # None: a Python-callable sweep (gpuhpc.sweep)
+    method: str = "random"
     seed: int = 0
     trials: int | None = None
     parallelism: int = 16
-    resources: dict[str, Any] = {}
-    metric: Metric
+    resources: dict[str, Any] = field(default_factory=dict)
     max_requeues: int = 5
     grace: int | str = 60
-    template: Literal["single", "torchrun", "deepspeed", "mpi"] = "single"
-    env: dict[str, str] = {}
+    template: str = "single"
+    env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     chunk_size: int | None = None         # at most MaxArraySize; smaller forces more chunks
     max_queued: int | None = None         # trials queued at once (else from the cluster's limits)
@@ -145,23 +223,57 @@ class SweepSpec(_Frozen):
 
     # ------------------------------------------------------------ building
     @classmethod
-    def from_mapping(cls, data: Any, *, python: bool = False) -> "SweepSpec":
-        """Validate a sweep file's mapping; raises UserInputError naming the field."""
+    def from_mapping(cls, data: Any, *, python: bool = False, check: bool = True) -> "SweepSpec":
+        """Validate a sweep file's mapping; raises UserInputError naming the field. ``check=False``
+        only rebuilds a spec this module wrote (:func:`spec_from_json`)."""
         if not isinstance(data, Mapping):
             raise UserInputError("a sweep file must be a mapping", field="<sweep file>")
-        try:
-            spec = cls.model_validate(dict(data))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            loc = [str(p) for p in err["loc"] if not str(p).startswith(("literal[", "function-"))]
-            loc = [p for p in loc if p not in ("str", "int", "float", "bool")]
-            field = ".".join(loc) or "<sweep file>"
-            msg = err["msg"]
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown field (valid: {', '.join(cls.model_fields)})" if len(loc) == 1 else "unknown field"
-            raise UserInputError(msg, field=field) from None
-        spec._check(python=python)
+        _known(data, cls, "")
+        for req in ("name", "parameters", "metric"):
+            if data.get(req) is None:
+                raise UserInputError("missing", field=req)
+        d = dict(data)
+        params = _mapping(d.pop("parameters"), "parameters")
+        metric = _mapping(d.pop("metric"), "metric")
+        _known(metric, Metric, "metric.")
+        if "name" not in metric:
+            raise UserInputError("missing", field="metric.name")
+        m = Metric(name=_str(metric["name"], "metric.name"),
+                   goal=_choice(metric.get("goal", "minimize"), "metric.goal", GOALS))
+        kw: dict[str, Any] = {"name": _str(d.pop("name"), "name"), "metric": m,
+                              "parameters": {str(k): Param.from_mapping(v, f"parameters.{k}") for k, v in params.items()}}
+        for k, v in d.items():
+            if v is None:
+                continue
+            if k in ("command", "workdir", "driver_partition"):
+                kw[k] = _str(v, k)
+            elif k == "method":
+                kw[k] = _choice(v, k, METHODS)
+            elif k == "template":
+                kw[k] = _choice(v, k, TEMPLATES)
+            elif k in ("seed", "trials", "parallelism", "max_requeues", "chunk_size", "max_queued"):
+                kw[k] = _int(v, k)
+            elif k == "grace":
+                kw[k] = v if isinstance(v, str) else _int(v, k)
+            elif k == "hold":
+                if not isinstance(v, bool):
+                    raise UserInputError("expected true/false", field=k)
+                kw[k] = v
+            elif k == "resources":
+                kw[k] = dict(_mapping(v, k))
+            elif k == "env":
+                kw[k] = {str(ek): (str(ev) if _is_num(ev) else _str(ev, f"env.{ek}"))
+                         for ek, ev in _mapping(v, k).items()}
+        spec = cls(**kw)
+        if check:
+            spec._check(python=python)
         return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["parameters"] = {k: p.to_dict() for k, p in self.parameters.items()}
+        out["metric"] = {"name": self.metric.name, "goal": self.metric.goal}
+        return out
 
     def _check(self, *, python: bool) -> None:
         if not _NAME_RE.match(self.name):
@@ -308,12 +420,11 @@ def load_file(path: str, *, overrides: Mapping[str, Any] | None = None) -> Sweep
 
 
 def spec_json(spec: SweepSpec) -> str:
-    return json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return json.dumps(spec.to_dict(), sort_keys=True)
 
 
 def spec_from_json(text: str) -> SweepSpec:
-    data = json.loads(text)
-    return SweepSpec.model_validate(data)
+    return SweepSpec.from_mapping(json.loads(text), check=False)
 
 
 def chunks_of(items: Sequence[int], size: int) -> list[list[int]]:

@@ -135,3 +135,17 @@ def test_hostile_values_arrive_literally(value, tmp_path):
 def test_float_values_round_trip():
     assert render_command("{x}", {"x": 0.1 + 0.2}) == "0.30000000000000004"
     assert render_command("{x}", {"x": True}) == "true"
+
+
+def test_yaml_exponent_without_a_dot_is_a_number(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: a\ncommand: run {lr}\nparameters:\n  lr: {type: loguniform, low: 1e-5, high: 1e-1}\n"
+                 "trials: 2\nmetric: {name: loss}\n")
+    assert load_file(str(f)).parameters["lr"].low == 1e-5
+
+
+def test_spec_round_trips_through_json():
+    from gpuhpc.sweeps.spec import spec_from_json, spec_json
+
+    spec = SweepSpec.from_mapping(BASE)
+    assert spec_from_json(spec_json(spec)) == spec
