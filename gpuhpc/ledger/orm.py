@@ -12,7 +12,7 @@ import datetime as dt
 import enum
 from decimal import Decimal
 
-from sqlalchemy import (BigInteger, DateTime, Enum, ForeignKey, Index, Integer, MetaData, Numeric,
+from sqlalchemy import (BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, MetaData, Numeric,
                         String, Text, TypeDecorator, UniqueConstraint, true)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -342,5 +342,5 @@ class SweepTrial(Base):
     gpu_hours: Mapped[Decimal] = mapped_column(HOURS, default=0)
     exit_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
     metrics: Mapped[str | None] = mapped_column(Text, nullable=True)         # JSON: last value per name
-    objective: Mapped[float | None] = mapped_column(nullable=True)
+    objective: Mapped[float | None] = mapped_column(Float, nullable=True)   # a measurement, not money
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
