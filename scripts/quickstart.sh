@@ -6,7 +6,8 @@
 #   3. ledger: create the database, a price book and a quota for account "research"
 #   4. submit a sample training job on 2 H100s, preempt it with a high-priority job, and watch
 #      it checkpoint, requeue and resume to the same final result
-#   5. settle usage from sacct into the ledger and print the cost report
+#   5. run a small sweep (job arrays) and print its best trial
+#   6. settle usage from sacct into the ledger and print the cost report
 # Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,18 +15,18 @@ REPO=$PWD
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 unset SLURM_CONF
 
-say "1/5 bootstrap"
+say "1/6 bootstrap"
 bash scripts/bootstrap.sh
 export PATH="$REPO/.venv/bin:$PATH"
 
-say "2/5 local GPU Slurm cluster (the gpuhpc.cluster Ansible collection: built, installed, run with ansible/inventories/local)"
+say "2/6 local GPU Slurm cluster (the gpuhpc.cluster Ansible collection: built, installed, run with ansible/inventories/local)"
 bash scripts/cluster.sh up > /tmp/gpuhpc-quickstart-ansible.log 2>&1 \
   || { tail -40 /tmp/gpuhpc-quickstart-ansible.log; exit 1; }
 grep -A8 "PLAY RECAP" /tmp/gpuhpc-quickstart-ansible.log || true
 sinfo
 gpuhpc cluster status
 
-say "3/5 ledger: schema, price book, quota"
+say "3/6 ledger: schema, price book, quota"
 gpuhpc db upgrade
 gpuhpc ledger price set --gpu-type h100 --rate 2.50
 gpuhpc ledger price set --gpu-type 3g.40gb --of h100 --fraction 3/7
@@ -35,7 +36,7 @@ gpuhpc ledger account add research >/dev/null 2>&1 || true
 gpuhpc quota set research --gpu-hours 1000 --period month
 gpuhpc ledger price list
 
-say "4/5 sample training job: 2 × H100, checkpoint every 20 steps"
+say "4/6 sample training job: 2 × H100, checkpoint every 20 steps"
 DEMO=/var/tmp/gpuhpc-demo
 rm -rf "$DEMO/ckpt"; mkdir -p "$DEMO"
 JOB=$(gpuhpc submit --name sample-train --account research --partition gpu --nodelist gpu-node1 \
@@ -58,19 +59,20 @@ gpuhpc logs "$JOB" | grep -E "resume_step|SIGUSR2|requeue|done" || true
 sacct -j "$JOB" --duplicates -X -o JobID,JobName,Partition,State,Elapsed,AllocTRES%50
 [ "$state" = COMPLETED ] || { echo "the sample job did not complete" >&2; exit 1; }
 
-say "5/5 settle usage into the ledger and report cost"
-gpuhpc ledger ingest
-gpuhpc report cost --by user --period day
-gpuhpc report cost --by gpu-type --period day --html "$DEMO/cost.html"
-gpuhpc quota show research
-
-say "and a small sweep: 12 trials as job arrays on the cpu partition, the best one printed"
+say "5/6 a small sweep: 12 trials as job arrays on the cpu partition, the best one printed"
 SWEEP=$(cd "$REPO" && gpuhpc sweep run examples/sweeps/quick.yaml --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["sweep_id"])')
 echo "sweep $SWEEP submitted"
 gpuhpc sweep wait "$SWEEP" --timeout 600 || { gpuhpc sweep status "$SWEEP" >&2; exit 1; }
 gpuhpc sweep status "$SWEEP"
 gpuhpc sweep best "$SWEEP" --json
 gpuhpc sweep report "$SWEEP" --html "$DEMO/sweep.html"
+
+say "6/6 settle usage (the training job and the sweep) into the ledger and report cost"
+gpuhpc ledger ingest
+gpuhpc report cost --by user --period day
+gpuhpc report cost --by gpu-type --period day --html "$DEMO/cost.html"
+gpuhpc quota show research
+
 echo
 echo "cost report with charts: $DEMO/cost.html; sweep report: $DEMO/sweep.html"
 echo "next: source .venv/bin/activate; gpuhpc --help   (README.md has the tour)"
