@@ -4,6 +4,7 @@
 #   2. start PostgreSQL on 127.0.0.1:55432           scripts/services/postgres.sh
 #   3. stand up the local GPU Slurm cluster          scripts/cluster.sh up   (our Ansible roles)
 #   4. pytest tests/unit tests/integration
+#   4b. the multi-host lab, its own stage (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
 #   5. tear the cluster and services down again (also on failure)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k ledger -x).
 # KEEP_UP=1 leaves the cluster and services running afterwards.
@@ -54,4 +55,12 @@ bash scripts/services/prometheus.sh start >/dev/null
 say "pytest"
 # the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one
 export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /tmp/gpuhpc-test-data.XXXXXX)}
-python -m pytest -p no:cacheprovider --timeout=900 tests/unit tests/integration "$@"
+python -m pytest -p no:cacheprovider --timeout=900 tests/unit tests/integration --ignore=tests/integration/lab "$@"
+
+# its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~5 min;
+# LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
+# `python -m pytest -s tests/integration/lab`.
+if [ "${LAB:-1}" != 0 ] && [ $# -eq 0 ]; then   # a selection (-k ...) is for the main suite
+  say "multi-host lab (scripts/lab.sh: 4 hosts, systemd PID 1, gpuhpc.cluster.site over SSH)"
+  python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab "$@"
+fi

@@ -1,0 +1,102 @@
+"""A real multi-host deploy of gpuhpc.cluster (see conftest.py): systemd service mode, real SSH."""
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+
+from .conftest import LAB_DIR, REPO, Lab, recap
+
+pytestmark = pytest.mark.integration
+
+DAEMONS = {"ctl": ["munge", "mariadb", "slurmdbd", "slurmctld"], "c1": ["munge", "slurmd"],
+           "c2": ["munge", "slurmd"], "login": ["munge"]}
+
+
+def test_every_host_runs_systemd_as_pid1_and_the_daemons_are_active_units(lab: Lab):
+    for host, units in DAEMONS.items():
+        assert lab.ssh(host, "ps -o comm= -p 1").strip() == "systemd", host
+        assert lab.ssh(host, f"hostname; systemctl is-active {' '.join(units)}").split() == [host] + ["active"] * len(units)
+        assert lab.ssh(host, f"systemctl is-enabled {' '.join(units)}").split() == ["enabled"] * len(units)
+    # the controller reached both slurmd over the management network
+    assert lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'").split() == ["c1", "idle", "c2", "idle"]
+
+
+def test_srun_from_the_login_host_spans_both_compute_hosts(lab: Lab):
+    out = lab.ssh("login", "srun --nodes=2 --ntasks-per-node=1 --label hostname", timeout=120)
+    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
+    # and the job is in slurmdbd's accounting (the controller host's MariaDB)
+    deadline = time.monotonic() + 60
+    while "c[1-2]|COMPLETED" not in (acct := lab.ssh("ctl", "sacct -naX -P -o JobID,NodeList,State -S now-1hour")):
+        assert time.monotonic() < deadline, acct
+        time.sleep(2)
+
+
+def test_a_second_run_reports_no_change(lab: Lab):
+    proc = lab.timed("second_play_s", lab.play)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    rows = recap(proc.stdout)
+    assert set(rows) == set(DAEMONS)
+    assert {h: r["changed"] for h, r in rows.items()} == {h: 0 for h in DAEMONS}, proc.stdout[-4000:]
+
+
+def test_check_diff_shows_a_spec_change_and_changes_nothing(lab: Lab, tmp_path):
+    spec = tmp_path / "cluster.yaml"
+    text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
+    spec.write_text(text.replace("def_mem_per_cpu: 500", "def_mem_per_cpu: 600"))
+    proc = lab.play("--check", "--diff", "-e", f"gpuhpc_slurm_common_spec={spec}")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "-DefMemPerCPU=500" in proc.stdout and "+DefMemPerCPU=600" in proc.stdout
+    assert all(r["changed"] >= 1 for r in recap(proc.stdout).values())
+    for host in DAEMONS:
+        assert "DefMemPerCPU=500" in lab.ssh(host, "cat /etc/slurm/slurm.conf"), host
+
+
+def _main_pid(lab: Lab, host: str, unit: str) -> str:
+    return lab.ssh(host, f"systemctl show --property MainPID --value {unit}").strip()
+
+
+def test_a_new_munge_key_restarts_munged_through_systemd_handlers(lab: Lab, tmp_path):
+    before = {h: _main_pid(lab, h, "munge") for h in DAEMONS}
+    key = tmp_path / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o600)
+    proc = lab.play("-e", f"gpuhpc_munge_key_src={key}")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert "RUNNING HANDLER [gpuhpc.cluster.gpuhpc_munge : Restart munged]" in proc.stdout
+    for host in DAEMONS:
+        after = _main_pid(lab, host, "munge")
+        assert after not in ("0", before[host]), host
+        # systemd started it: the new munged is the unit's main process, in the unit's cgroup
+        assert lab.ssh(host, f"grep name=systemd /proc/{after}/cgroup").strip().endswith("/system.slice/munge.service")
+    # the cluster works with the new key everywhere
+    out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
+    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
+    # the site's key is now this one: later runs (without -e) copy it from the first host
+    (LAB_DIR / "secrets" / "munge.key").write_bytes(key.read_bytes())
+
+
+def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
+    play = lab.popen_play("-e", "gpuhpc_slurm_compute_start_timeout=120")
+    try:
+        # stop c2 (SIGKILL to its PID 1: every process of the host ends) while the play runs
+        time.sleep(8)
+        lab.sh("down", "c2")
+        out, _ = play.communicate(timeout=900)
+    finally:
+        if play.poll() is None:
+            play.kill()
+    rows = recap(out)
+    assert rows["c2"]["unreachable"] + rows["c2"]["failed"] >= 1, out[-3000:]
+    assert rows["c1"]["failed"] == 0 and rows["ctl"]["failed"] == 0
+    lab.sh("up", "c2")
+    proc = lab.timed("rejoin_play_s", lab.play)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert lab.ssh("c2", "systemctl is-active slurmd").strip() == "active"
+    deadline = time.monotonic() + 90
+    while "c2 idle" not in (state := lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'")) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert "c2 idle" in state, state
+    out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
+    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
