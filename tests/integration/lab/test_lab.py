@@ -41,6 +41,42 @@ def test_a_second_run_reports_no_change(lab: Lab):
     assert {h: r["changed"] for h, r in rows.items()} == {h: 0 for h in DAEMONS}, proc.stdout[-4000:]
 
 
+CONNECT = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.settimeout(5)
+try:
+    s.connect((sys.argv[2], int(sys.argv[3]))); print("connected")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+def _connect(lab: Lab, src: str, dst: str, port: int) -> str:
+    return lab.sh("ctl", "python3", "-c", CONNECT, src, dst, str(port)).stdout.strip()
+
+
+def test_slurm_ports_answer_the_management_network_only(lab: Lab):
+    # the cluster's own traffic passes (the srun test above, and a fresh connection from 10.213.0.1) ...
+    for host, port in [("13", 6818), ("14", 6818), ("11", 6817), ("11", 6819)]:
+        assert _connect(lab, "10.213.0.1", f"10.213.0.{host}", port) == "connected", (host, port)
+    # ... and from outside the management network (same wire, 10.213.1.0/24) slurmd refuses
+    for host, port in [("13", 6818), ("14", 6818), ("11", 6817), ("11", 6819)]:
+        assert _connect(lab, "10.213.1.1", f"10.213.1.{host}", port) == "ConnectionRefusedError", (host, port)
+    # sshd still answers there (only Slurm's ports are restricted)
+    assert _connect(lab, "10.213.1.1", "10.213.1.13", 22) == "connected"
+
+
+def test_compute_ssh_takes_keys_only_and_users_without_a_job_are_refused(lab: Lab):
+    assert "passwordauthentication no" in lab.ssh("c1", "sshd -T -C user=nobody,host=x,addr=10.213.0.1")
+    lab.ssh("c1", "id alice >/dev/null 2>&1 || useradd -m alice; install -d -o alice -m 700 ~alice/.ssh;"
+                  " install -o alice -m 600 /root/.ssh/authorized_keys ~alice/.ssh/authorized_keys")
+    key = str(LAB_DIR / "id_ed25519")
+    proc = lab.sh("ctl", "ssh", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={LAB_DIR}/known_hosts",
+                  "-i", key, "alice@10.213.0.13", "true", check=False)
+    assert proc.returncode != 0
+    assert "pam_slurm_adopt" in lab.ssh("c1", "journalctl --no-pager -o cat -u ssh | tail -20")
+
+
 def test_check_diff_shows_a_spec_change_and_changes_nothing(lab: Lab, tmp_path):
     spec = tmp_path / "cluster.yaml"
     text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
