@@ -94,6 +94,9 @@ host_init() {
   mount -t tmpfs -o mode=755 tmpfs "$M/run"
   mount -t tmpfs -o mode=1777 tmpfs "$M/tmp"
   mount --bind /dev "$M/dev"
+  # the host's "local NVMe": a directory on this machine's real disk (job_container/tmpfs cannot
+  # make its per-job namespaces on the overlay root)
+  mkdir -p "$d/scratch" "$M/scratch"; mount --bind "$d/scratch" "$M/scratch"
   : > "$d/console"; mount --bind "$d/console" "$M/dev/console"   # systemd's console: a file per host
   hostname "$h"
   exec chroot "$M" /lib/systemd/systemd --system --log-target=console

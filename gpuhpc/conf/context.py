@@ -312,6 +312,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "proctrack_type": f"proctrack/{rt.proctrack}",
         "uses_cgroup": rt.proctrack == "cgroup" or "cgroup" in rt.task_plugins,
         "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins),
+        "job_container_type": "job_container/tmpfs" if rt.job_container == "tmpfs" else None,
         "select_type_parameters": rt.select_type_parameters,
         "def_mem_per_cpu": rt.def_mem_per_cpu,
         "scheduler_parameters": ",".join(rt.scheduler_parameters) or None,

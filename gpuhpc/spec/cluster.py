@@ -127,6 +127,9 @@ class Runtime(_Model):
     jobcomp: Literal["none", "filetxt"] = "none"
     debug: Literal["quiet", "fatal", "error", "info", "verbose", "debug"] = "info"
     cgroup_constrain: list[Literal["cores", "devices", "ram", "swap"]] = ["cores", "devices", "ram"]
+    # job_container/tmpfs (+ PrologFlags=Contain): every job gets a private /tmp (and the
+    # gpuhpc_nvme_scratch role's scratch dir) on the node's local disk, removed when it ends
+    job_container: Literal["none", "tmpfs"] = "none"
 
 
 class Controller(_Model):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -81,10 +80,6 @@ class Lab:
             return fn(*args, **kw)
         finally:
             self.timings[name] = round(time.monotonic() - t, 1)
-
-
-def quote(*argv: str) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
 
 
 @pytest.fixture(scope="session")

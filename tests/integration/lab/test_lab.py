@@ -136,3 +136,4 @@ def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
     assert "c2 idle" in state, state
     out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
     assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
+
