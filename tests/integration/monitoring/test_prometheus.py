@@ -105,6 +105,8 @@ def test_running_jobs_gpu_series_carry_job_id_mig_included(tmp_path):
         assert len(res) == 1 and res[0]["metric"]["mig"] == "3g.40gb", res
         assert [int(r["metric"]["gpu"]) for r in res] == jobs[1][1]["mig-node1"]
         # recording rule: the job's mean utilisation
+        # (the rule is evaluated on its own interval: wait until an evaluation has seen the busy GPU)
+        wait_for(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}} > 1', 1, timeout=90)
         rec = wait_for(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}}', 1)
         assert rec and abs(float(rec[0]["value"][1]) - 46.5) < 0.01, rec
     finally:
