@@ -18,6 +18,7 @@ from gpuhpc.ledger.pricing import to_decimal
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.slurm import parsers
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +40,6 @@ def jobs(client):
         client.run(cmd.scancel(j), check=False)
 
 
-def _wait(pred, timeout: float, what: str, step: float = 0.5):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _state(client, job_id: str):
@@ -60,7 +53,7 @@ def _runs(client, job_id: str) -> list[parsers.AcctRow]:
 
 def _wait_sacct_final(client, job_id: str) -> None:
     """slurmdbd learns of a job's end a moment after squeue does."""
-    _wait(lambda: (lambda rs: bool(rs) and rs[-1].state.state.is_finished)(_runs(client, job_id)), 30,
+    wait_for(lambda: (lambda rs: bool(rs) and rs[-1].state.state.is_finished)(_runs(client, job_id)), 30,
           f"sacct to show job {job_id} finished")
 
 
@@ -76,7 +69,7 @@ def _fetch_window(client, since: dt.datetime, need: dict[str, int]) -> list[pars
                 have[r.array_job_id] = have.get(r.array_job_id, 0) + 1
         return rows if all(have.get(j, 0) >= n for j, n in need.items()) else None
 
-    return _wait(ready, 30, f"sacct's time window to list {need}", step=1)
+    return wait_for(ready, 30, f"sacct's time window to list {need}", interval=1)
 
 
 PREEMPTEE = """#!/bin/bash
@@ -108,7 +101,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
                                                "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-a", "-o", "/dev/null"])
     jobs.append(a)
     quota.attach_job(res.id, a, url=url)
-    row = _wait(lambda: (s := _state(client, a)) and s.state.state.value == "RUNNING" and s, 60, "job A to run")
+    row = wait_for(lambda: (s := _state(client, a)) and s.state.state.value == "RUNNING" and s, 60, "job A to run")
     node = row.nodelist
     b = client.submit_script("#!/bin/bash\nsleep 2\n", extra=[
         "-p", "gpu-hi", "-w", node, "--gres=gpu:h100:8", "-t", "2", "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-b",
@@ -119,8 +112,8 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
         s = _state(client, job)
         return s is None or s.state.state.is_finished
 
-    _wait(lambda: done(a) and len(_runs(client, a)) >= 2, 150, "job A to be preempted, rerun and finish", step=2)
-    _wait(lambda: done(b), 30, "job B to finish")
+    wait_for(lambda: done(a) and len(_runs(client, a)) >= 2, 150, "job A to be preempted, rerun and finish", interval=2)
+    wait_for(lambda: done(b), 30, "job B to finish")
     _wait_sacct_final(client, a)
     _wait_sacct_final(client, b)
 
@@ -187,7 +180,7 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
             assert re.search(r"limit|QOS|GRES|TRES", str(exc), re.I), exc
             return
         jobs.append(j)
-        row = _wait(lambda: (s := _state(client, j)) and s.reason not in ("None", "", "Priority") and s, 30,
+        row = wait_for(lambda: (s := _state(client, j)) and s.reason not in ("None", "", "Priority") and s, 30,
                     "a pending reason")
         assert row.state.state.value == "PENDING", row
         assert re.search(r"(GRES|TRES)Min", row.reason), row.reason    # AssocGrpGRESMinutes (safe)
@@ -204,11 +197,11 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
             s = _state(client, ok)
             return (s or "left the queue") if within_limits(s) else None
 
-        _wait(small_job, 60, "the small job to start or wait for resources only")
+        wait_for(small_job, 60, "the small job to start or wait for resources only")
     finally:
         for jid in jobs:
             client.run(cmd.scancel(jid), check=False)
-        _wait(lambda: all((lambda s: s is None or s.state.state.is_finished)(_state(client, x)) for x in jobs), 60,
+        wait_for(lambda: all((lambda s: s is None or s.state.state.is_finished)(_state(client, x)) for x in jobs), 60,
               "test jobs to leave the queue")
         client.sacctmgr_delete("user", [("name", user), ("account", acct)], check=False)
         client.sacctmgr_delete("account", [("name", acct)], check=False)
@@ -234,7 +227,7 @@ def test_job_reports_throughput_and_gets_cost_per_sample(sqlite_url, client, job
     j = client.submit_script(script, extra=["-p", "gpu", "--gres=gpu:h100:1", "-t", "2", "-A", ACCOUNT,
                                             "-J", "gpuhpc-ledger-test-metrics", "-o", str(tmp_path / "out.txt")])
     jobs.append(j)
-    _wait(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, j)), 90, "the metrics job")
+    wait_for(lambda: (lambda s: s is None or s.state.state.is_finished)(_state(client, j)), 90, "the metrics job")
     _wait_sacct_final(client, j)
     ingest.ingest_rows(_fetch_window(client, since, {j: 1}), url=url)
     assert ingest.ingest_metrics(metrics_dir, url=url) == 1

@@ -35,6 +35,7 @@ import pytest
 from gpuhpc.ledger import admin, budget, db, ingest, slurm_sync
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -72,14 +73,6 @@ def gpuhpc_as(user: str, args: list[str], env: dict[str, str]) -> subprocess.Com
     return as_user(user, ["/usr/bin/python3.11", "-c", BOOT, str(REPO), str(SITE), *args], env)
 
 
-def _wait(pred, timeout: float, what: str, step: float = 1.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _done(client, ids: list[str]) -> bool:
@@ -96,7 +89,7 @@ def _assoc(client, account: str) -> dict[str, str]:
 def _cleanup(client, account: str, users: list[str], jobs: list[str]) -> None:
     for j in jobs:
         client.run(cmd.scancel(j), check=False)
-    _wait(lambda: _done(client, jobs), 60, "test jobs to finish")
+    wait_for(lambda: _done(client, jobs), 60, "test jobs to finish")
     for u in users:
         client.sacctmgr_delete("user", [("name", u), ("account", account)], check=False)
     client.sacctmgr_delete("account", [("name", account)], check=False)
@@ -154,7 +147,7 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
         r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "10m",
                                   "--grace", "10s", "--", "true"], user_env)
         assert r.returncode == 3 and "this job may use 0.17 GPU-hours" in r.stderr, r.stderr
-        _wait(lambda: _done(client, jobs[-1:]), 90, "the user's gpuhpc job to finish")
+        wait_for(lambda: _done(client, jobs[-1:]), 90, "the user's gpuhpc job to finish")
         # --- a plain sbatch that can never fit is refused at submit by job_submit.lua, with the budget
         r = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "10",
                                                  "-o", "/dev/null", "--wrap", "sleep 1"]))
@@ -198,10 +191,10 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
             time.sleep(2)
         for j in ids:
             client.run(cmd.scancel(j), check=False)
-        _wait(lambda: _done(client, ids), 60, "the jobs to finish")
+        wait_for(lambda: _done(client, ids), 60, "the jobs to finish")
         assert "AssocGrpGRESMinutes" in seen_reason, seen_reason
         assert translated.startswith("AssocGrpGRESMinutes: account quota-t1"), translated
-        runs = _wait(lambda: (rs := client.accounting(job_ids=ids, all_users=True))
+        runs = wait_for(lambda: (rs := client.accounting(job_ids=ids, all_users=True))
                      and len(rs) == len(ids) and all(r.state.state.is_finished for r in rs) and rs, 30,
                      "sacct to show the jobs finished")
         gpu_seconds = sum(r.elapsed_s for r in runs)            # 1 GPU each
@@ -247,7 +240,7 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         long = client.submit_script("#!/bin/bash\nsleep 300\n", extra=["-A", acct, "-p", "cpu", "-t", "10",
                                                                        "-o", "/dev/null", "-J", "quota-t2-long"])
         jobs.append(long)
-        _wait(lambda: (q := client.queue(job_ids=[long])) and q[0].state.state.value == "RUNNING", 60, "the long job")
+        wait_for(lambda: (q := client.queue(job_ids=[long])) and q[0].state.state.value == "RUNNING", 60, "the long job")
         pid = Path("/run/slurm/slurmctld.pid").read_text().strip()
         up = subprocess.run(["bash", str(REPO / "scripts" / "cluster.sh"), "up"], capture_output=True, text=True,
                             timeout=600)
@@ -264,13 +257,13 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         b = client.submit_script("#!/bin/bash\nsleep 20\n", extra=["-A", acct, "-p", "mig", "--gres=gpu:1g.10gb:1",
                                                                    "-t", "1", "-o", "/dev/null"])
         jobs += [a, b]
-        _wait(lambda: _done(client, [a, b]), 150, "the two GPU jobs to finish")
-        runs = _wait(lambda: (rs := {r.job_id: r for r in client.accounting(job_ids=[a, b], all_users=True)})
+        wait_for(lambda: _done(client, [a, b]), 150, "the two GPU jobs to finish")
+        runs = wait_for(lambda: (rs := {r.job_id: r for r in client.accounting(job_ids=[a, b], all_users=True)})
                      and all(j in rs and rs[j].state.state.is_finished for j in (a, b)) and rs, 30, "sacct")
         assert _billing(runs[a]) == w and _billing(runs[b]) == w // 5      # in proportion to the prices
         # settle from sacct: the ledger's charge and Slurm's billing agree per job (the ledger's 6 decimals)
         since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
-        rows = _wait(lambda: (rs := client.job_runs(since, job_ids=[a, b]))
+        rows = wait_for(lambda: (rs := client.job_runs(since, job_ids=[a, b]))
                      and {a, b} <= {r.array_job_id for r in rs} and rs, 30, "sacct window")
         ingest.ingest_rows(rows, since=since, active=set(), url=url)
         (st,) = admin.quota_status(acct, url=url)
@@ -278,7 +271,7 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
                           for j in (a, b))
         assert abs(st.used_money - slurm_money) <= Decimal("0.000001") * 2, (st.used_money, slurm_money)
         # Slurm's own usage of the budget (added up every PriorityCalcPeriod = 1 min here)
-        _wait(lambda: _used_minutes(client, acct, "billing") > 0, 130, "Slurm to add up the usage", step=5)
+        wait_for(lambda: _used_minutes(client, acct, "billing") > 0, 130, "Slurm to add up the usage", interval=5)
         used = budget.billing_minutes_to_money(_used_minutes(client, acct, "billing"))
         assert abs(used - st.used_money) <= Decimal("0.0001"), (used, st.used_money)
         print(f"billing h100 {_billing(runs[a])} 1g.10gb {_billing(runs[b])}; ledger {st.used_money} vs sacct "
@@ -289,7 +282,7 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         assert p2.reset
         res = slurm_sync.sync(client, [p2])
         assert ["sacctmgr", "-i", "modify", "account", "where", f"name={acct}", "set", "RawUsage=0"] in res.commands
-        _wait(lambda: _used_minutes(client, acct, "billing") == 0, 30, "Slurm's usage reset")
+        wait_for(lambda: _used_minutes(client, acct, "billing") == 0, 30, "Slurm's usage reset")
         (st2,) = admin.quota_status(acct, url=url, now=tomorrow)
         assert st2.used_money == 0 and st2.remaining_money == Decimal("1.00")
     finally:
