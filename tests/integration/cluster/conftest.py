@@ -18,6 +18,7 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.transport.local import LocalRunner
+from ansible_helpers import ansible_env  # noqa: F401  (the tests import it from here)
 
 SLURM_CONF = "/etc/slurm/slurm.conf"
 NODES = ("gpu-node1", "gpu-node2", "mig-node1", "cpu-node1")
@@ -46,22 +47,6 @@ def submit(slurm: SlurmClient) -> Iterator[Callable[..., str]]:
 
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def ansible_env(tmp: Path | None = None) -> dict[str, str]:
-    """The environment scripts/cluster.sh runs Ansible with: the installed collection, the venv's
-    tools first, and the local cluster's /etc/slurm/slurm.conf (never an inherited SLURM_CONF)."""
-    venv_bin = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    env.update({
-        "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".ansible" / "collections"),
-        "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1",
-        "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
-    })
-    if tmp is not None:
-        env["ANSIBLE_LOCAL_TEMP"] = str(tmp / ".ansible-tmp")
-    return env
 
 
 def run_playbook(playbook: str, inventory: str, *extra: str, tmp: Path | None = None,

@@ -18,23 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ansible_helpers import ansible_env
 
 REPO = Path(__file__).resolve().parents[3]
 LAB_SH = REPO / "scripts" / "lab.sh"
 INVENTORY = "ansible/inventories/lab"
 LAB_DIR = Path(os.environ.get("GPUHPC_LAB_DIR", "/var/tmp/gpuhpc-lab"))
-
-
-def ansible_env() -> dict[str, str]:
-    venv_bin = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
-    env.update({
-        "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"),
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / ".ansible" / "collections"),
-        "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1",
-        "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
-    })
-    return env
 
 
 def recap(text: str) -> dict[str, dict[str, int]]:
