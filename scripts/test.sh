@@ -39,6 +39,9 @@ if [ -x scripts/services/postgres.sh ]; then
 fi
 
 say "S3 (SeaweedFS) on 127.0.0.1:8333"
+# a fresh store every run: each test makes its own bucket (a SeaweedFS collection with its own
+# volumes), and a store kept across runs runs out of volumes ("No writable volumes")
+bash scripts/services/s3.sh wipe >/dev/null 2>&1 || true
 bash scripts/services/s3.sh start >/dev/null
 
 say "sshd on 127.0.0.1:2222 (SSH transport tests)"

@@ -28,7 +28,11 @@ EOC
   fi
   echo "GPUHPC_S3_ENDPOINT_URL=http://127.0.0.1:$PORT AWS_ACCESS_KEY_ID=$ACCESS AWS_SECRET_ACCESS_KEY=$SECRET"
   ;;
-stop) alive && kill "$(cat "$D/weed.pid")"; rm -f "$D/weed.pid" ;;
-wipe) alive && kill "$(cat "$D/weed.pid")"; rm -rf "$D" ;;
+stop|wipe)
+  if alive; then
+    pid=$(cat "$D/weed.pid"); kill "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done   # its port is free again
+  fi
+  if [ "$1" = wipe ]; then rm -rf "$D"; else rm -f "$D/weed.pid"; fi ;;
 *) echo "usage: $0 start|stop|wipe" >&2; exit 2 ;;
 esac

@@ -159,7 +159,11 @@ def _inventory(spec_path: Path) -> dict:
                  "gpuhpc_slurmdbd_mariadb_log_file": f"{BASE}/mysql-log/error.log",
                  "gpuhpc_slurmdbd_mariadb_buffer_pool_size": "32M",
                  "gpuhpc_slurm_compute_nodes": ["reconf-node1"],
-                 "gpuhpc_slurm_compute_start_timeout": 60},
+                 "gpuhpc_slurm_compute_start_timeout": 60,
+                 # this machine's own sshd and PAM are not the private cluster's to harden
+                 # (as in ansible/inventories/local)
+                 "gpuhpc_hardening_ssh_no_passwords": False,
+                 "gpuhpc_hardening_pam_slurm_adopt": False},
         "children": {"slurm_controller": {"hosts": {"localhost": None}},
                      "slurmdbd": {"hosts": {"localhost": None}},
                      "slurm_compute": {"hosts": {"localhost": None}}},
