@@ -344,3 +344,44 @@ class SweepTrial(Base):
     metrics: Mapped[str | None] = mapped_column(Text, nullable=True)         # JSON: last value per name
     objective: Mapped[float | None] = mapped_column(Float, nullable=True)   # a measurement, not money
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# ------------------------------------------------------------------ monitoring (gpuhpc.monitoring; migration 0005)
+class RunUtilisation(Base):
+    """What a settled run did with its GPUs (from Prometheus, once, when the run is ingested),
+    next to its charge: the efficiency reports read it after Prometheus' retention has ended."""
+
+    __tablename__ = "run_utilisation"
+    __table_args__ = (UniqueConstraint("usage_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    usage_id: Mapped[int] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"))
+    slurm_job_id: Mapped[str] = mapped_column(String(32))   # the job_id label queried (an array task's own id)
+    threshold: Mapped[float] = mapped_column(Float)          # idle under this GPU utilisation, %
+    step_s: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)            # utilisation samples over all devices (0: none)
+    mean_util: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_util: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_memory_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    idle_gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    held_gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    cpu_used_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    peak_rss_bytes: Mapped[float | None] = mapped_column(Float, nullable=True)
+    devices: Mapped[str] = mapped_column(Text)               # JSON: one object per GPU or MIG instance
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class NodeBaseline(Base):
+    """A node's reference figure for a deep health check (nccl all-reduce bus bandwidth, GB/s):
+    the first passing measurement, or what an admin set."""
+
+    __tablename__ = "node_baselines"
+    __table_args__ = (UniqueConstraint("node", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    node: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(32))            # "nccl_allreduce_busbw"
+    value: Mapped[float] = mapped_column(Float)              # a measurement, not money
+    unit: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))          # measured | admin
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
