@@ -1,11 +1,22 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Jobs on the local cluster get a private /tmp (job_container/tmpfs): a file a job writes under
+# /tmp is invisible here. pytest's tmp_path (and tempfile) therefore live under /var/tmp, on the
+# real disk that jobs and tests share. An explicit TMPDIR outside /tmp is kept.
+if not os.environ.get("TMPDIR", "").startswith("/var/tmp"):
+    _TMP = Path("/var/tmp/gpuhpc-pytest")
+    _TMP.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    _TMP.chmod(0o1777)
+    os.environ["TMPDIR"] = str(_TMP)
+    tempfile.tempdir = None   # tempfile caches gettempdir(): read TMPDIR again
 
 
 def _shared_dir() -> Path:

@@ -31,12 +31,15 @@ RESTART = {
     "plugindir": BOTH,
     "selecttype": BOTH,
     "switchtype": BOTH,          # "All Slurm daemons, commands and running jobs must be restarted"
+    # gpuhpc's addition, seen on 22.05: slurmd loads the job_container plugin when it starts, and a
+    # running slurmd without it fails every job ("container_p_join: open failed ... .ns")
+    "jobcontainertype": BOTH,
+    "prologflags": BOTH,
     # slurmd only
     "corespecplugin": SLURMD,
     # slurmctld only
     "accountingstorageenforce": CTLD,
     "credtype": CTLD,
-    "jobcontainertype": CTLD,
     "maxjobcount": CTLD,
     "maxnodecount": CTLD,
     "powerplugin": CTLD,
