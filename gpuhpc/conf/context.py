@@ -228,6 +228,9 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
                 "addr": g.addr or name,
                 "hostname": g.node_hostname or name,
                 "scratch": g.scratch.path if g.scratch else None,
+                # the gpuhpc_nvme_scratch role's drives and mount options (spec scratch.devices)
+                "scratch_devices": list(g.scratch.devices) if g.scratch else [],
+                "scratch_mount_options": list(g.scratch.mount_options) if g.scratch else [],
                 "ib_hcas": list(g.ib_hcas),
                 "gpus": gpus,
                 "spool_dir": rt.slurmd_spool_dir + (f"/{name}" if rt.multiple_slurmd else ""),
@@ -357,4 +360,20 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "fake_gpu_major": FAKE_GPU_MAJOR,
         "qos": [q.model_dump() for q in spec.qos],
         "accounts": [a.model_dump() for a in spec.accounts],
+        "management_networks": list(spec.management_networks),
+        "filesystems": _filesystems(spec),
     }
+
+
+def _filesystems(spec: ClusterSpec) -> dict[str, Any]:
+    """What gpuhpc_lustre_client and gpuhpc_beegfs_client mount (spec ``filesystems``). A BeeGFS
+    mount names the variable that holds its connection-auth secret, never the secret."""
+    fs = spec.filesystems
+    lustre = None
+    if fs.lustre is not None:
+        lustre = {
+            "lnet": [{"net": n.net, "interfaces": list(n.interfaces)} for n in fs.lustre.lnet],
+            "mounts": [{"fsname": m.fsname, "source": m.source(), "mountpoint": m.mountpoint,
+                        "options": list(m.options)} for m in fs.lustre.mounts],
+        }
+    return {"lustre": lustre, "beegfs": [b.model_dump() for b in fs.beegfs]}

@@ -233,6 +233,14 @@ def validate(spec: ClusterSpec) -> list[str]:
         if (p.allow_qos or p.qos) and spec.slurmdbd is None:
             raise SpecError("QOS need slurmdbd accounting", field=f"{pf}.allow_qos")
 
+    # cluster-wide, after the partitions' own rules; read_config.c: "PreemptType and PreemptMode values incompatible" (slurmctld does not start)
+    if pre.type != "none" and pre.mode == "OFF":
+        raise SpecError(f"preempt/{pre.type} with PreemptMode=OFF: Slurm refuses this config", field="preemption.mode",
+                        hint="set preemption.mode (REQUEUE, CANCEL, SUSPEND) or preemption.type: none")
+    if pre.type == "none" and pre.mode != "OFF":
+        raise SpecError(f"PreemptMode={pre.mode} without a preempt plugin: Slurm refuses this config",
+                        field="preemption.mode", hint="set preemption.type: partition_prio or qos, or mode: OFF")
+
     # ---- topology
     sw_names = [s.name for s in spec.topology.switches]
     if d := _dupes(sw_names):
@@ -253,4 +261,66 @@ def validate(spec: ClusterSpec) -> list[str]:
                 raise SpecError("a switch cannot contain itself", field=f"topology.switches[{si}].switches[{ci}]")
     if spec.topology.switches and spec.topology.plugin == "none":
         raise SpecError("switches are listed but topology.plugin is none", field="topology.plugin")
+    _check_filesystems(spec)
     return warnings
+
+
+def _lnet_net(net: str) -> str:
+    """``o2ib`` and ``o2ib0`` are one LNet network."""
+    return net if net[-1].isdigit() else net + "0"
+
+
+def _check_filesystems(spec: ClusterSpec) -> None:
+    """Mount points are distinct (filesystems and node scratch), every MGS is on a client LNet
+    network, BeeGFS mounts differ in name and client ports (BeeGFS 7: one client per port)."""
+    if d := _dupes(spec.management_networks):
+        raise SpecError(f"duplicate network {d!r}", field="management_networks")
+    fs = spec.filesystems
+    mounts: dict[str, str] = {}
+    for gi, g in enumerate(spec.node_groups):
+        if g.scratch and g.scratch.devices and (d := _dupes(list(g.scratch.devices))):
+            raise SpecError(f"device {d!r} is listed twice", field=f"node_groups[{gi}].scratch.devices")
+
+    def overlap(path: str) -> str | None:
+        for other, where in mounts.items():
+            if path == other or path.startswith(other.rstrip("/") + "/") or other.startswith(path.rstrip("/") + "/"):
+                return f"{other} ({where})"
+        return None
+
+    def claim(path: str, field: str) -> None:
+        if where := overlap(path):
+            raise SpecError(f"mount point {path} overlaps {where}", field=field)
+        mounts[path] = field
+
+    if fs.lustre is not None:
+        nets = [_lnet_net(n.net) for n in fs.lustre.lnet]
+        if d := _dupes(nets):
+            raise SpecError(f"LNet network {d} is listed twice", field="filesystems.lustre.lnet")
+        names = [m.fsname for m in fs.lustre.mounts]
+        if d := _dupes(names):
+            raise SpecError(f"Lustre filesystem {d!r} is mounted twice", field="filesystems.lustre.mounts")
+        for mi, m in enumerate(fs.lustre.mounts):
+            mf = f"filesystems.lustre.mounts[{mi}]"
+            claim(m.mountpoint, f"{mf}.mountpoint")
+            for ni, nid in enumerate(m.mgs_nids):
+                net = _lnet_net(nid.rsplit("@", 1)[1])
+                if net not in nets:
+                    raise SpecError(f"MGS {nid} is on LNet network {net}, which no client network in "
+                                    f"filesystems.lustre.lnet reaches", field=f"{mf}.mgs_nids[{ni}]",
+                                    hint=f"add {{net: {net}, interfaces: [...]}} to filesystems.lustre.lnet")
+    names = [b.name for b in fs.beegfs]
+    if d := _dupes(names):
+        raise SpecError(f"duplicate BeeGFS mount name {d!r}",
+                        field=f"filesystems.beegfs[{names.index(d, names.index(d) + 1)}].name")
+    ports: dict[int, str] = {}
+    for bi, b in enumerate(fs.beegfs):
+        bf = f"filesystems.beegfs[{bi}]"
+        claim(b.mountpoint, f"{bf}.mountpoint")
+        for key, port in (("client_port", b.client_port or 8004), ("helperd_port", b.helperd_port or 8006)):
+            if port in ports:
+                raise SpecError(f"port {port} is also {ports[port]}: each BeeGFS mount needs its own ports",
+                                field=f"{bf}.{key}", hint="set client_port and helperd_port per mount")
+            ports[port] = f"{bf}.{key}"
+    for gi, g in enumerate(spec.node_groups):
+        if g.scratch and (where := overlap(g.scratch.path)):
+            raise SpecError(f"scratch {g.scratch.path} overlaps {where}", field=f"node_groups[{gi}].scratch.path")

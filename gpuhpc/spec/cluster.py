@@ -193,8 +193,13 @@ class Health(_Model):
 
 
 class Scratch(_Model):
+    """Node-local scratch: ``path`` is the mount point (``TmpDisk`` from ``size_gb``). With
+    ``devices`` the gpuhpc_nvme_scratch role assembles them (RAID 0 for several, the disk itself
+    for one), formats XFS and mounts it on ``path`` with ``mount_options``."""
     path: AbsPath
     size_gb: int | None = Field(default=None, ge=1)
+    devices: list[AbsPath] = []
+    mount_options: list[Word] = ["defaults", "noatime"]
 
 
 class Gpus(_Model):
@@ -337,7 +342,9 @@ class Topology(_Model):
 
 
 class Preemption(_Model):
-    type: Literal["partition_prio", "qos", "none"] = "partition_prio"
+    """Cluster-wide ``PreemptType``/``PreemptMode``. Slurm refuses ``OFF`` with a preempt plugin and
+    any other mode without one (read_config.c), so the default is no preemption at all."""
+    type: Literal["partition_prio", "qos", "none"] = "none"
     mode: PreemptMode = "OFF"     # cluster-wide PreemptMode
     gang: bool = False
 
@@ -373,6 +380,107 @@ class Nccl(_Model):
         return {k: str(val) for k, val in v.items()}
 
 
+def _cidr(v: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(v, strict=True))
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not a network in CIDR form, e.g. 10.10.0.0/16 ({exc})") from None
+
+
+_LNET_NET_RE = re.compile(r"^(o2ib|tcp)\d*$")
+_NID_RE = re.compile(r"^[A-Za-z0-9.:-]+@(o2ib|tcp)\d*$")
+_FSNAME_RE = re.compile(r"^[A-Za-z0-9_]{1,8}$")
+_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _mount_option(v: str) -> str:
+    _word(v)
+    if "," in v:
+        raise ValueError(f"{v!r}: one mount option per list entry")
+    return v
+
+
+MountOption = Annotated[str, AfterValidator(_mount_option)]
+
+
+class LnetNetwork(_Model):
+    """One LNet network of the clients (lnet.conf ``net:``): ``o2ib`` (InfiniBand/RoCE) or ``tcp``,
+    over these interfaces."""
+    net: str
+    interfaces: list[Name] = Field(min_length=1)
+
+    @field_validator("net")
+    @classmethod
+    def _net(cls, v: str) -> str:
+        if not _LNET_NET_RE.match(v):
+            raise ValueError(f"{v!r} is not an LNet network (o2ib, o2ib1, tcp, tcp0, ...)")
+        return v
+
+
+class LustreMount(_Model):
+    fsname: str
+    mgs_nids: list[str] = Field(min_length=1)   # one per MGS (failover pair: two), e.g. 10.20.0.1@o2ib
+    mountpoint: AbsPath
+    options: list[MountOption] = ["flock", "_netdev"]
+
+    @field_validator("fsname")
+    @classmethod
+    def _fsname(cls, v: str) -> str:
+        if not _FSNAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a Lustre fsname (1-8 letters, digits or _)")
+        return v
+
+    @field_validator("mgs_nids")
+    @classmethod
+    def _nids(cls, v: list[str]) -> list[str]:
+        for nid in v:
+            if not _NID_RE.match(nid):
+                raise ValueError(f"{nid!r} is not a Lustre NID (address@o2ib or address@tcp)")
+        return v
+
+    def source(self) -> str:
+        """The mount source: ``nid1:nid2:/fsname`` (failover MGS nodes separated by ':')."""
+        return ":".join(self.mgs_nids) + ":/" + self.fsname
+
+
+class Lustre(_Model):
+    """Lustre clients (the gpuhpc_lustre_client role): the LNet networks of every client and the
+    filesystems they mount."""
+    lnet: list[LnetNetwork] = Field(min_length=1)
+    mounts: list[LustreMount] = Field(min_length=1)
+
+
+class BeegfsMount(_Model):
+    """One BeeGFS filesystem a client mounts (the gpuhpc_beegfs_client role): its own
+    beegfs-client.conf, connInterfaces file and RDMA setting. ``connauth_secret`` names the
+    Ansible (vault) variable that holds the connection-auth secret; the secret itself never
+    appears in the spec."""
+    name: Name
+    mgmtd_host: Word
+    mgmtd_port: Port = 8008
+    client_port: Port | None = None         # connClientPortUDP; several mounts need distinct ports
+    helperd_port: Port | None = None        # connHelperdPortTCP (BeeGFS 7)
+    mountpoint: AbsPath
+    conn_interfaces: list[Name] = []        # connInterfacesFile: the interfaces, in preference order
+    rdma: bool = True                       # connUseRDMA
+    connauth_secret: str | None = None      # variable name, e.g. vault_beegfs_scratch_connauth
+
+    @field_validator("connauth_secret")
+    @classmethod
+    def _secret_name(cls, v: str | None) -> str | None:
+        if v is not None and not _VAR_RE.match(v):
+            raise ValueError(f"{v!r} must be the name of the variable that holds the secret (letters, digits, _), "
+                             "not the secret itself")
+        return v
+
+
+class Filesystems(_Model):
+    lustre: Lustre | None = None
+    beegfs: list[BeegfsMount] = []
+
+
 class ClusterSpec(_Model):
     name: Annotated[str, AfterValidator(_cluster_name)]
     controller: Controller
@@ -390,6 +498,9 @@ class ClusterSpec(_Model):
     accounts: list[Account] = []
     topology: Topology = Topology()
     nccl: Nccl = Nccl()
+    # only these networks (CIDRs) reach slurmctld, slurmd and slurmdbd (gpuhpc_hardening's nftables)
+    management_networks: list[Annotated[str, AfterValidator(_cidr)]] = []
+    filesystems: Filesystems = Filesystems()   # parallel filesystems the compute and login hosts mount
 
     def nodes(self) -> list[tuple[NodeGroup, str]]:
         return [(g, n) for g in self.node_groups for n in g.node_names()]

@@ -94,6 +94,10 @@ CASES = [
      "preemption.mode", "requires GANG"),
     ("preempt-without-type", ["preemption", "type"], "none",
      "partitions[0].preempt_mode", "preemption.type is none"),
+    ("partition-prio-with-mode-off", ["preemption", "mode"], "OFF",
+     "preemption.mode", "preempt/partition_prio with PreemptMode=OFF: Slurm refuses"),
+    ("management-network-not-cidr", ["management_networks"], ["10.10.0.1/16"],
+     "management_networks[0]", "not a network in CIDR form"),
 ]
 
 
