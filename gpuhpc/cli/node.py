@@ -132,6 +132,29 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
+    @node_app.command("mig-plan")
+    def mig_plan_cmd() -> None:
+        """MIG commands that turn a node's instances into the spec's layout (JSON in on stdin, JSON out).
+
+        Input: {"gpu_type", "layouts": [[profile, ...] per GPU], "lgi": `nvidia-smi mig -lgi` output,
+        "modes": `nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader` output}.
+        Output: {"changed", "commands": [argv, ...], "summary": [line per changed GPU]}. The
+        gpuhpc_nvidia_gpu role runs it on the control node."""
+        import json
+
+        from gpuhpc.cli._console import print_json
+        from gpuhpc.errors import UserInputError
+        from gpuhpc.inventory.mig import plan_from_texts
+
+        try:
+            doc = json.loads(sys.stdin.read())
+            args = (str(doc["gpu_type"]), [list(map(str, x)) for x in doc["layouts"]], str(doc.get("lgi", "")),
+                    str(doc.get("modes", "")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserInputError(f"mig-plan input: {exc}", hint='{"gpu_type": "h100", "layouts": [[...]], '
+                                 '"lgi": "...", "modes": "..."} on stdin') from None
+        print_json(plan_from_texts(*args).to_dict())
+
 def _read(path: str, opt: str) -> str:
     from pathlib import Path
 

@@ -206,6 +206,25 @@ def state_from_query(text: str, *, util: int = 0) -> dict:
     return state_from_listing(listing, util=util)
 
 
+def with_mig_geometry(state: dict, lgip_text: str, gpu_type: str) -> dict:
+    """``state`` with each GPU's MIG geometry for the nvidia-smi stand-in's MIG commands: profile IDs,
+    memory and instance counts from a real ``nvidia-smi mig -lgip`` capture (its GPU 0), compute and
+    memory slices from :mod:`gpuhpc.spec.gpus`. Profiles gpuhpc does not model (``+me``) are left out."""
+    from gpuhpc.inventory.smi import parse_mig_lgip
+    from gpuhpc.spec.gpus import gpu_model
+
+    model = gpu_model(gpu_type)
+    if model is None or not model.mig_capable:
+        raise ValueError(f"{gpu_type!r} is not a MIG-capable GPU type")
+    rows = [r for r in parse_mig_lgip(lgip_text) if r.gpu == 0 and r.profile in model.mig_profiles]
+    profiles = [{"name": r.profile, "id": r.profile_id, "max": r.total, "memory_gib": r.memory_gib, "sms": r.sms,
+                 "compute": model.mig_profiles[r.profile].compute_slices,
+                 "memory": model.mig_profiles[r.profile].memory_slices} for r in rows]
+    for g in state["gpus"]:
+        g["mig_profiles"] = profiles
+        g["mig_slices"] = [model.compute_slices, model.memory_slices]
+    return state
+
 def local_cluster_states(fixtures: str) -> dict[str, dict]:
     """Stand-in states for the local test cluster's nodes, from the shared nvidia-smi captures:
     gpu-node1/2 an 8x H100 SXM box, mig-node1 two H100s split 7x 1g.10gb and 2x 3g.40gb (its
