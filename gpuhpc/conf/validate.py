@@ -272,7 +272,7 @@ def _lnet_net(net: str) -> str:
 
 def _check_filesystems(spec: ClusterSpec) -> None:
     """Mount points are distinct (filesystems and node scratch), every MGS is on a client LNet
-    network, BeeGFS mounts differ in name and client ports (BeeGFS 7: one client per port)."""
+    network, BeeGFS mounts differ in name and client port (one client instance per UDP port)."""
     if d := _dupes(spec.management_networks):
         raise SpecError(f"duplicate network {d!r}", field="management_networks")
     fs = spec.filesystems
@@ -316,11 +316,11 @@ def _check_filesystems(spec: ClusterSpec) -> None:
     for bi, b in enumerate(fs.beegfs):
         bf = f"filesystems.beegfs[{bi}]"
         claim(b.mountpoint, f"{bf}.mountpoint")
-        for key, port in (("client_port", b.client_port or 8004), ("helperd_port", b.helperd_port or 8006)):
-            if port in ports:
-                raise SpecError(f"port {port} is also {ports[port]}: each BeeGFS mount needs its own ports",
-                                field=f"{bf}.{key}", hint="set client_port and helperd_port per mount")
-            ports[port] = f"{bf}.{key}"
+        port = b.client_port or 8004          # connClientPortUDP's default
+        if port in ports:
+            raise SpecError(f"client port {port} is also {ports[port]}'s: each BeeGFS mount needs its own",
+                            field=f"{bf}.client_port", hint="set client_port (and helperd_port) per mount")
+        ports[port] = bf
     for gi, g in enumerate(spec.node_groups):
         if g.scratch and (where := overlap(g.scratch.path)):
             raise SpecError(f"scratch {g.scratch.path} overlaps {where}", field=f"node_groups[{gi}].scratch.path")

@@ -48,7 +48,7 @@ CASES = [
     ("beegfs-inside-lustre", lambda d: d["filesystems"]["beegfs"][0].update(mountpoint="/lustre/lfs1/home"),
      "filesystems.beegfs[0].mountpoint", "overlaps /lustre/lfs1"),
     ("beegfs-same-ports", lambda d: d["filesystems"]["beegfs"][1].update(client_port=None),
-     "filesystems.beegfs[1].client_port", "each BeeGFS mount needs its own ports"),
+     "filesystems.beegfs[1].client_port", "each BeeGFS mount needs its own"),
     ("beegfs-same-name", lambda d: d["filesystems"]["beegfs"][1].update(name="home"),
      "filesystems.beegfs[1].name", "duplicate BeeGFS mount name"),
     ("beegfs-secret-in-spec", lambda d: d["filesystems"]["beegfs"][0].update(connauth_secret="s3cr3t p@ss"),
