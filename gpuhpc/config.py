@@ -19,6 +19,10 @@ naming the file and the key)::
     # site config
     [cmdserver]
     allowed = false     # forbid the command server to every user (default: true); wins
+    [site]
+    cluster_name = "dgxpod"    # the cluster spec's name (gpuhpc_login writes this file)
+    [ledger]
+    db_url = "postgresql+psycopg://gpuhpc_reader@db/gpuhpc"   # when GPUHPC_DB_URL is unset
 
 ``GPUHPC_CMDSERVER=off`` (also ``0``/``no``) turns the command server off whatever the files
 say.
@@ -57,6 +61,14 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
     "site": {
         "cmdserver": {
             "allowed": (bool, True, "false forbids the command server to every user of this machine"),
+        },
+        # written by the gpuhpc_login role from the cluster spec and the inventory
+        "site": {
+            "cluster_name": (str, "", "the Slurm cluster this machine belongs to (the cluster spec's name)"),
+        },
+        "ledger": {
+            "db_url": (str, "", "the ledger database users' commands use when GPUHPC_DB_URL is unset "
+                                "(a reader role's URL: the file is world-readable)"),
         },
     },
     "user": {
@@ -243,3 +255,8 @@ def cmdserver(env: Mapping[str, str] | None = None) -> CmdserverSetting:
                                        "[cmdserver] enabled = true",
                                 f"add '[cmdserver]' and 'enabled = true' to {user_path}")
     return CmdserverSetting(True, f"enabled in {user_path}")
+
+
+def site_setting(section: str, key: str, env: Mapping[str, str] | None = None) -> Any:
+    """One key of the site config (its default when the file or the key is absent)."""
+    return _value(read_file(site_config_path(env), "site"), "site", section, key)

@@ -70,6 +70,10 @@ def ledger_in_use() -> str | None:
     url = os.environ.get("GPUHPC_DB_URL", "").strip()
     if url:
         return url
+    from gpuhpc.config import site_setting
+
+    if url := site_setting("ledger", "db_url").strip():    # /etc/gpuhpc/config.toml (gpuhpc_login)
+        return url
     from gpuhpc.ledger.paths import default_db_path
 
     path = default_db_path()

@@ -22,6 +22,11 @@ def metrics_dir() -> Path:
 
 
 def db_url() -> str:
-    """``$GPUHPC_DB_URL`` or the embedded SQLite file (which may not exist yet)."""
+    """``$GPUHPC_DB_URL``, else the site config's ``[ledger] db_url`` (``/etc/gpuhpc/config.toml``,
+    written by the gpuhpc_login role), else the embedded SQLite file (which may not exist yet)."""
     url = os.environ.get("GPUHPC_DB_URL", "").strip()
+    if not url:
+        from gpuhpc.config import site_setting
+
+        url = site_setting("ledger", "db_url").strip()
     return url or f"sqlite:///{default_db_path()}"
