@@ -26,6 +26,9 @@ build() {
   find slurm-conf -maxdepth 1 -name '*.j2' ! -name slurmdbd.conf.j2 -exec cp {} "$stage/roles/gpuhpc_slurm_common/templates/" \;
   cp slurm-conf/slurmdbd.conf.j2 "$stage/roles/gpuhpc_slurmdbd/templates/"
   cp slurm-conf/job_submit.lua "$stage/roles/gpuhpc_slurm_common/templates/"
+  # gpuhpc_login builds its venv from the project's pinned constraints: one source, carried as a copy
+  mkdir -p "$stage/roles/gpuhpc_login/files"
+  cp constraints.txt "$stage/roles/gpuhpc_login/files/"
   ansible-galaxy collection build "$stage" --output-path "$dist" --force >&2
   rm -rf "$stage"
   local version
