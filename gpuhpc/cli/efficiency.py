@@ -26,7 +26,8 @@ def register_report(report_app: typer.Typer) -> None:
     ) -> None:
         """GPU efficiency of a job (utilisation and memory per GPU/MIG instance, time limit used,
         advice, idle GPU-hours priced in the ledger), or --account A --period week: jobs ranked
-        by idle GPU-hours and their cost."""
+        by idle GPU-hours and their cost. Settled runs are read from their utilisation summaries
+        in the ledger (`gpuhpc ledger ingest` stores them), the rest from Prometheus."""
         from gpuhpc.cli._console import print_json
         from gpuhpc.errors import UserInputError
         from gpuhpc.monitoring import efficiency as eff
@@ -39,7 +40,9 @@ def register_report(report_app: typer.Typer) -> None:
         if account is not None:
             if html is not None:
                 raise UserInputError("--html is for one job", field="--html")
-            rows = eff.rank(account, period, prom=prom, threshold=threshold)
+            notes: list[str] = []
+            rows = eff.rank(account, period, prom=prom, threshold=threshold, notes=notes)
+            _notes(notes)
             if json_:
                 print_json([r.to_dict() for r in rows])
                 return
@@ -52,7 +55,8 @@ def register_report(report_app: typer.Typer) -> None:
                 out.append(f"(no job of {account} held an idle GPU in the last {period})")
             sys.stdout.write("\n".join(out) + "\n")
             return
-        rep = eff.job_report(job_id, prom=prom, threshold=threshold)
+        rep = eff.job_report(job_id, prom=prom, threshold=threshold, series=html is not None)
+        _notes(rep.notes)
         if html is not None:
             html.write_text(eff.render_html(rep), encoding="utf-8")
             sys.stderr.write(f"wrote {html}\n")
@@ -69,9 +73,18 @@ def register_report(report_app: typer.Typer) -> None:
         for d in rep.devices:
             out.append(f"  {d.name:28} mean {d.mean_util:5.1f} %  peak mem {d.peak_mem_bytes / 1e9:6.1f} GB  "
                        f"idle {d.idle_hours:7.3f} GPU-h{'  IDLE' if d.idle else ''}")
-        out.append(f"idle GPU-hours {rep.idle_gpu_hours:.3f} (under {rep.threshold:g} %), cost {cost}")
+        out.append(f"idle GPU-hours {rep.idle_gpu_hours:.3f} (under {rep.threshold:g} %), cost {cost}"
+                   + ("  [from the ledger's run summary]" if rep.source == "ledger" else ""))
         if rep.cpu_efficiency is not None:
             out.append(f"CPU {rep.cpu_used_seconds:,.0f} core-s of {rep.cpus} cores ({rep.cpu_efficiency:.0%})"
                        + (f", peak RSS {rep.peak_rss_bytes / 1e9:.2f} GB" if rep.peak_rss_bytes else ""))
         out += [f"advice: {a}" for a in rep.advice]
         sys.stdout.write("\n".join(out) + "\n")
+
+
+def _notes(notes: list[str]) -> None:
+    if notes:
+        from gpuhpc.cli._console import warn
+
+        for n in notes:
+            warn(n)

@@ -131,22 +131,40 @@ def ledger_ingest(
     if reprice:
         ingest.reprice(res=res)
     res.metrics = ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
+    res.utilisation, unsummarised = _summarise_runs(client)
     if json_:
         print_json({"since": start.isoformat(), **res.as_dict()})
     else:
         sys.stdout.write(f"ingested {res.runs_seen} runs since {start:%Y-%m-%d %H:%M} UTC: {res.runs_new} new, "
                          f"{res.runs_updated} updated, {res.charges} charges ({res.amount:,.2f}, "
                          f"{res.gpu_hours:,.2f} GPU-h), {res.reservations_settled} reservations settled, "
-                         f"{res.reservations_expired} expired, {res.metrics} metrics\n")
+                         f"{res.reservations_expired} expired, {res.metrics} metrics, "
+                         f"{res.utilisation} utilisation summaries\n")
         if reprice:
             sys.stdout.write(f"repriced {res.repriced_runs} runs settled without a price "
                              f"({res.repriced_amount:,.2f})\n")
+    if unsummarised:
+        from gpuhpc.cli._console import warn
+
+        warn(f"no utilisation summaries this time (the next ingest tries again): {unsummarised}")
     if res.unpriced_runs:
         from gpuhpc.cli._console import warn
 
         warn(f"{res.unpriced_runs} runs used GPU types without a price (charged 0); "
              "set one with `gpuhpc ledger price set --gpu-type TYPE --rate R` (or a '*' default), "
              "then `gpuhpc ledger ingest --reprice` charges them")
+
+
+def _summarise_runs(client) -> tuple[int, str]:
+    """Per-run GPU utilisation summaries from Prometheus next to the charges (gpuhpc.monitoring.summaries);
+    Prometheus unreachable is a warning, not a failed ingest."""
+    from gpuhpc.errors import GpuhpcError
+    from gpuhpc.monitoring import summaries
+
+    try:
+        return summaries.store_settled(client=client), ""
+    except GpuhpcError as exc:
+        return 0, exc.one_line()
 
 
 @ledger_app.command("sync-slurm")

@@ -168,6 +168,7 @@ class IngestResult:
     repriced_amount: Decimal = ZERO
     metrics: int = 0
     batches: int = 0
+    utilisation: int = 0          # run utilisation summaries stored (gpuhpc.monitoring.summaries)
 
     def as_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in self.__dict__.items()}

@@ -52,7 +52,7 @@ class Prometheus:
         self.url = (url or os.environ.get("GPUHPC_PROMETHEUS_URL") or DEFAULT_URL).rstrip("/")
         self.timeout = timeout
 
-    def _get(self, path: str, params: dict) -> list[dict]:
+    def _get(self, path: str, params: dict, key: str = "result"):
         full = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
         try:
             with urllib.request.urlopen(full, timeout=self.timeout) as resp:
@@ -68,7 +68,11 @@ class Prometheus:
                               hint="set GPUHPC_PROMETHEUS_URL") from None
         if body.get("status") != "success":
             raise GpuhpcError(f"Prometheus: {body.get('error', 'query failed')}")
-        return body["data"]["result"]
+        return body["data"][key]
+
+    def config(self) -> str:
+        """The running configuration (YAML text)."""
+        return self._get("/api/v1/status/config", {}, key="yaml")
 
     def query(self, expr: str, at: dt.datetime | None = None) -> list[dict]:
         params = {"query": expr}
@@ -94,6 +98,7 @@ class Device:
     mem_times: list[float] = field(default_factory=list)
     mem: list[float] = field(default_factory=list)
     mean_util: float = 0.0
+    peak_util: float = 0.0
     peak_mem_bytes: float = 0.0
     idle_hours: float = 0.0
     held_hours: float = 0.0
@@ -105,7 +110,7 @@ class Device:
 
     def to_dict(self) -> dict:
         return {"node": self.node, "gpu": self.gpu, "mig": self.mig, "mean_util_percent": round(self.mean_util, 2),
-                "peak_memory_bytes": self.peak_mem_bytes, "idle_gpu_hours": round(self.idle_hours, 4),
+                "peak_util_percent": round(self.peak_util, 2), "peak_memory_bytes": self.peak_mem_bytes, "idle_gpu_hours": round(self.idle_hours, 4),
                 "held_gpu_hours": round(self.held_hours, 4), "idle": self.idle}
 
 
@@ -130,10 +135,12 @@ class JobEfficiency:
     devices: list[Device] = field(default_factory=list)
     rate: Decimal | None = None        # per GPU-hour, multipliers applied; None: no price
     advice: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)          # what could not be read (stderr)
     cpus: int = 0
     cpu_times: list[float] = field(default_factory=list)    # the Slurm exporter's sstat samples
     cpu_used: list[float] = field(default_factory=list)     # CPU seconds used so far, per sample
     rss: list[float] = field(default_factory=list)          # largest step RSS so far, per sample
+    source: str = "prometheus"                              # or "ledger": the run's stored summary
 
     @property
     def cpu_used_seconds(self) -> float | None:
@@ -177,7 +184,7 @@ class JobEfficiency:
                 "cpus": self.cpus, "cpu_used_seconds": self.cpu_used_seconds,
                 "cpu_efficiency": round(self.cpu_efficiency, 4) if self.cpu_efficiency is not None else None,
                 "peak_rss_bytes": self.peak_rss_bytes,
-                "devices": [d.to_dict() for d in self.devices], "advice": self.advice}
+                "devices": [d.to_dict() for d in self.devices], "advice": self.advice, "source": self.source}
 
 
 def _key(metric: dict) -> tuple[str, str, str]:
@@ -203,6 +210,7 @@ def summarize(util: list[dict], mem: list[dict], *, threshold: float, step_s: in
         d.times, d.util = [d.times[i] for i in order], [d.util[i] for i in order]
         if d.util:
             d.mean_util = sum(d.util) / len(d.util)
+            d.peak_util = max(d.util)
             d.held_hours = len(d.util) * step_s / 3600
             d.idle_hours = sum(1 for u in d.util if u < threshold) * step_s / 3600
         d.peak_mem_bytes = max(d.mem, default=0.0)
@@ -295,8 +303,11 @@ def _rate(book, gpu_type: str, partition: str, qos: str, at: dt.datetime | None)
 
 
 def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, threshold: float | None = None,
-               book=None, now: dt.datetime | None = None) -> JobEfficiency:
-    """One job's efficiency: its runs' metadata from sacct, its GPUs' series from Prometheus."""
+               book=None, now: dt.datetime | None = None, series: bool = False,
+               ledger_url: str | None = None) -> JobEfficiency:
+    """One job's efficiency: its runs' metadata from sacct; the GPU figures from the run's
+    summary in the ledger when it was settled (:mod:`.summaries`), else from Prometheus.
+    ``series``: also the time series (for the charts) from Prometheus while it has them."""
     from gpuhpc.slurm.client import SlurmClient
     from gpuhpc.slurm.durations import reported_seconds
 
@@ -319,24 +330,59 @@ def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, thre
                         gpus=sum(gpus.values()), start=start, end=end, elapsed_s=row.elapsed_s,
                         time_limit_s=reported_seconds(row.time_limit), threshold=idle_threshold(threshold),
                         cpus=int(cpus) if cpus.isdigit() else 0)
+    stored = None
     if start is not None:
-        span = max(1.0, (min(end or now, now) - start).total_seconds())
-        rep.step_s = max(5, math.ceil(span / 500))
-        # one step past the end: the last scrape of a job's GPUs may land just after Slurm's End
-        stop = min((end or now) + dt.timedelta(seconds=rep.step_s), now)
-        sel = f'{{job_id="{rep.job_id}"}}'
-        util = prom.query_range(f"{UTIL}{sel}", start, stop, rep.step_s)
-        mem = prom.query_range(f"{MEM}{sel}", start, stop, rep.step_s)
-        rep.devices = summarize(util, mem, threshold=rep.threshold, step_s=rep.step_s)
-        for expr, values in ((CPU, rep.cpu_used), (RSS, rep.rss)):
-            for series in prom.query_range(f"max({expr}{sel})", start, stop, rep.step_s):
-                for t, v in series["values"]:
-                    if values is rep.cpu_used:
-                        rep.cpu_times.append(float(t))
-                    values.append(float(v))
-    rep.rate = _rate(book if book is not None else price_book(), gpu_type, row.partition, row.qos, start)
+        from gpuhpc.monitoring import summaries
+
+        stored = summaries.load_run(str(job_id), url=ledger_url)
+    if stored is not None:
+        summaries.apply(rep, stored)
+        recent = end is not None and now - end < summaries.MAX_AGE
+        if series and recent:               # the time series, while Prometheus still has them
+            try:
+                fetched = JobEfficiency(job_id=rep.job_id, threshold=rep.threshold)
+                fetch_series(fetched, prom, start, end, now, label=stored.slurm_job_id)
+                attach_series(rep, fetched)
+            except GpuhpcError as exc:
+                rep.notes.append(f"no time series: {exc.one_line()}")
+    elif start is not None:
+        fetch_series(rep, prom, start, end, now)
+    if rep.rate is None:
+        rep.rate = _rate(book if book is not None else price_book(), gpu_type, row.partition, row.qos, start)
     rep.advice = advise(rep)
     return rep
+
+
+def fetch_series(rep: JobEfficiency, prom: Prometheus, start: dt.datetime, end: dt.datetime | None,
+                 now: dt.datetime, *, label: str | None = None) -> None:
+    """Fill ``rep`` (devices, CPU and RSS samples) from Prometheus' series of the job labelled
+    ``label`` (default ``rep.job_id``) between ``start`` and ``end`` (or now)."""
+    span = max(1.0, (min(end or now, now) - start).total_seconds())
+    rep.step_s = max(5, math.ceil(span / 500))
+    # one step past the end: the last scrape of a job's GPUs may land just after Slurm's End
+    stop = min((end or now) + dt.timedelta(seconds=rep.step_s), now)
+    sel = f'{{job_id="{label or rep.job_id}"}}'
+    util = prom.query_range(f"{UTIL}{sel}", start, stop, rep.step_s)
+    mem = prom.query_range(f"{MEM}{sel}", start, stop, rep.step_s)
+    rep.devices = summarize(util, mem, threshold=rep.threshold, step_s=rep.step_s)
+    for expr, values in ((CPU, rep.cpu_used), (RSS, rep.rss)):
+        for series in prom.query_range(f"max({expr}{sel})", start, stop, rep.step_s):
+            for t, v in series["values"]:
+                if values is rep.cpu_used:
+                    rep.cpu_times.append(float(t))
+                values.append(float(v))
+
+
+def attach_series(rep: JobEfficiency, fetched: JobEfficiency) -> None:
+    """Give the stored summary's devices the samples Prometheus still has (for the charts);
+    the numbers stay the stored ones."""
+    by_key = {(d.node, d.gpu, d.mig): d for d in fetched.devices}
+    for d in rep.devices:
+        f = by_key.get((d.node, d.gpu, d.mig))
+        if f is not None:
+            d.times, d.util, d.mem_times, d.mem = f.times, f.util, f.mem_times, f.mem
+    if fetched.cpu_used:
+        rep.cpu_times, rep.cpu_used, rep.rss = fetched.cpu_times, fetched.cpu_used, fetched.rss or rep.rss
 
 
 @dataclass
@@ -348,6 +394,8 @@ class RankRow:
     gpus: int
     idle_gpu_hours: float
     rate: Decimal | None
+    source: str = "prometheus"          # or "ledger"
+    slurm_job_id: str = ""              # the job_id label (an array task's own id)
 
     @property
     def idle_cost(self) -> Decimal | None:
@@ -357,35 +405,54 @@ class RankRow:
         return {"job_id": self.job_id, "user": self.user, "account": self.account, "gpu_type": self.gpu_type,
                 "gpus": self.gpus, "idle_gpu_hours": round(self.idle_gpu_hours, 4),
                 "rate_per_gpu_hour": str(self.rate) if self.rate is not None else None,
-                "idle_cost": str(self.idle_cost) if self.idle_cost is not None else None}
+                "idle_cost": str(self.idle_cost) if self.idle_cost is not None else None, "source": self.source}
 
 
 def rank(account: str, period: str = "week", *, client=None, prom: Prometheus | None = None,
-         threshold: float | None = None, book=None, now: dt.datetime | None = None, step_s: int = 15) -> list[RankRow]:
+         threshold: float | None = None, book=None, now: dt.datetime | None = None, step_s: int = 15,
+         ledger_url: str | None = None, notes: list[str] | None = None) -> list[RankRow]:
     """Jobs of ``account`` that ran in the last day/week/month, by idle GPU-hours (most first).
-    One Prometheus query counts every job's idle samples; sacct says whose jobs they are."""
+    Settled runs come from their summaries in the ledger (priced at their charge's rate); the
+    rest (running, or not ingested yet) from one Prometheus query that counts every job's idle
+    samples, with sacct saying whose jobs they are. Prometheus unreachable: the ledger's rows
+    alone, and a line in ``notes``."""
+    from gpuhpc.monitoring import summaries
     from gpuhpc.slurm.client import SlurmClient
 
     if period not in PERIODS:
         raise UserInputError(f"unknown period {period!r}", field="--period", hint=", ".join(PERIODS))
-    client = client or SlurmClient()
     prom = prom or Prometheus()
     th = idle_threshold(threshold)
     now = now or dt.datetime.now(dt.timezone.utc)
     since = now - dt.timedelta(days=PERIODS[period])
+    out: dict[str, RankRow] = {}
+    for r in summaries.idle_by_job(account, since, now, url=ledger_url):
+        out[r.job_id] = r
     window = int((now - since).total_seconds())
     expr = (f'sum by (job_id) (count_over_time(({UTIL}{{job_id!=""}} < {th:g})[{window}s:{step_s}s]))')
-    idle = {r["metric"]["job_id"]: float(r["value"][1]) * step_s / 3600 for r in prom.query(expr, at=now)}
-    rows = [r for r in client.job_runs(since, now, job_ids=list(idle)) if r.account == account]
-    book = book if book is not None else price_book()
-    out: dict[str, RankRow] = {}
+    try:
+        idle = {r["metric"]["job_id"]: float(r["value"][1]) * step_s / 3600 for r in prom.query(expr, at=now)}
+    except GpuhpcError as exc:
+        if not out:
+            raise
+        if notes is not None:
+            notes.append(f"from the ledger's run summaries only (jobs not settled yet are missing): "
+                         f"{exc.one_line()}")
+        idle = {}
+    settled = {r.slurm_job_id for r in out.values()}
+    idle = {k: v for k, v in idle.items() if k not in settled and k not in out}
+    rows = [r for r in (SlurmClient() if client is None else client).job_runs(since, now, job_ids=list(idle))
+            if r.account == account] if idle else []
+    book = book if book is not None else (price_book() if rows else None)
     for r in rows:
         key = r.job_id
-        if key not in idle or key in out:
+        raw = r.job_id_raw or key
+        hours = idle.get(raw, idle.get(key))
+        if hours is None or key in out:
             continue
         gpus = r.gpus
         gtype = next((t for t in gpus if t != "gpu"), next(iter(gpus), ""))
-        out[key] = RankRow(key, r.user, r.account, gtype, sum(gpus.values()), idle[key],
+        out[key] = RankRow(key, r.user, r.account, gtype, sum(gpus.values()), hours,
                            _rate(book, gtype, r.partition, r.qos, _sacct_time(r.start)))
     return sorted(out.values(), key=lambda x: (-x.idle_gpu_hours, x.job_id))
 

@@ -94,6 +94,8 @@ def half_idle_job(tmp_path_factory):
         if rows and rows[0].end not in ("", "Unknown"):
             break
         time.sleep(1)
+    env["GPUHPC_TEST_JOB_START"] = rows[0].start
+    env["GPUHPC_TEST_JOB_END"] = rows[0].end
     return job, node, gpus, env, waste
 
 
@@ -185,3 +187,43 @@ def test_waste_alert_is_pending_for_the_idle_gpus(half_idle_job):
     mine = sorted((w["node"], int(w["gpu"])) for w in waste if w["job_id"] == job)
     assert mine == [(node, g) for g in gpus[2:]], waste
     assert all(w["alert"] == "GpuhpcIdleGpuHeld" and w["state"] == "pending" for w in waste)
+
+
+def test_ledger_keeps_the_summary_when_prometheus_is_gone(half_idle_job):
+    """`gpuhpc ledger ingest` stores the settled run's utilisation summary next to its charge;
+    with Prometheus unreachable (a dead URL) the one-job report (advice, idle cost) and the
+    weekly ranking still come out, from the ledger."""
+    import datetime as dt
+
+    from gpuhpc.monitoring.efficiency import Prometheus
+    from gpuhpc.monitoring.summaries import settle_lag
+
+    job, node, gpus, env, _ = half_idle_job
+    end = dt.datetime.fromisoformat(env["GPUHPC_TEST_JOB_END"]).astimezone()
+    wait = (end + settle_lag(Prometheus()) - dt.datetime.now().astimezone()).total_seconds() + 1
+    if wait > 0:                    # the exporter's last scrape of the run must be in Prometheus
+        time.sleep(wait)
+    since = (dt.datetime.fromisoformat(env["GPUHPC_TEST_JOB_START"]) - dt.timedelta(minutes=1)).isoformat()
+    proc = _gpuhpc("ledger", "ingest", "--since", since, "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["utilisation"] >= 1, proc.stdout
+    again = _gpuhpc("ledger", "ingest", "--since", since, "--json", env=env)
+    assert json.loads(again.stdout)["utilisation"] == 0            # stored once
+
+    dead = {**env, "GPUHPC_PROMETHEUS_URL": "http://127.0.0.1:9"}
+    proc = _gpuhpc("report", "efficiency", job, "--json", env=dead)
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert rep["source"] == "ledger"
+    devs = {int(d["gpu"]): d for d in rep["devices"]}
+    assert sorted(devs) == gpus and [i for i in gpus if devs[i]["idle"]] == gpus[2:]
+    assert all(devs[i]["peak_util_percent"] == 88 and devs[i]["peak_memory_bytes"] == 30e9 for i in gpus[:2])
+    assert f"GPUs {gpus[2]}, {gpus[3]} were idle: ask for 2" in rep["advice"], rep["advice"]
+    assert rep["rate_per_gpu_hour"] == "2.500000" and float(rep["idle_cost"]) > 0
+    assert float(rep["idle_cost"]) == pytest.approx(rep["idle_gpu_hours"] * 2.5, abs=0.011)
+
+    proc = _gpuhpc("report", "efficiency", "--account", ACCOUNT, "--period", "week", "--json", env=dead)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert rows[0]["job_id"] == job and rows[0]["source"] == "ledger", rows
+    assert "127.0.0.1:9" in proc.stderr        # says that jobs not settled yet are missing
