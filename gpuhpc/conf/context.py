@@ -327,6 +327,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "kill_wait": rt.kill_wait,
         "job_requeue": 1 if rt.job_requeue else 0,
         "gres_types": "gpu" if gpu_types else None,
+        "max_job_count": rt.max_job_count,
         "gpu_types": gpu_types,
         "gres_autodetect": rt.gres_autodetect,
         "jobcomp_type": f"jobcomp/{rt.jobcomp}",

@@ -121,6 +121,7 @@ class Runtime(_Model):
     return_to_service: Literal[0, 1, 2] = 1
     min_job_age: int | None = Field(default=None, ge=2)
     max_array_size: int | None = Field(default=None, ge=1, le=4000001)   # MaxArraySize (Slurm: 1001)
+    max_job_count: int | None = Field(default=None, ge=1)   # MaxJobCount (Slurm: 10000 job records, finished ones until MinJobAge)
     kill_wait: int | None = Field(default=None, ge=0)
     job_requeue: bool = True
     gres_autodetect: Literal["off", "nvml"] = "off"
