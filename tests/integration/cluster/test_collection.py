@@ -133,7 +133,9 @@ def _spec(**runtime) -> dict:
         "slurmdbd": {"host": "localhost", "port": DBD_PORT, "storage_host": "127.0.0.1", "storage_port": MARIADB_PORT,
                      "storage_db": "reconftest_acct_db"},
         "qos": [{"name": "normal", "priority": 100}],
-        "accounts": [{"name": "research", "users": ["root"], "qos": ["normal"], "default_qos": "normal"}],
+        # "ops" names no qos: the user inherits the cluster's, and a second run must still report changed=0
+        "accounts": [{"name": "research", "users": ["root"], "qos": ["normal"], "default_qos": "normal"},
+                     {"name": "ops", "users": ["root"]}],
         "preemption": {"type": "partition_prio", "mode": "REQUEUE"},
         "node_groups": [{"name": "cpu", "hostname": "reconf-node{n}", "count": 1, "sockets": 1, "cores_per_socket": 2,
                          "threads_per_core": 1, "memory_mb": 1000, "addr": "127.0.0.1", "node_hostname": "localhost",
