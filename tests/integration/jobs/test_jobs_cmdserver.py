@@ -56,17 +56,17 @@ def test_submit_status_logs_cancel_through_the_server(cmd_client, jobs_env, slur
 
 
 def test_hostile_name_and_argument_through_the_server(cmd_client, jobs_env, slurm, track, tmp_path):
-    for f in ("/tmp/pwned", "/tmp/pwned2"):
+    for f in ("/var/tmp/gpuhpc-pwned", "/var/tmp/gpuhpc-pwned2"):
         if os.path.exists(f):
             os.unlink(f)
-    res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", "x; touch /tmp/pwned", "--", "echo",
-                         "$(touch /tmp/pwned2)", cwd=tmp_path)
+    res = cmd_client.run("submit", "-p", "cpu", "-t", "15m", "--name", "x; touch /var/tmp/gpuhpc-pwned", "--", "echo",
+                         "$(touch /var/tmp/gpuhpc-pwned2)", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip()
     track(job_id)
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", ""), 120, f"job {job_id} to finish")
-    assert not os.path.exists("/tmp/pwned") and not os.path.exists("/tmp/pwned2")
-    assert "$(touch /tmp/pwned2)" in cmd_client.run("logs", job_id).stdout
+    assert not os.path.exists("/var/tmp/gpuhpc-pwned") and not os.path.exists("/var/tmp/gpuhpc-pwned2")
+    assert "$(touch /var/tmp/gpuhpc-pwned2)" in cmd_client.run("logs", job_id).stdout
 
 
 def test_quota_holds_through_reused_workers(cmd_client, jobs_env, slurm, track, monkeypatch):

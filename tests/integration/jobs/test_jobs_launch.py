@@ -58,10 +58,10 @@ def test_torchrun_two_nodes_consistent_environment(jobs_env, tmp_path, slurm, tr
     assert addr and envs[0]["MASTER_ADDR"] == addr[0]
 
 
-HOSTILE_NAME = "x; touch /tmp/pwned"
-HOSTILE_ARGS = ["$(touch /tmp/pwned2)", "`touch /tmp/pwned3`", "a'b\"c", "ünïcødé ✓ ;|&<>*?", "--", "$HOME"]
-HOSTILE_ENV = "$(touch /tmp/pwned4); `touch /tmp/pwned5` 'q' \"dq\" ünï"
-PWNED = [Path(f"/tmp/pwned{s}") for s in ("", "2", "3", "4", "5")]
+HOSTILE_NAME = "x; touch /var/tmp/gpuhpc-pwned"
+HOSTILE_ARGS = ["$(touch /var/tmp/gpuhpc-pwned2)", "`touch /var/tmp/gpuhpc-pwned3`", "a'b\"c", "ünïcødé ✓ ;|&<>*?", "--", "$HOME"]
+HOSTILE_ENV = "$(touch /var/tmp/gpuhpc-pwned4); `touch /var/tmp/gpuhpc-pwned5` 'q' \"dq\" ünï"
+PWNED = [Path(f"/var/tmp/gpuhpc-pwned{s}") for s in ("", "2", "3", "4", "5")]
 
 
 def test_hostile_names_arguments_and_env_never_reach_a_shell(jobs_env, slurm, track):

@@ -124,7 +124,7 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
         client.sacctmgr("add", "user", unix_user, f"Account={acct}", check=False)   # (kept by an aborted run)
         assert any(r["User"] == unix_user for r in client.sacctmgr_list("association", fields=["Account", "User"])
                    if r["Account"] == acct)
-        user_env = {"GPUHPC_DB_URL": url, "GPUHPC_DATA_DIR": f"/tmp/{unix_user}-gpuhpc",
+        user_env = {"GPUHPC_DB_URL": url, "GPUHPC_DATA_DIR": f"/var/tmp/{unix_user}-gpuhpc",
                     "GPUHPC_BUDGET_SNAPSHOT": str(budget.snapshot_path())}
 
         # --- who may change the ledger: not this user; one line each, nothing changed
@@ -139,7 +139,7 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
 
         # --- gpuhpc submit works for the user and shows the budget (the published snapshot)
         r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "1m",
-                                  "--grace", "10s", "--log-dir", f"/tmp/{unix_user}-logs", "--", "true"], user_env)
+                                  "--grace", "10s", "--log-dir", f"/var/tmp/{unix_user}-logs", "--", "true"], user_env)
         assert r.returncode == 0, r.stderr
         assert "budget: account quota-t1: budget 0.10 GPU-hours for" in r.stderr, r.stderr
         jobs.append(r.stdout.strip().splitlines()[-1].strip())

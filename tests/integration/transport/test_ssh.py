@@ -45,11 +45,11 @@ def test_reads_cluster_over_ssh(client):
 
 
 def test_submit_hostile_name_over_ssh_is_quoted(client, tmp_path):
-    marker = Path("/tmp/gpuhpc-ssh-pwned")
+    marker = Path("/var/tmp/gpuhpc-ssh-pwned")
     marker.unlink(missing_ok=True)
     out = tmp_path / "out.txt"
     script = "#!/bin/bash\necho \"name=$SLURM_JOB_NAME\"\n"
-    job_id = client.submit_script(script, extra=["--job-name", "x; touch /tmp/gpuhpc-ssh-pwned",
+    job_id = client.submit_script(script, extra=["--job-name", "x; touch /var/tmp/gpuhpc-ssh-pwned",
                                                  "--partition", "cpu", "--output", str(out), "--time", "5"],
                                   script_dir=str(tmp_path / "scripts"))
     try:
@@ -60,7 +60,7 @@ def test_submit_hostile_name_over_ssh_is_quoted(client, tmp_path):
                 break
             time.sleep(1)
         assert out.exists(), "job did not run"
-        assert "name=x; touch /tmp/gpuhpc-ssh-pwned" in out.read_text()
+        assert "name=x; touch /var/tmp/gpuhpc-ssh-pwned" in out.read_text()
         assert not marker.exists()
         assert list((tmp_path / "scripts").glob("gpuhpc-*.sbatch")), "script not written over SFTP"
     finally:
