@@ -5,10 +5,12 @@
 #   gpuhpc GPU exporter per fake GPU node (gpu-node1 :9411, gpu-node2 :9412, mig-node1 :9413)
 #   on the NVML stand-in (state files $D/nvml/<node>.json, built from ../shared/fixtures).
 # The job map the Prolog/Epilog hook writes is $D/jobmap. Scrape and rule interval: $SCRAPE (5s).
+# The rules are the monitoring role's template with `for: $IDLE_FOR` (20s) for the waste alert.
+# `start` on a running set re-renders the rules and config and reloads Prometheus (SIGHUP).
 # `start` prints the environment the monitoring tests read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}
+D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}; IDLE_FOR=${IDLE_FOR:-20s}
 PY=${PY:-$PWD/.venv/bin/python}
 FIXTURES=${GPUHPC_SHARED:-$PWD/../shared}/fixtures
 NODES=(gpu-node1 gpu-node2 mig-node1)
@@ -38,7 +40,18 @@ case "${1:-start}" in
 start)
   mkdir -p "$D/data" "$D/nvml" "$D/jobmap"
   "$PY" -m gpuhpc.testing.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
-  cp gpuhpc/monitoring/prometheus/rules.yml "$D/rules.yml"
+  # the rules the monitoring role installs, rendered with its defaults except a short `for:` (IDLE_FOR),
+  # so that the waste alert fires within a test; production keeps the role's 10m
+  "$PY" - "$D/rules.yml" "$IDLE_FOR" <<'PYEOF'
+import sys, jinja2, yaml
+role = "ansible/roles/gpuhpc_monitoring"
+env = jinja2.Environment(loader=jinja2.FileSystemLoader(f"{role}/templates"), undefined=jinja2.StrictUndefined,
+                         keep_trailing_newline=True)
+variables = yaml.safe_load(open(f"{role}/defaults/main.yml"))
+variables.update(ansible_managed="rendered by scripts/services/prometheus.sh", gpuhpc_monitoring_idle_for=sys.argv[2])
+open(sys.argv[1], "w").write(env.get_template("gpuhpc-rules.yml.j2").render(**variables))
+PYEOF
+  /usr/bin/promtool check rules "$D/rules.yml" > /dev/null
   {
     echo "global: {scrape_interval: $SCRAPE, evaluation_interval: $SCRAPE}"
     echo "rule_files: [$D/rules.yml]"
@@ -59,6 +72,7 @@ start)
       launch "gpu-exporter-$n" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
     port=$((port + 1))
   done
+  alive prometheus && kill -HUP "$(cat "$D/prometheus.pid")"     # already up: reload rules and config
   launch prometheus /usr/bin/prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" \
     --web.listen-address=127.0.0.1:$PORT --storage.tsdb.retention.time=7d
   wait_http node-exporter http://127.0.0.1:9100/metrics

@@ -76,12 +76,14 @@ def half_idle_job(tmp_path_factory):
         nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
         _hook("prolog", node, job, gpus)
         time.sleep(45)
-        # the waste alert is pending (its `for: 10m` running) for exactly the two idle GPUs
+        # the waste alert fired (the local rules' `for: 20s`, scripts/services/prometheus.sh) for exactly
+        # the two idle GPUs; the notifier (run twice, as cron would) writes each once, priced
         waste_log = tmp / "waste.log"
-        proc = subprocess.run([sys.executable, "-m", "gpuhpc.monitoring.notify", "--include-pending",
-                               "--log", str(waste_log), "--state", str(tmp / "sent.json")],
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, proc.stderr
+        for _ in range(2):
+            proc = subprocess.run([sys.executable, "-m", "gpuhpc.monitoring.notify", "--log", str(waste_log),
+                                   "--state", str(tmp / "sent.json")], env=env, capture_output=True, text=True,
+                                  timeout=60)
+            assert proc.returncode == 0, proc.stderr
         waste = [json.loads(line) for line in waste_log.read_text().splitlines()] if waste_log.exists() else []
     finally:
         client.cancel(job)
@@ -182,11 +184,16 @@ def test_html_page_renders_its_charts_in_headless_chromium(half_idle_job, tmp_pa
     assert colored > 500, "no coloured chart lines drawn"
 
 
-def test_waste_alert_is_pending_for_the_idle_gpus(half_idle_job):
+def test_waste_alert_fires_and_the_notifier_names_job_user_gpu_and_cost(half_idle_job):
     job, node, gpus, _, waste = half_idle_job
-    mine = sorted((w["node"], int(w["gpu"])) for w in waste if w["job_id"] == job)
-    assert mine == [(node, g) for g in gpus[2:]], waste
-    assert all(w["alert"] == "GpuhpcIdleGpuHeld" and w["state"] == "pending" for w in waste)
+    mine = [w for w in waste if w["job_id"] == job]
+    assert sorted((w["node"], int(w["gpu"])) for w in mine) == [(node, g) for g in gpus[2:]], waste
+    user = os.environ.get("USER") or "root"
+    for w in mine:
+        assert w["alert"] == "GpuhpcIdleGpuHeld" and w["state"] == "firing" and w["user"] == user
+        assert w["rate_per_gpu_hour"] == "2.500000" and w["idle_cost"] is not None
+        assert w["message"].startswith(f"job {job} ({user}) holds idle GPU {w['gpu']} on {node} (h100) for "), w
+        assert w["message"].endswith(f"{float(w['idle_cost']):,.2f} so far at 2.50/GPU-hour"), w
 
 
 def test_ledger_keeps_the_summary_when_prometheus_is_gone(half_idle_job):

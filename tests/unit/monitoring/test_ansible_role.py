@@ -43,3 +43,49 @@ def test_scrape_config_from_inventory_groups():
     assert jobs["gpu"]["honor_labels"] is True and cfg["rule_files"] == ["/etc/prometheus/gpuhpc-rules.yml"]
     empty = yaml.safe_load(render("prometheus.yml.j2", groups={"all": []}, hostvars={}))
     assert all(j["static_configs"] == [] for j in empty["scrape_configs"])
+
+
+def _alert(node: str, gpu: str, job: str, user: str, for_: str = "10m") -> dict:
+    return {"exp_labels": {"node": node, "gpu": gpu, "job_id": job, "user": user, "severity": "warning",
+                           "gpuhpc": "waste"},
+            "exp_annotations": {"summary": f"job {job} ({user}) holds idle GPU {gpu} on {node}",
+                                "description": f"GPU {gpu}  on {node} has been under 5% busy for {for_} "
+                                               f"while job {job} holds it."}}
+
+
+def test_waste_alert_fires_within_15_minutes_of_a_held_gpu_going_idle(tmp_path):
+    """promtool's rule unit test on the rules the role installs (its defaults: `for: 10m`, 30 s
+    scrape and evaluation): a held GPU idle from t0 fires by t0+15m (pending only at t0+9m); a
+    busy GPU and an idle GPU no job holds never fire; a GPU that goes idle at 20m fires by 35m."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package) is needed; scripts/bootstrap.sh installs it"
+    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+    interval = defaults["gpuhpc_monitoring_scrape_interval"]
+    (tmp_path / "rules.yml").write_text(render("gpuhpc-rules.yml.j2"))
+    m = 'gpuhpc_gpu_utilization_percent{node="n1",gpu="%s"%s}'
+    held = ',job_id="77",user="alice"'
+    idle_at_0 = _alert("n1", "2", "77", "alice")
+    idle_at_20 = _alert("n1", "3", "77", "alice")
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": interval, "tests": [{
+        "interval": interval,
+        "input_series": [
+            {"series": m % ("2", held), "values": "0x200"},                  # idle from t0
+            {"series": m % ("0", held), "values": "90x200"},                 # busy throughout
+            {"series": m % ("5", ""), "values": "0x200"},                    # idle, no job holds it
+            {"series": m % ("3", held), "values": "80x39 3x160"},            # busy, then idle from 20m
+        ],
+        "alert_rule_test": [
+            {"eval_time": "9m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": []},
+            {"eval_time": "15m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": [idle_at_0]},
+            {"eval_time": "29m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": [idle_at_0]},
+            {"eval_time": "35m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": [idle_at_0, idle_at_20]},
+            {"eval_time": "90m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": [idle_at_0, idle_at_20]},
+        ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr

@@ -51,3 +51,30 @@ def test_select_and_send_once(tmp_path):
 
 def test_main_needs_a_destination():
     assert notify.main(["--prometheus", "http://127.0.0.1:1"]) == 2
+
+
+def test_price_names_job_user_gpu_and_idle_cost():
+    import datetime as dt
+    from types import SimpleNamespace
+
+    class Client:
+        def accounting(self, job_ids):
+            assert job_ids == ["7"]
+            return [SimpleNamespace(job_id="7", job_id_raw="7", gpus={"h100": 4}, partition="gpu", qos="normal",
+                                    start="2026-11-30T09:00:00")]
+
+    class Book:
+        def effective_rate(self, gpu_type, partition, qos, at):
+            assert (gpu_type, partition, qos) == ("h100", "gpu", "normal")
+            return "2.50"
+
+    now = dt.datetime(2026, 11, 30, 10, 12, tzinfo=dt.timezone.utc)
+    (rec,) = notify.price(notify.select(ALERTS), client=Client(), book=Book(), now=now)
+    assert rec["message"] == "job 7 (a) holds idle GPU 3 on n1 (h100) for 12 min: 0.50 so far at 2.50/GPU-hour"
+    assert (rec["idle_cost"], rec["rate_per_gpu_hour"], rec["idle_minutes"]) == ("0.50", "2.500000", 12.0)
+    class NoPrice:
+        def effective_rate(self, *args):
+            return None
+
+    (unpriced,) = notify.price(notify.select(ALERTS), client=Client(), book=NoPrice(), now=now)
+    assert unpriced["message"].endswith("for 12 min: no price in the ledger")
