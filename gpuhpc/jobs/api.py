@@ -177,7 +177,7 @@ def _with_staging(spec: JobSpec, runner) -> JobSpec:
 
 def _prepare_remote(spec: JobSpec, runner) -> tuple[JobSpec, Callable[[], tuple[JobSpec, Any]] | None]:
     """What can refuse the job before anything reaches the cluster: the code snapshot is
-    collected (too big: UserInputError) and, over SSH, a remote default log dir chosen.
+    collected (too big: UserInputError) and, over SSH, remote default log and checkpoint dirs chosen.
     Returns the spec and the step that uploads the snapshot (None: no snapshot), to run after
     the checks that ask Slurm and before sbatch; it returns the spec that runs from the
     snapshot and the :class:`~gpuhpc.jobs.snapshot.Uploaded` record."""
@@ -187,8 +187,10 @@ def _prepare_remote(spec: JobSpec, runner) -> tuple[JobSpec, Callable[[], tuple[
 
     from gpuhpc.jobs import snapshot
 
-    if not runner.is_local and spec.log_dir is None:
-        spec = dataclasses.replace(spec, log_dir=posixpath.join(snapshot.remote_base(runner), "logs"))
+    if not runner.is_local:         # defaults on the cluster, not in this machine's data dir
+        base = snapshot.remote_base(runner)
+        spec = dataclasses.replace(spec, log_dir=spec.log_dir or posixpath.join(base, "logs"),
+                                   checkpoint_dir=spec.checkpoint_dir or posixpath.join(base, "checkpoints", "%j"))
     if not snapshot.wanted(spec.snapshot, runner):
         return spec, None
     snap = snapshot.collect(".", spec.snapshot_paths, snapshot.max_mb(runner))

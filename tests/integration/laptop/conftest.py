@@ -1,15 +1,22 @@
 """The laptop: a cluster profile that reaches the real sshd (scripts/services/sshd.sh) on
-127.0.0.1:2222, key auth and a pinned host key; the login node behind it is the local cluster."""
+127.0.0.1:2222, key auth, a pinned host key and a non-root user (``gpuhpc-laptop``, made by
+sshd.sh, in a Slurm account of its own made here); the login node behind it is the local
+cluster. Each test gets its own ``remote_dir`` in that user's home, removed afterwards: the
+user's jobs write there, and this process (root, standing in for an observer on the cluster)
+reads it."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from gpuhpc.slurm.client import SlurmClient
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -21,12 +28,15 @@ class Laptop:
     known_hosts: Path
     key: str
     slurm_conf: str | None
+    user: str
+    python: str
+    remote: Path                    # this test's remote_dir (in the user's home)
 
     def profile(self, name: str = "lab", **over) -> None:
         """(Re)write the profile ``name`` (the other profiles stay)."""
         text = self.config.read_text() if self.config.exists() else ""
-        values = {"host": "127.0.0.1", "user": "root", "port": 2222, "key": self.key,
-                  "known_hosts": str(self.known_hosts),
+        values = {"host": "127.0.0.1", "user": self.user, "port": 2222, "key": self.key,
+                  "known_hosts": str(self.known_hosts), "python": self.python, "remote_dir": str(self.remote),
                   **({"slurm_conf": self.slurm_conf} if self.slurm_conf else {}), **over}
         body = "".join(f"{k} = {v!r}\n".replace("'", '"') if isinstance(v, str) else f"{k} = {v}\n"
                        for k, v in values.items() if v is not None)
@@ -43,11 +53,19 @@ class Laptop:
 def sshd() -> dict[str, str]:
     out = subprocess.run(["bash", str(REPO / "scripts/services/sshd.sh"), "start"], check=True,
                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    return dict(kv.split("=", 1) for kv in out.split())
+    env = dict(kv.split("=", 1) for kv in out.split())
+    # the user's Slurm association: an account of its own (no budget on it), as a site adds a user
+    slurm, user = SlurmClient(), env["GPUHPC_TEST_SSH_USER"]
+    have = {(r["Account"], r["User"]) for r in slurm.sacctmgr_list("association", fields=["Account", "User"])}
+    if (user, "") not in have:
+        slurm.sacctmgr_add("account", user, [("Description", "laptop tests"), ("Organization", "gpuhpc")])
+    if (user, user) not in have:
+        slurm.sacctmgr_add("user", user, [("Account", user), ("DefaultAccount", user)])
+    return env
 
 
 @pytest.fixture
-def laptop(sshd, tmp_path) -> Laptop:
+def laptop(sshd, tmp_path):
     known = tmp_path / "known_hosts"
     shutil.copy(sshd["GPUHPC_TEST_SSH_KNOWN_HOSTS"], known)
     (tmp_path / "ssh_config").write_text("")
@@ -56,6 +74,10 @@ def laptop(sshd, tmp_path) -> Laptop:
            "GPUHPC_DATA_DIR": str(tmp_path / "data"), "GPUHPC_CMDSERVER": "off"}
     for k in ("GPUHPC_SSH_HOST", "GPUHPC_CLUSTER", "GPUHPC_SSH_KEY", "GPUHPC_SSH_KNOWN_HOSTS"):
         env[k] = ""
-    lap = Laptop(env, tmp_path / "config.toml", known, sshd["GPUHPC_TEST_SSH_KEY"], os.environ.get("SLURM_CONF"))
+    user = sshd["GPUHPC_TEST_SSH_USER"]
+    remote = Path(sshd["GPUHPC_TEST_SSH_USER_HOME"]) / "laptop-tests" / uuid.uuid4().hex[:12]
+    lap = Laptop(env, tmp_path / "config.toml", known, sshd["GPUHPC_TEST_SSH_USER_KEY"], os.environ.get("SLURM_CONF"),
+                 user, sshd["GPUHPC_TEST_SSH_USER_PYTHON"], remote)
     lap.profile("lab")
-    return lap
+    yield lap
+    shutil.rmtree(remote, ignore_errors=True)

@@ -39,8 +39,8 @@ def test_unreachable_host_is_one_line(laptop):
 
 def test_proxyjump_from_ssh_config(laptop, tmp_path):
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User root\n  IdentityFile {laptop.key}\n"
-                   f"  ProxyJump root@127.0.0.1:2222\n")
+    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User {laptop.user}\n  IdentityFile {laptop.key}\n"
+                   f"  ProxyJump {laptop.user}@127.0.0.1:2222\n")
     laptop.profile("jumped", host="behind", user=None, port=None, key=None)
     res = laptop.gpuhpc("--cluster", "jumped", "cluster", "status", "--json", env={"GPUHPC_SSH_CONFIG": str(cfg)})
     assert res.returncode == 0, res.stderr
@@ -48,11 +48,11 @@ def test_proxyjump_from_ssh_config(laptop, tmp_path):
 
 def test_proxyjump_runner_goes_through_the_jump_host(laptop, tmp_path):
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User root\n  IdentityFile {laptop.key}\n"
-                   f"  ProxyJump root@127.0.0.1:2222\n")
+    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User {laptop.user}\n  IdentityFile {laptop.key}\n"
+                   f"  ProxyJump {laptop.user}@127.0.0.1:2222\n")
     runner = SSHRunner("behind", known_hosts=str(laptop.known_hosts), ssh_config=str(cfg))
     try:
-        assert runner.jump == "root@127.0.0.1:2222"
+        assert runner.jump == f"{laptop.user}@127.0.0.1:2222"
         assert runner.run(["echo", "$SSH_CONNECTION"]).stdout.strip() == "$SSH_CONNECTION"
         assert runner._jump_runner is not None and runner._jump_runner._client is not None
     finally:

@@ -3,6 +3,7 @@ repository's own module runs from the code snapshot and its result comes back ov
 closure is pickled by value; the cluster's Python is checked before anything is sent."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -20,7 +21,6 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAM
 def on_laptop(laptop, tmp_path, monkeypatch):
     for k, v in laptop.env.items():
         monkeypatch.setenv(k, v)
-    laptop.profile("lab", python=sys.executable, remote_dir=str(tmp_path / "remote"))
     repo = tmp_path / "proj"
     repo.mkdir()
     (repo / "lapmod_helper.py").write_text("import os\n\ndef double(x):\n    return 2 * x, os.environ['GPUHPC_SNAPSHOT']\n")
@@ -44,7 +44,7 @@ def test_a_callable_runs_on_the_cluster_and_returns_its_result(on_laptop, tmp_pa
     try:
         value, snap = job.result(timeout=180)
         assert value == 21                                  # the uncommitted change ran
-        assert snap.startswith(str(tmp_path / "remote" / "snapshots"))
+        assert snap.startswith(str(on_laptop.remote / "snapshots"))
         assert job2.result(timeout=180) == 101
         with pytest.raises(JobFailed, match="ZeroDivisionError"):
             failing.result(timeout=180)
@@ -53,15 +53,24 @@ def test_a_callable_runs_on_the_cluster_and_returns_its_result(on_laptop, tmp_pa
             j.cancel()
 
 
-def test_a_different_python_minor_is_refused_before_submitting(on_laptop, tmp_path):
-    fake = tmp_path / "python-old"
-    fake.write_text("#!/bin/sh\necho 3.8\n")
-    fake.chmod(0o755)
-    on_laptop.profile("lab", python=str(fake), remote_dir=str(tmp_path / "remote"))
-    with pytest.raises(UserInputError) as err:
-        submit(print, "x", resources={"partition": "cpu", "time": "5m"}, cluster="lab")
+def test_a_different_python_minor_is_refused_before_submitting(on_laptop):
+    import shutil
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="gpuhpc-python-old-", dir="/var/tmp")     # one the laptop user can run
+    fake = os.path.join(where, "python")
+    with open(fake, "w") as f:
+        f.write("#!/bin/sh\necho 3.8\n")
+    os.chmod(where, 0o755)
+    os.chmod(fake, 0o755)
+    on_laptop.profile("lab", python=fake)
+    try:
+        with pytest.raises(UserInputError) as err:
+            submit(print, "x", resources={"partition": "cpu", "time": "5m"}, cluster="lab")
+    finally:
+        shutil.rmtree(where)
     assert f"Python {sys.version_info[0]}.{sys.version_info[1]} here but 3.8 on the cluster" in err.value.one_line()
-    assert not (tmp_path / "remote").exists()               # nothing was sent
+    assert not on_laptop.remote.exists()                    # nothing was sent
 
 
 COUNTER = '''
@@ -94,7 +103,7 @@ def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(on_laptop, 
     (tmp_path / "proj" / "lapmod_counter.py").write_text(COUNTER)
     import lapmod_counter
 
-    progress = tmp_path / "progress.log"
+    progress = on_laptop.remote / "progress.log"             # written by the job, as the laptop user
     job = submit(lapmod_counter.Counter(), 60, str(progress), resources={"partition": "cpu", "time": "10m"},
                  cluster="lab", name="laptop-counter", grace=30)
     slurm = SlurmClient(LocalRunner())
@@ -124,7 +133,7 @@ def test_a_20_trial_sweep_from_the_laptop_gives_best(on_laptop, tmp_path):
                       metric={"name": "objective", "goal": "minimize"}, name="laptop-sweep",
                       resources={"partition": "cpu", "time": "5m"}, cluster="lab",
                       driver_resources={"partition": "cpu", "time": "15m"},
-                      driver_env={"GPUHPC_DATA_DIR": str(tmp_path / "cluster-data"), "GPUHPC_LEDGER": "off",
+                      driver_env={"GPUHPC_DATA_DIR": str(on_laptop.remote / "cluster-data"), "GPUHPC_LEDGER": "off",
                                   "GPUHPC_SWEEP_DRIVER_POLL": "2"})
     try:
         assert sw.wait(timeout=400) is True

@@ -1,4 +1,4 @@
-"""From a laptop (the test process) through the real sshd: a script job submitted from a git
+"""From a laptop (the test process) through the real sshd, as a non-root user: a script job submitted from a git
 repository with an uncommitted change runs the changed code from its snapshot; the same
 snapshot is not uploaded twice; a snapshot over the limit is refused before anything is
 submitted."""
@@ -21,7 +21,8 @@ def repo(tmp_path):
     (r / "src" / "train.py").write_text("print('committed code')\n")
     for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "v1"]):
         subprocess.run(["git", "-C", str(r), *args], check=True, capture_output=True, env=GIT_ENV)
-    (r / "src" / "train.py").write_text("import os\nprint('uncommitted code in', os.getcwd())\n")
+    (r / "src" / "train.py").write_text("import os, pwd\n"
+                                        "print('uncommitted code in', os.getcwd(), 'as', pwd.getpwuid(os.getuid())[0])\n")
     return r
 
 
@@ -36,8 +37,7 @@ def _wait(laptop, job_id, timeout=120):
 
 
 def test_job_runs_the_uncommitted_code_from_its_snapshot(laptop, repo, tmp_path):
-    remote = tmp_path / "remote"
-    laptop.profile("lab", remote_dir=str(remote))
+    remote = laptop.remote
     submit = ("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "snap",
               "--", "python3", "train.py")
     res = laptop.gpuhpc(*submit, cwd=repo / "src")
@@ -50,7 +50,7 @@ def test_job_runs_the_uncommitted_code_from_its_snapshot(laptop, repo, tmp_path)
         logs = laptop.gpuhpc("--cluster", "lab", "logs", job_id)
         snaps = list((remote / "snapshots").iterdir())
         assert len(snaps) == 1 and snaps[0].name.isalnum()
-        assert f"uncommitted code in {snaps[0]}/src" in logs.stdout, logs.stdout
+        assert f"uncommitted code in {snaps[0]}/src as {laptop.user}" in logs.stdout, logs.stdout
         assert str(remote / "logs") in st["log"]           # the default log dir is on the cluster
     finally:
         laptop.gpuhpc("--cluster", "lab", "cancel", job_id)
@@ -62,7 +62,7 @@ def test_job_runs_the_uncommitted_code_from_its_snapshot(laptop, repo, tmp_path)
 
 
 def test_a_snapshot_over_the_limit_is_refused_before_submitting(laptop, repo, tmp_path):
-    laptop.profile("lab", remote_dir=str(tmp_path / "remote"), snapshot_max_mb=1)
+    laptop.profile("lab", snapshot_max_mb=1)
     (repo / "src" / "weights.bin").write_bytes(b"0" * (3 * 1024 * 1024))
     before = laptop.gpuhpc("--cluster", "lab", "jobs", "--json")
     res = laptop.gpuhpc("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "snap-big",
@@ -72,11 +72,10 @@ def test_a_snapshot_over_the_limit_is_refused_before_submitting(laptop, repo, tm
     after = laptop.gpuhpc("--cluster", "lab", "jobs", "--json")
     assert [j for j in json.loads(after.stdout) if j["name"] == "snap-big"] == \
         [j for j in json.loads(before.stdout) if j["name"] == "snap-big"]
-    assert not (tmp_path / "remote" / "snapshots").exists()
+    assert not (laptop.remote / "snapshots").exists()
 
 
 def test_follow_logs_then_cancel(laptop, repo, tmp_path):
-    laptop.profile("lab", remote_dir=str(tmp_path / "remote"))
     res = laptop.gpuhpc("--cluster", "lab", "submit", "--partition", "cpu", "--time", "5m", "--name", "follow",
                         "--", "bash", "-c", "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.3; done",
                         cwd=repo)
