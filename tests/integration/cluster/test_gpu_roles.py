@@ -1,0 +1,167 @@
+"""gpuhpc_nvidia_gpu and gpuhpc_gpudirect_rdma from the installed collection, run for real on this
+machine (connection local), in check mode and in apply mode.
+
+This machine has no GPU and no HCA: the driver, persistence mode, fabric manager, DCGM and
+nvidia-peermem steps are skipped, each with its one-line reason. The MIG steps run against the
+nvidia-smi stand-in (first on PATH), whose state starts from the real captures in
+../shared/fixtures/nvidia-smi (`nvidia-smi -L` of a 7x 1g.10gb H100, `mig -lgip` of an H100 SXM5):
+apply, re-apply without change (no nvidia-smi mig create/destroy call, changed=0), and a layout
+change that destroys and creates only what differs, regenerates gres.conf and tells the daemons.
+Nothing touches the shared cluster: the spec's conf_dir, the applied record and the NCCL profile
+live under the test's tmp_path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuhpc.conf.render import render_nccl_profiles
+from gpuhpc.spec.cluster import load_spec
+from gpuhpc.testing.nvml_standin import state_from_listing, with_mig_geometry
+
+from .conftest import REPO, ansible_env, recap
+
+pytestmark = pytest.mark.integration
+
+STANDIN = REPO / "ansible" / "inventories" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
+SEVEN = [["1g.10gb"] * 7, ["3g.40gb", "3g.40gb"]]
+NVIDIA, RDMA = "gpuhpc_nvidia_gpu", "gpuhpc_gpudirect_rdma"
+
+
+def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
+    return {
+        "name": "gputest", "controller": {"hosts": ["localhost"]},
+        "runtime": {"slurm_user": "root", "conf_dir": str(tmp / "etc"), "state_save_location": str(tmp / "state"),
+                    "slurmd_spool_dir": str(tmp / "spool"), "log_dir": str(tmp / "log"), "run_dir": str(tmp / "run"),
+                    "proctrack": "linuxproc", "task_plugins": ["none"]},
+        "nccl": {"ib_gid_index": 3, "socket_ifname": "=eth0"},
+        "node_groups": [{"name": "mig", "hostname": "mig-node{n}", "count": 1, "sockets": 1, "cores_per_socket": 2,
+                         "memory_mb": 1000, "ib_hcas": ["mlx5_0", "mlx5_3", "mlx5_1"],
+                         "gpus": {"type": "h100", "count": 2, "mig": layouts}}],
+        "partitions": [{"name": "debug", "nodes": ["ALL"], "default": True}],
+    }
+
+
+class GpuHost:
+    """This machine as one GPU node of a small spec, with the nvidia-smi stand-in first on PATH."""
+
+    def __init__(self, tmp: Path, shared_fixtures: Path) -> None:
+        self.tmp = tmp
+        self.spec = tmp / "spec.yaml"
+        self.state = tmp / "smi-state.json"
+        self.log = tmp / "smi-calls.jsonl"
+        self.bin = tmp / "bin"
+        self.bin.mkdir()
+        shutil.copy(STANDIN, self.bin / "nvidia-smi")
+        smi = shared_fixtures / "nvidia-smi"
+        state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
+        gpu1 = json.loads(json.dumps(state["gpus"][0]))
+        gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled")
+        state["gpus"].append(gpu1)                      # GPU 1: whole, MIG mode off
+        self.state.write_text(json.dumps(with_mig_geometry(state, (smi / "mig-lgip-h100-sxm5-80gb-4gpu.txt").read_text(),
+                                                           "h100")))
+        self.inventory = tmp / "hosts.yml"
+        self.inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "gpuhpc_slurm_common_spec": str(self.spec), "gpuhpc_slurm_common_install_packages": False,
+            "gpuhpc_slurm_common_applied_dir": str(tmp / "applied"), "gpuhpc_slurm_common_billing_file": "",
+            "gpuhpc_nvidia_gpu_node": "mig-node1", "gpuhpc_gpudirect_rdma_node": "mig-node1",
+            "gpuhpc_gpudirect_rdma_nccl_env_file": str(tmp / "gpuhpc" / "nccl.env")}}}}, sort_keys=False))
+
+    def write_spec(self, layouts: list[list[str]]) -> None:
+        self.spec.write_text(yaml.safe_dump(_spec(self.tmp, layouts), sort_keys=False))
+
+    def run(self, role: str, *extra: str) -> tuple[dict[str, int], str, list[list[str]]]:
+        """ansible-playbook with gpuhpc_slurm_common and ``role``; (recap, output, nvidia-smi calls)."""
+        playbook = self.tmp / f"{role}.yml"
+        playbook.write_text(yaml.safe_dump([{
+            "name": f"{role} on this machine", "hosts": "all", "gather_facts": False,
+            "roles": [{"role": "gpuhpc.cluster.gpuhpc_slurm_common"}, {"role": f"gpuhpc.cluster.{role}"}],
+            # as site.yml ends: the next run's restart-or-reconfigure decision compares with this record
+            "tasks": [{"name": "Record the applied Slurm config", "ansible.builtin.include_role": {
+                "name": "gpuhpc.cluster.gpuhpc_slurm_common", "tasks_from": "applied.yml"}, "when": "not ansible_check_mode"}]}]))
+        self.log.write_text("")
+        env = ansible_env(self.tmp)
+        env.update(PATH=f"{self.bin}{os.pathsep}{env['PATH']}", GPUHPC_NVML_STANDIN=str(self.state),
+                   GPUHPC_SMI_STANDIN_LOG=str(self.log))
+        proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(self.inventory),
+                               str(playbook), *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        calls = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return recap(proc), proc.stdout, calls
+
+    def instances(self) -> list[list[tuple[str, int]]]:
+        st = json.loads(self.state.read_text())
+        return [sorted((m["profile"], m.get("placement", -1)) for m in g.get("mig") or []) for g in st["gpus"]]
+
+
+def _mig_changes(calls: list[list[str]]) -> list[list[str]]:
+    return [c for c in calls if ("mig" in c[:1] and {"-cgi", "-dgi", "-dci"} & set(c)) or "-mig" in c]
+
+
+@pytest.fixture()
+def gpu_host(collection, tmp_path, shared_fixtures) -> GpuHost:
+    host = GpuHost(tmp_path, Path(shared_fixtures))
+    host.write_spec(SEVEN)
+    return host
+
+
+def test_nvidia_gpu_mig_check_apply_reapply_change(gpu_host):
+    h = gpu_host
+    # check mode: reports the change, runs no MIG command, writes nothing
+    counts, out, calls = h.run(NVIDIA, "--check", "--diff")
+    assert counts["failed"] == 0 and counts["changed"] > 0
+    assert "GPU 1: MIG mode enabled; create 3g.40gb at 0, 3g.40gb at 4" in out, out[-4000:]
+    assert _mig_changes(calls) == []
+    assert h.instances()[1] == []
+    assert "driver, persistence mode, fabric manager and DCGM skipped: no NVIDIA GPU on the PCI bus" in out, out[-4000:]
+
+    # apply: GPU 0 already has its 7x 1g.10gb (kept), GPU 1 gets MIG mode and two 3g.40gb
+    counts, out, calls = h.run(NVIDIA)
+    assert counts["failed"] == 0
+    assert _mig_changes(calls) == [["-i", "1", "-mig", "1"], ["mig", "-i", "1", "-cgi", "3g.40gb:0,3g.40gb:4", "-C"]]
+    assert h.instances() == [[("1g.10gb", s) for s in range(7)], [("3g.40gb", 0), ("3g.40gb", 4)]]
+    assert "MIG layout of mig-node1 changed: slurmd" in out, out[-4000:]
+
+    # re-apply: no MIG command at all, nothing changed
+    counts, out, calls = h.run(NVIDIA)
+    assert _mig_changes(calls) == [] and counts == {"changed": 0, "failed": 0}, out[-4000:]
+
+    # layout change on GPU 0 only: three 1g.10gb go, one 3g.40gb comes (the other four stay)
+    gres_before = (h.tmp / "etc" / "gres.conf").read_text()
+    h.write_spec([["1g.10gb"] * 4 + ["3g.40gb"], ["3g.40gb", "3g.40gb"]])
+    counts, out, calls = h.run(NVIDIA)
+    assert counts["failed"] == 0
+    assert _mig_changes(calls) == [["mig", "-i", "0", "-dci", "-gi", "4,5,6"], ["mig", "-i", "0", "-dgi", "-gi", "4,5,6"],
+                                   ["mig", "-i", "0", "-cgi", "3g.40gb:4", "-C"]]
+    assert h.instances()[0] == [("1g.10gb", s) for s in range(4)] + [("3g.40gb", 4)]
+    gres = (h.tmp / "etc" / "gres.conf").read_text()
+    assert gres != gres_before, gres
+    assert "Type=1g.10gb File=/dev/nvidia-caps/nvidia-cap[0-3]" in gres and "Type=3g.40gb File=/dev/nvidia-caps/nvidia-cap[4-6]" in gres
+    # the daemons are told: the spec's new Gres= counts (slurm.conf and gres.conf) and the new MIG devices
+    for reason in ("nodename=mig-node1: slurmctld, slurmd", "gres.conf: reconfigure", "MIG layout of mig-node1 changed: slurmd"):
+        assert reason in out, out[-4000:]
+
+
+def test_gpudirect_rdma_packages_nccl_profile_and_skips(gpu_host):
+    h = gpu_host
+    counts, out, _ = h.run(RDMA, "--check", "--diff")
+    assert counts["failed"] == 0 and counts["changed"] > 0
+    assert not (h.tmp / "gpuhpc" / "nccl.env").exists()
+    counts, out, _ = h.run(RDMA)
+    assert counts["failed"] == 0
+    assert ("GPUDirect RDMA (DMA-BUF or nvidia-peermem) skipped: no NVIDIA driver loaded (/proc/driver/nvidia/version), "
+            "no RDMA device (/sys/class/infiniband)") in out, out[-4000:]
+    # the NCCL profile is the one `gpuhpc conf render` would write for the node group (one template)
+    profile = (h.tmp / "gpuhpc" / "nccl.env").read_text()
+    assert profile == render_nccl_profiles(load_spec(h.spec))["nccl-mig.env"]
+    assert 'NCCL_IB_HCA="${NCCL_IB_HCA-=mlx5_0:1,mlx5_3:1,mlx5_1:1}"' in profile, profile
+    counts, out, _ = h.run(RDMA)
+    assert counts == {"changed": 0, "failed": 0}, out[-4000:]
