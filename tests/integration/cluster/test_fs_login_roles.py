@@ -1,0 +1,210 @@
+"""The filesystem and login roles of the installed gpuhpc.cluster collection, run on this machine
+against a temporary root (connection=local; this machine's /etc/fstab, mounts, sshd and PAM are never
+touched) with examples/clusters/dgx-h100-pod.yaml as the spec.
+
+- gpuhpc_lustre_client writes lnet.conf and the fstab line from the spec; LNet, mounts and `lfs df`
+  skip with one line each (no lnet module, no mount.lustre here: Lustre is not packaged in Debian);
+- gpuhpc_beegfs_client writes one beegfs-client.conf, connInterfaces and connauth file per mount, the
+  secrets coming from an ansible-vault encrypted vars file (never printed); mounts and `beegfs-df` skip;
+- hardening's nftables networks and nvme_scratch's drives come from the spec;
+- gpuhpc_login installs into a temporary prefix, writes a config.toml that gpuhpc.config reads and the
+  ledger ingest timer's units (the timer is not started: systemd is not PID 1 here, said in one line);
+- a second run reports changed=0 and --check --diff reports nothing to change.
+"""
+from __future__ import annotations
+
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhpc import config
+
+from .conftest import REPO, recap, run_playbook
+
+pytestmark = pytest.mark.integration
+
+DGX = REPO / "examples" / "clusters" / "dgx-h100-pod.yaml"
+SECRETS = {"vault_beegfs_home_connauth": "home-connauth-8f2c1d", "vault_beegfs_scratch_connauth": "scratch-connauth-77ab90"}
+
+PLAY = """\
+- name: Roles from the spec, in a temporary root
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Load the cluster spec (gpuhpc_slurm_common_conf)
+      ansible.builtin.include_role:
+        name: gpuhpc.cluster.gpuhpc_slurm_common
+        tasks_from: context.yml
+{roles}
+"""
+ROLE = """\
+    - name: {name}
+      ansible.builtin.include_role:
+        name: gpuhpc.cluster.{name}
+{extra}"""
+
+
+def _playbook(tmp: Path, name: str, *roles: tuple[str, str]) -> Path:
+    body = "".join(ROLE.format(name=r, extra=extra) for r, extra in roles)
+    path = tmp / name
+    path.write_text(PLAY.format(roles=body))
+    return path
+
+
+def _run(playbook: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
+    proc = run_playbook(str(playbook), "localhost,", "-e", "ansible_connection=local",
+                        "-e", f"ansible_python_interpreter={sys.executable}",
+                        "-e", f"gpuhpc_slurm_common_spec={DGX}", "-e", "gpuhpc_slurm_common_billing_file=''",
+                        *extra, tmp=tmp, timeout=170)
+    return proc
+
+
+def _vault(tmp: Path) -> list[str]:
+    """An ansible-vault encrypted vars file with the BeeGFS secrets, and its password file."""
+    vars_file, password = tmp / "vault.yml", tmp / "vault-pass"
+    vars_file.write_text("".join(f'{k}: "{v}"\n' for k, v in SECRETS.items()))
+    password.write_text("fs-login-test-vault\n")
+    exe = Path(sys.executable).with_name("ansible-vault")
+    subprocess.run([str(exe), "encrypt", "--vault-password-file", str(password), str(vars_file)],
+                   check=True, capture_output=True, timeout=60)
+    assert "$ANSIBLE_VAULT" in vars_file.read_text()
+    return ["-e", f"@{vars_file}", "--vault-password-file", str(password)]
+
+
+def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(collection, tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    paths = ["-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
+             "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab",
+             "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs"]
+    play = _playbook(tmp_path, "fs.yml", ("gpuhpc_lustre_client", ""), ("gpuhpc_beegfs_client", ""))
+    vault = _vault(tmp_path)
+
+    first = _run(play, tmp_path, *paths, *vault)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    out = first.stdout
+
+    assert (root / "etc" / "lnet.conf").read_text().split("\n", 2)[2] == (
+        "net:\n"
+        "    - net type: o2ib0\n      local NI(s):\n"
+        "        - interfaces:\n              0: ib0\n        - interfaces:\n              0: ib1\n"
+        "    - net type: tcp0\n      local NI(s):\n        - interfaces:\n              0: bond0\n")
+    assert (root / "etc" / "fstab").read_text() == \
+        "10.20.0.1@o2ib:10.20.0.2@o2ib:/lfs1 /lustre/lfs1 lustre flock,noatime,_netdev 0 0\n"
+    assert ("lustre_client: LNet and mounts skipped: no lnet kernel module (modinfo lnet), no /sbin/mount.lustre "
+            "on this host (Lustre is not packaged in Debian: set gpuhpc_lustre_client_apt_repo)") in out
+    assert "lustre_client verify skipped: no lnet kernel module (modinfo lnet), no /sbin/mount.lustre on this host" in out
+
+    beegfs = root / "etc" / "beegfs"
+    assert (beegfs / "beegfs-mounts.conf").read_text().splitlines()[2:] == [
+        f"/beegfs/home {beegfs}/beegfs-client-home.conf", f"/beegfs/scratch {beegfs}/beegfs-client-scratch.conf"]
+    home = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "beegfs-client-home.conf").read_text(), re.M))
+    scratch = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "beegfs-client-scratch.conf").read_text(), re.M))
+    assert (home["sysMgmtdHost"], home["connUseRDMA"], home["connDisableAuthentication"]) == ("beegfs-mgmt1", "false", "false")
+    assert "connClientPortUDP" not in home                     # BeeGFS's default port, 8004
+    assert (scratch["sysMgmtdHost"], scratch["connUseRDMA"], scratch["connClientPortUDP"], scratch["connHelperdPortTCP"]) \
+        == ("beegfs-mgmt2", "true", "8014", "8016")
+    assert (beegfs / "connInterfaces-scratch").read_text() == "ib0\nib1\n"
+    assert home["connInterfacesFile"] == f"{beegfs}/connInterfaces-home"
+    for mount, secret in (("home", SECRETS["vault_beegfs_home_connauth"]), ("scratch", SECRETS["vault_beegfs_scratch_connauth"])):
+        auth = beegfs / f"connauth-{mount}"
+        assert auth.read_text() == secret
+        assert stat.S_IMODE(auth.stat().st_mode) == 0o400
+        assert f"connAuthFile                 = {auth}" in (beegfs / f"beegfs-client-{mount}.conf").read_text()
+        assert secret not in out and secret not in first.stderr
+    assert "beegfs_client: mounts skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
+    assert "beegfs_client verify skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
+
+    again = _run(play, tmp_path, *paths, *vault)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    check = _run(play, tmp_path, *paths, *vault, "--check", "--diff")
+    assert check.returncode == 0 and recap(check)["changed"] == 0, check.stdout[-3000:]
+
+
+def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_path):
+    play = _playbook(tmp_path, "beegfs.yml", ("gpuhpc_beegfs_client", ""))
+    proc = _run(play, tmp_path, "-e", f"gpuhpc_beegfs_client_conf_dir={tmp_path}/beegfs",
+                "-e", f"vault_beegfs_home_connauth={SECRETS['vault_beegfs_home_connauth']}")
+    assert proc.returncode != 0
+    assert ("BeeGFS mount(s) scratch: the connection-auth secret is missing or shorter than 8 characters; set the "
+            "variable the spec's connauth_secret names in an ansible-vault file") in proc.stdout, proc.stdout[-3000:]
+    assert SECRETS["vault_beegfs_home_connauth"] not in proc.stdout
+    assert not (tmp_path / "beegfs").exists()
+
+
+def test_hardening_and_nvme_scratch_take_the_spec(collection, tmp_path):
+    """The spec's management network and a DGX node's scratch drives reach the roles (their validate
+    phases in check mode: nothing is touched)."""
+    play = _playbook(tmp_path, "spec.yml",
+                     ("gpuhpc_nvme_scratch", "        tasks_from: validate.yml\n"),
+                     ("gpuhpc_hardening", "        tasks_from: validate.yml\n"))
+    proc = _run(play, tmp_path, "--check", "-e", '{"gpuhpc_slurm_compute_nodes": ["dgx001"]}')
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    drives = ", ".join(f"/dev/nvme{i}n1" for i in range(2, 10))
+    assert f"NVMe assembly skipped: not all of {drives} are block devices on this host; /raid is a directory" in proc.stdout
+    assert "(item=10.10.0.0/16)" in proc.stdout
+    assert "firewall skipped" not in proc.stdout
+
+
+def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_path):
+    root = tmp_path / "root"
+    prefix = root / "opt" / "gpuhpc"
+    prefix.mkdir(parents=True)
+    # gpuhpc of this version is already installed in the running venv: the role finds its pinned
+    # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
+    (prefix / "venv").symlink_to(sys.prefix)
+    for d in ("usr/local/sbin", "etc/systemd/system", "wheels"):
+        (root / d).mkdir(parents=True)
+    db = root / "var" / "lib" / "gpuhpc" / "ledger.db"
+    args = ["-e", f"gpuhpc_login_prefix={prefix}", "-e", f"gpuhpc_login_bin_link={root}/usr/local/bin/gpuhpc",
+            "-e", f"gpuhpc_login_site_config={root}/etc/gpuhpc/config.toml", "-e", "gpuhpc_login_install_packages=false",
+            "-e", f"gpuhpc_login_wheelhouse={root}/wheels", "-e", f"gpuhpc_login_db_url=sqlite:///{db}",
+            "-e", f"gpuhpc_ledger_data_dir={db.parent}", "-e", f"gpuhpc_ledger_log_file={root}/var/log/gpuhpc-ledger.log",
+            "-e", f"gpuhpc_ledger_wrapper_path={root}/usr/local/sbin/gpuhpc-ledger-ingest",
+            "-e", f"gpuhpc_ledger_systemd_dir={root}/etc/systemd/system"]
+    play = _playbook(tmp_path, "login.yml", ("gpuhpc_login", ""))
+
+    first = _run(play, tmp_path, *args)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    site = root / "etc" / "gpuhpc" / "config.toml"
+    env = {"GPUHPC_SITE_CONFIG": str(site)}
+    assert config.read_file(str(site), "site") == {
+        "site": {"cluster_name": "dgxpod"}, "cmdserver": {"allowed": True}, "ledger": {"db_url": f"sqlite:///{db}"}}
+    assert config.site_setting("site", "cluster_name", env) == "dgxpod"
+    assert config.cmdserver({**env, "GPUHPC_CONFIG": str(tmp_path / "none.toml")}).enabled is False
+    assert stat.S_IMODE(site.stat().st_mode) == 0o644
+    assert stat.S_IMODE((root / "etc" / "gpuhpc" / "ledger").stat().st_mode) == 0o750    # the admin credential's
+    assert (prefix / "constraints.txt").read_text() == (REPO / "constraints.txt").read_text()
+    assert (root / "usr" / "local" / "bin" / "gpuhpc").resolve() == (Path(sys.prefix) / "bin" / "gpuhpc").resolve()
+    assert db.is_file()                                      # `gpuhpc db upgrade` ran (gpuhpc_ledger)
+
+    units = root / "etc" / "systemd" / "system"
+    service = (units / "gpuhpc-ledger-ingest.service").read_text()
+    timer = (units / "gpuhpc-ledger-ingest.timer").read_text()
+    assert f"ExecStart={root}/usr/local/sbin/gpuhpc-ledger-ingest" in service and "Type=oneshot" in service
+    assert "OnCalendar=*:0/15" in timer and "WantedBy=timers.target" in timer
+    wrapper = (root / "usr" / "local" / "sbin" / "gpuhpc-ledger-ingest").read_text()
+    assert f"{prefix}/venv/bin/gpuhpc ledger ingest" in wrapper
+    assert ("ledger timer not started: systemd is not running on this host (no /run/systemd/system); "
+            f"the units are in {units}") in first.stdout
+
+    again = _run(play, tmp_path, *args)
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+
+    # a fresh host: --check says the venv would be built (and touches nothing)
+    fresh = tmp_path / "fresh" / "opt" / "gpuhpc"
+    check = _run(play, tmp_path, *args, "-e", f"gpuhpc_login_prefix={fresh}", "--check")
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert _status(check.stdout, "Install gpuhpc into the venv") == "changed", check.stdout[-3000:]
+    assert not fresh.exists()
+
+
+def _status(stdout: str, task: str) -> str:
+    """ok/changed/failed of the first task whose name starts with ``task``."""
+    m = re.search(rf"TASK \[[^\]]*: {re.escape(task)}[^\n]*\n+(\w+):", stdout)
+    assert m, f"no task {task!r} in the output"
+    return m.group(1)
