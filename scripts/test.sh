@@ -3,7 +3,7 @@
 #   1. bootstrap (OS packages + .venv)             scripts/bootstrap.sh
 #   2. start PostgreSQL on 127.0.0.1:55432           scripts/services/postgres.sh
 #   3. stand up the local GPU Slurm cluster          scripts/cluster.sh up   (our Ansible roles)
-#   4. pytest tests/unit tests/integration
+#   4. pytest tests/unit tests/integration, in two stages (a: features, b: long fault-injection runs)
 #   4b. the multi-host lab, its own stage (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
 #   5. tear the cluster and services down again (also on failure)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k ledger -x).
@@ -57,13 +57,32 @@ bash scripts/services/prometheus.sh start >/dev/null
 
 say "pytest"
 # the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one
-export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /tmp/gpuhpc-test-data.XXXXXX)}
-python -m pytest -p no:cacheprovider --timeout=900 tests/unit tests/integration --ignore=tests/integration/lab "$@"
+# (under /var/tmp: jobs inherit it, and a job's /tmp is its own)
+export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /var/tmp/gpuhpc-test-data.XXXXXX)}
+# Stages, each well under 30 minutes, all of them run: (a) unit tests and the integration tests
+# of every feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld
+# restarts, budgets binding plain sbatch, the private cluster's restart/reconfigure), (c) the lab.
+LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_jobs_requeue.py
+      tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
+FAILED=""   # every stage runs; the script fails at the end if any did
+PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
+if [ $# -eq 0 ]; then
+  say "stage a: unit + integration"
+  "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" || FAILED+=" a"
+  say "stage b: fault-injection runs"
+  "${PYTEST[@]}" "${LONG[@]}" || FAILED+=" b"
+else
+  "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@"
+fi
 
 # its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~5 min;
 # LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
 # `python -m pytest -s tests/integration/lab`.
 if [ "${LAB:-1}" != 0 ] && [ $# -eq 0 ]; then   # a selection (-k ...) is for the main suite
   say "multi-host lab (scripts/lab.sh: 4 hosts, systemd PID 1, gpuhpc.cluster.site over SSH)"
-  python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab "$@"
+  python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab "$@" || FAILED+=" lab"
+fi
+if [ -n "$FAILED" ]; then
+  say "failed stages:$FAILED"
+  exit 1
 fi
