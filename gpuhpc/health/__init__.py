@@ -32,15 +32,23 @@ class Outcome:
 
 
 def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None = None, mode: str = "full",
-               apply: bool = False) -> Outcome:
-    """Run ``mode``'s checks for ``node`` through ``runner`` and decide drain/resume from the
-    node's Slurm state (asked through ``client``, a SlurmClient); with ``apply``, do it."""
+               apply: bool = False, baselines=None) -> Outcome:
+    """Run ``mode``'s checks (``prolog``, ``full`` or ``deep``) for ``node`` through ``runner``
+    and decide drain/resume from the node's Slurm state (asked through ``client``, a
+    SlurmClient); with ``apply``, do it. ``baselines``: the deep checks' per-node baselines
+    (:class:`gpuhpc.health.deep.Baselines`)."""
     from gpuhpc.health import collect, gate
     from gpuhpc.slurm.client import SlurmClient
     from gpuhpc.transport import default_runner
 
     runner = runner or default_runner()
-    report = collect.run_checks(node, runner, spec or HealthSpec(), mode=mode)
+    deep = mode == "deep"
+    if deep:
+        from gpuhpc.health.deep import run_deep
+
+        report = run_deep(node, runner, spec or HealthSpec(), baselines=baselines)
+    else:
+        report = collect.run_checks(node, runner, spec or HealthSpec(), mode=mode)
     if mode == "prolog" and report.healthy:
         # every job start runs the prolog: a healthy node asks slurmctld nothing (resuming a node
         # gpuhpc drained is HealthCheckProgram's job; a drained node starts no jobs anyway)
@@ -49,8 +57,8 @@ def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None =
     info = client.node(node)
     if info is None:
         return Outcome(report)
-    decision = gate.decide(info.state, info.reason, report.results)
+    decision = gate.decide(info.state, info.reason, report.results, deep=deep)
     if apply and decision.action is not Action.NONE:
-        gate.apply(client, node, decision)
+        gate.apply(client, node, decision, deep=deep)
         return Outcome(report, decision, True)
     return Outcome(report, decision, False)

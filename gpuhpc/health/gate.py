@@ -3,7 +3,9 @@
 A reason gpuhpc sets reads ``gpuhpc:<category>: <message>`` (``gpuhpc:hw: gpu count 7/8``,
 ``gpuhpc:sw: munge``, ``gpuhpc:perf: gpu3 throttled``). gpuhpc resumes a node only when its
 current reason starts with ``gpuhpc:``: a drain an admin set, with any other reason, is
-never undone (Soperator's rule). :func:`decide` is pure; :func:`apply` acts through a
+never undone (Soperator's rule). The deep checks (:mod:`gpuhpc.health.deep`: DCGM diagnostics,
+nccl bandwidth) and the regular checks each undo only their own drains: a regular check
+passing every 30 s must not return a node the nightly nccl test drained. :func:`decide` is pure; :func:`apply` acts through a
 :class:`~gpuhpc.slurm.client.SlurmClient`.
 """
 from __future__ import annotations
@@ -67,31 +69,44 @@ class Decision:
         return {"action": self.action.value, "reason": self.reason, "why": self.why}
 
 
-def decide(state: str, current_reason: str, results: Sequence[Result]) -> Decision:
+def is_mine(reason: str | None, *, deep: bool = False) -> bool:
+    """gpuhpc's drain, set by this set of checks (the deep ones, or the regular ones)."""
+    from gpuhpc.health.deep import is_deep_reason
+
+    return is_ours(reason) and is_deep_reason(_bare(reason or "")) == deep
+
+
+def decide(state: str, current_reason: str, results: Sequence[Result], *, deep: bool = False) -> Decision:
     """Drain a failing node (or update gpuhpc's own reason); resume a healthy node that only
-    gpuhpc drained; leave an admin's drain and a DOWN node alone."""
+    these checks (``deep`` or regular) drained; leave an admin's drain, the other check set's
+    drain and a DOWN node alone."""
     new = reason_for(results)
     drained = is_drained(state)
     ours = is_ours(current_reason)
+    mine = is_mine(current_reason, deep=deep)
     if new is not None:
         if drained and not ours:
             return Decision(Action.NONE, None, "drained by someone else: their reason stays")
+        if drained and not mine:
+            return Decision(Action.NONE, None, "drained by gpuhpc's other checks: their reason stays")
         if drained and _bare(current_reason) == new:
             return Decision(Action.NONE, new, "already drained for this reason")
         return Decision(Action.DRAIN, new, "a check failed")
-    if drained and ours:
+    if drained and mine:
         return Decision(Action.RESUME, None, "checks pass again: undoing gpuhpc's drain")
+    if drained and ours:
+        return Decision(Action.NONE, None, "healthy here, but drained by gpuhpc's other checks: not resumed")
     if drained:
         return Decision(Action.NONE, None, "healthy, but drained by someone else: not resumed")
     return Decision(Action.NONE, None, "healthy")
 
 
-def apply(client, node: str, decision: Decision) -> None:
+def apply(client, node: str, decision: Decision, *, deep: bool = False) -> None:
     """Carry out ``decision`` for ``node`` through ``client`` (a SlurmClient)."""
     if decision.action is Action.DRAIN:
         client.drain_node(node, decision.reason)
     elif decision.action is Action.RESUME:
         # read the reason again right before resuming: an admin may have drained the node since
         now = client.node(node)
-        if now is not None and is_drained(now.state) and is_ours(now.reason):
+        if now is not None and is_drained(now.state) and is_mine(now.reason, deep=deep):
             client.resume_node(node)

@@ -9,6 +9,7 @@ the rest is here::
     ib: {min_rate: 400, ports: 8}       # Gb/s per active port; omit for no IB
     thresholds: {ecc_uncorrected: 0, min_sm_clock_ratio: 0.0}
     state_dir: /var/lib/gpuhpc/health   # XID high-water marks
+    deep: {dcgm_level: 2, nccl_min_ratio: 0.9, timeout_s: 1800}   # gpuhpc.health.deep
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ class HealthSpec:
     ib_ports: int | None = None
     thresholds: Thresholds = field(default_factory=Thresholds)
     state_dir: str = "/var/lib/gpuhpc/health"
+    deep_dcgm_level: int = 2                 # dcgmi diag -r 2 (medium) or 3 (long)
+    deep_nccl_min_ratio: float = 0.9         # all-reduce bus bandwidth below this × the baseline drains
+    deep_timeout_s: float = 1800
 
     def gres_conf_path(self, slurm_conf: str | None) -> str:
         if self.gres_conf:
@@ -39,7 +43,7 @@ class HealthSpec:
         return os.path.join(os.path.dirname(slurm_conf or "/etc/slurm/slurm.conf"), "gres.conf")
 
 
-_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir"}
+_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir", "deep"}
 
 
 def load(text: str, source: str = "health spec") -> HealthSpec:
@@ -69,6 +73,9 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
 
     scratch = sub("scratch", {"path", "min_free_gb", "must_be_mount"})
     ib = sub("ib", {"min_rate", "ports"})
+    deep = sub("deep", {"dcgm_level", "nccl_min_ratio", "timeout_s"})
+    if deep.get("dcgm_level", 2) not in (1, 2, 3, 4):
+        raise UserInputError("dcgm_level must be 1, 2, 3 or 4", field=f"{source}.deep.dcgm_level")
     th_names = {f.name for f in fields(Thresholds)}
     th = sub("thresholds", th_names)
     mounts = data.get("mounts") or []
@@ -84,6 +91,9 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
             ib_ports=int(ib["ports"]) if ib.get("ports") is not None else None,
             thresholds=Thresholds(**th),
             state_dir=str(data.get("state_dir") or HealthSpec.state_dir),
+            deep_dcgm_level=int(deep.get("dcgm_level", 2)),
+            deep_nccl_min_ratio=float(deep.get("nccl_min_ratio", 0.9)),
+            deep_timeout_s=float(deep.get("timeout_s", 1800)),
         )
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"bad value: {exc}", field=source) from None
