@@ -193,6 +193,16 @@ class Health(_Model):
         return self
 
 
+def _mount_option(v: str) -> str:
+    _word(v)
+    if "," in v:
+        raise ValueError(f"{v!r}: one mount option per list entry")
+    return v
+
+
+MountOption = Annotated[str, AfterValidator(_mount_option)]
+
+
 class Scratch(_Model):
     """Node-local scratch: ``path`` is the mount point (``TmpDisk`` from ``size_gb``). With
     ``devices`` the gpuhpc_nvme_scratch role assembles them (RAID 0 for several, the disk itself
@@ -200,7 +210,7 @@ class Scratch(_Model):
     path: AbsPath
     size_gb: int | None = Field(default=None, ge=1)
     devices: list[AbsPath] = []
-    mount_options: list[Word] = ["defaults", "noatime"]
+    mount_options: list[MountOption] = ["defaults", "noatime"]
 
 
 class Gpus(_Model):
@@ -394,16 +404,6 @@ _LNET_NET_RE = re.compile(r"^(o2ib|tcp)\d*$")
 _NID_RE = re.compile(r"^[A-Za-z0-9.:-]+@(o2ib|tcp)\d*$")
 _FSNAME_RE = re.compile(r"^[A-Za-z0-9_]{1,8}$")
 _VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def _mount_option(v: str) -> str:
-    _word(v)
-    if "," in v:
-        raise ValueError(f"{v!r}: one mount option per list entry")
-    return v
-
-
-MountOption = Annotated[str, AfterValidator(_mount_option)]
 
 
 class LnetNetwork(_Model):
