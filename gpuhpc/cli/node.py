@@ -94,13 +94,17 @@ def register(app: typer.Typer) -> None:
     def health_cmd(
         node: str | None = typer.Argument(None, help="Slurm node name (default: this host's; $SLURMD_NODENAME)."),
         mode: str = typer.Option("full", "--mode", help="full, or prolog (the fast subset Slurm's Prolog runs)."),
+        deep: bool = typer.Option(False, "--deep", help="The deep checks instead: DCGM diagnostics (dcgmi diag) and "
+                                  "nccl all-reduce bandwidth against the node's baseline in the ledger database "
+                                  "(the first passing run sets it). Minutes; run it on an idle node."),
         apply: bool = typer.Option(False, "--apply", help="Drain a failing node (gpuhpc:<hw|sw|perf>: reason); "
                                    "resume it once healthy if gpuhpc drained it."),
         spec: str | None = typer.Option(None, "--spec", help="Health spec YAML (default $GPUHPC_HEALTH_SPEC)."),
         as_json: bool = typer.Option(False, "--json", help="JSON output."),
     ) -> None:
-        """Health checks (GPUs vs gres.conf, MIG layout, XID, ECC, clocks, IB, scratch, mounts, munge);
-        exit 1 when one fails. Runs where gpuhpc runs commands (this host, or GPUHPC_SSH_HOST)."""
+        """Health checks (GPUs vs gres.conf, MIG layout, XID, ECC, clocks, IB, scratch, mounts, munge),
+        or with --deep DCGM diagnostics and nccl bandwidth; exit 1 when one fails. Runs where gpuhpc
+        runs commands (this host, or GPUHPC_SSH_HOST)."""
         import os
 
         from gpuhpc.errors import UserInputError
@@ -113,7 +117,15 @@ def register(app: typer.Typer) -> None:
         hspec = load(_read(path, "--spec"), path) if path else HealthSpec()
         runner = _runner()
         name = node or runner.getenv("SLURMD_NODENAME") or _node_name(runner)
-        out = check_node(name, runner=runner, spec=hspec, mode=mode, apply=apply)
+        baselines = None
+        if deep:
+            from gpuhpc.health.deep import Baselines
+            from gpuhpc.ledger.hooks import ledger_in_use
+
+            mode = "deep"
+            url = ledger_in_use()
+            baselines = Baselines(url) if url else None
+        out = check_node(name, runner=runner, spec=hspec, mode=mode, apply=apply, baselines=baselines)
         if as_json:
             from gpuhpc.cli._console import print_json
 

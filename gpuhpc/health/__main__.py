@@ -7,6 +7,12 @@
   An error of gpuhpc's own (slurmctld unreachable, a bad spec, a bug) exits 0: the prolog fails
   open, so only a fault a check found can keep jobs off a node.
 - Epilog: ``python -m gpuhpc.health --apply`` (the full set, after the job).
+- Deep checks on a schedule (a timer or cron entry on each node, not a daemon):
+  ``python -m gpuhpc.health --mode deep --apply --slots /shared/gpuhpc/deep-slots --cap 2``:
+  DCGM diagnostics and nccl all-reduce bandwidth (:mod:`gpuhpc.health.deep`), only on a node
+  that runs no job (or that gpuhpc drained), and only while one of ``--cap`` slots (``flock``
+  in ``--slots``, a directory the nodes share) is free: otherwise it exits 0 and waits for its
+  next turn. The baseline is in the ledger database (``GPUHPC_DB_URL``).
 
 Options: ``--node N`` (default ``$SLURMD_NODENAME``, else the host name), ``--spec FILE``
 (default ``$GPUHPC_HEALTH_SPEC``), ``--json``. Exit 0 healthy, 1 a check failed, 2 bad input.
@@ -23,7 +29,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpuhpc.health", description=__doc__.splitlines()[0])
     p.add_argument("--node", default=None)
-    p.add_argument("--mode", choices=("prolog", "full"), default="full")
+    p.add_argument("--mode", choices=("prolog", "full", "deep"), default="full")
+    p.add_argument("--slots", default=None, help="deep: directory of the lock files that cap concurrent nodes")
+    p.add_argument("--cap", type=int, default=1, help="deep: at most this many nodes test at once")
     p.add_argument("--apply", action="store_true", help="drain/resume through scontrol")
     p.add_argument("--spec", default=None)
     p.add_argument("--json", action="store_true")
@@ -40,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if path:
             with open(path, encoding="utf-8") as fh:
                 spec = load(fh.read(), path)
+        if args.mode == "deep":
+            return _deep(node, spec, args)
         out = check_node(node, spec=spec, mode=args.mode, apply=args.apply)
     except Exception as exc:  # noqa: BLE001 - the prolog fails open, whatever went wrong
         msg = exc.one_line() if isinstance(exc, GpuhpcError) else f"{type(exc).__name__}: {exc}"
@@ -49,15 +59,44 @@ def main(argv: list[str] | None = None) -> int:
             # that *found* a fault may do that, never gpuhpc's own trouble (a slow slurmctld, a bug)
             return 0
         return getattr(exc, "exit_code", 1)
-    if args.json:
-        sys.stdout.write(json.dumps(out.to_dict()) + "\n")
-    else:
-        for r in out.report.results:
-            sys.stdout.write(f"{node} {r.status.value:4} {r.check}: {r.message}\n")
-        if out.decision:
-            sys.stdout.write(f"{node} {out.decision.action.value}{' (done)' if out.applied else ''}: "
-                             f"{out.decision.reason or out.decision.why}\n")
+    _print(node, out, args.json)
     return 0 if out.report.healthy else 1
+
+
+def _deep(node: str, spec, args) -> int:
+    """The scheduled deep run: a free slot, an idle node, then the checks."""
+    from gpuhpc.health import check_node
+    from gpuhpc.health.deep import Baselines, Slot, node_busy
+    from gpuhpc.ledger.hooks import ledger_in_use
+
+    slot = Slot(args.slots, max(1, args.cap)) if args.slots else None
+    if slot is not None and not slot.acquire():
+        sys.stderr.write(f"gpuhpc health: {node}: all {args.cap} deep-check slots busy; next time\n")
+        return 0
+    try:
+        busy = node_busy(node)
+        if busy:
+            sys.stderr.write(f"gpuhpc health: {node}: {busy}: deep checks skipped\n")
+            return 0
+        url = ledger_in_use()
+        out = check_node(node, spec=spec, mode="deep", apply=args.apply,
+                         baselines=Baselines(url) if url else None)
+    finally:
+        if slot is not None:
+            slot.release()
+    _print(node, out, args.json)
+    return 0 if out.report.healthy else 1
+
+
+def _print(node: str, out, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(out.to_dict()) + "\n")
+        return
+    for r in out.report.results:
+        sys.stdout.write(f"{node} {r.status.value:4} {r.check}: {r.message}\n")
+    if out.decision:
+        sys.stdout.write(f"{node} {out.decision.action.value}{' (done)' if out.applied else ''}: "
+                         f"{out.decision.reason or out.decision.why}\n")
 
 
 if __name__ == "__main__":

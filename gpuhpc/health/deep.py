@@ -215,6 +215,21 @@ class Baselines:
                 row.value, row.source, row.updated_at = value, source, utcnow()
 
 
+def node_busy(node: str, client=None) -> str | None:
+    """Why the scheduled deep run must not test ``node`` now (it runs jobs, or Slurm does not
+    know it), else None. A node drained by anyone and running nothing may be tested."""
+    from gpuhpc.slurm.client import SlurmClient
+
+    info = (client or SlurmClient()).node(node)
+    if info is None:
+        return "not a Slurm node"
+    state = info.state.upper()
+    for word in ("ALLOC", "MIX", "COMPLETING", "DRAINING"):
+        if word in state:
+            return f"running jobs ({info.state})"
+    return None
+
+
 # ------------------------------------------------------------------ the cap on concurrent nodes
 class Slot:
     """One of ``cap`` slots: an exclusive ``flock`` on ``<dir>/deep-slot-<i>`` (a directory all

@@ -73,3 +73,20 @@ def test_slots_cap_concurrent_nodes(tmp_path):
     assert a.acquire() and b.acquire() and not c.acquire()
     a.release()
     assert c.acquire() and c.index == 0
+
+
+def test_scheduled_run_skips_a_busy_node():
+    from types import SimpleNamespace
+
+    class Client:
+        def __init__(self, state):
+            self.state = state
+
+        def node(self, name):
+            return SimpleNamespace(state=self.state, reason="") if self.state else None
+
+    assert deep.node_busy("n1", Client("IDLE")) is None
+    assert deep.node_busy("n1", Client("IDLE+DRAIN")) is None            # drained, nothing running: test it
+    assert deep.node_busy("n1", Client("MIXED")) == "running jobs (MIXED)"
+    assert deep.node_busy("n1", Client("ALLOCATED+DRAIN")) == "running jobs (ALLOCATED+DRAIN)"
+    assert deep.node_busy("n1", Client(None)) == "not a Slurm node"
