@@ -163,10 +163,10 @@ def main() -> int:
         if rank == args.fail_rank and n == args.fail_at:
             os.kill(os.getpid(), signal.SIGKILL)    # killed in the middle of a save
         if stopping and args.stop_save_seconds:
-            note(f"slow-save {n}")
+            note(f"slow-save {n} {time.time():.3f}")
             time.sleep(args.stop_save_seconds)      # a big model takes a while to write
         ckpt.save_shard(json.dumps(state).encode(), n)
-        note(f"saved {n}")
+        note(f"saved {n} {time.time():.3f}")
 
     while state["step"] < args.steps:
         time.sleep(args.step_seconds)               # the "forward/backward pass"
