@@ -137,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     name = args[0]
     if name not in COMMANDS:
         return _usage_error(f"No such command '{name}'.")
+    if name in ("sweep", "report"):     # their state is on the cluster: run there (gpuhpc.cli._oncluster)
+        from gpuhpc.cli import _oncluster
+
+        code = _oncluster.main(args, debug)
+        if code is not None:
+            return code
     import importlib
 
     mod = importlib.import_module(f"gpuhpc.cli.{COMMANDS[name][0]}")

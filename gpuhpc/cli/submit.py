@@ -157,8 +157,7 @@ def run(argv: list[str]) -> int:
         sys.stderr.write(f"submitted job {job.job_id} ({spec.template}); log: {job._log_path}\n")
     snap = getattr(job, "snapshot", None)
     if snap is not None:
-        sys.stderr.write(f"code snapshot {snap.digest[:12]}: {snap.files} files, {snap.size / 2**20:.1f} MB, "
-                         f"{'uploaded' if snap.uploaded else 'already on the cluster'} ({snap.path})\n")
+        sys.stderr.write(snap.summary() + "\n")
     return 0
 
 

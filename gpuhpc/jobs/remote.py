@@ -197,3 +197,39 @@ def sweep_on_cluster(fn: Any, space: Any, *, cluster: str, kwargs: dict[str, Any
     job = submit(SweepDriver(fn, space, kwargs, env), resources=res, cluster=cluster,
                  name=f"{kwargs.get('name') or getattr(fn, '__name__', 'sweep')}-driver".strip("<>").replace("<", ""))
     return RemoteSweep(job)
+
+
+# ---------------------------------------------------------------- commands whose state is on the cluster
+def run_gpuhpc(runner: Any, args: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+               timeout: float | None = None) -> Any:
+    """``gpuhpc ARGS`` where ``runner`` runs, with the profile's Python: the commands whose
+    state lives on the cluster (a sweep's database and trial files, the ledger, Prometheus)
+    run there, as on the login node, instead of reaching into that state over SSH. Returns
+    the :class:`~gpuhpc.transport.CommandResult` (its output and exit code are the command's);
+    a cluster that cannot run gpuhpc is a one-line GpuhpcError."""
+    python = python_of(runner)
+    argv = [python, "-m", "gpuhpc", *args]
+    if cwd:
+        argv = ["env", "-C", cwd, *argv]
+    res = runner.run(argv, env=env, timeout=timeout)
+    if res.returncode in (126, 127) or "No module named gpuhpc" in res.stderr:
+        detail = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        raise GpuhpcError(f"the cluster cannot run gpuhpc with {python}: {detail}",
+                          hint="install gpuhpc there, or set python = \"/path/to/python\" in the cluster profile")
+    return res
+
+
+def stage_file(runner: Any, local: str, kind: str) -> str:
+    """Copy the local file ``local`` to ``<remote_dir>/<kind>/<sha256>-<name>`` where ``runner``
+    runs (content-addressed: an identical file is not copied again); returns that path."""
+    import hashlib
+
+    from gpuhpc.jobs import snapshot
+
+    with open(local, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    path = posixpath.join(snapshot.remote_base(runner), kind, f"{digest[:16]}-{os.path.basename(local)}")
+    if not runner.exists(path):
+        runner.makedirs(posixpath.dirname(path))
+        runner.put_file(local, path, 0o600)
+    return path

@@ -54,6 +54,10 @@ class Uploaded:
     size: int
     uploaded: bool
 
+    def summary(self) -> str:
+        return (f"code snapshot {self.digest[:12]}: {self.files} files, {self.size / 2**20:.1f} MB, "
+                f"{'uploaded' if self.uploaded else 'already on the cluster'} ({self.path})")
+
 
 def git_root(start: str | os.PathLike[str]) -> Path | None:
     """The top of the git work tree holding ``start``, or None (not in one, or no git)."""

@@ -1,0 +1,75 @@
+"""``gpuhpc --cluster NAME sweep ...`` and ``... report ...`` from a laptop.
+
+A sweep's state (its database, trial files and driver job) and the reports' sources (the
+ledger, Prometheus) live on the cluster, so these commands run *there*, as on the login node:
+``gpuhpc`` on the cluster through the runner (:func:`gpuhpc.jobs.remote.run_gpuhpc`), with the
+profile's Python, its output and exit code passed back. The one code path stays the runner:
+this module only moves what the command names on the laptop -- ``sweep run FILE`` validates
+FILE here (bad input exits 2 before anything is sent), uploads the code snapshot and FILE and
+starts the sweep in the snapshot's copy of this directory; ``--html FILE`` is written on the
+cluster and copied back.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(args: list[str], debug: bool) -> int | None:
+    """Run ``gpuhpc ARGS`` on the cluster and return its exit code; None when the runner is
+    local (the command runs here as usual) or for ``--help``."""
+    if "--help" in args or "-h" in args:
+        return None
+    from gpuhpc.transport import default_runner
+
+    from gpuhpc.cli import run_guarded
+
+    runner = default_runner()
+    if runner.is_local:
+        return None
+    return run_guarded(lambda: _forward(runner, list(args), debug), lambda: debug)
+
+
+def _forward(runner, args: list[str], debug: bool) -> int:
+    import posixpath
+    import uuid
+
+    from gpuhpc.jobs import remote, snapshot
+
+    cwd, env = None, {}
+    if args[:2] == ["sweep", "run"]:
+        from gpuhpc.cli._args import parse
+        from gpuhpc.cli.sweep import parser
+        from gpuhpc.sweeps.spec import load_file
+
+        ns = parse(parser(), args[1:])
+        if isinstance(ns, int):
+            return ns
+        spec = load_file(ns.file)                   # bad input: exit 2 here, nothing sent
+        snap = snapshot.collect(".", (), snapshot.max_mb(runner)) if spec.workdir is None else None
+        if snap is not None:
+            up = snapshot.upload(snap, runner)
+            cwd, env = snapshot.workdir_in(snap, up), {"GPUHPC_SNAPSHOT": up.path}
+            sys.stderr.write(up.summary() + "\n")
+        at = args.index(ns.file, 2)
+        args[at] = remote.stage_file(runner, ns.file, "sweep-files")
+    html = None
+    for i, a in enumerate(args):
+        if a == "--html" and i + 1 < len(args) or a.startswith("--html="):
+            html = a.partition("=")[2] if "=" in a else args[i + 1]
+            there = posixpath.join(snapshot.remote_base(runner), "reports", f"{uuid.uuid4().hex}.html")
+            runner.makedirs(posixpath.dirname(there))
+            args[i:i + (1 if "=" in a else 2)] = ["--html", there]
+            break
+    res = remote.run_gpuhpc(runner, (["--debug"] if debug else []) + args, cwd=cwd, env=env or None)
+    err = res.stderr
+    if html is not None:
+        if res.ok:
+            from gpuhpc.fsutil import write_atomic
+
+            write_atomic(html, runner.read_bytes(there))
+            err = err.replace(there, os.path.abspath(html))
+        runner.run(["rm", "-f", "--", there], timeout=60)
+    sys.stdout.write(res.stdout)
+    sys.stderr.write(err)
+    return res.returncode
