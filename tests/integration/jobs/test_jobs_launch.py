@@ -129,7 +129,8 @@ def test_jobs_status_logs_cancel_json(jobs_env, slurm, track):
 def test_mpi_and_deepspeed_templates_start_one_rank_per_gpu(jobs_env, tmp_path, slurm, track):
     printer = ("import os, sys; e = os.environ.get; open(os.path.join(sys.argv[1], e('SLURM_PROCID')), 'w').write("
                "' '.join(['RANKINFO', e('SLURM_PROCID'), e('PMI_RANK') or e('PMIX_RANK') or 'None', "
-               "e('RANK', 'None'), e('LOCAL_RANK', 'None'), e('WORLD_SIZE', 'None'), e('MASTER_ADDR', 'None')]))")
+               "e('RANK', 'None'), e('LOCAL_RANK', 'None'), e('WORLD_SIZE', 'None'), e('MASTER_ADDR', 'None'), "
+               "e('SLURMD_NODENAME', 'None'), e('GPUHPC_LOCAL_RANK', 'None'), e('CUDA_VISIBLE_DEVICES', 'None')]))")
     ids = {}
     for template in ("mpi", "deepspeed"):
         (tmp_path / template).mkdir()
@@ -153,8 +154,15 @@ def test_mpi_and_deepspeed_templates_start_one_rank_per_gpu(jobs_env, tmp_path, 
             assert sorted(r[1] for r in rows) == ["0", "1", "2", "3"]       # PMI rank from the plugin
         else:
             assert all(r[2] == r[0] and r[4] == "4" for r in rows)          # RANK, WORLD_SIZE
-            assert sorted(r[3] for r in rows) == ["0", "0", "1", "1"]       # LOCAL_RANK per node
             assert {r[5] for r in rows} != {"None"}
+            # one GPU per task (--gpu-bind=single:1): its own CUDA_VISIBLE_DEVICES entry, so
+            # LOCAL_RANK (DeepSpeed's device index) is 0; the place on the node is GPUHPC_LOCAL_RANK
+            assert sorted(r[7] for r in rows) == ["0", "0", "1", "1"], rows
+            assert {r[3] for r in rows} == {"0"}, rows
+            for node in {r[6] for r in rows}:
+                gpus = [r[8] for r in rows if r[6] == node]
+                assert len(gpus) == 2 and all(g.isdigit() for g in gpus) and len(set(gpus)) == 2, rows
+            assert "--gpu-bind=single:1 --cpu-bind=cores" in log          # gres.conf has Cores=
 
 
 def test_logs_follow_until_the_job_ends(jobs_env, slurm, track):
