@@ -287,6 +287,11 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
 
     pre = spec.preemption
     preempt_mode = pre.mode + (",GANG" if pre.gang else "")
+    # with preemption on, a preempted job gets its --signal (SIGUSR2) at the start of GraceTime
+    # instead of SIGTERM, which srun answers by killing every task (docs/jobs.md, issue 15)
+    ctld_params = list(rt.slurmctld_parameters)
+    if pre.type != "none" and "preempt_send_user_signal" not in ctld_params:
+        ctld_params.append("preempt_send_user_signal")
     switches = [{
         "name": s.name,
         "nodes": hostlist.compress(resolve_nodes(spec, list(s.nodes), "")) if s.nodes else None,
@@ -322,7 +327,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "select_type_parameters": rt.select_type_parameters,
         "def_mem_per_cpu": rt.def_mem_per_cpu,
         "scheduler_parameters": ",".join(rt.scheduler_parameters) or None,
-        "slurmctld_parameters": ",".join(rt.slurmctld_parameters) or None,
+        "slurmctld_parameters": ",".join(ctld_params) or None,
         "slurmd_parameters": ",".join(rt.slurmd_parameters) or None,
         "return_to_service": rt.return_to_service,
         "min_job_age": rt.min_job_age,
