@@ -52,7 +52,7 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
 class GpuHost:
     """This machine as one GPU node of a small spec, with the nvidia-smi stand-in first on PATH."""
 
-    def __init__(self, tmp: Path, shared_fixtures: Path) -> None:
+    def __init__(self, tmp: Path, shared_fixtures: Path, *, converged: bool = False) -> None:
         self.tmp = tmp
         self.spec = tmp / "spec.yaml"
         self.state = tmp / "smi-state.json"
@@ -65,6 +65,10 @@ class GpuHost:
         gpu1 = json.loads(json.dumps(state["gpus"][0]))
         gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled")
         state["gpus"].append(gpu1)                      # GPU 1: whole, MIG mode off
+        if converged:                                   # GPU 1 as SEVEN wants it, as a run of the role leaves it
+            gpu1.update(mig_mode="Enabled", mig=[
+                {"profile": "3g.40gb", "gi": 1 + k, "ci": 0, "placement": 4 * k, "util": 0, "memory_used": 0,
+                 "memory_total": 40 * 2**30, "uuid": gpu1["uuid"][:-4] + f"{k:04d}"} for k in range(2)])
         self.state.write_text(json.dumps(with_mig_geometry(state, (smi / "mig-lgip-h100-sxm5-80gb-4gpu.txt").read_text(),
                                                            "h100")))
         self.inventory = tmp / "hosts.yml"
@@ -90,7 +94,7 @@ class GpuHost:
         self.log.write_text("")
         env = ansible_env(self.tmp)
         env.update(PATH=f"{self.bin}{os.pathsep}{env['PATH']}", GPUHPC_NVML_STANDIN=str(self.state),
-                   GPUHPC_SMI_STANDIN_LOG=str(self.log))
+                   GPUHPC_SMI_STANDIN_LOG=str(self.log), ANSIBLE_PIPELINING="1")
         proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(self.inventory),
                                str(playbook), *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
@@ -113,7 +117,7 @@ def gpu_host(collection, tmp_path, shared_fixtures) -> GpuHost:
     return host
 
 
-def test_nvidia_gpu_mig_check_apply_reapply_change(gpu_host):
+def test_nvidia_gpu_mig_check_apply_and_reapply(gpu_host):
     h = gpu_host
     # check mode: reports the change, runs no MIG command, writes nothing
     counts, out, calls = h.run(NVIDIA, "--check", "--diff")
@@ -134,6 +138,14 @@ def test_nvidia_gpu_mig_check_apply_reapply_change(gpu_host):
     counts, out, calls = h.run(NVIDIA)
     assert _mig_changes(calls) == [] and counts == {"changed": 0, "failed": 0}, out[-4000:]
 
+
+def test_nvidia_gpu_mig_layout_change(collection, tmp_path, shared_fixtures):
+    h = GpuHost(tmp_path, Path(shared_fixtures), converged=True)
+    h.write_spec(SEVEN)
+    counts, out, calls = h.run(NVIDIA)                  # the GPUs already have the layout: no MIG command
+    assert counts["failed"] == 0 and _mig_changes(calls) == [], out[-4000:]
+    assert "MIG layout of mig-node1 changed" not in out
+
     # layout change on GPU 0 only: three 1g.10gb go, one 3g.40gb comes (the other four stay)
     gres_before = (h.tmp / "etc" / "gres.conf").read_text()
     h.write_spec([["1g.10gb"] * 4 + ["3g.40gb"], ["3g.40gb", "3g.40gb"]])
@@ -141,7 +153,7 @@ def test_nvidia_gpu_mig_check_apply_reapply_change(gpu_host):
     assert counts["failed"] == 0
     assert _mig_changes(calls) == [["mig", "-i", "0", "-dci", "-gi", "4,5,6"], ["mig", "-i", "0", "-dgi", "-gi", "4,5,6"],
                                    ["mig", "-i", "0", "-cgi", "3g.40gb:4", "-C"]]
-    assert h.instances()[0] == [("1g.10gb", s) for s in range(4)] + [("3g.40gb", 4)]
+    assert h.instances() == [[("1g.10gb", s) for s in range(4)] + [("3g.40gb", 4)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     gres = (h.tmp / "etc" / "gres.conf").read_text()
     assert gres != gres_before, gres
     assert "Type=1g.10gb File=/dev/nvidia-caps/nvidia-cap[0-3]" in gres and "Type=3g.40gb File=/dev/nvidia-caps/nvidia-cap[4-6]" in gres
