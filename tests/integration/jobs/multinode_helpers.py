@@ -59,12 +59,12 @@ def runs(progress: Path) -> list[list[dict]]:
     return out
 
 
-def preemptor_gres(slurm) -> str:
-    """Our GPUs on PREEMPT_NODE plus its free ones: preemption then takes only our job."""
+def preemptor_gres(slurm, ours: int = GPUS) -> str:
+    """Our ``ours`` GPUs on PREEMPT_NODE plus its free ones: preemption then takes only our job."""
     rec = slurm.run(["scontrol", "--oneliner", "show", "node", PREEMPT_NODE]).stdout
     alloc = next((w for w in rec.split() if w.startswith("AllocTRES=")), "AllocTRES=")
     used = [int(kv.split("=")[1]) for kv in alloc.split("=", 1)[1].split(",") if kv.startswith("gres/gpu=")]
-    return f"gpu:h100:{min(8, GPUS + 8 - (used[0] if used else 0))}"
+    return f"gpu:h100:{min(8, ours + 8 - (used[0] if used else 0))}"
 
 
 class LatestWatcher(threading.Thread):
