@@ -25,14 +25,22 @@ start)
   [ -f "$D/laptop_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$LUSER" -f "$D/laptop_ed25519"
   install -d -m 700 -o "$LUSER" -g "$LUSER" "$home/.ssh"
   install -m 600 -o "$LUSER" -g "$LUSER" "$D/laptop_ed25519.pub" "$home/.ssh/authorized_keys"
-  # the site install of gpuhpc (re-made when pyproject.toml or constraints.txt change)
-  want=$(cat "$REPO/pyproject.toml" "$REPO/constraints.txt" | md5sum | cut -d' ' -f1)
+  # the site install of gpuhpc: editable, so code changes need nothing; re-made (aside, then
+  # swapped in) when the dependencies or constraints.txt change; one sshd.sh at a time does it
+  want=$( { /usr/bin/python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"])' \
+            "$REPO/pyproject.toml"; cat "$REPO/constraints.txt"; } | md5sum | cut -d' ' -f1)
   if [ "$(cat "$SITE/.gpuhpc-installed" 2>/dev/null)" != "$want" ]; then
-    rm -rf "$SITE"; /usr/bin/python3 -m venv "$SITE"
-    "$SITE/bin/python" -m pip install -q -c "$REPO/constraints.txt" -e "$REPO" --config-settings editable_mode=compat \
-      2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-    "$SITE/bin/python" -c "import gpuhpc, submitit, cloudpickle"
-    chmod -R a+rX "$SITE"; echo "$want" > "$SITE/.gpuhpc-installed"
+    exec 9>"$D/site.lock"; flock 9
+    if [ "$(cat "$SITE/.gpuhpc-installed" 2>/dev/null)" != "$want" ]; then
+      new=$SITE.new; rm -rf "$new"; /usr/bin/python3 -m venv "$new"
+      "$new/bin/python" -m pip install -q -c "$REPO/constraints.txt" -e "$REPO" --config-settings editable_mode=compat \
+        2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+      "$new/bin/python" -c "import gpuhpc, submitit, cloudpickle"
+      chmod -R a+rX "$new"; echo "$want" > "$new/.gpuhpc-installed"
+      # bin/python finds its venv by its own path, so the renamed venv works as is
+      [ -d "$SITE" ] && mv "$SITE" "$SITE.old.$$"; mv "$new" "$SITE"; rm -rf "$SITE.old.$$"
+    fi
+    exec 9>&-
   fi
   echo "[127.0.0.1]:$PORT $(cat "$D/host_ed25519.pub" | cut -d' ' -f1-2)" > "$D/known_hosts"
   old=$(cat "$D/sshd_config" 2>/dev/null || true)
