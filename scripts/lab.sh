@@ -6,6 +6,7 @@
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
 #   login   10.213.0.12  srun/sbatch, gpuhpc
 #   c1, c2  10.213.0.13-14  slurmd
+# Every host mounts $LAB/shared on /shared (the site's shared filesystem: checkpoints, results).
 # Management network 10.213.0.0/24 on bridge br0 inside namespace lab-sw (the "switch", where the
 # Ansible control node runs: `lab.sh ctl CMD`); every host also has an address on 10.213.1.0/24, the
 # same wire but outside the management network (the nftables test connects from 10.213.1.1).
@@ -63,6 +64,8 @@ bake() {
 # keys on the first boot, then systemd. Debian's units start sshd; the roles start everything else.
 host_init() {
   local h=$1 d=$LAB/hosts/$1 M=$LAB/hosts/$1/merged
+  # made on one CPU (oldest_ns_cpu); the host runs on all of them
+  taskset -p -c "$GPUHPC_LAB_CPUS" $$ >/dev/null
   mount --make-rprivate /
   mount -t overlay overlay -o "lowerdir=$IMAGE,upperdir=$d/upper,workdir=$d/work" "$M"
   if [ ! -f "$d/upper/etc/ssh/.gpuhpc-lab-hostkeys" ]; then
@@ -97,14 +100,55 @@ host_init() {
   # the host's "local NVMe": a directory on this machine's real disk (job_container/tmpfs cannot
   # make its per-job namespaces on the overlay root)
   mkdir -p "$d/scratch" "$M/scratch"; mount --bind "$d/scratch" "$M/scratch"
+  # a filesystem every host shares (a site's NFS home): job inputs, checkpoints, results
+  mkdir -p "$LAB/shared" "$M/shared"; mount --bind "$LAB/shared" "$M/shared"
   : > "$d/console"; mount --bind "$d/console" "$M/dev/console"   # systemd's console: a file per host
   hostname "$h"
-  exec chroot "$M" /lib/systemd/systemd --system --log-target=console
+  # the overlay becomes the namespace's root (pivot_root, not chroot: a process that joins a mount
+  # namespace with setns(2), as job_container/tmpfs's steps do, lands on the namespace's root)
+  cd "$M" && pivot_root . mnt && umount -l /mnt
+  exec /lib/systemd/systemd --system --log-target=console
 }
 
 pid1() {   # the host's PID 1 (systemd), as this machine sees it; nothing when the host is down
   local f=$LAB/hosts/$1/unshare.pid
   [ -f "$f" ] && pgrep -P "$(cat "$f")" 2>/dev/null | head -1 || true
+}
+
+# The CPU on which a new mount namespace gets the smallest id. Linux (seen on 6.18) numbers mount
+# namespaces from per-CPU batches, so a namespace made later on another CPU may get a smaller id, and
+# the kernel refuses to bind-mount a mount namespace whose id is not above the caller's (EINVAL; the
+# loop check in fs/namespace.c). job_container/tmpfs does exactly that for every job: slurmstepd binds
+# /proc/CHILD/ns/mnt onto BasePath/JOB/.ns from slurmd's namespace. On a real node slurmd lives in the
+# boot namespace, older than any; a lab host's namespace is young, so it is made on this CPU, and the
+# namespaces its jobs make later, on any CPU, are numbered above it. (Without the ioctl, on kernels
+# that number them in order: any CPU.)
+oldest_ns_cpu() {
+  python3 - <<'EOF'
+import ctypes, fcntl, os, struct
+NS_GET_MNTNS_ID = 0x8008B705          # _IOR(0xb7, 5, __u64), Linux >= 6.7
+libc = ctypes.CDLL(None, use_errno=True)
+ids = {}
+for cpu in sorted(os.sched_getaffinity(0)):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {cpu})
+            assert libc.unshare(0x20000) == 0      # CLONE_NEWNS
+            fd = os.open("/proc/self/ns/mnt", os.O_RDONLY)
+            buf = bytearray(8)
+            fcntl.ioctl(fd, NS_GET_MNTNS_ID, buf)
+            os.write(w, buf)
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 8)
+    os.waitpid(pid, 0)
+    if len(got) == 8:
+        ids[cpu] = struct.unpack("Q", got)[0]
+print(min(ids, key=ids.get) if ids else ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+EOF
 }
 
 start_host() {
@@ -120,8 +164,10 @@ start_host() {
     ip -n "lab-$h" addr add "$OUTNET.${IP[$h]}/24" dev eth0
     ip -n "lab-$h" link set eth0 up
   fi
-  # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs
-  nsenter --net="/run/netns/lab-$h" unshare --mount --pid --uts --fork --propagation private \
+  # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs;
+  # the mount namespace is made on the CPU that numbers namespaces lowest (oldest_ns_cpu)
+  GPUHPC_LAB_CPUS=$(taskset -p -c $$ | awk '{print $NF}') taskset -c "$(oldest_ns_cpu)" \
+    nsenter --net="/run/netns/lab-$h" unshare --mount --pid --uts --fork --propagation private \
     "$SELF" _init "$h" > "$d/init.log" 2>&1 &
   echo $! > "$d/unshare.pid"
 }

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 LAB_SH = REPO / "scripts" / "lab.sh"
 INVENTORY = "ansible/inventories/lab"
 LAB_DIR = Path(os.environ.get("GPUHPC_LAB_DIR", "/var/tmp/gpuhpc-lab"))
+SHARED = LAB_DIR / "shared"        # /shared on every lab host (scripts/lab.sh)
 
 
 def recap(text: str) -> dict[str, dict[str, int]]:
@@ -40,16 +41,26 @@ def recap(text: str) -> dict[str, dict[str, int]]:
 class Lab:
     timings: dict[str, float] = field(default_factory=dict)
 
-    def sh(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["bash", str(LAB_SH), *args], cwd=REPO, env=ansible_env(),
+    def sh(self, *args: str, timeout: float = 300, check: bool = True, stdin: str | None = None
+           ) -> subprocess.CompletedProcess:
+        proc = subprocess.run(["bash", str(LAB_SH), *args], cwd=REPO, env=ansible_env(), input=stdin,
                               capture_output=True, text=True, timeout=timeout)
         if check:
             assert proc.returncode == 0, f"lab.sh {' '.join(args)}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         return proc
 
-    def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120) -> str:
+    def ssh(self, host: str, command: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> str:
         """Run a shell command on a lab host over SSH (host key checked); its stdout."""
-        return self.sh("ssh", host, command, check=check, timeout=timeout).stdout
+        return self.sh("ssh", host, command, check=check, timeout=timeout, stdin=stdin).stdout
+
+    def sbatch(self, script: str) -> str:
+        """Submit a batch script (gpuhpc renders it here) with sbatch on the login host; the job id."""
+        return self.ssh("login", "sbatch --parsable", stdin=script).strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> str:
+        """The job's state from the controller (squeue while it is known there, else sacct)."""
+        out = self.ssh("ctl", f"squeue --noheader --jobs {job_id} --format %T 2>/dev/null || true").strip()
+        return out or self.ssh("ctl", f"sacct -nX -P -o State -j {job_id}").strip().split(" ")[0]
 
     def play(self, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
         """gpuhpc.cluster.site from the installed collection, run by a control node in the lab."""

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 
 import pytest
 
-from .conftest import LAB_DIR, REPO, Lab, recap
+from gpuhpc.jobs.render import render
+from gpuhpc.jobs.spec import JobSpec, Resources
+from polling import wait_for
+
+from .conftest import LAB_DIR, REPO, SHARED, Lab, recap
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +36,42 @@ def test_srun_from_the_login_host_spans_both_compute_hosts(lab: Lab):
     while "c[1-2]|COMPLETED" not in (acct := lab.ssh("ctl", "sacct -naX -P -o JobID,NodeList,State -S now-1hour")):
         assert time.monotonic() < deadline, acct
         time.sleep(2)
+
+
+# A job that writes /tmp/x and its $GPUHPC_SCRATCH, says it started, and holds until released;
+# what it saw goes to /shared (a test never reads what a job wrote under /tmp)
+PRIVATE_TMP_JOB = r"""
+echo "$SLURM_JOB_ID" > /tmp/x && echo "$SLURM_JOB_ID" > "$GPUHPC_SCRATCH/y"
+touch "/shared/jc/$SLURM_JOB_ID.started"
+while [ ! -e /shared/jc/release ]; do sleep 0.2; done
+{ cat /tmp/x; ls -A /tmp | tr '\n' ' '; echo; echo "$GPUHPC_SCRATCH"; } > "/shared/jc/$SLURM_JOB_ID.saw"
+"""
+
+
+def _job_dirs(lab: Lab, host: str, job_id: str) -> list[str]:
+    """The job's directory under the host's BasePath (job_container/tmpfs)."""
+    return lab.ssh(host, f"find /scratch/slurm-jobs -mindepth 1 -maxdepth 2 -name {job_id}").split()
+
+
+def test_two_jobs_on_one_host_get_private_tmp_on_scratch_removed_after(lab: Lab):
+    work = SHARED / "jc"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "job.sh").write_text(PRIVATE_TMP_JOB)
+    spec = JobSpec(command=("bash", "/shared/jc/job.sh"), name="private-tmp",
+                   resources=Resources(nodelist="c1", time="5m"), log_dir="/shared/jc", checkpoint_dir="/shared/jc/ck-%j")
+    jobs = [lab.sbatch(render(spec)) for _ in range(2)]
+    wait_for(lambda: all((work / f"{j}.started").exists() for j in jobs), 90, f"jobs {jobs} to start together on c1")
+    for j in jobs:    # while it runs, the job's /tmp and $GPUHPC_SCRATCH are on the host's scratch mount
+        [base] = _job_dirs(lab, "c1", j)
+        assert lab.ssh("c1", f"cat {base}/.{j}/x; cat {base}/.{j}/gpuhpc-{j}/y").split() == [j, j]
+    (work / "release").touch()
+    wait_for(lambda: all(lab.job_state(j) == "COMPLETED" for j in jobs), 90, f"jobs {jobs} to complete")
+    for j in jobs:
+        x, listing, scratch = (work / f"{j}.saw").read_text().splitlines()
+        assert x == j and listing.split() == [f"gpuhpc-{j}", "x"] and scratch == f"/tmp/gpuhpc-{j}"
+    # gone after the job (slurmstepd removes it once the job's last step ends)
+    wait_for(lambda: not any(_job_dirs(lab, "c1", j) for j in jobs), 30, "the jobs' scratch directories to go")
 
 
 def test_a_second_run_reports_no_change(lab: Lab):
