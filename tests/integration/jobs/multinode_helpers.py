@@ -34,18 +34,19 @@ def submit(name: str, progress: Path, result: Path, *extra: str, steps: int = ST
     return json.loads(res.stdout)["job_id"]
 
 
-def runs(progress: Path) -> list[list[dict]]:
-    """Per rank, per run: {restart, resume, last, stop, saved, slow_save_at, saved_at} (the
-    times are the epoch seconds train.py wrote on its ``slow-save`` and ``saved`` lines)."""
+def runs(progress: Path, world: int = WORLD) -> list[list[dict]]:
+    """Per rank, per run: {restart, resume, last, stop, saved, slow_save_at, saved_at, done} from
+    ``PROGRESS.<rank>`` (the times are the epoch seconds train.py wrote on its ``slow-save`` and
+    ``saved`` lines; ``done`` is True, or the value a ``done VALUE`` line gives)."""
     out = []
-    for r in range(WORLD):
+    for r in range(world):
         per_run: list[dict] = []
         path = Path(f"{progress}.{r}")
         for line in (path.read_text().splitlines() if path.exists() else []):
             word, *rest = line.split()
             if word == "start":
                 per_run.append({"restart": int(rest[0]), "resume": int(rest[1]), "last": int(rest[1]),
-                                "stop": None, "saved": [], "slow_save_at": None, "saved_at": []})
+                                "stop": None, "saved": [], "slow_save_at": None, "saved_at": [], "done": None})
             elif word == "step" and per_run:
                 per_run[-1]["last"] = int(rest[0])
             elif word == "stop" and per_run:
@@ -55,6 +56,8 @@ def runs(progress: Path) -> list[list[dict]]:
                 per_run[-1]["saved_at"].append(float(rest[1]))
             elif word == "slow-save" and per_run:
                 per_run[-1]["slow_save_at"] = float(rest[1])
+            elif word == "done" and per_run:
+                per_run[-1]["done"] = int(rest[0]) if rest else True
         out.append(per_run)
     return out
 

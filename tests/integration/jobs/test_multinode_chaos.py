@@ -71,6 +71,7 @@ def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path,
     latest = ckpt.latest_checkpoint(ck_dir)
     assert latest is not None and ckpt.read_manifest(latest)["world_size"] == WORLD
     assert "deadline" in log and "requeueing job" in log
+    assert "SIGTERM: the job is being stopped" in log           # the forced requeue is explained, for srun too
 
 
 def test_a_rank_killed_during_a_save_leaves_latest_on_the_previous_checkpoint(jobs_env, tmp_path, slurm, track):

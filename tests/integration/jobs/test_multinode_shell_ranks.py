@@ -12,7 +12,7 @@ import pytest
 
 from gpuhpc.jobs import checkpoint as ckpt
 from jobs_helpers import gpuhpc, job_state, preempt
-from multinode_helpers import PREEMPT_NODE, preemptor_gres
+from multinode_helpers import PREEMPT_NODE, preemptor_gres, runs
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -51,24 +51,6 @@ def _reference(rank: int) -> int:
     return state
 
 
-def _runs(progress) -> list[list[dict]]:
-    out = []
-    for r in range(WORLD):
-        per_run: list[dict] = []
-        path = progress.parent / f"{progress.name}.{r}"
-        for word, *rest in (line.split() for line in (path.read_text().splitlines() if path.exists() else [])):
-            if word == "start":
-                per_run.append({"resume": int(rest[1]), "last": int(rest[1]), "stop": None, "done": None})
-            elif word == "step":
-                per_run[-1]["last"] = int(rest[0])
-            elif word == "stop":
-                per_run[-1]["stop"] = int(rest[0])
-            elif word == "done":
-                per_run[-1]["done"] = int(rest[0])
-        out.append(per_run)
-    return out
-
-
 def test_shell_ranks_stop_after_the_same_step_and_resume(jobs_env, tmp_path, slurm, track):
     script, progress = tmp_path / "rank.sh", tmp_path / "progress"
     script.write_text(RANK_SH.replace("EVERY", str(EVERY)))
@@ -81,8 +63,8 @@ def test_shell_ranks_stop_after_the_same_step_and_resume(jobs_env, tmp_path, slu
     track(job_id)
 
     def progressed():
-        runs = _runs(progress)
-        return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in runs)
+        per_rank = runs(progress, WORLD)
+        return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in per_rank)
 
     wait_for(progressed, 150, f"job {job_id} to run")
     preempt(slurm, PREEMPT_NODE, preemptor_gres(slurm, ours=GPUS), track)
@@ -92,13 +74,13 @@ def test_shell_ranks_stop_after_the_same_step_and_resume(jobs_env, tmp_path, slu
 
     log = Job(job_id, client=slurm).logs()
     assert job_state(slurm, job_id) == "COMPLETED", log[-3000:]
-    runs = _runs(progress)
-    print("first run:", [(r[0]["last"], r[0]["stop"]) for r in runs], file=sys.stderr)
-    assert all(len(r) == 2 for r in runs), ([len(r) for r in runs], log[-3000:])
-    stops = {r[0]["stop"] for r in runs}
-    assert len(stops) == 1 and None not in stops, runs
+    per_rank = runs(progress, WORLD)
+    print("first run:", [(r[0]["last"], r[0]["stop"]) for r in per_rank], file=sys.stderr)
+    assert all(len(r) == 2 for r in per_rank), ([len(r) for r in per_rank], log[-3000:])
+    stops = {r[0]["stop"] for r in per_rank}
+    assert len(stops) == 1 and None not in stops, per_rank
     stop = stops.pop()
-    assert {r[1]["resume"] for r in runs} == {stop}, runs
+    assert {r[1]["resume"] for r in per_rank} == {stop}, per_rank
     step_dir = jobs_env / "checkpoints" / job_id / ckpt.step_dir_name(stop)
     assert ckpt.is_complete(step_dir, verify=True) and ckpt.read_manifest(step_dir)["world_size"] == WORLD
-    assert [r[1]["done"] for r in runs] == [_reference(rank) for rank in range(WORLD)], runs
+    assert [r[1]["done"] for r in per_rank] == [_reference(rank) for rank in range(WORLD)], per_rank
