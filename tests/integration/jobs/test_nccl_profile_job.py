@@ -19,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 PROBE = ("import json, os, sys; keys = ('NCCL_IB_HCA', 'TORCH_NCCL_ASYNC_ERROR_HANDLING', "
          "'GPUHPC_COLLECTIVE_TIMEOUT_S', 'SLURMD_NODENAME'); "
-         "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(json.dumps({k: os.environ.get(k) for k in keys}))")
+         "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w')"
+         ".write(json.dumps({k: os.environ.get(k) for k in keys}))")
 
 
 def test_every_rank_gets_the_profile_and_the_job_wins(jobs_env, tmp_path, slurm, track):
