@@ -62,7 +62,7 @@ export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /var/tmp/gpuhpc-test-data.
 # Stages, each well under 30 minutes, all of them run: (a) unit tests and the integration tests
 # of every feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld
 # restarts, budgets binding plain sbatch, the private cluster's restart/reconfigure), (c) the lab.
-LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_jobs_requeue.py
+LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
       tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
 FAILED=""   # every stage runs; the script fails at the end if any did
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
