@@ -9,7 +9,8 @@ touched) with examples/clusters/dgx-h100-pod.yaml as the spec.
 - hardening's nftables networks and nvme_scratch's drives come from the spec;
 - gpuhpc_login installs into a temporary prefix, writes a config.toml that gpuhpc.config reads and the
   ledger ingest timer's units (the timer is not started: systemd is not PID 1 here, said in one line);
-- a second run reports changed=0 and --check --diff reports nothing to change.
+- after a run, --check --diff reports nothing to change (login: a second real run, changed=0); on a
+  fresh host --check says the venv would be built and writes nothing.
 """
 from __future__ import annotations
 
@@ -119,8 +120,7 @@ def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(collectio
     assert "beegfs_client: mounts skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
     assert "beegfs_client verify skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
 
-    again = _run(play, tmp_path, *paths, *vault)
-    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+    # what is written now matches: --check --diff reports nothing to change
     check = _run(play, tmp_path, *paths, *vault, "--check", "--diff")
     assert check.returncode == 0 and recap(check)["changed"] == 0, check.stdout[-3000:]
 
@@ -150,13 +150,11 @@ def test_hardening_and_nvme_scratch_take_the_spec(collection, tmp_path):
     assert "firewall skipped" not in proc.stdout
 
 
-def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_path):
-    root = tmp_path / "root"
+def _login_root(tmp: Path) -> tuple[Path, Path, list[str]]:
+    """A temporary root for gpuhpc_login: (root, install prefix, the -e arguments that point there)."""
+    root = tmp / "root"
     prefix = root / "opt" / "gpuhpc"
     prefix.mkdir(parents=True)
-    # gpuhpc of this version is already installed in the running venv: the role finds its pinned
-    # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
-    (prefix / "venv").symlink_to(sys.prefix)
     for d in ("usr/local/sbin", "etc/systemd/system", "wheels"):
         (root / d).mkdir(parents=True)
     db = root / "var" / "lib" / "gpuhpc" / "ledger.db"
@@ -166,6 +164,15 @@ def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_pat
             "-e", f"gpuhpc_ledger_data_dir={db.parent}", "-e", f"gpuhpc_ledger_log_file={root}/var/log/gpuhpc-ledger.log",
             "-e", f"gpuhpc_ledger_wrapper_path={root}/usr/local/sbin/gpuhpc-ledger-ingest",
             "-e", f"gpuhpc_ledger_systemd_dir={root}/etc/systemd/system"]
+    return root, prefix, args
+
+
+def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_path):
+    root, prefix, args = _login_root(tmp_path)
+    db = root / "var" / "lib" / "gpuhpc" / "ledger.db"
+    # gpuhpc of this version is already installed in the running venv: the role finds its pinned
+    # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
+    (prefix / "venv").symlink_to(sys.prefix)
     play = _playbook(tmp_path, "login.yml", ("gpuhpc_login", ""))
 
     first = _run(play, tmp_path, *args)
@@ -195,12 +202,16 @@ def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_pat
     again = _run(play, tmp_path, *args)
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
 
-    # a fresh host: --check says the venv would be built (and touches nothing)
-    fresh = tmp_path / "fresh" / "opt" / "gpuhpc"
-    check = _run(play, tmp_path, *args, "-e", f"gpuhpc_login_prefix={fresh}", "--check")
+
+def test_login_on_a_fresh_host_in_check_mode_would_build_the_venv(collection, tmp_path):
+    root, prefix, args = _login_root(tmp_path)
+    prefix.rmdir()
+    play = _playbook(tmp_path, "login.yml", ("gpuhpc_login", ""))
+    check = _run(play, tmp_path, *args, "--check", "--diff")
     assert check.returncode == 0, check.stdout[-3000:]
     assert _status(check.stdout, "Install gpuhpc into the venv") == "changed", check.stdout[-3000:]
-    assert not fresh.exists()
+    assert "cluster_name = \"dgxpod\"" in check.stdout                  # the config.toml diff
+    assert not prefix.exists() and not (root / "etc" / "gpuhpc").exists()
 
 
 def _status(stdout: str, task: str) -> str:
