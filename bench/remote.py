@@ -34,14 +34,19 @@ def service(name: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in out.split())
 
 
+CPU: dict[str, float] = {}     # this process's CPU seconds (all threads), median, of the last pair()
+
+
 def pair(ours, base, runs: int) -> tuple[float, float]:
     """Medians of ``ours`` and ``base``, run alternately (the machine is shared: noise hits both)."""
-    o, b = [], []
+    o, b, oc, bc = [], [], [], []
     for i in range(runs):
-        for fn, out in ((ours, o), (base, b)) if i % 2 else ((base, b), (ours, o)):
-            t0 = time.perf_counter()
+        for fn, out, cpu in ((ours, o, oc), (base, b, bc)) if i % 2 else ((base, b, bc), (ours, o, oc)):
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             out.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    CPU.update(ours=statistics.median(oc), base=statistics.median(bc))
     return statistics.median(o), statistics.median(b)
 
 
@@ -168,7 +173,7 @@ def bench_staging(mb: int, runs: int, tmp: Path) -> None:
     for what, size, o_fn, b_fn in ((f"1 x {mb} MB", mb, ours_big, boto_big), ("200 x 1 MB", 200, ours_small, boto_small)):
         o, b = pair(o_fn, b_fn, runs)
         print(f"{'S3 pull throughput, ' + what:58} gpuhpc {size / o:8.1f}MB/s  baseline {size / b:8.1f}MB/s  "
-              f"ratio {b / o:5.2f}x  (goal >= 1.0x)")
+              f"ratio {b / o:5.2f}x  (goal >= 1.0x; CPU s here {CPU['ours']:.2f} vs {CPU['base']:.2f})")
 
 
 def main() -> int:

@@ -54,6 +54,32 @@ def test_push_pull_roundtrip_with_multipart(s3_env, bucket, tmp_path):
     assert "-" in stager.head(url.child("shards/model-00001.bin")).etag
 
 
+def test_one_object_comes_in_ranged_parts_pinned_to_its_etag(s3_env, bucket, tmp_path):
+    """A single object: one ranged GET per part (no HEAD), written in place, mode from the umask;
+    a GET naming an ETag the object no longer has fails and leaves nothing behind."""
+    data = os.urandom(12 * MB + 12345)
+    (tmp_path / "w.bin").write_bytes(data)
+    stager = S3Stager.from_env(s3_env, multipart_threshold=5 * MB, multipart_chunksize=5 * MB)
+    url = S3Url.parse(f"s3://{bucket}/one/w.bin")
+    stager.push(tmp_path / "w.bin", url)
+    gets = stager.gets
+    assert stager.pull(url, tmp_path / "got.bin") == 1
+    assert stager.gets - gets == 3                              # 5 + 5 + 2.01 MB
+    assert (tmp_path / "got.bin").read_bytes() == data
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "got.bin").stat().st_mode & 0o777 == 0o666 & ~umask
+    listed = next(iter(stager.list(url)))
+    (tmp_path / "w.bin").write_bytes(os.urandom(MB))
+    stager.push(tmp_path / "w.bin", url)                        # replaced after the LIST
+    with pytest.raises(StagingError, match="PreconditionFailed"):
+        stager._download(bucket, listed, tmp_path / "stale.bin")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["got.bin", "w.bin"]
+    empty = S3Url.parse(f"s3://{bucket}/one/empty")
+    stager.put_bytes(b"", empty)
+    assert stager.pull(empty, tmp_path / "empty") == 1 and (tmp_path / "empty").read_bytes() == b""
+
+
 def test_wrong_secret_is_rejected(s3_env, bucket, tmp_path):
     bad = {**s3_env, "AWS_SECRET_ACCESS_KEY": "wrong-secret"}
     (tmp_path / "f").write_text("x")
