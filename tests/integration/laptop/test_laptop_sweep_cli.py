@@ -48,6 +48,9 @@ def test_a_20_trial_sweep_with_cluster_then_best(laptop, tmp_path):
         rep = laptop.gpuhpc("--cluster", "lab", "sweep", "report", sid, "--html", str(page))
         assert rep.returncode == 0 and f"wrote {page}" in rep.stderr, rep.stderr
         assert "<svg" in page.read_text()
+        cost = laptop.gpuhpc("--cluster", "lab", "report", "cost", "--json")   # the cluster user's ledger
+        assert cost.returncode == 0, cost.stderr
+        json.loads(cost.stdout)
     finally:
         laptop.gpuhpc("--cluster", "lab", "sweep", "cancel", sid)
 
