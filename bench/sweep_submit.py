@@ -9,6 +9,9 @@ Variants, interleaved so that all see the same load, each a fresh process, every
 
 * ``sbatch`` of the very chunk scripts ``gpuhpc sweep run`` submits (``--array=0-50%16``,
   ``--array=0-50%16`` ... rendered once, before timing): the baseline;
+* for the floor: the same sbatch calls chained (each ``--dependency=afterany:`` on the one
+  before, as sweep run chains its chunks to keep the ``%P`` cap across them), and a fresh
+  interpreter importing what sweep run imports;
 * ``gpuhpc sweep run FILE --json``, up to its return, when every chunk is queued (a fresh data
   dir each time, its database already migrated: the steady state, ledger on, no quota);
 * the Python API: ``gpuhpc.sweep(fn, space, trials=1000, hold=True)`` in a fresh interpreter
@@ -68,7 +71,7 @@ def _run(argv: list[str], env: dict[str, str], input: str | None = None) -> subp
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-r", "--repeats", type=int, default=1,
-                    help="each repeat leaves 4 x TRIALS cancelled job records in slurmctld until MinJobAge")
+                    help="each repeat leaves 5 x TRIALS cancelled job records in slurmctld until MinJobAge")
     ap.add_argument("--trials", type=int, default=1000)
     ap.add_argument("--chunk", type=int, default=51, help="array size of the CLI sweep (default 51)")
     ap.add_argument("--partition", default="cpu")
@@ -115,12 +118,13 @@ def main() -> int:
     lim = sc.submit_limits()
     limit, max_array = lim.max_job_count, lim.max_array_size
     held = sc.job_records()
-    need = args.repeats * args.trials * ((0 if args.no_cli else 2) + (0 if args.no_api else 2))
+    need = args.repeats * args.trials * ((0 if args.no_cli else 3) + (0 if args.no_api else 2))
     if held + need > limit * 0.8:
         raise SystemExit(f"not running: slurmctld holds {held} job records, this run adds {need}, MaxJobCount is "
                          f"{limit}; wait for MinJobAge to expire records, or lower --repeats/--trials")
     cancel: list[str] = []
-    times: dict[str, list[float]] = {"sbatch": [], "sweep run": [], "gpuhpc.sweep": [], "submitit map_array": []}
+    times: dict[str, list[float]] = {"sbatch": [], "sbatch chained": [], "python + imports": [], "sweep run": [],
+                                     "gpuhpc.sweep": [], "submitit map_array": []}
     try:
         for rep in range(args.repeats):
             if not args.no_cli:
@@ -129,6 +133,20 @@ def main() -> int:
                 for s in scripts:
                     cancel.append(_run(["sbatch", "--parsable"], env, input=s).stdout.strip().split(";")[0])
                 times["sbatch"].append(time.perf_counter() - t0)
+                # the floor of a chained submission: the same sbatch calls, each after the one
+                # before (--dependency=afterany on its job id: how sweep run keeps the %P cap)
+                t0 = time.perf_counter()
+                prev = None
+                for s in scripts:
+                    dep = ["--dependency", f"afterany:{prev}"] if prev else []
+                    prev = _run(["sbatch", "--parsable", *dep], env, input=s).stdout.strip().split(";")[0]
+                    cancel.append(prev)
+                times["sbatch chained"].append(time.perf_counter() - t0)
+                # and of gpuhpc's start: the interpreter and the modules sweep run imports
+                t0 = time.perf_counter()
+                _run([sys.executable, "-c", "import gpuhpc.cli.sweep, gpuhpc.sweeps.engine, gpuhpc.sweeps.spec, "
+                                            "gpuhpc.jobs.api, gpuhpc.ledger.quota, yaml"], env)
+                times["python + imports"].append(time.perf_counter() - t0)
                 denv = dict(env, GPUHPC_DATA_DIR=os.path.join(tmp, f"cli{rep}"))
                 _run([*gpuhpc, "db", "upgrade"], denv)
                 t0 = time.perf_counter()
@@ -160,6 +178,8 @@ def main() -> int:
     if "sweep run" in med:
         ratio = med["sweep run"] / med["sbatch"]
         print(f"gpuhpc sweep run / raw sbatch of the same chunks: {ratio:.2f}x (goal <= 1.5x)")
+        floor = (med["sbatch chained"] + med["python + imports"]) / med["sbatch"]
+        print(f"  its floor, chained sbatch + python with sweep run's imports / raw sbatch: {floor:.2f}x")
     if "gpuhpc.sweep" in med:
         r2 = med["gpuhpc.sweep"] / med["submitit map_array"]
         print(f"gpuhpc.sweep / submitit map_array of {args.trials} calls: {r2:.2f}x (goal <= 0.5x)")

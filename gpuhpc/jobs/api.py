@@ -109,8 +109,10 @@ def _check_fits(resources: Resources, client) -> None:
 
 
 # ---------------------------------------------------------------- script mode
-def submit_spec(spec: JobSpec, *, client=None) -> "Job":
-    """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`."""
+def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
+    """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`.
+    ``reserve=False``: the caller has already reserved it (a sweep holds all its chunks in one
+    transaction, :mod:`gpuhpc.sweeps.engine`) and records the job id itself."""
     from gpuhpc.jobs.render import render
 
     c = _client(client)
@@ -132,7 +134,7 @@ def submit_spec(spec: JobSpec, *, client=None) -> "Job":
         spec, uploaded = upload()
         script = render(spec)
     job_id = _with_reservation(spec.resources, spec.name, c, lambda: c.submit_script(script),
-                               spec.array_size)
+                               spec.array_size) if reserve else c.submit_script(script)
     job = Job(job_id, client=c, name=spec.name,
               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
     job.snapshot = uploaded

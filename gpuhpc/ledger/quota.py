@@ -372,10 +372,15 @@ def _transaction_on(url: str | None, conn: Connection | None) -> Iterator[Tx]:
 def attach_job(reservation_id: int, job_id: str, *, url: str | None = None, conn: Connection | None = None) -> None:
     """Record the Slurm job id (its own transaction, after sbatch succeeded)."""
     with _transaction_on(url, conn) as tx:
-        tx.q("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
-             "WHERE id = ?", (str(job_id).split(";", 1)[0].strip(), reservation_id))
-        if tx.cur.rowcount != 1:
-            raise LedgerError(f"no reservation {reservation_id}")
+        attach_job_in(tx, reservation_id, job_id)
+
+
+def attach_job_in(tx: Tx, reservation_id: int, job_id: str) -> None:
+    """:func:`attach_job` inside an open transaction (a submitter recording several at once)."""
+    tx.q("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
+         "WHERE id = ?", (str(job_id).split(";", 1)[0].strip(), reservation_id))
+    if tx.cur.rowcount != 1:
+        raise LedgerError(f"no reservation {reservation_id}")
 
 
 def release_holds(tx: Tx, reservation_id: int, status: str, now: dt.datetime) -> None:

@@ -123,13 +123,24 @@ def _ledger_url(url: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------- quota
-def _request(spec: SweepSpec, n: int, cluster: str):
+def _request(spec: SweepSpec, n: int, cluster: str, name: str | None = None):
     from gpuhpc.ledger import hooks
 
     r = spec.res
     return hooks.ChargeRequest(cluster=cluster, user=getpass.getuser(), account=r.account, partition=r.partition,
                                qos=r.qos, gpu_type=r.gpu_type, gpus=r.total_gpus, time_limit_s=r.time_s,
-                               array_size=n, job_name=spec.name)
+                               array_size=n, job_name=name or spec.name)
+
+
+def _reserves_here(url: str | None) -> bool:
+    """Does the ledger reserve in the sweep database itself (the usual case), so that a chunk's
+    hold can be taken in the transaction that records the chunk? Otherwise (the ledger off, a
+    ledger this user may not write, or one elsewhere) each sbatch reserves on its own
+    (:func:`gpuhpc.jobs.api.submit_spec`)."""
+    from gpuhpc.ledger import hooks
+
+    lurl = hooks.ledger_in_use()
+    return lurl is not None and lurl == db_url(url) and hooks.writable(lurl)
 
 
 class _Rollback(Exception):
@@ -199,13 +210,18 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     c = _client(client)
     from gpuhpc.jobs.api import _check_fits
 
-    _check_fits(spec.res, c)
+    n_first = spec.n_trials if spec.method != "tpe" else min(spec.parallelism, spec.n_trials)
+    # the questions to slurmctld are independent: ask them at once (each is a process and a
+    # round trip; MaxJobCount's count is only needed for a large first batch)
+    asks = {"limits": lambda: _limits(c, spec), "fits": lambda: _check_fits(spec.res, c)}
+    if _needs_records(n_first, None):
+        asks["records"] = c.job_records
+    got = _concurrently(asks)
     try:
         cluster = c.cluster_name() or "default"
     except GpuhpcError:
         cluster = "default"
-    plan = plan_submission(spec, c, len_waiting=spec.n_trials if spec.method != "tpe" else min(
-        spec.parallelism, spec.n_trials))
+    plan = plan_submission(spec, c, len_waiting=n_first, records=got.get("records"))
     check_quota(spec, plan.now, cluster, url)
     n = spec.n_trials
     first = spec.generate(0, n) if spec.method != "tpe" else []
@@ -219,11 +235,10 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
                             "NULL, ?, ?)", (spec.name, getpass.getuser(), cluster, spec_json(spec), kind,
                                             SweepStatus.RUNNING.value, n, t, t))
             tx.q("UPDATE sweeps SET directory = ? WHERE id = ?", (str(root / str(sid)), sid))
-            zero = tx.num(Decimal(0))
+            zero, waiting = tx.num(Decimal(0)), TrialState.WAITING.value
             _many(tx, "INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
                       "updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?)",
-                  [(sid, i, json.dumps(p, sort_keys=True), TrialState.WAITING.value, zero, t)
-                   for i, p in enumerate(first)])
+                  [(sid, i, json.dumps(p, sort_keys=True), waiting, zero, t) for i, p in enumerate(first)])
     finally:
         conn.close()
     directory = root / str(sid)
@@ -262,8 +277,39 @@ class Plan:
         self.now, self.chunk, self.limits = now, chunk, limits
 
 
+def _concurrently(calls: dict[str, Any]) -> dict[str, Any]:
+    """Run independent calls (Slurm queries: a process each) in threads; their results by
+    name, the first exception re-raised."""
+    import threading
+
+    out: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str, fn) -> None:
+        try:
+            out[name] = fn()
+        except BaseException as exc:        # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=item) for item in list(calls.items())[1:]]
+    for th in threads:
+        th.start()
+    first = next(iter(calls.items()), None)
+    if first is not None:
+        one(*first)
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _needs_records(len_waiting: int, limits: Any) -> bool:
+    return len_waiting > (100 if limits is None else min(100, limits.max_job_count // 20))
+
+
 def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_sweep: int = 0,
-                    fresh: bool = False) -> Plan:
+                    fresh: bool = False, records: int | None = None) -> Plan:
     """``now``: how many of ``len_waiting`` trials may be queued at once: the sweep's
     ``max_queued``, the user's MaxSubmitJobs less the jobs already queued, MaxJobCount less the
     jobs slurmctld holds; ``chunk``: at most MaxArraySize (and the sweep's ``chunk_size``)."""
@@ -274,10 +320,11 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
         room = min(room, spec.max_queued - queued_by_sweep)
     if limits.max_submit_jobs is not None:
         room = min(room, limits.max_submit_jobs - limits.submitted - 1)     # one left for the driver
-    if len_waiting > min(100, limits.max_job_count // 20):
+    if _needs_records(len_waiting, limits):
         # slurmctld refuses ("temporarily unable to accept job") an array whose tasks would
         # take it past MaxJobCount; finished and cancelled tasks count until MinJobAge
-        room = min(room, limits.max_job_count - client.job_records() - max(10, limits.max_job_count // 100))
+        held = client.job_records() if records is None else records
+        room = min(room, limits.max_job_count - held - max(10, limits.max_job_count // 100))
     return Plan(max(0, room), max(1, chunk), limits)
 
 
@@ -299,18 +346,23 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
 def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int | None = None,
                    numbers: Iterable[int] | None = None) -> list[str]:
     """Submit ``waiting`` trials (those in ``numbers``, else all; at most ``limit``) in chunks.
-    Returns the new array job ids. Each chunk is recorded (``submitting``) before its sbatch
-    and gets its job id after, so an interrupted submission is found again (:func:`recover`)."""
+    Returns the new array job ids.
+
+    Every chunk is recorded (``submitting``, its trials claimed) in one transaction before the
+    first sbatch, and every job id is recorded in one transaction after the last, so the
+    database costs two round trips, not four per chunk; an interrupted submission is found
+    again by name (:func:`recover`). The sbatch calls are chained (``afterany`` on the chunk
+    before: the ``%P`` cap across chunks), so they run one after the other."""
     from gpuhpc.jobs.api import submit_spec
 
     c = _client(client)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
-            row = tx.one("SELECT status, spec, directory FROM sweeps WHERE id = ?", (sid,))
+            row = tx.one("SELECT status, spec, directory, name, cluster FROM sweeps WHERE id = ?", (sid,))
             if row is None:
                 raise UserInputError(f"no sweep {sid}", field="ID")
-            status, spec_text, directory = row
+            status, spec_text, directory, name, cluster = row
             waiting = [(n, p) for n, p in tx.q("SELECT number, params FROM sweep_trials WHERE sweep_id = ? AND "
                                                "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
             last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
@@ -334,60 +386,121 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             active = c.active_job_ids([prev_job])
             if active and prev_job in active:
                 dependency = f"afterany:{prev_job}"
-        out = []
+        here = _reserves_here(url)
+        chunks = _record_chunks(conn, sid, next_number,
+                                [waiting[i:i + plan_chunk] for i in range(0, len(waiting), plan_chunk)],
+                                spec=spec, name=name, cluster=(cluster or "default") if here else None)
         os.makedirs(directory / "logs", exist_ok=True)
-        for i in range(0, len(waiting), plan_chunk):
-            rows = waiting[i:i + plan_chunk]
-            number = next_number
-            next_number += 1
-            try:
-                with conn.transaction() as tx:
-                    chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
-                                         "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
-                                         (sid, number, len(rows), json.dumps([t for t, _ in rows]), tx.ts(now())))
-                    # claim the trials: another submitter (the driver, a resume) may have taken some
-                    tx.q(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
-                         f"state = ? AND number IN ({', '.join('?' * len(rows))})",
-                         (TrialState.PENDING.value, chunk_id, sid, TrialState.WAITING.value, *(t for t, _ in rows)))
-                    if tx.cur.rowcount != len(rows):
-                        raise _Rollback
-            except _Rollback:
-                break
+        for number, _, rows, _ in chunks:
             _write_chunk_file(directory, number, rows)
-            jspec = _trial_spec(spec, sid, directory, number, len(rows), dependency)
-            try:
-                job = submit_spec(jspec, client=c)
-            except BaseException:
-                with conn.transaction() as tx:
+        done: list[tuple[int, str, list, int | None]] = []
+        try:
+            for number, chunk_id, rows, rid in chunks:
+                job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), dependency), client=c,
+                                  reserve=not here)
+                done.append((chunk_id, job.job_id, rows, rid))
+                dependency = f"afterany:{job.job_id}"
+        except BaseException:
+            from gpuhpc.ledger import quota
+
+            with conn.transaction() as tx:
+                _attach_in(tx, sid, done)
+                for _, chunk_id, _, rid in chunks[len(done):]:
                     tx.q("UPDATE sweep_chunks SET state = 'failed' WHERE id = ?", (chunk_id,))
                     tx.q("UPDATE sweep_trials SET state = ? WHERE sweep_id = ? AND chunk_id = ? AND job_id IS NULL",
                          (TrialState.WAITING.value, sid, chunk_id))
-                raise
-            _attach(sid, chunk_id, job.job_id, rows, url, conn=conn)
-            out.append(job.job_id)
-            dependency = f"afterany:{job.job_id}"
-        return out
+                    if rid is not None:             # never submitted: the hold goes back
+                        quota.lock_quotas_of(tx, rid)
+                        quota.release_holds(tx, rid, "released", now())
+            raise
+        with conn.transaction() as tx:
+            _attach_in(tx, sid, done)
+        return [job_id for _, job_id, _, _ in done]
     finally:
         conn.close()
 
 
-def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None,
-            conn=None) -> None:
-    """Record the chunk's array job id and each trial's task (one executemany)."""
-    own = conn is None
-    conn = conn or _conn(url)
+def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: SweepSpec, name: str,
+                   cluster: str | None) -> list[tuple[int, int, list, int | None]]:
+    """Record ``groups`` as chunks ``first``, ``first``+1, ... (``submitting``) and claim their
+    trials, in one transaction; with a ``cluster`` each chunk's worst case is also held in the
+    ledger there (:func:`gpuhpc.ledger.quota.reserve_in`, the one quota decision; over quota:
+    QuotaExceeded and nothing recorded). A chunk whose trials another submitter (the driver, a
+    resume) took meanwhile is not recorded, nor any after it.
+    Returns [(number, chunk id, rows, reservation id or None)]."""
+    out: list[tuple[int, int, list, int | None]] = []
+    if cluster is not None:
+        from gpuhpc.ledger import quota
+    with conn.transaction() as tx:
+        t = tx.ts(now())
+        at = now()
+        for k, rows in enumerate(groups):
+            chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
+                                 "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
+                                 (sid, first + k, len(rows), json.dumps([n for n, _ in rows]), t))
+            tx.q(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
+                 f"state = ? AND number IN ({', '.join('?' * len(rows))})",
+                 (TrialState.PENDING.value, chunk_id, sid, TrialState.WAITING.value, *(n for n, _ in rows)))
+            if tx.cur.rowcount != len(rows):
+                tx.q("UPDATE sweep_trials SET state = ?, chunk_id = NULL WHERE chunk_id = ?",
+                     (TrialState.WAITING.value, chunk_id))
+                tx.q("DELETE FROM sweep_chunks WHERE id = ?", (chunk_id,))
+                break
+            rid = None
+            if cluster is not None:
+                rid = quota.reserve_in(tx, _request(spec, len(rows), cluster, f"{name}-s{sid}-c{first + k}"),
+                                       at, conn.url).id
+            out.append((first + k, chunk_id, rows, rid))
+    return out
+
+
+def _attach_in(tx, sid: int, done: Sequence[tuple[int, str, Sequence[tuple[int, Any]], int | None]]) -> None:
+    """Record each chunk's array job id, each of its trials' task (one executemany each) and
+    the job id of its ledger reservation (when the sweep took it)."""
+    from gpuhpc.ledger import quota
+
+    t = tx.ts(now())
+    pending = TrialState.PENDING.value
+    _many(tx, "UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?",
+          [(job_id, chunk_id) for chunk_id, job_id, _, _ in done])
+    _many(tx, "UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
+              "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
+              "WHERE sweep_id = ? AND number = ?",
+          [(chunk_id, task, f"{job_id}_{task}", pending, t, sid, number)
+           for chunk_id, job_id, rows, _ in done for task, (number, _) in enumerate(rows)])
+    for _, job_id, _, rid in done:
+        if rid is not None:
+            quota.attach_job_in(tx, rid, job_id)
+
+
+def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None) -> None:
+    conn = _conn(url)
     try:
         with conn.transaction() as tx:
-            t = tx.ts(now())
-            tx.q("UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?", (job_id, chunk_id))
-            _many(tx, "UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
-                      "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
-                      "WHERE sweep_id = ? AND number = ?",
-                  [(chunk_id, task, f"{job_id}_{task}", TrialState.PENDING.value, t, sid, number)
-                   for task, (number, _) in enumerate(rows)])
+            _attach_in(tx, sid, [(chunk_id, job_id, rows, None)])
     finally:
-        if own:
-            conn.close()
+        conn.close()
+
+
+def _settle_hold(job_name: str, job_id: str | None, url: str | None) -> None:
+    """The ledger hold a sweep took for chunk ``job_name`` (:func:`_record_chunks`) and never
+    got to record: attached to ``job_id``, or released when the chunk never reached Slurm."""
+    if not _reserves_here(url):
+        return
+    from gpuhpc.ledger import quota
+
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            for (rid,) in tx.q("SELECT id FROM reservations WHERE job_name = ? AND status = 'held' AND job_id IS NULL",
+                               (job_name,)).fetchall():
+                if job_id is not None:
+                    quota.attach_job_in(tx, rid, job_id)
+                else:
+                    quota.lock_quotas_of(tx, rid)
+                    quota.release_holds(tx, rid, "released", now())
+    finally:
+        conn.close()
 
 
 def recover(sid: int, *, client=None, url: str | None = None) -> None:
@@ -406,6 +519,7 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
     for chunk_id, number, trials in stuck:
         jname = f"{name}-s{sid}-c{number}"
         ids = sorted({(r.array_job_id or r.job_id).split("_")[0] for r in rows if r.name == jname})
+        _settle_hold(jname, ids[0] if ids else None, url)
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
         else:                       # never submitted: its trials wait again
