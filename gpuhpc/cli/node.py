@@ -144,6 +144,33 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
+    @node_app.command("baseline")
+    def baseline_cmd(
+        node: str = typer.Argument(..., help="Slurm node name."),
+        nccl: float | None = typer.Option(None, "--nccl", help="Set the all-reduce bus bandwidth baseline, GB/s "
+                                             "(an admin's value: measurements never overwrite it)."),
+        as_json: bool = typer.Option(False, "--json", help="JSON output."),
+    ) -> None:
+        """The node's deep-check baseline (nccl all-reduce bus bandwidth) in the ledger database:
+        show it, or set it with --nccl."""
+        from gpuhpc.errors import UserInputError
+        from gpuhpc.health.deep import Baselines
+
+        if nccl is not None and not 0 < nccl < 100000:
+            raise UserInputError("must be a bandwidth in GB/s", field="--nccl")
+        b = Baselines()
+        if nccl is not None:
+            b.record(node, nccl, "admin")
+        value = b.get(node)
+        if as_json:
+            from gpuhpc.cli._console import print_json
+
+            print_json({"node": node, "nccl_allreduce_busbw": value})
+        else:
+            sys.stdout.write(f"{node}: nccl all-reduce baseline "
+                             + (f"{value:g} GB/s\n" if value is not None else "none yet (the first passing "
+                                "`gpuhpc node health --deep` sets it)\n"))
+
     @node_app.command("mig-plan")
     def mig_plan_cmd() -> None:
         """MIG commands that turn a node's instances into the spec's layout (JSON in on stdin, JSON out).

@@ -66,3 +66,19 @@ def test_summary_stored_once_and_read_back(any_url):
     assert (ranked.job_id, ranked.user, ranked.idle_gpu_hours, ranked.idle_cost) == ("4242", "alice", 2.0,
                                                                                     Decimal("5.00"))
     assert summaries.idle_by_job("other", T0 - dt.timedelta(days=7), now, url=any_url) == []
+
+
+def test_node_baselines(any_url):
+    """The deep checks' per-node all-reduce baseline (run_deep records one only when there is
+    none): an admin's value wins, and a later measurement does not overwrite it."""
+    from gpuhpc.health.deep import Baselines
+
+    db.upgrade(any_url)
+    b = Baselines(any_url)
+    assert b.get("gpu-node1") is None
+    b.record("gpu-node1", 434.7)
+    b.record("gpu-node1", 430.0)
+    assert b.get("gpu-node1") == 430.0 and b.get("gpu-node2") is None
+    b.record("gpu-node1", 417.0, "admin")
+    b.record("gpu-node1", 300.0)
+    assert b.get("gpu-node1") == 417.0
