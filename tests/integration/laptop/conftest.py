@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.transport.local import LocalRunner
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -55,7 +56,7 @@ def sshd() -> dict[str, str]:
                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
     env = dict(kv.split("=", 1) for kv in out.split())
     # the user's Slurm association: an account of its own (no budget on it), as a site adds a user
-    slurm, user = SlurmClient(), env["GPUHPC_TEST_SSH_USER"]
+    slurm, user = SlurmClient(LocalRunner()), env["GPUHPC_TEST_SSH_USER"]
     have = {(r["Account"], r["User"]) for r in slurm.sacctmgr_list("association", fields=["Account", "User"])}
     if (user, "") not in have:
         slurm.sacctmgr_add("account", user, [("Description", "laptop tests"), ("Organization", "gpuhpc")])
