@@ -177,3 +177,21 @@ def test_gpudirect_rdma_packages_nccl_profile_and_skips(gpu_host):
     assert 'NCCL_IB_HCA="${NCCL_IB_HCA-=mlx5_0:1,mlx5_3:1,mlx5_1:1}"' in profile, profile
     counts, out, _ = h.run(RDMA)
     assert counts == {"changed": 0, "failed": 0}, out[-4000:]
+
+
+@pytest.mark.parametrize("nvrm, method", [
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", "DMA-BUF"),
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 22:15:33 UTC 2024", "nvidia-peermem"),
+], ids=["open-550", "proprietary-535"])
+def test_gpudirect_rdma_picks_dmabuf_or_peermem(gpu_host, nvrm, method):
+    """The decision on a host with a driver and an HCA (their /proc and /sys entries as files of the
+    test's own; this kernel is >= 5.12): open modules of 550 -> DMA-BUF, proprietary 535 -> nvidia-peermem."""
+    h = gpu_host
+    (h.tmp / "nvrm").write_text(nvrm + "\n")
+    (h.tmp / "infiniband" / "mlx5_0").mkdir(parents=True)
+    counts, out, _ = h.run(RDMA, "--check", "--tags", "gpudirect_rdma", "-e", json.dumps({
+        "_gpuhpc_gpudirect_rdma_nvrm_file": str(h.tmp / "nvrm"), "_gpuhpc_gpudirect_rdma_ib_class": str(h.tmp / "infiniband"),
+        "_gpuhpc_gpudirect_rdma_peermem_module": str(h.tmp / "no-such-module")}))
+    assert counts["failed"] == 0, out[-4000:]
+    assert f"GPUDirect RDMA through {method}: kernel" in out and "HCAs mlx5_0" in out, out[-4000:]
+    assert ("Load nvidia-peermem at boot" in out) == (method == "nvidia-peermem"), out[-4000:]

@@ -115,3 +115,16 @@ def test_stand_in_converges_from_real_captures(tmp_path, shared_fixtures):
     assert _converge(path, target) == []                 # ... and then there is nothing left to do
     listed = [line.split()[1] for line in _smi(path, "-L").splitlines() if line.strip().startswith("MIG")]
     assert sorted(listed) == sorted(target[0])
+
+
+def test_cli_reads_json_and_answers_json(shared_fixtures):
+    import sys
+
+    lgi = (Path(shared_fixtures) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
+    doc = {"gpu_type": "a100-40gb", "layouts": [["1g.5gb"] * 7], "lgi": lgi, "modes": "0, Enabled\n"}
+    ok = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "mig-plan"], input=json.dumps(doc),
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and json.loads(ok.stdout) == {"changed": False, "commands": [], "summary": []}, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "mig-plan"], input="{}",
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: mig-plan input:"), bad.stderr
