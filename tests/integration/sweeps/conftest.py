@@ -17,12 +17,10 @@ def slurm() -> SlurmClient:
 
 @pytest.fixture
 def sweep_env(tmp_path, monkeypatch) -> Path:
-    data = tmp_path / "data"
-    data.mkdir()
-    monkeypatch.setenv("GPUHPC_DATA_DIR", str(data))
-    for k in ("GPUHPC_LOG_DIR", "GPUHPC_CHECKPOINT_ROOT", "GPUHPC_DB_URL", "GPUHPC_SWEEP_ROOT"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("GPUHPC_LEDGER", "off")
+    from ledger_helpers import private_data_dir
+
+    data = private_data_dir(tmp_path, monkeypatch, "GPUHPC_LOG_DIR", "GPUHPC_CHECKPOINT_ROOT", "GPUHPC_DB_URL",
+                            "GPUHPC_SWEEP_ROOT")
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "2")
     return data
 

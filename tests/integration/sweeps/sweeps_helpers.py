@@ -9,13 +9,10 @@ from pathlib import Path
 
 import yaml
 
+from ledger_helpers import gpuhpc, research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with jobs)
+
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
-
-
-def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
 
 
 def write_sweep(path: Path, **fields) -> Path:
@@ -40,12 +37,57 @@ def report_cmd(expr: str) -> str:
     return f"{PY} -m gpuhpc report-metric loss $(( {expr} ))"
 
 
-def research_quota(monkeypatch, gpu_hours: float) -> None:
-    """The ledger on (SQLite in the test's data dir): account research, root in it, a monthly
-    GPU-hour quota."""
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", str(gpu_hours), "--period", "month"]):
-        res = gpuhpc(*argv)
-        assert res.returncode == 0, (argv, res.stderr)
+def assert_one_charge_per_run(slurm, db: Path, job_ids: list[str]) -> None:
+    """After ``gpuhpc ledger ingest``: one usage record per run of every array task of
+    ``job_ids`` (each requeued run counts once) and exactly one charge per usage record."""
+    import sqlite3
+
+    res = gpuhpc("ledger", "ingest", "--json")
+    assert res.returncode == 0, res.stderr
+    runs = [r for r in slurm.accounting(job_ids=job_ids, duplicates=True)
+            if r.array_task_id is not None and r.start not in ("", "None", "Unknown")]
+    marks = ",".join("?" * len(job_ids))
+    con = sqlite3.connect(db)
+    try:
+        recs = con.execute(f"SELECT job_id, array_task_id, run_start FROM usage_records WHERE job_id IN ({marks})",
+                           job_ids).fetchall()
+        per_run = con.execute(f"SELECT count(*) FROM charges c JOIN usage_records u ON u.id = c.usage_id "
+                              f"WHERE u.job_id IN ({marks}) GROUP BY c.usage_id", job_ids).fetchall()
+    finally:
+        con.close()
+    assert len(recs) == len(set(recs)) == len(runs), (len(recs), len(set(recs)), len(runs))
+    assert len(per_run) == len(recs) and {n for (n,) in per_run} == {1}, (len(per_run), len(recs))
+
+
+def restart_slurmctld(timeout: float = 60) -> int:
+    """Restart the local cluster's slurmctld the way its pid-file service runs it
+    (ansible/inventories/local/roles/gpuhpc_test_pidfile_service): SIGTERM the pid in
+    SlurmctldPidFile, wait for it to exit, start the same command line with the same environment
+    (SLURM_CONF) and working directory, and wait until ``scontrol ping`` answers. Its state
+    (StateSaveLocation) carries the jobs over. Returns the new pid."""
+    import time
+
+    from polling import wait_for
+
+    cfg = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    pid_file = next(line.split("=", 1)[1].strip() for line in cfg.splitlines()
+                    if line.startswith("SlurmctldPidFile"))
+    pid = int(Path(pid_file).read_text().split()[0])
+    proc = Path(f"/proc/{pid}")
+    assert (proc / "comm").read_text().strip() == "slurmctld", pid
+    argv = [a for a in (proc / "cmdline").read_bytes().decode().split("\0") if a]
+    env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode().split("\0") if "=" in kv)
+    cwd = os.readlink(proc / "cwd")
+    os.kill(pid, 15)
+    deadline = time.monotonic() + timeout
+    while proc.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not proc.exists(), f"slurmctld {pid} did not exit"
+    subprocess.run(argv, env=env, cwd=cwd, check=True)      # it daemonizes and writes its pid file
+
+    def up() -> bool:
+        res = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+        return res.returncode == 0 and "is UP" in res.stdout
+
+    wait_for(up, timeout, "slurmctld to answer scontrol ping after its restart", interval=0.2)
+    return int(Path(pid_file).read_text().split()[0])

@@ -1,6 +1,9 @@
-"""Chaos: while a 100-trial sweep runs, at least 10 running trials are force-requeued
-(`scontrol requeue`) and the driver job itself is requeued once. Every trial still finishes once,
-with the right metric; requeued trials show their restarts (from sacct --duplicates)."""
+"""Chaos, 200 trials: while the sweep runs, random trials are preempted by high-priority jobs
+(a gpu-hi job on a node whose GPUs the trials fill: partition_prio preemption requeues the
+trials it picks), at least 10 running trials are force-requeued (``scontrol requeue``), the
+driver job itself is requeued once and slurmctld is restarted once. Every trial still finishes
+exactly once, with the right metric; the restarts show (sacct --duplicates); the ledger has
+exactly one charge per run."""
 from __future__ import annotations
 
 import random
@@ -9,52 +12,86 @@ import time
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import report_cmd, results, run_sweep, write_sweep
+from sweeps_helpers import (assert_one_charge_per_run, report_cmd, research_quota, restart_slurmctld, results,
+                            run_sweep, write_sweep)
 
 pytestmark = pytest.mark.integration
 
+N = 200
+NODES = ("gpu-node1", "gpu-node2")
 
-def test_requeued_trials_and_driver_still_finish_exactly_once(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+
+def _preempt(slurm: SlurmClient, node: str, track) -> str | None:
+    """A short gpu-hi job on all of ``node``'s GPUs, only while the trials hold all of them: it
+    must preempt the trials running there (a trial lasts seconds, so asking for fewer GPUs
+    would often just wait for one to end)."""
+    info = slurm.node(node)
+    if info is None or info.gpus_alloc.get("h100", 0) < info.gpus_total.get("h100", 8):
+        return None
+    job = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
+        "--partition=gpu-hi", f"--nodelist={node}", f"--gres=gpu:h100:{info.gpus_total['h100']}", "--time=1",
+        "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
+    track(job)
+    return job
+
+
+def test_200_trials_survive_preemption_requeues_driver_requeue_and_slurmctld_restart(
+        sweep_env, sweeps, track, slurm: SlurmClient, tmp_path, monkeypatch):
     from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps.api import Sweep
 
+    research_quota(monkeypatch, 1000)           # the ledger on: reservations per chunk, a charge per run
     f = write_sweep(tmp_path / "chaos.yaml", name="t-chaos", method="grid",
-                    command=f"sleep 4; v={{x}}; {report_cmd('v*v+1')}",
-                    parameters={"x": {"type": "int", "low": 0, "high": 99}}, parallelism=16,
-                    resources={"partition": "cpu", "time": "10m"}, metric={"name": "loss", "goal": "minimize"},
-                    chunk_size=25, max_queued=50, max_requeues=5)
+                    command=f"sleep 3; v={{x}}; {report_cmd('v*v+1')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=16,
+                    resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "time": "10m"},
+                    metric={"name": "loss", "goal": "minimize"}, max_queued=102, max_requeues=8)
     sid = run_sweep(f)
     sweeps(sid)
     driver = engine.sweep_info(sid)["driver_job_id"]
-    assert driver
+    assert driver                                # max_queued < trials: the driver submits the rest
     rng = random.Random(1)
     requeued: set[str] = set()
-    driver_requeued = False
+    preemptors: list[str] = []
+    driver_requeued = restarted = False
     deadline = time.monotonic() + 300
-    while (len(requeued) < 10 or not driver_requeued) and time.monotonic() < deadline:
-        chunks = [c["job_id"] for c in engine.sweep_info(sid)["chunks"]]
+    while not (len(requeued) >= 10 and len(preemptors) >= 2 and driver_requeued and restarted) \
+            and time.monotonic() < deadline:
+        chunks = [c["job_id"] for c in engine.sweep_info(sid)["chunks"] if c["job_id"]]
         running = [f"{r.array_job_id}_{r.array_task_id}" for r in slurm.queue(job_ids=chunks)
                    if r.state.state.value == "RUNNING" and r.array_task_id.isdigit()]
-        for job in rng.sample(running, min(3, len(running))):
+        for job in rng.sample(running, min(2, len(running))):
             if job not in requeued and len(requeued) < 12:
                 slurm.requeue(job)
                 requeued.add(job)
+        if len(preemptors) < 2 and len(requeued) >= 2 + 4 * len(preemptors):
+            job = _preempt(slurm, rng.choice(NODES), track)
+            if job:
+                preemptors.append(job)
         if not driver_requeued and len(requeued) >= 4:
             rec = slurm.show_job(driver)
             if rec and rec.get("JobState") == "RUNNING":
                 slurm.requeue(driver)
                 driver_requeued = True
-        time.sleep(1.5)
-    assert len(requeued) >= 10 and driver_requeued, (requeued, driver_requeued)
-    from gpuhpc.sweeps.api import Sweep
+        if not restarted and driver_requeued and len(requeued) >= 6:
+            restart_slurmctld()                  # mid-sweep: trials keep running on the nodes
+            restarted = True
+        time.sleep(1)
+    assert len(requeued) >= 10 and len(preemptors) >= 2 and driver_requeued and restarted, (
+        requeued, preemptors, driver_requeued, restarted)
 
     assert Sweep(sid).wait(timeout=600, poll=5) is True
     rows = results(sid)
-    assert len(rows) == 100
+    assert [r["trial"] for r in rows] == list(range(N))           # each trial once
     for r in rows:
         x = r["params"]["x"]
         assert r["state"] == "completed" and r["metrics"]["loss"] == float(x * x + 1), r
-    assert sum(1 for r in rows if r["restarts"] > 0) >= 10
-    assert {r["job_id"] for r in rows if r["restarts"] > 0} >= requeued - {driver}
+    restarted_jobs = {r["job_id"] for r in rows if r["restarts"] > 0}
+    assert restarted_jobs >= requeued, requeued - restarted_jobs
     assert slurm.restarts(driver) >= 1
     info = engine.sweep_info(sid)
-    assert info["status"] == "done" and sum(c["n_tasks"] for c in info["chunks"]) == 100
+    assert info["status"] == "done" and sum(c["n_tasks"] for c in info["chunks"]) == N
+    assert_one_charge_per_run(slurm, sweep_env / "ledger.db", [c["job_id"] for c in info["chunks"]])
+    for job in preemptors:                       # each got the GPUs it needed: trials made way
+        assert slurm.show_job(job) is None or slurm.show_job(job).get("JobState") == "COMPLETED", job
+    assert restarted_jobs - requeued, "no trial was restarted by a preemption alone"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import HERE, gpuhpc, research_quota
+from sweeps_helpers import HERE, assert_one_charge_per_run, research_quota
 
 pytestmark = pytest.mark.integration
 
@@ -71,15 +71,4 @@ def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, tra
     con = sqlite3.connect(sweep_env / "ledger.db")
     sizes = {j: n for j, n in con.execute("SELECT job_id, array_size FROM reservations")}
     assert all(sizes[c["job_id"]] == c["n_tasks"] for c in chunks), (sizes, chunks)
-    res = gpuhpc("ledger", "ingest", "--json")
-    assert res.returncode == 0, res.stderr
-    ids = [c["job_id"] for c in chunks]
-    runs = [r for r in slurm.accounting(job_ids=ids, duplicates=True)
-            if r.array_task_id is not None and r.start not in ("", "None", "Unknown")]
-    marks = ",".join("?" * len(ids))
-    recs = con.execute(f"SELECT job_id, array_task_id, run_start FROM usage_records WHERE job_id IN ({marks})",
-                       ids).fetchall()
-    assert len(recs) == len(set(recs)) == len(runs), (len(recs), len(runs))
-    per_run = con.execute(f"SELECT count(*) FROM charges c JOIN usage_records u ON u.id = c.usage_id "
-                          f"WHERE u.job_id IN ({marks}) GROUP BY c.usage_id", ids).fetchall()
-    assert len(per_run) == len(recs) and {n for (n,) in per_run} == {1}
+    assert_one_charge_per_run(slurm, sweep_env / "ledger.db", [c["job_id"] for c in chunks])
