@@ -12,7 +12,7 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
       postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates iproute2 util-linux bc
       prometheus prometheus-node-exporter chromium
-      rdma-core infiniband-diags perftest   # gpuhpc_gpudirect_rdma installs them for real in its test
+      rdma-core infiniband-diags perftest   # what gpuhpc_gpudirect_rdma installs (its test then runs changed=0)
       debootstrap)   # the multi-host lab's image (scripts/lab.sh bake)
 missing=()
 for p in "${pkgs[@]}"; do
