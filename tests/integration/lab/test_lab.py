@@ -130,6 +130,17 @@ def test_check_diff_shows_a_spec_change_and_changes_nothing(lab: Lab, tmp_path):
         assert "DefMemPerCPU=500" in lab.ssh(host, "cat /etc/slurm/slurm.conf"), host
 
 
+def _failed_tasks(out: str) -> list[str]:
+    """Each failed task's header and its failure lines, from ansible-playbook's output."""
+    lines, task, keep = out.splitlines(), "", []
+    for line in lines:
+        if line.startswith("TASK ["):
+            task = line
+        elif line.startswith(("fatal: ", "failed: ")):
+            keep += [task, line[:2000]]
+    return keep
+
+
 def _main_pid(lab: Lab, host: str, unit: str) -> str:
     return lab.ssh(host, f"systemctl show --property MainPID --value {unit}").strip()
 
@@ -169,7 +180,7 @@ def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
     assert rows["c1"]["failed"] == 0 and rows["ctl"]["failed"] == 0
     lab.sh("up", "c2")
     proc = lab.timed("rejoin_play_s", lab.play)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
     assert lab.ssh("c2", "systemctl is-active slurmd").strip() == "active"
     deadline = time.monotonic() + 90
     while "c2 idle" not in (state := lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'")) and time.monotonic() < deadline:
