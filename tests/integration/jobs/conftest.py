@@ -18,13 +18,9 @@ def slurm() -> SlurmClient:
 @pytest.fixture
 def jobs_env(tmp_path, monkeypatch) -> Path:
     """GPUHPC_DATA_DIR (logs, checkpoints) in a per-test dir, ledger off unless a test opts in."""
-    data = tmp_path / "data"
-    data.mkdir()
-    monkeypatch.setenv("GPUHPC_DATA_DIR", str(data))
-    monkeypatch.delenv("GPUHPC_LOG_DIR", raising=False)
-    monkeypatch.delenv("GPUHPC_CHECKPOINT_ROOT", raising=False)
-    monkeypatch.setenv("GPUHPC_LEDGER", "off")
-    return data
+    from ledger_helpers import private_data_dir
+
+    return private_data_dir(tmp_path, monkeypatch, "GPUHPC_LOG_DIR", "GPUHPC_CHECKPOINT_ROOT")
 
 
 @pytest.fixture

@@ -2,31 +2,12 @@
 directories have their own conftest.py)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from gpuhpc.slurm.client import SlurmClient
+from ledger_helpers import gpuhpc, research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with sweeps)
 
 HERE = Path(__file__).resolve().parent
-
-
-def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def research_quota(monkeypatch, gpu_hours: float) -> None:
-    """Turn the ledger on (SQLite under the test's GPUHPC_DATA_DIR) with account ``research``,
-    user root in it, and a monthly GPU-hour quota on it."""
-    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
-    monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
-    for argv in (["db", "upgrade"], ["ledger", "account", "add", "research"],
-                 ["ledger", "user", "add", "root", "--account", "research", "--default"],
-                 ["quota", "set", "research", "--gpu-hours", str(gpu_hours), "--period", "month"]):
-        res = gpuhpc(*argv)
-        assert res.returncode == 0, (argv, res.stderr)
 
 
 def progress_runs(progress_text: str) -> list[dict]:
