@@ -12,6 +12,7 @@ import time
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.slurm.durations import reported_seconds
 from sweeps_helpers import (assert_one_charge_per_run, report_cmd, research_quota, restart_slurmctld, results,
                             run_sweep, write_sweep)
 
@@ -21,12 +22,17 @@ N = 200
 NODES = ("gpu-node1", "gpu-node2")
 
 
-def _preempt(slurm: SlurmClient, node: str, track) -> str | None:
+def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track) -> str | None:
     """A short gpu-hi job on all of ``node``'s GPUs, only while the trials hold all of them: it
     must preempt the trials running there (a trial lasts seconds, so asking for fewer GPUs
-    would often just wait for one to end)."""
+    would often just wait for one to end). Only trials whose batch script has been running for
+    a few seconds: one preempted at its very start gets SIGUSR2 before the job template has
+    set its trap, and dies of it (a known gap of the template, not of sweeps)."""
     info = slurm.node(node)
     if info is None or info.gpus_alloc.get("h100", 0) < info.gpus_total.get("h100", 8):
+        return None
+    here = [r for r in slurm.queue(job_ids=chunks) if r.state.state.value == "RUNNING" and r.nodelist == node]
+    if len(here) < info.gpus_total.get("h100", 8) or any((reported_seconds(r.elapsed) or 0) < 3 for r in here):
         return None
     job = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
         "--partition=gpu-hi", f"--nodelist={node}", f"--gres=gpu:h100:{info.gpus_total['h100']}", "--time=1",
@@ -42,7 +48,7 @@ def test_200_trials_survive_preemption_requeues_driver_requeue_and_slurmctld_res
 
     research_quota(monkeypatch, 1000)           # the ledger on: reservations per chunk, a charge per run
     f = write_sweep(tmp_path / "chaos.yaml", name="t-chaos", method="grid",
-                    command=f"sleep 3; v={{x}}; {report_cmd('v*v+1')}",
+                    command=f"sleep 5; v={{x}}; {report_cmd('v*v+1')}",
                     parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=16,
                     resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "time": "10m"},
                     metric={"name": "loss", "goal": "minimize"}, max_queued=102, max_requeues=8)
@@ -65,9 +71,11 @@ def test_200_trials_survive_preemption_requeues_driver_requeue_and_slurmctld_res
                 slurm.requeue(job)
                 requeued.add(job)
         if len(preemptors) < 2 and len(requeued) >= 2 + 4 * len(preemptors):
-            job = _preempt(slurm, rng.choice(NODES), track)
-            if job:
-                preemptors.append(job)
+            for node in rng.sample(NODES, len(NODES)):      # the first node the trials fill
+                job = _preempt(slurm, node, chunks, track)
+                if job:
+                    preemptors.append(job)
+                    break
         if not driver_requeued and len(requeued) >= 4:
             rec = slurm.show_job(driver)
             if rec and rec.get("JobState") == "RUNNING":
