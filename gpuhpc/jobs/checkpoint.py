@@ -347,7 +347,13 @@ def install_signal_handler(*signals: int) -> None:
 
 
 def stop_requested() -> bool:
-    return _stop
+    """True once SIGUSR2 arrived, or once the job script asked every rank to stop (its request
+    file in ``$GPUHPC_STOP_DIR``: that also covers a signal that came before this process had
+    installed its handler)."""
+    if _stop:
+        return True
+    stop_dir = os.environ.get("GPUHPC_STOP_DIR")
+    return bool(stop_dir) and os.path.exists(os.path.join(stop_dir, "requested"))
 
 
 # ---------------------------------------------------------------- Python mode

@@ -79,6 +79,36 @@ def test_usr2_is_forwarded_and_the_job_requeues_itself(tmp_path):
     assert seen[0] == "1" and seen[1] == str(ck / "step-7.txt")
 
 
+def test_usr2_before_the_handlers_exist_still_requeues(tmp_path):
+    """A preemption in the job's first moments: SIGUSR2 arrives while the script is still in its
+    user environment lines (here: a slow one). It is remembered and handled once the handlers
+    exist: the job requeues itself instead of dying unrequeued with signal 12 (it had no
+    progress to save; the restart resumes from the previous checkpoint)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "scontrol.log"
+    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (bindir / "scontrol").chmod(0o755)
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    out = tmp_path / "out.txt"
+    spec = JobSpec(command=(sys.executable, str(prog), str(out)), checkpoint_dir=str(tmp_path / "ck" / "%j"),
+                   resources=Resources(time="1h"), grace=20, max_requeues=3, env={"SLOW": "$(sleep 1)"})
+    script = tmp_path / "job.sh"
+    text = render(spec).replace("export SLOW=", "sleep 1; export SLOW=", 1)   # a slow first line
+    assert "sleep 1; export SLOW=" in text
+    script.write_text(text)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4343",
+               SLURM_RESTART_COUNT="0", GPUHPC_SCRATCH_ROOT=str(tmp_path / "scratch"))
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)                                  # inside the slow environment line
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _mutations(log.read_text()) == ["requeue 4343"], err
+    assert "SIGUSR2 (preemption or time limit)" in err
+
+
 def test_requeue_cap(tmp_path):
     rc, _, scontrol, err = _run(tmp_path, restart=3, max_requeues=3)
     assert "requeue 4242" not in scontrol
