@@ -75,7 +75,7 @@ else
   "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@"
 fi
 
-# its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~5 min;
+# its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~8 min;
 # LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
 # `python -m pytest -s tests/integration/lab`.
 if [ "${LAB:-1}" != 0 ] && [ $# -eq 0 ]; then   # a selection (-k ...) is for the main suite
