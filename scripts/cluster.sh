@@ -54,7 +54,10 @@ install() {
 case "${1:-up}" in
   build)   build ;;
   install) install ;;
-  up)      install && ansible-playbook -i "$LOCAL" "$LOCAL/up.yml" "${@:2}" ;;
+  up)      case "$ROOT/" in /tmp/*)   # jobs here get a private /tmp (job_container/tmpfs): they could not see the checkout
+             echo "cluster.sh: this checkout is under /tmp ($ROOT), which every job on the local cluster sees as its own empty /tmp; clone gpuhpc elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
+           esac
+           install && ansible-playbook -i "$LOCAL" "$LOCAL/up.yml" "${@:2}" ;;
   down)    install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" "${@:2}" ;;
   purge)   install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
   *) echo "usage: scripts/cluster.sh build|install|up|down|purge [ansible-playbook args]" >&2; exit 2 ;;
