@@ -38,7 +38,9 @@ def _mutations(scontrol_log: str) -> list[str]:
     return [line for line in scontrol_log.splitlines() if " show " not in f" {line} "]
 
 
-def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool = True):
+def _job(tmp_path: Path, job_id: str, restart: int, out: Path, **spec_kw):
+    """The rendered single-template job running PROGRAM, its environment, and the log of the
+    `scontrol` stub (it records its arguments)."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
     log = tmp_path / "scontrol.log"
@@ -46,13 +48,18 @@ def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool 
     (bindir / "scontrol").chmod(0o755)
     prog = tmp_path / "prog.py"
     prog.write_text(PROGRAM)
-    out = tmp_path / f"out-{restart}.txt"
     spec = JobSpec(command=(sys.executable, str(prog), str(out)), checkpoint_dir=str(tmp_path / "ck" / "%j"),
-                   resources=Resources(time="1h"), grace=20, max_requeues=max_requeues)
-    script = tmp_path / "job.sh"
-    script.write_text(render(spec))
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+                   resources=Resources(time="1h"), grace=20, **spec_kw)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID=job_id,
                SLURM_RESTART_COUNT=str(restart), GPUHPC_SCRATCH_ROOT=str(tmp_path / "scratch"))
+    return render(spec), env, log
+
+
+def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool = True):
+    out = tmp_path / f"out-{restart}.txt"
+    text, env, log = _job(tmp_path, "4242", restart, out, max_requeues=max_requeues)
+    script = tmp_path / "job.sh"
+    script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 15
@@ -84,22 +91,11 @@ def test_usr2_before_the_handlers_exist_still_requeues(tmp_path):
     user environment lines (here: a slow one). It is remembered and handled once the handlers
     exist: the job requeues itself instead of dying unrequeued with signal 12 (it had no
     progress to save; the restart resumes from the previous checkpoint)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    log = tmp_path / "scontrol.log"
-    (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    (bindir / "scontrol").chmod(0o755)
-    prog = tmp_path / "prog.py"
-    prog.write_text(PROGRAM)
-    out = tmp_path / "out.txt"
-    spec = JobSpec(command=(sys.executable, str(prog), str(out)), checkpoint_dir=str(tmp_path / "ck" / "%j"),
-                   resources=Resources(time="1h"), grace=20, max_requeues=3, env={"SLOW": "$(sleep 1)"})
-    script = tmp_path / "job.sh"
-    text = render(spec).replace("export SLOW=", "sleep 1; export SLOW=", 1)   # a slow first line
+    text, env, log = _job(tmp_path, "4343", 0, tmp_path / "out.txt", max_requeues=3, env={"SLOW": "$(sleep 1)"})
+    text = text.replace("export SLOW=", "sleep 1; export SLOW=", 1)      # a slow first line
     assert "sleep 1; export SLOW=" in text
+    script = tmp_path / "job.sh"
     script.write_text(text)
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="4343",
-               SLURM_RESTART_COUNT="0", GPUHPC_SCRATCH_ROOT=str(tmp_path / "scratch"))
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.3)                                  # inside the slow environment line
     proc.send_signal(signal.SIGUSR2)
