@@ -52,7 +52,8 @@ class CmdClient:
         from gpuhpc.cmdserver import build, socket_path
 
         self.python = sys.executable
-        self.runtime = root / "run"
+        # a short path: a UNIX socket's path is limited to 107 bytes, more than tmp_path leaves
+        self.runtime = Path(tempfile.mkdtemp(prefix="gpuhpc-cs-", dir="/var/tmp")) / "run"
         self.user_config = root / "config.toml"
         self.user_config.write_text("[cmdserver]\nenabled = true\n")
         self.site_config = root / "site-config.toml"
