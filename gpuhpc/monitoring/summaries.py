@@ -77,18 +77,17 @@ def _split(job_id: str) -> tuple[str, int]:
 # ------------------------------------------------------------------ writing (ledger ingest)
 def settle_lag(prom) -> dt.timedelta:
     """Two of Prometheus' global scrape intervals (from its running config), else SETTLE_LAG."""
-    import re
+    import yaml
+
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.slurm.durations import parse_duration
 
     try:
-        text = prom.config()
-    except GpuhpcError:
+        interval = (yaml.safe_load(prom.config()) or {}).get("global", {}).get("scrape_interval")
+        seconds = parse_duration(str(interval), shorthand=True) if interval else None
+    except (GpuhpcError, UserInputError, yaml.YAMLError, AttributeError):
         return SETTLE_LAG
-    m = re.search(r"^global:\s*\n(?:[ \t]+.*\n)*?[ \t]+scrape_interval:\s*([0-9a-z]+)", text, re.M)
-    parts = re.findall(r"(\d+)(ms|s|m|h|d)", m.group(1)) if m else []
-    if not parts:
-        return SETTLE_LAG
-    unit = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    return 2 * dt.timedelta(seconds=sum(int(n) * unit[u] for n, u in parts))
+    return 2 * dt.timedelta(seconds=seconds) if seconds else SETTLE_LAG
 
 
 def pending(*, url: str | None = None, now: dt.datetime | None = None, limit: int = 2000,
