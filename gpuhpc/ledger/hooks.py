@@ -67,15 +67,10 @@ def ledger_in_use() -> str | None:
     """The database URL when the ledger is in use, else None (no SQLAlchemy import)."""
     if os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no"):
         return None
-    url = os.environ.get("GPUHPC_DB_URL", "").strip()
-    if url:
-        return url
-    from gpuhpc.config import site_setting
+    from gpuhpc.ledger.paths import configured_db_url, default_db_path
 
-    if url := site_setting("ledger", "db_url").strip():    # /etc/gpuhpc/config.toml (gpuhpc_login)
+    if url := configured_db_url():
         return url
-    from gpuhpc.ledger.paths import default_db_path
-
     path = default_db_path()
     if not path.exists():
         return None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gpuhpc.fsutil import data_dir
 
-__all__ = ["data_dir", "default_db_path", "metrics_dir", "db_url"]
+__all__ = ["data_dir", "default_db_path", "metrics_dir", "configured_db_url", "db_url"]
 
 
 def default_db_path() -> Path:
@@ -21,12 +21,17 @@ def metrics_dir() -> Path:
     return data_dir() / "metrics"
 
 
-def db_url() -> str:
+def configured_db_url() -> str:
     """``$GPUHPC_DB_URL``, else the site config's ``[ledger] db_url`` (``/etc/gpuhpc/config.toml``,
-    written by the gpuhpc_login role), else the embedded SQLite file (which may not exist yet)."""
+    written by the gpuhpc_login role), else ""."""
     url = os.environ.get("GPUHPC_DB_URL", "").strip()
     if not url:
         from gpuhpc.config import site_setting
 
         url = site_setting("ledger", "db_url").strip()
-    return url or f"sqlite:///{default_db_path()}"
+    return url
+
+
+def db_url() -> str:
+    """:func:`configured_db_url`, else the embedded SQLite file (which may not exist yet)."""
+    return configured_db_url() or f"sqlite:///{default_db_path()}"
