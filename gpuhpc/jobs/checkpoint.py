@@ -227,10 +227,10 @@ def save_shard(src: str | os.PathLike[str] | bytes, step: int, *, rank: int | No
     ``latest`` and :func:`latest_checkpoint` skips it. A step that is already committed is
     not rewritten (its path is returned). Raises :class:`IncompleteCheckpoint` on rank 0
     after the timeout. Returns the step directory."""
-    from gpuhpc.jobs import coord
+    from gpuhpc.jobs import ranks
 
-    r = coord.rank() if rank is None else rank
-    world = coord.world_size() if world_size is None else world_size
+    r = ranks.rank() if rank is None else rank
+    world = ranks.world_size() if world_size is None else world_size
     base = Path(directory) if directory is not None else checkpoint_dir()
     sdir = base / step_dir_name(step)
     if (sdir / MANIFEST).exists():
@@ -322,9 +322,9 @@ def is_complete(path: str | os.PathLike[str], *, verify: bool = False) -> bool:
 
 def shard_path(checkpoint: str | os.PathLike[str], rank: int | None = None) -> Path:
     """This rank's shard in a committed step directory (from its manifest)."""
-    from gpuhpc.jobs import coord
+    from gpuhpc.jobs import ranks
 
-    r = coord.rank() if rank is None else rank
+    r = ranks.rank() if rank is None else rank
     m = read_manifest(checkpoint)
     if m is None:
         raise FileNotFoundError(f"{checkpoint} has no {MANIFEST}")

@@ -59,24 +59,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.jobs.ranks import rank, world_size
+
 DEFAULT_TIMEOUT_S = 120.0
 _POLL_S = 0.05
-
-
-def _env_int(*names: str, default: int) -> int:
-    for n in names:
-        raw = os.environ.get(n, "")
-        if raw.strip().isdigit():
-            return int(raw)
-    return default
-
-
-def rank() -> int:
-    return _env_int("RANK", "SLURM_PROCID", default=0)
-
-
-def world_size() -> int:
-    return max(1, _env_int("WORLD_SIZE", "SLURM_NTASKS", default=1))
 
 
 def stop_dir() -> Path:
