@@ -24,7 +24,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     except UserInputError as exc:      # say so, and still show the rest
         enabled, why = False, f"config error: {exc.one_line()}"
     sock = socket_path()
-    pid = running_pid(sock)
+    try:
+        pid = running_pid(sock)
+    except PermissionError as exc:     # a directory or lock file another user could write
+        pid, why = None, f"{why}; refusing the socket directory: {exc}"
     dest = build.default_dest()
     site, user = config.config_paths()
     data = {"enabled": enabled, "why": why, "site_config": site, "user_config": user,

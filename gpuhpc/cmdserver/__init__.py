@@ -29,7 +29,9 @@ server started (the server then exits). The server exits after ``GPUHPC_CMDSERVE
 seconds without a command (default 900) or on ``gpuhpc cmdserver stop``.
 
 Sockets live in ``$GPUHPC_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/gpuhpc``, else
-``/tmp/gpuhpc-UID`` (created 0700; refused if it is not the user's own private directory),
+``/tmp/gpuhpc-UID`` (created 0700; refused by every command, ``stop`` and ``status``
+included, if it is not the user's own private directory: another user may pre-create
+``/tmp/gpuhpc-0``),
 named ``cmd-ID.sock`` with ID derived from the interpreter path, so every install (venv)
 has its own server.
 """
@@ -73,12 +75,23 @@ def lock_path(sock: str) -> str:
 def ensure_private_dir(path: str) -> None:
     """Create ``path`` 0700 if missing; raise PermissionError unless it is a real directory
     owned by this user and closed to group and others."""
-    import stat
-
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{path} must be a directory owned by uid {os.getuid()} with mode 0700")
+    check_private_dir(path)
+
+
+def check_private_dir(path: str) -> bool:
+    """False if ``path`` does not exist; True if it is a real directory (not a symbolic link)
+    owned by this user and closed to group and others; else PermissionError: nothing in it
+    (a lock file, the pid it names) may be trusted."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must be a directory owned by uid {os.geteuid()} with mode 0700")
+    return True

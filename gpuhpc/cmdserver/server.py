@@ -185,8 +185,9 @@ def _retire(pid: int) -> None:
 
 def _lock(sock_path: str) -> int | None:
     """The server's lock (and pid file), or None if another server holds it."""
-    fd = os.open(lock_path(sock_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(lock_path(sock_path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
+        _check_lock_file(fd, lock_path(sock_path))
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
@@ -261,18 +262,67 @@ def serve(sock_path: str, idle: float = 900.0, log=None) -> int:
     return 0
 
 
-def running_pid(sock_path: str) -> int | None:
-    """The pid of the server holding ``sock_path``'s lock, or None."""
+def _check_lock_file(fd: int, path: str) -> os.stat_result:
+    """The lock file must be a regular file of this user that no one else may write: a pid
+    read from anything else is never signalled."""
+    import stat
+
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise PermissionError(f"{path} must be a regular file owned by uid {os.geteuid()} "
+                              "that only its owner may write; remove it")
+    return st
+
+
+def _holds_lock(pid: int, st: os.stat_result) -> bool:
+    """Is ``pid`` a process of this user holding the flock on the file ``st`` describes
+    (``/proc/locks``), that is, the server that wrote its pid there?"""
     try:
-        fd = os.open(lock_path(sock_path), os.O_RDONLY | os.O_CLOEXEC)
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            uids = next((line.split()[1:] for line in fh if line.startswith("Uid:")), [])
+    except OSError:
+        return False
+    if not uids or any(int(u) != os.geteuid() for u in uids):
+        return False
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                f = line.split()
+                # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" ("->" marks a waiter)
+                if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[4] == str(pid) and f[5] == where:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def running_pid(sock_path: str) -> int | None:
+    """The pid of the server holding ``sock_path``'s lock, -1 if the lock is held but the
+    holder cannot be told, or None. Raises PermissionError when the socket's directory is
+    not this user's private directory or the lock file could have been written by another
+    user (a pid from there is never trusted)."""
+    from gpuhpc.cmdserver import check_private_dir
+
+    if not check_private_dir(os.path.dirname(os.path.abspath(sock_path))):
+        return None
+    path = lock_path(sock_path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PermissionError(f"{path} is a symbolic link; remove it") from exc
+        raise
     try:
+        st = _check_lock_file(fd, path)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             text = os.read(fd, 64).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else -1
+            pid = int(text) if text.isdigit() else -1
+            return pid if pid > 0 and _holds_lock(pid, st) else -1
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -323,8 +373,16 @@ def start(sock_path: str, wait: float = 30.0, idle: float | None = None, env: di
 
 
 def stop(sock_path: str, wait: float = 10.0) -> int | None:
-    """SIGTERM the server (running commands finish on their own); returns its pid or None."""
-    pid = running_pid(sock_path)
+    """SIGTERM the server (running commands finish on their own); returns its pid or None.
+    Only a pid that :func:`running_pid` verified (this user's process holding the lock of
+    this user's private directory) is signalled; PermissionError when the directory or the
+    lock file is not private."""
+    from gpuhpc.errors import GpuhpcError
+
+    try:
+        pid = running_pid(sock_path)
+    except PermissionError as exc:
+        raise GpuhpcError(f"not stopping the command server: {exc}") from exc
     if not pid or pid < 0:
         return None
     try:
