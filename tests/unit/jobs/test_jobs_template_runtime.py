@@ -105,10 +105,28 @@ def test_usr2_before_the_handlers_exist_still_requeues(tmp_path):
     assert "SIGUSR2 (preemption or time limit)" in err
 
 
-def test_requeue_cap(tmp_path):
+def test_requeue_cap_is_a_failure(tmp_path):
+    # the program saved and exited 0 after the warning, but the job is not requeued: its work is
+    # unfinished, so the job must not end COMPLETED (a sweep would take the mid-training metric)
     rc, _, scontrol, err = _run(tmp_path, restart=3, max_requeues=3)
     assert "requeue 4242" not in scontrol
-    assert "JobId=4242 Requeue=0" in scontrol and "not requeueing" in err
+    assert "JobId=4242 Requeue=0" in scontrol
+    assert rc == 75 and "requeue cap reached" in err, err
+
+
+def test_a_failed_requeue_is_a_failure(tmp_path):
+    text, env, log = _job(tmp_path, "4244", 0, tmp_path / "out-0.txt", max_requeues=3)
+    (tmp_path / "bin" / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n[ "$1" != requeue ]\n')
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 15
+    while not (tmp_path / "out-0.txt.ready").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 75 and "requeue failed" in err, err
 
 
 def test_shell_save_helper_is_atomic_and_exported(tmp_path):
