@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import resource
 import subprocess
 import sys
@@ -72,14 +71,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--hosts", type=int, default=10000)
-    ap.add_argument("--real", default=str(Path(os.environ.get("GPUHPC_SHARED", REPO.parent / "shared"))
-                                          / "fixtures" / "ibnetdiscover" / "ndr-dgx-multirail.out"))
+    ap.add_argument("--real", default=str(REPO / "tests" / "fixtures" / "ibnetdiscover" / "ndr-dgx-multirail.out"))
     args = ap.parse_args()
     real = Path(args.real)
     if real.exists():
         bench("real NDR multi-rail dump", real, args.repeat)
     else:
-        print(f"real dump not found at {real} (set GPUHPC_SHARED); skipped")
+        print(f"real dump not found at {real} (--real FILE); skipped")
     hosts_per_leaf = 20
     leaves = -(-args.hosts // hosts_per_leaf)
     t0 = time.perf_counter()

@@ -20,7 +20,6 @@ case "$PWD/" in
     rm -rf "$dest" && mkdir -p "$dest"
     git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -C "$dest" -xf -
     cp -a .git "$dest/.git"
-    export GPUHPC_SHARED="${GPUHPC_SHARED:-$(cd .. && pwd)/shared}"
     exec bash "$dest/scripts/test.sh" "$@"
     ;;
 esac

@@ -19,24 +19,19 @@ if not os.environ.get("TMPDIR", "").startswith("/var/tmp"):
     tempfile.tempdir = None   # tempfile caches gettempdir(): read TMPDIR again
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get("GPUHPC_SHARED")
-    if env:
-        return Path(env)
-    return REPO.parent / "shared"
-
-
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
 
 
+FIXTURES = REPO / "tests" / "fixtures"
+
+
 @pytest.fixture(scope="session")
-def shared_fixtures() -> Path:
-    """Read-only real captures (ibnetdiscover dumps, nvidia-smi outputs)."""
-    path = _shared_dir() / "fixtures"
-    assert path.is_dir(), f"shared fixtures not found at {path} (set GPUHPC_SHARED)"
-    return path
+def fixtures_dir() -> Path:
+    """Read-only real captures in the repository, tests/fixtures/ (ibnetdiscover dumps, nvidia-smi
+    outputs; where each came from: tests/fixtures/*/SOURCES.md, README.md)."""
+    return FIXTURES
 
 
 class CmdClient:

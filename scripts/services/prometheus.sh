@@ -3,7 +3,7 @@
 #   Debian's prometheus on 127.0.0.1:9090 (its default port), Debian's
 #   prometheus-node-exporter on 127.0.0.1:9100, gpuhpc's Slurm exporter on :9410 and one
 #   gpuhpc GPU exporter per fake GPU node (gpu-node1 :9411, gpu-node2 :9412, mig-node1 :9413)
-#   on the NVML stand-in (state files $D/nvml/<node>.json, built from ../shared/fixtures).
+#   on the NVML stand-in (state files $D/nvml/<node>.json, built from tests/fixtures/nvidia-smi).
 # The job map the Prolog/Epilog hook writes is $D/jobmap. Scrape and rule interval: $SCRAPE (5s).
 # The rules are the monitoring role's template with `for: $IDLE_FOR` (20s) for the waste alert.
 # `start` on a running set re-renders the rules and config and reloads Prometheus (SIGHUP).
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}; IDLE_FOR=${IDLE_FOR:-20s}
 PY=${PY:-$PWD/.venv/bin/python}
-FIXTURES=${GPUHPC_SHARED:-$PWD/../shared}/fixtures
+FIXTURES=$PWD/tests/fixtures   # the real nvidia-smi captures, in the repository
 NODES=(gpu-node1 gpu-node2 mig-node1)
 alive() { [ -s "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
 launch() {  # name, then the command

@@ -4,7 +4,7 @@ machine (connection local), in check mode and in apply mode.
 This machine has no GPU and no HCA: the driver, persistence mode, fabric manager, DCGM and
 nvidia-peermem steps are skipped, each with its one-line reason. The MIG steps run against the
 nvidia-smi stand-in (first on PATH), whose state starts from the real captures in
-../shared/fixtures/nvidia-smi (`nvidia-smi -L` of a 7x 1g.10gb H100, `mig -lgip` of an H100 SXM5):
+tests/fixtures/nvidia-smi (`nvidia-smi -L` of a 7x 1g.10gb H100, `mig -lgip` of an H100 SXM5):
 apply, re-apply without change (no nvidia-smi mig create/destroy call, changed=0), and a layout
 change that destroys and creates only what differs, regenerates gres.conf and tells the daemons.
 Nothing touches the shared cluster: the spec's conf_dir, the applied record and the NCCL profile
@@ -52,7 +52,7 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
 class GpuHost:
     """This machine as one GPU node of a small spec, with the nvidia-smi stand-in first on PATH."""
 
-    def __init__(self, tmp: Path, shared_fixtures: Path, *, converged: bool = False) -> None:
+    def __init__(self, tmp: Path, fixtures_dir: Path, *, converged: bool = False) -> None:
         self.tmp = tmp
         self.spec = tmp / "spec.yaml"
         self.state = tmp / "smi-state.json"
@@ -60,7 +60,7 @@ class GpuHost:
         self.bin = tmp / "bin"
         self.bin.mkdir()
         shutil.copy(STANDIN, self.bin / "nvidia-smi")
-        smi = shared_fixtures / "nvidia-smi"
+        smi = fixtures_dir / "nvidia-smi"
         state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
         gpu1 = json.loads(json.dumps(state["gpus"][0]))
         gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled")
@@ -111,8 +111,8 @@ def _mig_changes(calls: list[list[str]]) -> list[list[str]]:
 
 
 @pytest.fixture()
-def gpu_host(collection, tmp_path, shared_fixtures) -> GpuHost:
-    host = GpuHost(tmp_path, Path(shared_fixtures))
+def gpu_host(collection, tmp_path, fixtures_dir) -> GpuHost:
+    host = GpuHost(tmp_path, Path(fixtures_dir))
     host.write_spec(SEVEN)
     return host
 
@@ -139,8 +139,8 @@ def test_nvidia_gpu_mig_check_apply_and_reapply(gpu_host):
     assert _mig_changes(calls) == [] and counts == {"changed": 0, "failed": 0}, out[-4000:]
 
 
-def test_nvidia_gpu_mig_layout_change(collection, tmp_path, shared_fixtures):
-    h = GpuHost(tmp_path, Path(shared_fixtures), converged=True)
+def test_nvidia_gpu_mig_layout_change(collection, tmp_path, fixtures_dir):
+    h = GpuHost(tmp_path, Path(fixtures_dir), converged=True)
     h.write_spec(SEVEN)
     counts, out, calls = h.run(NVIDIA)                  # the GPUs already have the layout: no MIG command
     assert counts["failed"] == 0 and _mig_changes(calls) == [], out[-4000:]

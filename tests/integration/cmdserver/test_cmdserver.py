@@ -67,13 +67,13 @@ def test_each_command_gets_its_own_environment(cmd_client, tmp_path):
     assert "/ckpt-a/" in first.stdout and "/ckpt-a/" not in second.stdout
 
 
-def test_cwd_umask_and_stdin_are_the_callers(cmd_client, tmp_path, shared_fixtures):
+def test_cwd_umask_and_stdin_are_the_callers(cmd_client, tmp_path, fixtures_dir):
     (tmp_path / "job.yaml").write_text("name: from-cwd\npartition: cpu\ncommand: [sleep, '1']\n")
     res = cmd_client.run("submit", "--file", "job.yaml", "--dry-run", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "--job-name=from-cwd" in res.stdout
 
-    dump = shared_fixtures / "ibnetdiscover" / "ndr-dgx-multirail.out"
+    dump = fixtures_dir / "ibnetdiscover" / "ndr-dgx-multirail.out"
     text = dump.read_text(errors="replace")
     via_stdin = cmd_client.run("topology", "from-ibnetdiscover", "-", input=text)
     _same(via_stdin, cmd_client.run_python("topology", "from-ibnetdiscover", "-", input=text))

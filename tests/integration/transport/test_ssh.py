@@ -141,12 +141,12 @@ def test_logs_follow_over_ssh(ssh_env, tmp_path):
         run("cancel", job_id)
 
 
-def test_node_inventory_asks_the_node_over_ssh(ssh_env, shared_fixtures, tmp_path):
+def test_node_inventory_asks_the_node_over_ssh(ssh_env, fixtures_dir, tmp_path):
     """nvidia-smi, hostname and the CPU count come through the runner (the node's, over SSH), never
     from a check of this host's PATH: a stand-in nvidia-smi that only the remote PATH has."""
     from gpuhpc.cli.node import _live, _node_name
 
-    F = shared_fixtures / "nvidia-smi"
+    F = fixtures_dir / "nvidia-smi"
     fake = tmp_path / "remote-bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text(f"""#!/bin/sh

@@ -42,8 +42,8 @@ def test_gpu_devices_count_and_missing_device():
     assert c.check_gpu_devices([], {}).status is c.Status.SKIP
 
 
-def test_gpu_listing_types_and_mig_layout(shared_fixtures):
-    smi = shared_fixtures / "nvidia-smi"
+def test_gpu_listing_types_and_mig_layout(fixtures_dir):
+    smi = fixtures_dir / "nvidia-smi"
     mig = (smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text()
     from gpuhpc.inventory.smi import parse_list
 

@@ -32,8 +32,8 @@ def test_placements_follow_nvidias_table():
     assert placements(H100, "9g.99gb") == []
 
 
-def test_placements_match_a_real_capture(shared_fixtures):
-    lgi = parse_mig_lgi((Path(shared_fixtures) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text())
+def test_placements_match_a_real_capture(fixtures_dir):
+    lgi = parse_mig_lgi((Path(fixtures_dir) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text())
     assert sorted(int(g.placement.split(":")[0]) for g in lgi) == placements(A100, "1g.5gb")
 
 
@@ -42,14 +42,14 @@ def test_fit_places_largest_first_and_refuses_what_cannot_fit():
     assert fit(H100, [("1g.10gb", 4)], ["3g.40gb", "3g.40gb"]) is None
 
 
-def test_reapply_of_a_captured_layout_plans_nothing(shared_fixtures):
-    text = (Path(shared_fixtures) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
+def test_reapply_of_a_captured_layout_plans_nothing(fixtures_dir):
+    text = (Path(fixtures_dir) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
     p = plan_from_texts("a100-40gb", [["1g.5gb"] * 7], text, "0, Enabled\n")
     assert not p.changed and p.commands() == []
 
 
-def test_layout_change_keeps_what_the_new_layout_still_wants(shared_fixtures):
-    text = (Path(shared_fixtures) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
+def test_layout_change_keeps_what_the_new_layout_still_wants(fixtures_dir):
+    text = (Path(fixtures_dir) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
     p = plan_from_texts("a100-40gb", [["3g.20gb"] + ["1g.5gb"] * 3], text, "0, Enabled\n")
     assert p.commands() == [["nvidia-smi", "mig", "-i", "0", "-dci", "-gi", "10,11,12,13"],
                             ["nvidia-smi", "mig", "-i", "0", "-dgi", "-gi", "10,11,12,13"],
@@ -104,8 +104,8 @@ def _converge(state: Path, layouts: list[list[str]]) -> list[list[str]]:
     return commands
 
 
-def test_stand_in_converges_from_real_captures(tmp_path, shared_fixtures):
-    smi = Path(shared_fixtures) / "nvidia-smi"
+def test_stand_in_converges_from_real_captures(tmp_path, fixtures_dir):
+    smi = Path(fixtures_dir) / "nvidia-smi"
     state = with_mig_geometry(state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text()),
                               (smi / "mig-lgip-h100-sxm5-80gb-4gpu.txt").read_text(), "h100")
     path = tmp_path / "state.json"
@@ -117,10 +117,10 @@ def test_stand_in_converges_from_real_captures(tmp_path, shared_fixtures):
     assert sorted(listed) == sorted(target[0])
 
 
-def test_cli_reads_json_and_answers_json(shared_fixtures):
+def test_cli_reads_json_and_answers_json(fixtures_dir):
     import sys
 
-    lgi = (Path(shared_fixtures) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
+    lgi = (Path(fixtures_dir) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text()
     doc = {"gpu_type": "a100-40gb", "layouts": [["1g.5gb"] * 7], "lgi": lgi, "modes": "0, Enabled\n"}
     ok = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "mig-plan"], input=json.dumps(doc),
                         capture_output=True, text=True, timeout=60)

@@ -10,8 +10,8 @@ from gpuhpc.inventory.gres import build, mig_caps_minor, short_type, slurm_type
 
 
 @pytest.fixture(scope="module")
-def F(shared_fixtures):
-    return shared_fixtures / "nvidia-smi"
+def F(fixtures_dir):
+    return fixtures_dir / "nvidia-smi"
 
 
 def captures(folder):

@@ -32,8 +32,8 @@ def _scrape(collector) -> dict[str, list]:
 
 
 @pytest.fixture()
-def states(shared_fixtures, tmp_path, monkeypatch):
-    st = nvml_standin.local_cluster_states(str(shared_fixtures))
+def states(fixtures_dir, tmp_path, monkeypatch):
+    st = nvml_standin.local_cluster_states(str(fixtures_dir))
     for node, state in st.items():
         nvml_standin.write_state(str(tmp_path / f"{node}.json"), state)
     return tmp_path

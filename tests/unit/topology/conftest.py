@@ -6,8 +6,8 @@ from gpuhpc.cli.main import main
 
 
 @pytest.fixture(scope="session")
-def ndr_path(shared_fixtures) -> Path:
-    return shared_fixtures / "ibnetdiscover" / "ndr-dgx-multirail.out"
+def ndr_path(fixtures_dir) -> Path:
+    return fixtures_dir / "ibnetdiscover" / "ndr-dgx-multirail.out"
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ def conf_map(text):
     return leaves, spines
 
 
-def test_single_hca_warns_not_crashes(cli, shared_fixtures):
-    rc, out, err = cli("topology", "from-ibnetdiscover", str(shared_fixtures / "ibnetdiscover" / "single-hca-no-switch.out"))
+def test_single_hca_warns_not_crashes(cli, fixtures_dir):
+    rc, out, err = cli("topology", "from-ibnetdiscover", str(fixtures_dir / "ibnetdiscover" / "single-hca-no-switch.out"))
     assert rc == 0
     assert "no switches" in err and "dgx-gb200-n01-c1" in err
     assert "SwitchName" not in out
