@@ -31,6 +31,9 @@ PRESEED="munge slurm-client slurmd slurmctld slurmdbd mariadb-server libpam-slur
 log() { echo "lab: $*" >&2; }
 
 bake() {
+  # debootstrap and the chroot commands run inside the image with this environment: a TMPDIR of this
+  # machine (the suite's /var/tmp/gpuhpc-pytest) does not exist there (apt's and dpkg's mktemp failed)
+  unset TMPDIR
   local stamp="$IMAGE/.gpuhpc-lab-baked" want
   want=$(echo "2|$BASE|$PRESEED" | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then log "image is current: $IMAGE"; return 0; fi
@@ -63,6 +66,7 @@ bake() {
 # PID 1 of a host's fresh mount/PID/UTS namespace (inside its network namespace): overlay root, host
 # keys on the first boot, then systemd. Debian's units start sshd; the roles start everything else.
 host_init() {
+  unset TMPDIR   # a path of this machine, not of the host's root (as in bake)
   local h=$1 d=$LAB/hosts/$1 M=$LAB/hosts/$1/merged
   # made on one CPU (oldest_ns_cpu); the host runs on all of them
   taskset -p -c "$GPUHPC_LAB_CPUS" $$ >/dev/null
