@@ -8,7 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import typer
+import click
+
+from gpuhpc.cli.main import help_for
 
 
 def _read_input(path: str) -> tuple[str, str]:
@@ -36,7 +38,7 @@ def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder + rename."""
     from gpuhpc.fsutil import write_atomic as _write
 
-    _write(path, text)
+    _write(path, text, 0o644)          # Slurm's config: slurmctld reads it as SlurmUser
 
 
 def _warn_all(warnings: list[str]) -> None:
@@ -50,83 +52,92 @@ def _warn_all(warnings: list[str]) -> None:
         warn(escape(w))
 
 
-def register(app: typer.Typer) -> None:
-    topo = typer.Typer(help="Fabric topology: topology.conf from ibnetdiscover, synthetic fabrics.",
-                       no_args_is_help=True)
-    app.add_typer(topo, name="topology")
+@click.group("topology", help=help_for("topology"), no_args_is_help=True)
+def topology() -> None:
+    pass
 
-    @topo.command("from-ibnetdiscover")
-    def from_ibnetdiscover(
-        file: str = typer.Argument(..., metavar="FILE|-", help="ibnetdiscover output ('-' = stdin)."),
-        fmt: str = typer.Option("tree", "--format", help="tree (topology/tree), block (topology/block), or spec (YAML for the cluster spec's topology:)."),
-        rail: str = typer.Option("auto", "--rail",
-                                 help="auto (the best compute rail), all, or HCA names: mlx5_0,HCA-1"),
-        spec: str | None = typer.Option(None, "--spec", help="Cluster spec YAML (as conf validate accepts it): keep only its nodes, warn on differences; NVLink domains for --block-by nvlink."),
-        block_by: str = typer.Option("leaf", "--block-by", help="block format: group by leaf or nvlink (domain)."),
-        block_size: int | None = typer.Option(None, "--block-size", help="block format: nodes per block (base block size)."),
-        cliques: str | None = typer.Option(None, "--cliques", help="'HOST CLIQUE-ID' lines (NVLink domains) for --block-by nvlink."),
-        output: str | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
-        as_json: bool = typer.Option(False, "--json", help="Print rails, switches, placement and warnings as JSON."),
-    ) -> None:
-        """Write topology.conf from an ibnetdiscover dump."""
-        from gpuhpc.topology import topology_from_ibnetdiscover
-        from gpuhpc.topology import spec as topo_spec
 
-        nodes = topo_spec.load(spec) if spec else None       # the validated cluster spec (exit 2 if not)
-        text, source = _read_input(file)
-        domains: dict[str, str] = {}
-        if nodes and block_by == "nvlink":
-            domains.update(nodes.domains)
-        if cliques:
-            domains.update(topo_spec.read_cliques(cliques))
-        res = topology_from_ibnetdiscover(text, source=source, rail=rail, spec_hosts=nodes.hosts if nodes else None,
-                                          fmt=fmt, block_by=block_by, block_size=block_size, domains=domains,
-                                          compute_hcas=nodes.hcas if nodes else None)
-        _warn_all(res.warnings)
-        if output:
-            write_atomic(output, res.text)
-        if as_json:
-            from gpuhpc.cli._console import print_json
 
-            print_json(res.summary())
-        elif not output:
-            sys.stdout.write(res.text)
+_OUTPUT = click.option("-o", "--output", help="Write here (atomically) instead of stdout.")
 
-    @topo.command("synth")
-    def synth_cmd(
-        levels: int = typer.Option(2, "--levels", help="2 (leaf/spine) or 3 (leaf/spine/core)."),
-        leaves: int = typer.Option(4, "--leaves", help="Leaf switches per rail."),
-        hosts_per_leaf: int = typer.Option(4, "--hosts-per-leaf"),
-        rails: int = typer.Option(1, "--rails", help="HCAs per host, one plane each (mlx5_0, mlx5_1, ..)."),
-        spines: int | None = typer.Option(None, "--spines", help="Spines (per pod with --levels 3)."),
-        leaves_per_pod: int = typer.Option(8, "--leaves-per-pod", help="--levels 3: leaves per pod."),
-        prefix: str = typer.Option("gpu", "--prefix", help="Host name prefix (gpu001, gpu002 ..)."),
-        hosts: str | None = typer.Option(None, "--hosts", help="Host names instead (hostlist), leaf by leaf."),
-        degraded: int = typer.Option(0, "--degraded", help="Make this many host links 2x (to demo warnings)."),
-        output: str | None = typer.Option(None, "-o", "--output", help="Write here (atomically) instead of stdout."),
-    ) -> None:
-        """Write a synthetic ibnetdiscover dump (same format as the real tool)."""
-        from gpuhpc.hostlist import expand
-        from gpuhpc.topology.synth import synth
 
-        names = expand(hosts) if hosts else None
-        text = synth(levels=levels, leaves=leaves, hosts_per_leaf=hosts_per_leaf, rails=rails, spines=spines,
-                     leaves_per_pod=leaves_per_pod, host_prefix=prefix, hosts=names, degraded=degraded)
-        if output:
-            write_atomic(output, text)
-        else:
-            sys.stdout.write(text)
+@topology.command("from-ibnetdiscover")
+@click.argument("file", metavar="FILE|-")
+@click.option("--format", "fmt", default="tree", show_default=True,
+              help="tree (topology/tree), block (topology/block), or spec (YAML for the cluster spec's topology:).")
+@click.option("--rail", default="auto", show_default=True,
+              help="auto (the best compute rail), all, or HCA names: mlx5_0,HCA-1")
+@click.option("--spec", help="Cluster spec YAML (as conf validate accepts it): keep only its nodes, warn on "
+                             "differences; NVLink domains for --block-by nvlink.")
+@click.option("--block-by", default="leaf", show_default=True, help="block format: group by leaf or nvlink (domain).")
+@click.option("--block-size", type=int, help="block format: nodes per block (base block size).")
+@click.option("--cliques", help="'HOST CLIQUE-ID' lines (NVLink domains) for --block-by nvlink.")
+@_OUTPUT
+@click.option("--json", "as_json", is_flag=True, help="Print rails, switches, placement and warnings as JSON.")
+def from_ibnetdiscover(file: str, fmt: str, rail: str, spec: str | None, block_by: str, block_size: int | None,
+                       cliques: str | None, output: str | None, as_json: bool) -> None:
+    """Write topology.conf from an ibnetdiscover dump (FILE, '-' = stdin)."""
+    from gpuhpc.topology import topology_from_ibnetdiscover
+    from gpuhpc.topology import spec as topo_spec
 
-    @topo.command("show")
-    def show(as_json: bool = typer.Option(False, "--json", help="JSON output.")) -> None:
-        """The topology Slurm has loaded (scontrol show topology)."""
-        from gpuhpc.slurm import SlurmClient
+    nodes = topo_spec.load(spec) if spec else None       # the validated cluster spec (exit 2 if not)
+    text, source = _read_input(file)
+    domains: dict[str, str] = {}
+    if nodes and block_by == "nvlink":
+        domains.update(nodes.domains)
+    if cliques:
+        domains.update(topo_spec.read_cliques(cliques))
+    res = topology_from_ibnetdiscover(text, source=source, rail=rail, spec_hosts=nodes.hosts if nodes else None,
+                                      fmt=fmt, block_by=block_by, block_size=block_size, domains=domains,
+                                      compute_hcas=nodes.hcas if nodes else None)
+    _warn_all(res.warnings)
+    if output:
+        write_atomic(output, res.text)
+    if as_json:
+        from gpuhpc.cli._console import print_json
 
-        recs = SlurmClient().topology()
-        if as_json:
-            from gpuhpc.cli._console import print_json
+        print_json(res.summary())
+    elif not output:
+        sys.stdout.write(res.text)
 
-            print_json(recs)
-            return
-        for r in recs:
-            sys.stdout.write(" ".join(f"{k}={v}" for k, v in r.items()) + "\n")
+@topology.command("synth")
+@click.option("--levels", type=int, default=2, show_default=True, help="2 (leaf/spine) or 3 (leaf/spine/core).")
+@click.option("--leaves", type=int, default=4, show_default=True, help="Leaf switches per rail.")
+@click.option("--hosts-per-leaf", type=int, default=4, show_default=True)
+@click.option("--rails", type=int, default=1, show_default=True,
+              help="HCAs per host, one plane each (mlx5_0, mlx5_1, ..).")
+@click.option("--spines", type=int, help="Spines (per pod with --levels 3).")
+@click.option("--leaves-per-pod", type=int, default=8, show_default=True, help="--levels 3: leaves per pod.")
+@click.option("--prefix", default="gpu", show_default=True, help="Host name prefix (gpu001, gpu002 ..).")
+@click.option("--hosts", help="Host names instead (hostlist), leaf by leaf.")
+@click.option("--degraded", type=int, default=0, show_default=True,
+              help="Make this many host links 2x (to demo warnings).")
+@_OUTPUT
+def synth_cmd(levels: int, leaves: int, hosts_per_leaf: int, rails: int, spines: int | None, leaves_per_pod: int,
+              prefix: str, hosts: str | None, degraded: int, output: str | None) -> None:
+    """Write a synthetic ibnetdiscover dump (same format as the real tool)."""
+    from gpuhpc.hostlist import expand
+    from gpuhpc.topology.synth import synth
+
+    names = expand(hosts) if hosts else None
+    text = synth(levels=levels, leaves=leaves, hosts_per_leaf=hosts_per_leaf, rails=rails, spines=spines,
+                 leaves_per_pod=leaves_per_pod, host_prefix=prefix, hosts=names, degraded=degraded)
+    if output:
+        write_atomic(output, text)
+    else:
+        sys.stdout.write(text)
+
+@topology.command("show")
+@click.option("--json", "as_json", is_flag=True, help="JSON output.")
+def show(as_json: bool) -> None:
+    """The topology Slurm has loaded (scontrol show topology)."""
+    from gpuhpc.slurm import SlurmClient
+
+    recs = SlurmClient().topology()
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json(recs)
+        return
+    for r in recs:
+        sys.stdout.write(" ".join(f"{k}={v}" for k, v in r.items()) + "\n")

@@ -42,13 +42,14 @@ def parse_indexes(text: str | None) -> list[int]:
 
 
 def assign(node: str, job_id: str, user: str, indexes: list[int], base: str | None = None) -> None:
-    from gpuhpc.fsutil import write_atomic
+    from gpuhpc.fsutil import check_root_dir, write_atomic
 
-    d = node_dir(node, base)
-    os.makedirs(d, exist_ok=True)
+    # the Prolog runs as root: never write into a directory a user made or can write
+    check_root_dir(base or base_dir())
+    d = str(check_root_dir(node_dir(node, base)))
     body = json.dumps({"job_id": str(job_id), "user": user})
     for i in indexes:
-        write_atomic(os.path.join(d, str(int(i))), body)
+        write_atomic(os.path.join(d, str(int(i))), body, 0o644)     # the GPU exporter reads it
 
 
 def release(node: str, job_id: str, indexes: list[int] | None = None, base: str | None = None) -> None:

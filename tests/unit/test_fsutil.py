@@ -40,11 +40,54 @@ def test_cache_dir(monkeypatch, tmp_path):
 
 def test_write_atomic_text_bytes_mode(tmp_path):
     p = tmp_path / "sub" / "f.txt"
-    fsutil.write_atomic(p, "hello\n", 0o600)
-    assert p.read_text() == "hello\n" and stat.S_IMODE(p.stat().st_mode) == 0o600
-    fsutil.write_atomic(p, b"\x00\x01", fsync=True)
+    fsutil.write_atomic(p, "hello\n")
+    assert p.read_text() == "hello\n" and stat.S_IMODE(p.stat().st_mode) == 0o600     # private by default
+    fsutil.write_atomic(p, b"\x00\x01", 0o644, fsync=True)
     assert p.read_bytes() == b"\x00\x01" and stat.S_IMODE(p.stat().st_mode) == 0o644
     assert os.listdir(p.parent) == ["f.txt"]
+
+
+def test_write_atomic_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("root's file")
+    victim.chmod(0o600)
+    p = tmp_path / "map"
+    p.symlink_to(victim)
+    fsutil.write_atomic(p, "new", 0o644)
+    assert victim.read_text() == "root's file" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert not p.is_symlink() and p.read_text() == "new"
+
+
+def test_atomic_path_refuses_a_temporary_file_swapped_for_a_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    victim.chmod(0o600)
+    with pytest.raises(OSError):
+        with fsutil.atomic_path(tmp_path / "f", 0o666) as tmp:
+            tmp.unlink()
+            tmp.symlink_to(victim)
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600 and not (tmp_path / "f").exists()
+
+
+def test_data_dir_is_created_private(monkeypatch, tmp_path):
+    monkeypatch.setenv("GPUHPC_DATA_DIR", str(tmp_path / "a" / "d"))
+    d = fsutil.data_dir()
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_check_root_dir(tmp_path):
+    ok = fsutil.check_root_dir(tmp_path / "locks", create=0o700)
+    assert stat.S_IMODE(ok.stat().st_mode) == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o1777)
+    link = tmp_path / "link"
+    link.symlink_to(ok)
+    for bad in (open_dir, link):
+        with pytest.raises(PermissionError, match="must be a directory owned by uid"):
+            fsutil.check_root_dir(bad)
+    with pytest.raises(FileNotFoundError):
+        fsutil.check_root_dir(tmp_path / "absent", create=None)
 
 
 def test_atomic_path_failure_keeps_the_old_file(tmp_path):
