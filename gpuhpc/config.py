@@ -3,10 +3,13 @@
 =========  ==================================  ==========================================
 file       default path                        override (tests, unusual installs)
 =========  ==================================  ==========================================
-site       ``/etc/gpuhpc/config.toml``         ``GPUHPC_SITE_CONFIG=/path/to/config.toml``
+site       ``/etc/gpuhpc/config.toml``         ``GPUHPC_SITE_CONFIG=/path/to/config.toml`` (*)
 user       ``~/.config/gpuhpc/config.toml``    ``GPUHPC_CONFIG=/path/to/config.toml``
            (platformdirs ``user_config_dir``)
 =========  ==================================  ==========================================
+
+(*) For a user other than root, ``/etc/gpuhpc/config.toml``'s ``[cmdserver] allowed = false``
+still holds: the override can add that veto, never lift it.
 
 A missing file is an empty one. Keys (every key a file may hold is in :data:`SCHEMA`; any
 other key, a value of the wrong type or a file that is not TOML is a ``UserInputError``
@@ -247,9 +250,12 @@ def cmdserver(env: Mapping[str, str] | None = None) -> CmdserverSetting:
     if env.get("GPUHPC_CMDSERVER") in _OFF:
         return CmdserverSetting(False, f"GPUHPC_CMDSERVER={env['GPUHPC_CMDSERVER']}",
                                 "unset GPUHPC_CMDSERVER to use the config files")
-    if not _value(read_file(site_path, "site"), "site", "cmdserver", "allowed"):
-        return CmdserverSetting(False, f"forbidden by the site config {site_path} "
-                                       "([cmdserver] allowed = false)", "ask the site's administrators")
+    # GPUHPC_SITE_CONFIG may add a veto, never lift the site's: a user's own file does not
+    # replace /etc/gpuhpc/config.toml (root may point elsewhere: it can edit /etc anyway)
+    for path in dict.fromkeys((site_path, *([SITE_CONFIG] if os.geteuid() != 0 else []))):
+        if not _value(read_file(path, "site"), "site", "cmdserver", "allowed"):
+            return CmdserverSetting(False, f"forbidden by the site config {path} "
+                                           "([cmdserver] allowed = false)", "ask the site's administrators")
     if not _value(read_file(user_path, "user"), "user", "cmdserver", "enabled"):
         return CmdserverSetting(False, f"off (the default); {user_path} does not set "
                                        "[cmdserver] enabled = true",

@@ -236,7 +236,7 @@ def serve(sock_path: str, idle: float = 900.0, log=None) -> int:
     preload()
     import gc
 
-    code = CodeWatch(config.config_paths())
+    code = CodeWatch(list(dict.fromkeys((*config.config_paths(), config.SITE_CONFIG))))   # the site's veto too
     rehearse(code)
     gc.collect()
     gc.freeze()                        # workers' collections skip (and do not touch) all this

@@ -91,3 +91,23 @@ def test_importing_it_reads_nothing_and_loads_no_heavy_module():
             "print(sorted({'tomllib', 'platformdirs', 'typer', 'rich', 'pydantic'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_users_site_override_adds_a_veto_never_lifts_the_sites(files, tmp_path, monkeypatch):
+    site_path, user_path, env = files
+    real = tmp_path / "etc-config.toml"          # stands for /etc/gpuhpc/config.toml
+    monkeypatch.setattr(config, "SITE_CONFIG", str(real))
+    real.write_text("[cmdserver]\nallowed = false\n")
+    site_path.write_text("[cmdserver]\nallowed = true\n")      # the user's own "site" file
+    user_path.write_text("[cmdserver]\nenabled = true\n")
+    monkeypatch.setattr(config.os, "geteuid", lambda: 1000)
+    setting = config.cmdserver(env)
+    assert not setting.enabled and str(real) in setting.reason
+    real.write_text("")                                           # the site allows it
+    site_path.write_text("[cmdserver]\nallowed = false\n")       # the override may still forbid
+    assert not config.cmdserver(env).enabled
+    site_path.write_text("")
+    assert config.cmdserver(env).enabled
+    monkeypatch.setattr(config.os, "geteuid", lambda: 0)          # root points wherever it likes
+    real.write_text("[cmdserver]\nallowed = false\n")
+    assert config.cmdserver(env).enabled
