@@ -5,7 +5,7 @@ import socket
 import sys
 
 keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "GROUP_RANK", "SLURM_NODEID", "SLURMD_NODENAME", "GPUHPC_SCRATCH"]
+        "GROUP_RANK", "SLURM_NODEID", "SLURMD_NODENAME", "GPUHPC_SCRATCH", "CUDA_VISIBLE_DEVICES"]
 env = {k: os.environ.get(k) for k in keys}
 env["hostname"] = socket.gethostname()
 env["argv"] = sys.argv[2:]

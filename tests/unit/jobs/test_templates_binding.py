@@ -1,7 +1,7 @@
-"""The deepspeed template gives each task one GPU (srun --gpu-bind=single:1: the one closest to
-its CPUs), binds tasks to their cores where gres.conf has Cores= (the node's Gres shows
-"(S:...)"), and sets LOCAL_RANK to the task's device index (0: it sees one GPU). Fake srun and
-scontrol; no Slurm needed. The real cluster: tests/integration/jobs/test_jobs_launch.py."""
+"""The deepspeed template starts its tasks as DeepSpeed's launcher does: LOCAL_RANK is the task's
+place on its node (0..n-1) and every task sees all of the node's GPUs (no --gpu-bind), so
+cuda:LOCAL_RANK is its own GPU; GPUHPC_GPU_BIND passes a binding anyway. Fake srun and scontrol;
+no Slurm needed. The real cluster: tests/integration/jobs/test_deepspeed_local_rank.py."""
 from __future__ import annotations
 
 import json
@@ -63,32 +63,23 @@ def _run(tmp_path: Path, *, gpus: int, tasks: int, gres: str, env: dict[str, str
     return (tmp_path / "srun.opts").read_text().split(), ranks, res.stderr
 
 
-def test_one_gpu_per_task_closest_to_its_cores(tmp_path):
-    opts, ranks, log = _run(tmp_path, gpus=4, tasks=4, gres="Gres=gpu:h100:8(S:0-1)")
-    assert "--gpu-bind=single:1" in opts and "--cpu-bind=cores" in opts and "--cpus-per-task=4" in opts
-    assert sorted(ranks) == [0, 1, 2, 3]
-    assert [ranks[r]["CUDA_VISIBLE_DEVICES"] for r in range(4)] == ["0", "1", "2", "3"]
-    assert {ranks[r]["LOCAL_RANK"] for r in range(4)} == {"0"}               # DeepSpeed: cuda:LOCAL_RANK
-    assert [ranks[r]["GPUHPC_LOCAL_RANK"] for r in range(4)] == ["0", "1", "2", "3"]
-    assert {ranks[r]["LOCAL_WORLD_SIZE"] for r in range(4)} == {"4"}
-    assert {ranks[r]["NDEV_PER_NODE"] for r in range(4)} == {"4"}
-    assert "--gpu-bind=single:1 --cpu-bind=cores" in log
+@pytest.mark.parametrize("gres", ["Gres=gpu:h100:8(S:0-1)", "Gres=gpu:h100:8"])
+def test_local_rank_is_the_node_local_rank_and_every_task_sees_the_nodes_gpus(tmp_path, gres):
+    opts, ranks, log = _run(tmp_path, gpus=8, tasks=8, gres=gres)
+    assert not any(o.startswith(("--gpu-bind", "--cpu-bind")) for o in opts) and "--cpus-per-task=2" in opts
+    assert sorted(ranks) == list(range(8))
+    assert [ranks[r]["LOCAL_RANK"] for r in range(8)] == [str(r) for r in range(8)]   # cuda:LOCAL_RANK
+    assert [ranks[r]["GPUHPC_LOCAL_RANK"] for r in range(8)] == [str(r) for r in range(8)]
+    assert {ranks[r]["CUDA_VISIBLE_DEVICES"] for r in range(8)} == {"0,1,2,3,4,5,6,7"}
+    assert {ranks[r]["LOCAL_WORLD_SIZE"] for r in range(8)} == {"8"}
+    assert {ranks[r]["NDEV_PER_NODE"] for r in range(8)} == {None}        # device_count() is right
+    assert "(no binding)" in log
 
 
-def test_without_cores_in_gres_conf_no_cpu_binding(tmp_path):
-    opts, ranks, _ = _run(tmp_path, gpus=2, tasks=2, gres="Gres=gpu:h100:2")
-    assert "--gpu-bind=single:1" in opts and not any(o.startswith("--cpu-bind") for o in opts)
-    assert [ranks[r]["CUDA_VISIBLE_DEVICES"] for r in range(2)] == ["0", "1"]
-
-
-@pytest.mark.parametrize("tasks,env", [(8, None), (4, {"GPUHPC_GPU_BIND": "none"})])
-def test_all_gpus_when_tasks_do_not_match_gpus_or_the_user_says_none(tmp_path, tasks, env):
-    opts, ranks, _ = _run(tmp_path, gpus=4, tasks=tasks, gres="Gres=gpu:h100:8(S:0-1)", env=env)
-    assert "--gpu-bind=single:1" not in opts
-    assert ("--gpu-bind=none" in opts) == (env is not None)
-    assert {ranks[r]["CUDA_VISIBLE_DEVICES"] for r in ranks} == {"0,1,2,3"}
-    assert [ranks[r]["LOCAL_RANK"] for r in sorted(ranks)] == [str(r) for r in range(tasks)]
-    assert {ranks[r]["NDEV_PER_NODE"] for r in ranks} == {None}
+def test_a_binding_only_when_the_user_asks(tmp_path):
+    opts, ranks, _ = _run(tmp_path, gpus=4, tasks=4, gres="Gres=gpu:h100:8", env={"GPUHPC_GPU_BIND": "single:1"})
+    assert "--gpu-bind=single:1" in opts
+    assert [ranks[r]["LOCAL_RANK"] for r in range(4)] == ["0", "1", "2", "3"]
 
 
 @pytest.mark.parametrize("template", ["single", "torchrun", "mpi"])
