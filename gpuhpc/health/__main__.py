@@ -70,7 +70,12 @@ def _deep(node: str, spec, args) -> int:
     from gpuhpc.ledger.hooks import ledger_in_use
 
     slot = Slot(args.slots, max(1, args.cap)) if args.slots else None
-    if slot is not None and not slot.acquire():
+    try:
+        got = slot is None or slot.acquire()
+    except PermissionError as exc:      # a slot directory a user made or can write
+        sys.stderr.write(f"gpuhpc health: {node}: {exc}\n")
+        return 1
+    if not got:
         sys.stderr.write(f"gpuhpc health: {node}: all {args.cap} deep-check slots busy; next time\n")
         return 0
     try:

@@ -233,7 +233,10 @@ def node_busy(node: str, client=None) -> str | None:
 # ------------------------------------------------------------------ the cap on concurrent nodes
 class Slot:
     """One of ``cap`` slots: an exclusive ``flock`` on ``<dir>/deep-slot-<i>`` (a directory all
-    nodes share, e.g. on the shared filesystem). Released on exit, or when the process dies."""
+    nodes share, e.g. on the shared filesystem). Released on exit, or when the process dies.
+    The directory must be root's and closed to writes by others (created 0700; refused
+    otherwise) and the slot files are 0600, opened O_NOFOLLOW: ``flock`` works on a read-only
+    descriptor, so a slot another user can open is a slot they can squat."""
 
     def __init__(self, directory: str, cap: int) -> None:
         self.directory, self.cap, self.fd, self.index = directory, cap, None, None
@@ -241,15 +244,26 @@ class Slot:
     def acquire(self) -> bool:
         import fcntl
         import os
+        import stat
 
-        os.makedirs(self.directory, exist_ok=True)
+        from gpuhpc.fsutil import check_root_dir
+
+        check_root_dir(self.directory, create=0o700)
         for i in range(self.cap):
-            fd = os.open(os.path.join(self.directory, f"deep-slot-{i}"), os.O_RDWR | os.O_CREAT, 0o644)
+            path = os.path.join(self.directory, f"deep-slot-{i}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                    raise PermissionError(f"{path} is not a regular file of uid {os.geteuid()}; remove it")
+                os.fchmod(fd, 0o600)          # a slot made 0644 by an older gpuhpc
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except BlockingIOError:
                 os.close(fd)
                 continue
+            except BaseException:
+                os.close(fd)
+                raise
             self.fd, self.index = fd, i
             return True
         return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpuhpc.health import deep, gate
 from gpuhpc.health.checks import Status, fail, ok
 
@@ -90,3 +92,19 @@ def test_scheduled_run_skips_a_busy_node():
     assert deep.node_busy("n1", Client("MIXED")) == "running jobs (MIXED)"
     assert deep.node_busy("n1", Client("ALLOCATED+DRAIN")) == "running jobs (ALLOCATED+DRAIN)"
     assert deep.node_busy("n1", Client(None)) == "not a Slurm node"
+
+
+def test_slots_refuse_a_directory_others_can_write_and_are_private(tmp_path):
+    import stat
+
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(PermissionError, match="must be a directory owned by uid"):
+        deep.Slot(str(open_dir), 1).acquire()
+    assert list(open_dir.iterdir()) == []
+    s = deep.Slot(str(tmp_path / "slots"), 1)
+    assert s.acquire()
+    assert stat.S_IMODE((tmp_path / "slots").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "slots" / "deep-slot-0").stat().st_mode) == 0o600
+    s.release()
