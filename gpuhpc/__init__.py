@@ -22,7 +22,7 @@ _LAZY = {
     "should_stop": "gpuhpc.jobs.coord",
     "save_shard": "gpuhpc.jobs.checkpoint",
     "report": "gpuhpc.ledger.metrics",
-    "sweep": "gpuhpc.sweeps.api",
+    "sweep": "gpuhpc.remote.sweeps",
     "Sweep": "gpuhpc.sweeps.api",
     "SlurmClient": "gpuhpc.slurm.client",
     "JobState": "gpuhpc.slurm.state",

@@ -51,6 +51,10 @@ class SlurmError(GpuhpcError):
         super().__init__(f"{message}: {detail}" if detail else message)
 
 
+class JobFailed(GpuhpcError):
+    """A job ended in a state other than COMPLETED, or its Python call raised."""
+
+
 class TransportError(GpuhpcError):
     """Running a command locally or over SSH failed (not the command itself)."""
 

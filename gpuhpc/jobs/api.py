@@ -19,16 +19,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpuhpc.errors import GpuhpcError, SlurmError, UserInputError
+from gpuhpc.errors import GpuhpcError, JobFailed, SlurmError, UserInputError
 from gpuhpc.jobs.spec import (DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, JobSpec, Resources,
-                              check_text, default_log_dir, parse_duration, sbatch_options)
+                              check_fits_on, check_text, default_log_dir, parse_duration, sbatch_options)
 from gpuhpc.slurm.state import JobState, SlurmState
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
-
-
-class JobFailed(GpuhpcError):
-    """The job ended in a state other than COMPLETED."""
 
 
 def check_job_id(job_id: Any) -> str:
@@ -94,20 +90,6 @@ def _with_reservation(resources: Resources, name: str, client, do_submit: Callab
     return job_id
 
 
-def _check_fits(resources: Resources, client) -> None:
-    """A GPU request no node can hold is bad input (exit 2), found before the reservation and
-    sbatch (one ``scontrol show node``; only for jobs that ask for GPUs)."""
-    if not resources.gpus:
-        return
-    from gpuhpc.jobs.spec import check_fits
-
-    try:
-        nodes = client.nodes()
-    except GpuhpcError:             # Slurm could not say: sbatch will
-        return
-    check_fits(resources, nodes)
-
-
 # ---------------------------------------------------------------- script mode
 def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
     """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`.
@@ -128,7 +110,7 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
         os.makedirs(spec.log_directory, exist_ok=True)
     else:
         runner.makedirs(spec.log_directory)
-    _check_fits(spec.resources, c)
+    check_fits_on(spec.resources, c)
     uploaded = None
     if upload is not None:
         spec, uploaded = upload()
@@ -326,7 +308,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         # (gpuhpc.jobs.remote) and submitit runs the call on the cluster as it does here
         from gpuhpc.jobs import remote
 
-        _check_fits(resources, c)
+        check_fits_on(resources, c)
         params = _submitit_params(resources, name, grace_s, None)
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
                                      max_requeues=max_requeues, client=c,
@@ -346,7 +328,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         holder["job"] = sjob
         return str(sjob.job_id)
 
-    _check_fits(resources, c)
+    check_fits_on(resources, c)
     job_id = _with_reservation(resources, name, c, do_submit)
     sjob = holder["job"]
     return Job(job_id, client=c, name=name, submitit_job=sjob, log_path=str(sjob.paths.stdout))

@@ -14,6 +14,9 @@ as in local Python mode (checkpoint on SIGUSR2, requeue, the same result file):
    submitted through :class:`~gpuhpc.slurm.SlurmClient` over the runner;
 4. the pickle is renamed ``<job id>_submitted.pkl`` (submitit's job waits for it) and the
    result, ``<job id>_0_result.pkl``, is read back over SFTP by ``Job.result()``.
+
+Below :mod:`gpuhpc.jobs.api` (which calls it for ``cluster=``); a sweep from a laptop, which
+needs both jobs and sweeps, is :mod:`gpuhpc.remote.sweeps`, a layer above both.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.errors import GpuhpcError, JobFailed, TransportError, UserInputError
 
 _PROBE = "import sys; print('%d.%d' % sys.version_info[:2]); import submitit, gpuhpc, cloudpickle"
 
@@ -116,87 +119,15 @@ def load_result(runner: Any, call: RemoteCall, job_id: str) -> Any:
     """The callable's return value (read over SFTP); its exception becomes JobFailed."""
     import pickle
 
-    from gpuhpc.errors import TransportError
-
     try:
         data = runner.read_bytes(call.result)
     except TransportError:
-        from gpuhpc.jobs.api import JobFailed
-
         raise JobFailed(f"job {job_id} left no result ({call.result})", hint=f"gpuhpc logs {job_id}") from None
     outcome, value = pickle.loads(data)
     if outcome == "success":
         return value
-    from gpuhpc.jobs.api import JobFailed
-
     last = [ln for ln in str(value).strip().splitlines() if ln.strip()][-1:] or ["?"]
     raise JobFailed(f"job {job_id} raised {last[0].strip()}", hint=f"gpuhpc logs {job_id}")
-
-
-# ---------------------------------------------------------------- sweeps from a laptop
-class SweepDriver:
-    """Runs on the cluster as one Python-mode job: the sweep engine there, with a local runner
-    (its files, database and trial arrays stay on the cluster), then waits for the sweep and
-    returns its id, whether every trial completed, the best trial and the results."""
-
-    def __init__(self, fn: Any, space: Any, kwargs: dict[str, Any], env: dict[str, str] | None = None) -> None:
-        self.fn, self.space, self.kwargs, self.env = fn, space, kwargs, dict(env or {})
-
-    def __call__(self) -> dict[str, Any]:
-        os.environ.update(self.env)
-        from gpuhpc.sweeps.api import sweep
-
-        sw = sweep(self.fn, self.space, **self.kwargs)
-        print(f"gpuhpc: sweep {sw.id} started", flush=True)
-        ok = sw.wait()
-        return {"sweep_id": sw.id, "all_completed": ok, "best": sw.best(), "results": sw.results()}
-
-
-class RemoteSweep:
-    """A sweep started from a laptop (``gpuhpc.sweep(..., cluster="NAME")``): its driver job
-    runs on the cluster; ``wait``/``best``/``results`` read its outcome over SFTP."""
-
-    def __init__(self, job: Any) -> None:
-        self.job = job
-        self._out: dict[str, Any] | None = None
-
-    def __repr__(self) -> str:
-        return f"RemoteSweep(driver job {self.job.job_id})"
-
-    def _outcome(self, timeout: float | None = None) -> dict[str, Any]:
-        if self._out is None:
-            self._out = self.job.result(timeout)
-        return self._out
-
-    @property
-    def id(self) -> int:
-        """The sweep's id in the cluster's database (once the driver has finished)."""
-        return self._outcome()["sweep_id"]
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._outcome(timeout)["all_completed"]
-
-    def best(self) -> dict[str, Any] | None:
-        return self._outcome()["best"]
-
-    def results(self) -> list[Any]:
-        return self._outcome()["results"]
-
-    def cancel(self) -> None:
-        """Cancel the driver (its trials run on; cancel them on the cluster: gpuhpc sweep cancel ID)."""
-        self.job.cancel()
-
-
-def sweep_on_cluster(fn: Any, space: Any, *, cluster: str, kwargs: dict[str, Any],
-                     driver_resources: Any = None, env: dict[str, str] | None = None) -> RemoteSweep:
-    """Start a sweep on the cluster profile ``cluster`` through a driver job (Python mode over
-    SSH: the cluster's Python is checked first, the call and the code snapshot go over SFTP)."""
-    from gpuhpc.jobs.api import submit
-
-    res = dict(driver_resources or {"time": "12h"})
-    job = submit(SweepDriver(fn, space, kwargs, env), resources=res, cluster=cluster,
-                 name=f"{kwargs.get('name') or getattr(fn, '__name__', 'sweep')}-driver".strip("<>").replace("<", ""))
-    return RemoteSweep(job)
 
 
 # ---------------------------------------------------------------- commands whose state is on the cluster

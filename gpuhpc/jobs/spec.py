@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuhpc.errors import UserInputError
+from gpuhpc.errors import GpuhpcError, UserInputError
 
 TEMPLATES = ("single", "torchrun", "deepspeed", "mpi")
 MPI_TYPES = ("auto", "pmix", "pmi2")
@@ -205,6 +205,18 @@ def check_fits(resources: Resources, nodes: Sequence[Any]) -> None:
     if resources.nodes > len(fit):
         raise UserInputError(f"{resources.nodes} nodes with {resources.gpus} {what} each requested; "
                              f"{where} has {len(fit)}", field="nodes")
+
+
+def check_fits_on(resources: Resources, client: Any) -> None:
+    """:func:`check_fits` against ``client``'s nodes (one ``scontrol show node``, only for a
+    request with GPUs), before the reservation and sbatch; Slurm cannot say: sbatch will."""
+    if not resources.gpus:
+        return
+    try:
+        nodes = client.nodes()
+    except GpuhpcError:
+        return
+    check_fits(resources, nodes)
 
 
 _ARRAY_RE = re.compile(r"^(\d+(-\d+(:\d+)?)?)(,\d+(-\d+(:\d+)?)?)*(%\d+)?$")

@@ -132,21 +132,12 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
           resources: Mapping[str, Any] | Any = None, metric: str | Mapping[str, str] | None = None,
           parallelism: int = 16, seed: int = 0, name: str | None = None, max_requeues: int = 5,
           chunk_size: int | None = None, max_queued: int | None = None, hold: bool = False, client=None,
-          url: str | None = None, cluster: str | None = None, driver_resources: Mapping[str, Any] | None = None,
-          driver_env: Mapping[str, str] | None = None) -> Sweep:
+          url: str | None = None) -> Sweep:
     """Run ``fn(**params)`` for ``trials`` points of ``space`` (the sweep file's ``parameters``:
     ``{"lr": {"type": "loguniform", "low": 1e-5, "high": 0.1}, "opt": ["adam", "sgd"]}``) as
-    Slurm arrays; returns at once with a :class:`Sweep`. ``cluster="NAME"`` (from a laptop)
-    runs the sweep on that cluster profile through a driver job (``driver_resources``, default
-    12 h) and returns a :class:`gpuhpc.jobs.remote.RemoteSweep` (``wait``, ``best``, ``results``)."""
-    if cluster is not None:
-        from gpuhpc.jobs.remote import sweep_on_cluster
-
-        return sweep_on_cluster(fn, space, cluster=cluster, driver_resources=driver_resources, env=driver_env,
-                                kwargs=dict(trials=trials, method=method, resources=resources, metric=metric,
-                                            parallelism=parallelism, seed=seed, name=name,
-                                            max_requeues=max_requeues, chunk_size=chunk_size,
-                                            max_queued=max_queued, hold=hold))
+    Slurm arrays; returns at once with a :class:`Sweep`. ``gpuhpc.sweep`` is
+    :func:`gpuhpc.remote.sweeps.sweep`, which adds ``cluster="NAME"`` (from a laptop: the
+    sweep runs on that cluster profile through a driver job)."""
     import dataclasses
 
     import cloudpickle

@@ -208,12 +208,12 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     when something is left). Returns the sweep id. Nothing is written or submitted when the
     resources cannot fit (exit 2) or the quota is exceeded (exit 3)."""
     c = _client(client)
-    from gpuhpc.jobs.api import _check_fits
+    from gpuhpc.jobs.spec import check_fits_on
 
     n_first = spec.n_trials if spec.method != "tpe" else min(spec.parallelism, spec.n_trials)
     # the questions to slurmctld are independent: ask them at once (each is a process and a
     # round trip; MaxJobCount's count is only needed for a large first batch)
-    asks = {"limits": lambda: _limits(c, spec), "fits": lambda: _check_fits(spec.res, c)}
+    asks = {"limits": lambda: _limits(c, spec), "fits": lambda: check_fits_on(spec.res, c)}
     if _needs_records(n_first, None):
         asks["records"] = c.job_records
     got = _concurrently(asks)
