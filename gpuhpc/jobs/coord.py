@@ -158,7 +158,7 @@ class StopCoordinator:
         flag = self._local_flag() or (self.dir / "requested").exists()
         device = torch.device("cpu")
         if dist.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cuda", _own_cuda_index(torch))
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if int(t.item()):
@@ -220,6 +220,17 @@ class StopCoordinator:
             self.stop_step = step
             return True
         return False
+
+
+def _own_cuda_index(torch: Any) -> int:
+    """The rank's own GPU: ``cuda:LOCAL_RANK`` as torchrun and DeepSpeed's launcher mean it
+    (modulo the visible devices: one when a task is bound to its GPU), not ``current_device()``,
+    which is GPU 0 in a script that never called ``set_device``."""
+    raw = os.environ.get("LOCAL_RANK", "").strip()
+    count = torch.cuda.device_count()
+    if raw.isdigit() and count > 0:
+        return int(raw) % count
+    return torch.cuda.current_device()
 
 
 def _torch_dist() -> Any | None:
