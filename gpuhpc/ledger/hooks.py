@@ -16,51 +16,14 @@ Importing this module is cheap (stdlib only). The reservation, attach and releas
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from decimal import Decimal
+from typing import TYPE_CHECKING
 
+from gpuhpc.ledger.types import ChargeRequest
 
-@dataclass(frozen=True)
-class ChargeRequest:
-    cluster: str
-    user: str
-    account: str | None
-    partition: str | None
-    qos: str | None
-    gpu_type: str | None        # "h100" or a MIG profile "1g.10gb"; None = CPU-only
-    gpus: int                   # total GPUs per array task (nodes × gpus per node)
-    time_limit_s: int
-    array_size: int = 1
-    job_name: str = ""
+if TYPE_CHECKING:
+    from gpuhpc.ledger.quota import Reservation
 
-
-@dataclass
-class Reservation:
-    """A committed pre-submit hold. ``gpu_hours``/``amount`` are the worst case held."""
-
-    id: int
-    gpu_hours: Decimal = Decimal(0)
-    amount: Decimal = Decimal(0)
-    account: str | None = None
-    _url: str | None = None
-    # the reservation's open connection (reserve(keep_open=True)), used and closed by the next call
-    _conn: object = field(default=None, repr=False, compare=False)
-
-    def _take_conn(self):
-        conn, self._conn = self._conn, None
-        return conn
-
-    def attach_job(self, job_id: str) -> None:
-        """Record the Slurm job id (new transaction, after sbatch succeeded)."""
-        from gpuhpc.ledger import quota
-
-        quota.attach_job(self.id, str(job_id), url=self._url, conn=self._take_conn())
-
-    def release(self) -> None:
-        """sbatch failed: give the whole hold back (idempotent)."""
-        from gpuhpc.ledger import quota
-
-        quota.release(self.id, url=self._url, conn=self._take_conn())
+__all__ = ["ChargeRequest", "ledger_in_use", "reserve", "submit_budget", "writable"]
 
 
 def ledger_in_use() -> str | None:

@@ -24,11 +24,13 @@ import datetime as dt
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from gpuhpc.errors import LedgerError, QuotaExceeded, UserInputError
-from gpuhpc.ledger import hooks, pricing
+from gpuhpc.ledger import paths, pricing
+from gpuhpc.ledger.types import ChargeRequest
 
 # The schema revision this gpuhpc needs: the one place it is written (db.py imports it; a
 # unit test checks it against migrations/versions, so a new migration must update it).
@@ -198,14 +200,6 @@ def transaction(url: str) -> Iterator[Tx]:
         conn.close()
 
 
-def _url(url: str | None) -> str:
-    if url:
-        return url
-    from gpuhpc.ledger.paths import db_url
-
-    return db_url()
-
-
 # ------------------------------------------------------------------ price book and counters
 def load_price_book(tx: Tx) -> pricing.PriceBook:
     book = pricing.PriceBook()
@@ -257,6 +251,32 @@ def counter_of(tx: Tx, quota_id: int, at: dt.datetime) -> tuple[int, Decimal, De
 
 
 # ------------------------------------------------------------------ the decision
+@dataclass
+class Reservation:
+    """A committed pre-submit hold (what :func:`reserve` returns). ``gpu_hours``/``amount``
+    are the worst case held."""
+
+    id: int
+    gpu_hours: Decimal = Decimal(0)
+    amount: Decimal = Decimal(0)
+    account: str | None = None
+    url: str | None = None
+    # the reservation's open connection (reserve(keep_open=True)), used and closed by the next call
+    _conn: object = field(default=None, repr=False, compare=False)
+
+    def _take_conn(self):
+        conn, self._conn = self._conn, None
+        return conn
+
+    def attach_job(self, job_id: str) -> None:
+        """Record the Slurm job id (new transaction, after sbatch succeeded)."""
+        attach_job(self.id, str(job_id), url=self.url, conn=self._take_conn())
+
+    def release(self) -> None:
+        """sbatch failed: give the whole hold back (idempotent)."""
+        release(self.id, url=self.url, conn=self._take_conn())
+
+
 def check_quota(who: str, period: str, money: Decimal | None, gpu_hours: Decimal | None,
                 used_h: Decimal, used_m: Decimal, held_h: Decimal, held_m: Decimal, wc: pricing.Price) -> None:
     """Raise QuotaExceeded when ``wc`` does not fit one quota's period."""
@@ -279,7 +299,7 @@ def unpriced(gpu_type: str | None, account: str) -> LedgerError:
                        f"`gpuhpc ledger price set --gpu-type {gpu_type} --rate RATE`")
 
 
-def _account_of(tx: Tx, req: hooks.ChargeRequest) -> tuple[int | None, tuple[int, str] | None]:
+def _account_of(tx: Tx, req: ChargeRequest) -> tuple[int | None, tuple[int, str] | None]:
     """(user id, (account id, name)): the named account, else the user's default (or only) one."""
     row = tx.one("SELECT id FROM users WHERE name = ?", (req.user,))
     user_id = row[0] if row else None
@@ -293,7 +313,7 @@ def _account_of(tx: Tx, req: hooks.ChargeRequest) -> tuple[int | None, tuple[int
     return user_id, (tuple(pick[0][:2]) if pick else None)
 
 
-def reserve_in(tx: Tx, req: hooks.ChargeRequest, now: dt.datetime, url: str | None = None) -> hooks.Reservation:
+def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = None) -> Reservation:
     """The decision inside an open transaction ``tx``: hold the worst case of ``req`` against
     every quota that applies (the account's, and the user's in it), or raise QuotaExceeded."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
@@ -329,18 +349,18 @@ def reserve_in(tx: Tx, req: hooks.ChargeRequest, now: dt.datetime, url: str | No
              (tx.num(held_h + wc.gpu_hours), tx.num(held_m + wc.amount), bid))
         tx.q("INSERT INTO reservation_holds (reservation_id, quota_usage_id, gpu_hours, money) VALUES (?, ?, ?, ?)",
              (rid, bid, tx.num(wc.gpu_hours), tx.num(wc.amount)))
-    return hooks.Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, _url=url)
+    return Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, url=url)
 
 
-def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None,
-            keep_open: bool = False) -> hooks.Reservation:
+def reserve(req: ChargeRequest, *, url: str | None = None, now: dt.datetime | None = None,
+            keep_open: bool = False) -> Reservation:
     """Hold the worst case of ``req`` in one committed transaction (before sbatch). Raises
     QuotaExceeded (nothing held) when a quota would be overspent; LedgerError when the schema
     is not at head (naming ``gpuhpc db upgrade``). With ``keep_open`` the connection stays with
-    the reservation for its :meth:`~hooks.Reservation.attach_job` or ``release``, which close it."""
+    the reservation for its :meth:`Reservation.attach_job` or ``release``, which close it."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
         raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
-    url = _url(url)
+    url = url or paths.db_url()
     conn = Connection(url)
     try:
         with conn.transaction() as tx:
@@ -359,7 +379,7 @@ def reserve(req: hooks.ChargeRequest, *, url: str | None = None, now: dt.datetim
 def _transaction_on(url: str | None, conn: Connection | None) -> Iterator[Tx]:
     """A transaction on ``conn`` (closed afterwards), else on a connection of its own."""
     if conn is None:
-        with transaction(_url(url)) as tx:
+        with transaction(url or paths.db_url()) as tx:
             yield tx
         return
     try:

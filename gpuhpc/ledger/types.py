@@ -1,0 +1,20 @@
+"""The ledger's records that the submit path and the quota decision share (stdlib only)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """What a submission asks the ledger to hold (:func:`gpuhpc.ledger.hooks.reserve`)."""
+
+    cluster: str
+    user: str
+    account: str | None
+    partition: str | None
+    qos: str | None
+    gpu_type: str | None        # "h100" or a MIG profile "1g.10gb"; None = CPU-only
+    gpus: int                   # total GPUs per array task (nodes × gpus per node)
+    time_limit_s: int
+    array_size: int = 1
+    job_name: str = ""
