@@ -59,7 +59,7 @@ def price(records: list[dict], *, client=None, book=None, now: dt.datetime | Non
     """Add to each record how long the GPU has been idle, the job's GPU type and rate (the
     ledger's price book: type × partition × QOS at the job's start), the idle cost so far and a
     one-line ``message``. Slurm or the ledger unavailable: the message says "no price"."""
-    from gpuhpc.monitoring.efficiency import _rate, _sacct_time, price_book
+    from gpuhpc.monitoring.efficiency import gpu_rate, price_book, sacct_time
 
     now = now or dt.datetime.now(dt.timezone.utc)
     jobs = sorted({r["job_id"] for r in records if r.get("job_id", "").isdigit()})
@@ -78,7 +78,7 @@ def price(records: list[dict], *, client=None, book=None, now: dt.datetime | Non
         minutes = max(0.0, (now - since).total_seconds() / 60) if since else 0.0
         row = rows.get(rec.get("job_id", ""))
         gtype = next((t for t in row.gpus if t != "gpu"), next(iter(row.gpus), "")) if row else ""
-        rate = _rate(book, gtype, row.partition, row.qos, _sacct_time(row.start)) if row else None
+        rate = gpu_rate(book, gtype, row.partition, row.qos, sacct_time(row.start)) if row else None
         cost = (Decimal(str(round(minutes / 60, 6))) * rate).quantize(Decimal("0.01")) if rate is not None else None
         rec.update(idle_minutes=round(minutes, 1), gpu_type=gtype,
                    rate_per_gpu_hour=str(rate) if rate is not None else None,

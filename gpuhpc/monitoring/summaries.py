@@ -111,7 +111,7 @@ def pending(*, url: str | None = None, now: dt.datetime | None = None, limit: in
 
 
 def summary_row(rep, run: PendingRun, label: str) -> dict:
-    """A filled :class:`~gpuhpc.monitoring.efficiency.JobEfficiency` -> a ``run_utilisation`` row."""
+    """A filled :class:`~gpuhpc.monitoring.usage.JobEfficiency` -> a ``run_utilisation`` row."""
     devs = rep.devices
     samples = sum(len(d.util) for d in devs)
     busy = [d for d in devs if d.util]
@@ -130,7 +130,7 @@ def store_settled(*, url: str | None = None, prom=None, client=None, threshold: 
                   now: dt.datetime | None = None) -> int:
     """Summarise every settled run that has no summary yet; returns how many were stored.
     Raises :class:`GpuhpcError` when Prometheus cannot be reached (nothing stored then)."""
-    from gpuhpc.monitoring.efficiency import JobEfficiency, Prometheus, fetch_series, idle_threshold
+    from gpuhpc.monitoring.usage import JobEfficiency, Prometheus, fetch_series, idle_threshold
 
     now = now or dt.datetime.now(dt.timezone.utc)
     prom = prom or Prometheus()
@@ -216,8 +216,8 @@ def load_run(job_id: str, *, url: str | None = None) -> StoredRun | None:
 
 
 def apply(rep, stored: StoredRun) -> None:
-    """Fill a :class:`~gpuhpc.monitoring.efficiency.JobEfficiency` from a stored summary."""
-    from gpuhpc.monitoring.efficiency import Device
+    """Fill a :class:`~gpuhpc.monitoring.usage.JobEfficiency` from a stored summary."""
+    from gpuhpc.monitoring.usage import Device
 
     rep.source = "ledger"
     rep.threshold = stored.threshold
@@ -233,9 +233,9 @@ def apply(rep, stored: StoredRun) -> None:
 
 def idle_by_job(account: str, since: dt.datetime, until: dt.datetime, *, url: str | None = None) -> list:
     """The account's settled runs that started in ``[since, until)``, summed per job (array
-    tasks apart), as :class:`~gpuhpc.monitoring.efficiency.RankRow`: idle GPU-hours priced at
+    tasks apart), as :class:`~gpuhpc.monitoring.usage.RankRow`: idle GPU-hours priced at
     each run's charge rate."""
-    from gpuhpc.monitoring.efficiency import RankRow
+    from gpuhpc.monitoring.usage import RankRow
 
     out: dict[str, RankRow] = {}
     cost: dict[str, Decimal] = {}

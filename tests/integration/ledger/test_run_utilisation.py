@@ -13,7 +13,8 @@ import pytest
 from gpuhpc.ledger import db
 from gpuhpc.ledger.orm import Charge, UsageRecord
 from gpuhpc.monitoring import summaries
-from gpuhpc.monitoring.efficiency import JobEfficiency, advise, summarize
+from gpuhpc.monitoring.efficiency import advise
+from gpuhpc.monitoring.usage import JobEfficiency, summarize
 
 pytestmark = pytest.mark.integration
 T0 = dt.datetime(2026, 11, 20, 10, 0, tzinfo=dt.timezone.utc)

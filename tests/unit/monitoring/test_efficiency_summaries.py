@@ -4,7 +4,8 @@ from __future__ import annotations
 import datetime as dt
 from decimal import Decimal
 
-from gpuhpc.monitoring.efficiency import JobEfficiency, _ranges, advise, render_html, summarize
+from gpuhpc.monitoring.efficiency import _ranges, advise, render_html
+from gpuhpc.monitoring.usage import JobEfficiency, summarize
 
 
 def _matrix(values: dict[tuple[str, str, str], list[float]], t0: float = 1000.0, step: int = 15) -> list[dict]:
