@@ -4,7 +4,8 @@
 #   build    copy ansible/ + slurm-conf/*.j2 into a staging tree, `ansible-galaxy collection build`
 #            -> .ansible/dist/gpuhpc-cluster-<version>.tar.gz (prints the path)
 #   install  build, then `ansible-galaxy collection install` it into .ansible/collections
-#   up       install, then ansible/inventories/local/up.yml (test machinery + gpuhpc.cluster.site);
+#   up       install, then ansible/local/up.yml on the inventory ansible/inventories/local (the spec
+#            rendered for this checkout, test machinery, gpuhpc.cluster.site);
 #            idempotent: a second run reports changed=0 and restarts nothing
 #   down     stop every daemon (gpuhpc.cluster.teardown); purge also deletes state
 set -euo pipefail
@@ -13,12 +14,13 @@ unset SLURM_CONF   # the local cluster lives at /etc/slurm/slurm.conf
 ROOT=$PWD
 export ANSIBLE_CONFIG="$ROOT/ansible/ansible.cfg" PATH="$ROOT/.venv/bin:$PATH"
 export ANSIBLE_COLLECTIONS_PATH="$ROOT/.ansible/collections"
-LOCAL=ansible/inventories/local
+LOCAL=ansible/inventories/local   # inventory only
+PLAYS=ansible/local               # the local cluster's playbooks and test roles (not in the collection)
 
 build() {
   local stage="$ROOT/.ansible/build/$$" dist="$ROOT/.ansible/dist"
   rm -rf "$stage" && mkdir -p "$stage" "$dist"
-  tar -C ansible --exclude=./inventories --exclude=.ansible --exclude=__pycache__ --exclude='*.pyc' -cf - . \
+  tar -C ansible --exclude=./inventories --exclude=./local --exclude=./ansible_collections --exclude=.ansible --exclude=__pycache__ --exclude='*.pyc' -cf - . \
     | tar -C "$stage" -xf -
   # the one source of the Slurm templates is slurm-conf/: the collection carries a copy
   # (slurmdbd.conf in its own role, every other template in gpuhpc_slurm_common)
@@ -57,8 +59,8 @@ case "${1:-up}" in
   up)      case "$ROOT/" in /tmp/*)   # jobs here get a private /tmp (job_container/tmpfs): they could not see the checkout
              echo "cluster.sh: this checkout is under /tmp ($ROOT), which every job on the local cluster sees as its own empty /tmp; clone gpuhpc elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
            esac
-           install && ansible-playbook -i "$LOCAL" "$LOCAL/up.yml" "${@:2}" ;;
-  down)    install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" "${@:2}" ;;
-  purge)   install && ansible-playbook -i "$LOCAL" "$LOCAL/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
+           install && ansible-playbook -i "$LOCAL" "$PLAYS/up.yml" "${@:2}" ;;
+  down)    install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" "${@:2}" ;;
+  purge)   install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
   *) echo "usage: scripts/cluster.sh build|install|up|down|purge [ansible-playbook args]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 """The cluster that `scripts/cluster.sh up` stood up (the installed gpuhpc.cluster collection, run
-with ansible/inventories/local/up.yml).
+with ansible/local/up.yml).
 
 These tests check the Ansible-built cluster itself, so they always talk to it through the
 standard /etc/slurm/slurm.conf (never a SLURM_CONF pointing at another cluster on this machine).

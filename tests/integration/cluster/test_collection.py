@@ -32,7 +32,7 @@ from .conftest import REPO, ansible_env, recap, run_playbook
 pytestmark = pytest.mark.integration
 
 EXAMPLES = REPO / "examples" / "clusters"
-LOCAL_INVENTORY = REPO / "ansible" / "inventories" / "local"
+LOCAL_ROLES = REPO / "ansible" / "local" / "roles"   # the local cluster's test machinery
 
 
 def test_installed_collection_carries_the_templates_and_no_checkout_paths(collection):
@@ -145,7 +145,7 @@ def _spec(**runtime) -> dict:
 
 
 def _inventory(spec_path: Path) -> dict:
-    manager = str(LOCAL_INVENTORY / "roles" / "gpuhpc_test_pidfile_service")
+    manager = str(LOCAL_ROLES / "gpuhpc_test_pidfile_service")
     host = {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}
     return {"all": {
         "hosts": host,

@@ -30,7 +30,7 @@ from .conftest import REPO, ansible_env, recap
 
 pytestmark = pytest.mark.integration
 
-STANDIN = REPO / "ansible" / "inventories" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
+STANDIN = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
 SEVEN = [["1g.10gb"] * 7, ["3g.40gb", "3g.40gb"]]
 NVIDIA, RDMA = "gpuhpc_nvidia_gpu", "gpuhpc_gpudirect_rdma"
 

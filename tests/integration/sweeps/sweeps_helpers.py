@@ -61,7 +61,7 @@ def assert_one_charge_per_run(slurm, db: Path, job_ids: list[str]) -> None:
 
 def restart_slurmctld(timeout: float = 60) -> int:
     """Restart the local cluster's slurmctld the way its pid-file service runs it
-    (ansible/inventories/local/roles/gpuhpc_test_pidfile_service): SIGTERM the pid in
+    (ansible/local/roles/gpuhpc_test_pidfile_service): SIGTERM the pid in
     SlurmctldPidFile, wait for it to exit, start the same command line with the same environment
     (SLURM_CONF) and working directory, and wait until ``scontrol ping`` answers. Its state
     (StateSaveLocation) carries the jobs over. Returns the new pid."""

@@ -16,7 +16,7 @@ from gpuhpc.spec.gpus import gpu_model
 from gpuhpc.testing.nvml_standin import state_from_listing, with_mig_geometry
 
 REPO = Path(__file__).resolve().parents[3]
-STANDIN = REPO / "ansible" / "inventories" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
+STANDIN = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
 H100 = gpu_model("h100")
 A100 = gpu_model("a100-40gb")
 
