@@ -1,8 +1,9 @@
 """Small filesystem helpers shared across gpuhpc: the data and cache directories, atomic writes,
-bundled template folders."""
+bundled template folders, a file's sha256."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -111,6 +112,12 @@ def check_root_dir(path: str | os.PathLike[str], *, create: int | None = 0o755) 
         raise PermissionError(f"{target} must be a directory owned by uid {os.geteuid()} that group "
                               "and others cannot write (not a symbolic link); remove it or fix its owner and mode")
     return target
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The hex sha256 of the file at ``path`` (read in chunks: any size)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def bundled_dir(name: str) -> Path:

@@ -25,7 +25,7 @@ SMI_LIST = ("nvidia-smi", "-L")
 SMI_COUNTERS = ("nvidia-smi", f"--query-gpu={','.join(c.COUNTER_FIELDS)}", "--format=csv,noheader,nounits")
 
 
-def _try(runner: Runner, argv: list[str], *, input: str | None = None, timeout: float = 20) -> CommandResult | None:
+def run_if_installed(runner: Runner, argv: list[str], *, input: str | None = None, timeout: float = 20) -> CommandResult | None:
     """``argv``'s result; None when the command is not installed where the runner runs."""
     try:
         res = runner.run(argv, input=input, timeout=timeout)
@@ -36,7 +36,8 @@ def _try(runner: Runner, argv: list[str], *, input: str | None = None, timeout: 
     return None if res.returncode == 127 else res
 
 
-def _read(runner: Runner, path: str) -> str | None:
+def read_or_none(runner: Runner, path: str) -> str | None:
+    """The file's text where the runner runs; None when it cannot be read."""
     try:
         return runner.read_file(path)
     except TransportError:
@@ -52,7 +53,7 @@ def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mo
     add = report.results.append
 
     gres_path = spec.gres_conf_path(runner.getenv("SLURM_CONF"))
-    gres_text = _read(runner, gres_path)
+    gres_text = read_or_none(runner, gres_path)
     if gres_text is None:
         add(c.fail("gpu-devices", f"gres.conf unreadable: {gres_path}", c.SW))
         lines: list[c.GresLine] = []
@@ -61,24 +62,24 @@ def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mo
         files = [f for g in lines for f in g.files]
         present: dict[str, str] = {}
         if files:
-            res = _try(runner, ["stat", "-c", "%F|%n", *files])
+            res = run_if_installed(runner, ["stat", "-c", "%F|%n", *files])
             present = c.parse_stat(res.stdout) if res else {}
         add(c.check_gpu_devices(lines, present))
 
-    mounts_text = _read(runner, "/proc/mounts") or ""
+    mounts_text = read_or_none(runner, "/proc/mounts") or ""
     add(c.check_mounts(mounts_text, spec.mounts))
     df_text = None
     if spec.scratch_path:
-        res = _try(runner, ["df", "-P", "-k", spec.scratch_path])
+        res = run_if_installed(runner, ["df", "-P", "-k", spec.scratch_path])
         df_text = res.stdout if res and res.ok else None
     add(c.check_scratch(spec.scratch_path, df_text, mounts_text, min_free_gb=spec.scratch_min_free_gb,
                         must_be_mount=spec.scratch_must_be_mount))
 
-    enc = _try(runner, ["munge", "-n"], timeout=10)
+    enc = run_if_installed(runner, ["munge", "-n"], timeout=10)
     if enc is None:
         add(c.fail("munge", "munge", c.SW))
     else:
-        dec = _try(runner, ["unmunge"], input=enc.stdout, timeout=10) if enc.ok else None
+        dec = run_if_installed(runner, ["unmunge"], input=enc.stdout, timeout=10) if enc.ok else None
         add(c.check_munge(enc.returncode, dec.returncode if dec else 1, dec.stdout if dec else ""))
 
     if mode == "full":
@@ -89,7 +90,7 @@ def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mo
 
 def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], add) -> None:
     expected = c.expected_counts(lines)
-    listing = _try(runner, list(SMI_LIST)) if expected else None
+    listing = run_if_installed(runner, list(SMI_LIST)) if expected else None
     if not expected:
         add(c.skip("gpu-listing", "no GPUs in gres.conf for this node"))
     elif listing is None:
@@ -99,7 +100,7 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     else:
         add(c.check_gpu_listing(expected, listing.stdout))
 
-    counters = _try(runner, list(SMI_COUNTERS)) if expected and listing is not None else None
+    counters = run_if_installed(runner, list(SMI_COUNTERS)) if expected and listing is not None else None
     if counters is not None and counters.ok:
         report_rows = c.check_gpu_counters(counters.stdout, spec.thresholds)
     else:
@@ -107,12 +108,12 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     for r in report_rows:
         add(r)
 
-    dmesg = _try(runner, ["dmesg"]) if expected else None
+    dmesg = run_if_installed(runner, ["dmesg"]) if expected else None
     if dmesg is None or not dmesg.ok:
         add(c.skip("xid", "no GPUs" if not expected else "kernel log not readable here"))
     else:
         mark_file = os.path.join(spec.state_dir, f"xid-{node}")
-        prev = _read(runner, mark_file)
+        prev = read_or_none(runner, mark_file)
         try:
             since = float(prev) if prev and prev.strip() else None
         except ValueError:
@@ -128,5 +129,5 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     if spec.ib_min_rate is None and spec.ib_ports is None:
         add(c.check_ib(None, min_rate=None, ports=None))
     else:
-        ib = _try(runner, ["ibstat"])
+        ib = run_if_installed(runner, ["ibstat"])
         add(c.check_ib(ib.stdout if ib and ib.ok else None, min_rate=spec.ib_min_rate, ports=spec.ib_ports))

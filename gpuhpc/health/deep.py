@@ -156,21 +156,21 @@ def run_deep(node: str, runner, spec, *, baselines=None) -> c.Report:
     ``baselines``: a :class:`Baselines` (None: no baseline is read or recorded)."""
     import time
 
-    from gpuhpc.health.collect import _read, _try
+    from gpuhpc.health.collect import read_or_none, run_if_installed
 
     t0 = time.perf_counter()
     report = c.Report(node)
-    gres = _read(runner, spec.gres_conf_path(runner.getenv("SLURM_CONF")))
+    gres = read_or_none(runner, spec.gres_conf_path(runner.getenv("SLURM_CONF")))
     gpus = sum(c.expected_counts(c.parse_gres_conf(gres, node)).values()) if gres else 0
     if not gpus:
         report.results += [c.skip(DCGM, "no GPUs in gres.conf for this node"),
                            c.skip(NCCL, "no GPUs in gres.conf for this node", c.PERF)]
         report.elapsed_s = time.perf_counter() - t0
         return report
-    res = _try(runner, dcgm_argv(spec.deep_dcgm_level), timeout=spec.deep_timeout_s)
+    res = run_if_installed(runner, dcgm_argv(spec.deep_dcgm_level), timeout=spec.deep_timeout_s)
     report.results.append(check_dcgm(res.stdout if res else None, res.returncode if res else 127,
                                      spec.deep_dcgm_level))
-    res = _try(runner, nccl_argv(gpus), timeout=spec.deep_timeout_s)
+    res = run_if_installed(runner, nccl_argv(gpus), timeout=spec.deep_timeout_s)
     base = baselines.get(node) if baselines is not None else None
     result = check_nccl(res.stdout if res else None, res.returncode if res else 127, base, spec.deep_nccl_min_ratio)
     report.results.append(result)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhpc.errors import StagingError
+from gpuhpc.fsutil import sha256_file
 
 if TYPE_CHECKING:
     from gpuhpc.staging.s3 import S3Stager, S3Url
@@ -180,7 +181,7 @@ class NodeCache:
             st = os.lstat(p)
             if stat.S_ISREG(st.st_mode):
                 out[p.relative_to(data).as_posix()] = [st.st_size, st.st_mtime_ns,
-                                                       _sha256(p) if self.verify == "full" else None]
+                                                       sha256_file(p) if self.verify == "full" else None]
         return out
 
     def _damage(self, data: Path, record: dict) -> str | None:
@@ -199,7 +200,7 @@ class NodeCache:
                 return f"{rel} has {st.st_size} bytes, not {size}"
             if st.st_mtime_ns != mtime_ns:
                 return f"{rel} was modified after the download"
-            if self.verify == "full" and sha and _sha256(data / rel) != sha:
+            if self.verify == "full" and sha and sha256_file(data / rel) != sha:
                 return f"{rel} does not match its SHA-256"
         return None
 
@@ -260,11 +261,6 @@ class NodeCache:
             except ValueError:
                 return None
         return data if isinstance(data, dict) else None
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def _tree_size(path: Path) -> int:

@@ -83,14 +83,14 @@ def _files(path: Path) -> dict[str, Path]:
 
 def upload_checkpoint(stager: S3Stager, local: Path, url: S3Url) -> None:
     """Upload one complete checkpoint (file or directory) to ``url/<name>/``; manifest last."""
-    from gpuhpc.staging.s3 import _sha256
+    from gpuhpc.fsutil import sha256_file
 
     base = url.child(local.name)
     files = _files(local)
     meta = {}
     for rel, p in files.items():
         stager.push(p, S3Url(base.bucket, base.child(rel).key))
-        meta[rel] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+        meta[rel] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
     manifest = {"name": local.name, "kind": "file" if local.is_file() else "dir", "files": meta,
                 "mtime_ns": local.stat().st_mtime_ns, "uploaded": time.time(),
                 "job_id": os.environ.get("SLURM_JOB_ID", ""), "host": socket.gethostname()}

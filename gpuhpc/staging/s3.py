@@ -7,7 +7,6 @@ rename), so a job that is preempted mid-download never sees a half-written file.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
 from gpuhpc.errors import StagingError, UserInputError
-from gpuhpc.fsutil import atomic_path
+from gpuhpc.fsutil import atomic_path, sha256_file
 
 MB = 1024 * 1024
 
@@ -147,7 +146,7 @@ class S3Stager:
         for path in files:
             key = url.key if src.is_file() and url.key and not url.key.endswith("/") else \
                 url.child(path.name if src.is_file() else path.relative_to(src).as_posix()).key
-            sha = _sha256(path)
+            sha = sha256_file(path)
             self._call(f"upload {path}", self._client.upload_file, str(path), url.bucket, key,
                        ExtraArgs={"Metadata": {"sha256": sha}}, Config=self._transfer, Callback=self._callback())
         return len(files)
@@ -295,9 +294,3 @@ def _no_credentials() -> StagingError:
                              "(boto3's usual chain)")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(4 * MB), b""):
-            h.update(chunk)
-    return h.hexdigest()
