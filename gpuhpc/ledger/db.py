@@ -30,7 +30,8 @@ from gpuhpc.ledger.quota import KNOWN_REVISIONS, SCHEMA_HEAD, SQLITE_BUSY_TIMEOU
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
-def _sqlite_file(url: str) -> Path | None:
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for another database or an in-memory one."""
     from sqlalchemy.engine import make_url
 
     u = make_url(url)
@@ -43,7 +44,7 @@ def _sqlite_file(url: str) -> Path | None:
 def get_engine(url: str | None = None) -> Engine:
     url = url or paths.db_url()
     if url.startswith("sqlite"):
-        f = _sqlite_file(url)
+        f = sqlite_file(url)
         if f is not None:
             f.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
@@ -141,7 +142,7 @@ def upgrade(url: str | None = None, revision: str = "head") -> tuple[str | None,
     before = current_revision(engine)
     command.upgrade(alembic_config(url), revision)
     _checked.discard(url)
-    f = _sqlite_file(url)
+    f = sqlite_file(url)
     if f is not None and f.exists() and f.stat().st_uid == os.geteuid():
         os.chmod(f, 0o600)      # only its owner (the admin) may read or change the ledger
     return before, current_revision(engine)

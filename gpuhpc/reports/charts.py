@@ -34,7 +34,9 @@ def _ensure_config_dir() -> None:
     os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="gpuhpc-mpl-")
 
 
-def _figure(width_in: float, height_in: float):
+def figure(width_in: float, height_in: float):
+    """A matplotlib Figure and its one Axes (no pyplot, no display), for a chart of your own;
+    :func:`svg` renders it."""
     _ensure_config_dir()
     from matplotlib.figure import Figure
 
@@ -42,7 +44,8 @@ def _figure(width_in: float, height_in: float):
     return fig, fig.add_subplot()
 
 
-def _svg(fig) -> str:
+def svg(fig) -> str:
+    """The figure as inline SVG text (the same chart is the same bytes)."""
     import matplotlib
 
     buf = io.StringIO()
@@ -95,7 +98,7 @@ def stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]
                  title: str = "", colors: Mapping[str, str] | None = None, width_in: float = 7.8,
                  height_in: float = 3.2) -> str:
     """Bars per category (e.g. a period), stacked by series (e.g. an account), legend on the right."""
-    fig, ax = _figure(width_in, height_in)
+    fig, ax = figure(width_in, height_in)
     x = list(range(len(categories)))
     bottoms = [0.0] * len(categories)
     for (name, values), color in zip(series.items(), _colors(list(series), colors)):
@@ -110,12 +113,12 @@ def stacked_bars(categories: Sequence[str], series: Mapping[str, Sequence[float]
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     if title:
         ax.set_title(title)
-    return _svg(fig)
+    return svg(fig)
 
 
 def hbars(values: Mapping[str, float], *, xlabel: str = "", title: str = "", width_in: float = 7.8) -> str:
     """One horizontal bar per key (in the order given, top to bottom), value printed at its end."""
-    fig, ax = _figure(width_in, 0.8 + 0.32 * max(len(values), 1))
+    fig, ax = figure(width_in, 0.8 + 0.32 * max(len(values), 1))
     keys = list(values)
     vals = [float(v) for v in values.values()]
     ax.barh(range(len(keys)), vals, 0.7, color=_colors(keys, None))
@@ -126,14 +129,14 @@ def hbars(values: Mapping[str, float], *, xlabel: str = "", title: str = "", wid
         ax.annotate(f"{v:,.2f}", (v, i), xytext=(4, 0), textcoords="offset points", va="center")
     if title:
         ax.set_title(title)
-    return _svg(fig)
+    return svg(fig)
 
 
 def lines(x: Sequence, series: Mapping[str, Sequence[float]], *, xlabel: str = "", ylabel: str = "",
           title: str = "", scatter: bool = False, logy: bool = False, from_zero: bool = False,
           width_in: float = 7.8, height_in: float = 3.2) -> str:
     """One line (or, with ``scatter``, one set of points) per series over a shared x."""
-    fig, ax = _figure(width_in, height_in)
+    fig, ax = figure(width_in, height_in)
     for (name, values), color in zip(series.items(), _colors(list(series), None)):
         if scatter:
             ax.scatter(x, values, s=12, color=color, label=name)
@@ -151,4 +154,4 @@ def lines(x: Sequence, series: Mapping[str, Sequence[float]], *, xlabel: str = "
         ax.legend(frameon=False)
     if title:
         ax.set_title(title)
-    return _svg(fig)
+    return svg(fig)

@@ -86,7 +86,7 @@ def db_url(url: str | None = None) -> str:
     if url.startswith("sqlite") and not os.path.exists(paths.default_db_path() if url == paths.db_url() else "/"):
         from gpuhpc.ledger import db
 
-        f = db._sqlite_file(url)
+        f = db.sqlite_file(url)
         if f is not None and not f.exists():
             db.upgrade(url)
     return url

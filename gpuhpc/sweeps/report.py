@@ -52,7 +52,7 @@ def html_report(info: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
 def _scatter(xs, ys, xname: str, yname: str, logx: bool, cats: list[str] | None = None) -> str:
     from gpuhpc.reports import charts
 
-    fig, ax = charts._figure(5.5, 3.0)
+    fig, ax = charts.figure(5.5, 3.0)
     ax.scatter(xs, ys, s=12, color=charts.PALETTE[0])
     if logx:
         ax.set_xscale("log")
@@ -63,4 +63,4 @@ def _scatter(xs, ys, xname: str, yname: str, logx: bool, cats: list[str] | None 
     ax.set_ylabel(yname)
     ax.grid(True, color="#dddddd")
     ax.set_title(f"{yname} vs {xname}")
-    return charts._svg(fig)
+    return charts.svg(fig)
