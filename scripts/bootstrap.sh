@@ -39,7 +39,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q -c constraints.txt -e '.[test,postgres,ansible]' --config-settings editable_mode=compat 2>&1 \
     | grep -v -E "^WARNING: (Location|The directory)" || true
-  .venv/bin/python -c "import gpuhpc, sqlalchemy, submitit, typer" 
+  .venv/bin/python -c "import gpuhpc, sqlalchemy, submitit, click" 
   echo "$want" > "$stamp"
 fi
 # .venv/bin/gpuhpc stays pip's Python console script: the command server and its compiled

@@ -1,11 +1,11 @@
-"""The typer CLI: the only package that imports typer and rich."""
+"""The click CLI (:mod:`gpuhpc.cli.main`): the only package that imports click and rich."""
 
 
 def run_guarded(call, debug=lambda: False) -> int:
     """Run ``call()`` and map gpuhpc's errors to exit codes: a ``GpuhpcError`` prints one line
     (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130, any other
     exception prints one line and returns 1. With ``--debug``/``GPUHPC_DEBUG`` the exception
-    propagates with its traceback. Typer-free: every command runs under it."""
+    propagates with its traceback. Every command runs under it (:func:`gpuhpc.cli.main.main`)."""
     import os
     import sys
 

@@ -14,6 +14,23 @@ from __future__ import annotations
 import os
 import sys
 
+import click
+
+
+class OnClusterGroup(click.Group):
+    """A command group whose state lives on the cluster (``sweep``, ``report``): with a remote
+    runner (``--cluster NAME``, ``GPUHPC_SSH_HOST``) the whole command line runs there."""
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        # a subcommand of gpuhpc (not the group alone), not shell completion resolving a name
+        if parent is not None and not (extra.get("resilient_parsing") or parent.resilient_parsing):
+            from gpuhpc.cli.main import debugging
+
+            code = main([info_name, *args], debugging())
+            if code is not None:
+                raise click.exceptions.Exit(code)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
 
 def main(args: list[str], debug: bool) -> int | None:
     """Run ``gpuhpc ARGS`` on the cluster and return its exit code; None when the runner is
@@ -38,21 +55,22 @@ def _forward(runner, args: list[str], debug: bool) -> int:
 
     cwd, env = None, {}
     if args[:2] == ["sweep", "run"]:
-        from gpuhpc.cli._args import parse
-        from gpuhpc.cli.sweep import parser
+        from gpuhpc.cli.main import input_error
+        from gpuhpc.cli.sweep import sweep
         from gpuhpc.sweeps.spec import load_file
 
-        ns = parse(parser(), args[1:])
-        if isinstance(ns, int):
-            return ns
-        spec = load_file(ns.file)                   # bad input: exit 2 here, nothing sent
+        try:                                # the command's own options, parsed, nothing run
+            file = sweep.commands["run"].make_context("gpuhpc sweep run", args[2:]).params["file"]
+        except click.UsageError as exc:
+            raise input_error(exc, "gpuhpc sweep run") from None
+        spec = load_file(file)                   # bad input: exit 2 here, nothing sent
         snap = snapshot.collect(".", (), snapshot.max_mb(runner)) if spec.workdir is None else None
         if snap is not None:
             up = snapshot.upload(snap, runner)
             cwd, env = snapshot.workdir_in(snap, up), {"GPUHPC_SNAPSHOT": up.path}
             sys.stderr.write(up.summary() + "\n")
-        at = args.index(ns.file, 2)
-        args[at] = remote.stage_file(runner, ns.file, "sweep-files")
+        at = args.index(file, 2)
+        args[at] = remote.stage_file(runner, file, "sweep-files")
     html = None
     for i, a in enumerate(args):
         if a == "--html" and i + 1 < len(args) or a.startswith("--html="):

@@ -1,12 +1,16 @@
 """``gpuhpc cluster ...``: what the cluster looks like right now."""
 from __future__ import annotations
 
-import typer
+import click
 
 from gpuhpc.cli._console import console, print_json
+from gpuhpc.cli.main import help_for
 from gpuhpc.errors import GpuhpcError
 
-cluster_app = typer.Typer(help="Inspect the Slurm cluster.", no_args_is_help=True)
+
+@click.group("cluster", help=help_for("cluster"), no_args_is_help=True)
+def cluster() -> None:
+    pass
 
 
 def node_list(text: str) -> str:
@@ -45,8 +49,9 @@ def preempt_signal_warning(config: dict[str, str]) -> str | None:
             "everything since their last periodic checkpoint (docs/jobs.md)")
 
 
-@cluster_app.command("status")
-def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(as_json: bool) -> None:
     """Nodes with state; GPUs total/allocated/free by type and MIG type; partitions."""
     from gpuhpc.cli._console import warn
     from gpuhpc.cluster import cluster_status
@@ -94,12 +99,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     out.print(parts)
 
 
-@cluster_app.command("trust")
-def trust(name: str = typer.Argument(..., help="cluster profile name, or [user@]host[:port]"),
-          yes: bool = typer.Option(False, "--yes", "-y", help="trust the key without asking"),
-          expect: str = typer.Option(None, "--fingerprint", metavar="SHA256:...",
-                                     help="trust only a key with this fingerprint (from the cluster's admins)")) -> None:
-    """Show a cluster's SSH host key fingerprint and add the key to known_hosts."""
+@cluster.command("trust")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="trust the key without asking")
+@click.option("--fingerprint", "expect", metavar="SHA256:...",
+              help="trust only a key with this fingerprint (from the cluster's admins)")
+def trust(name: str, yes: bool, expect: str | None) -> None:
+    """Show a cluster's SSH host key fingerprint and add the key to known_hosts. NAME: a cluster
+    profile name, or [user@]host[:port]."""
     import sys
 
     from gpuhpc.errors import TransportError, UserInputError
@@ -109,7 +116,7 @@ def trust(name: str = typer.Argument(..., help="cluster profile name, or [user@]
     runner = runner_for(name)
     key = scan_host_key(runner)
     fp = fingerprint(key)
-    typer.echo(f"{runner.host}:{runner.port} host key: {key.get_name()} {fp}", err=True)
+    click.echo(f"{runner.host}:{runner.port} host key: {key.get_name()} {fp}", err=True)
     if expect:
         if expect.strip() != fp:
             raise TransportError(f"the host key's fingerprint is {fp}, not {expect.strip()}: not trusted",
@@ -119,10 +126,7 @@ def trust(name: str = typer.Argument(..., help="cluster profile name, or [user@]
             raise UserInputError("not trusting a host key without confirmation", field="--yes",
                                  hint="compare the fingerprint above with the admins', then pass --yes "
                                       "or --fingerprint SHA256:...")
-        typer.confirm("Is this the cluster's key (compare with what its admins publish)?", abort=True)
+        click.confirm("Is this the cluster's key (compare with what its admins publish)?", abort=True)
     path, added = add_key(runner, key)
-    typer.echo(f"{'added to' if added else 'already in'} {path}", err=True)
+    click.echo(f"{'added to' if added else 'already in'} {path}", err=True)
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(cluster_app, name="cluster")

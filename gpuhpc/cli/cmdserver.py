@@ -2,15 +2,19 @@
 settings: :mod:`gpuhpc.config`, docs/cmdserver.md)."""
 from __future__ import annotations
 
-import typer
+import click
 
-cmdserver_app = typer.Typer(
-    help="The opt-in command server behind the compiled gpuhpc client (fast scripted submission).",
-    no_args_is_help=True)
+from gpuhpc.cli.main import help_for
 
 
-@cmdserver_app.command("status")
-def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+@click.group("cmdserver", help=help_for("cmdserver"), no_args_is_help=True)
+def cmdserver() -> None:
+    pass
+
+
+@cmdserver.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(as_json: bool) -> None:
     """Is the command server enabled, is one running for this install, which gpuhpc is installed."""
     from gpuhpc import config
     from gpuhpc.cli._console import console, print_json
@@ -42,9 +46,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON for sc
     console().print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
 
 
-@cmdserver_app.command("start")
-def start(idle: float = typer.Option(900.0, "--idle", min=1.0,
-                                     help="Exit after this many seconds without a command.")) -> None:
+@cmdserver.command("start")
+@click.option("--idle", type=click.FloatRange(min=1.0), default=900.0, show_default=True,
+              help="Exit after this many seconds without a command.")
+def start(idle: float) -> None:
     """Start the server now (the compiled client also starts one on first use, when enabled)."""
     from gpuhpc.cli._console import console
     from gpuhpc.cmdserver import socket_path
@@ -55,7 +60,7 @@ def start(idle: float = typer.Option(900.0, "--idle", min=1.0,
     console().print(f"command server running (pid {pid}) on {sock}", markup=False, highlight=False)
 
 
-@cmdserver_app.command("stop")
+@cmdserver.command("stop")
 def stop() -> None:
     """Stop the server; commands it is running finish first."""
     from gpuhpc.cli._console import console
@@ -67,12 +72,10 @@ def stop() -> None:
                     markup=False, highlight=False)
 
 
-@cmdserver_app.command("install-client")
-def install_client(
-    dest: str = typer.Option(None, "--dest", help="Where to install (default: the gpuhpc console "
-                                                 "script of this install, which it replaces)."),
-    cc: str = typer.Option(None, "--cc", help="C compiler (default: $CC, else cc)."),
-) -> None:
+@cmdserver.command("install-client")
+@click.option("--dest", help="Where to install (default: the gpuhpc console script of this install, which it replaces).")
+@click.option("--cc", help="C compiler (default: $CC, else cc).")
+def install_client(dest: str | None, cc: str | None) -> None:
     """Compile the C client and install it as ``gpuhpc``; needs ``[cmdserver] enabled = true``
     in your config. Undo: ``gpuhpc cmdserver uninstall-client``."""
     from gpuhpc import config
@@ -88,12 +91,10 @@ def install_client(
                     markup=False, highlight=False)
 
 
-@cmdserver_app.command("uninstall-client")
-def uninstall_client(
-    dest: str = typer.Option(None, "--dest", help="Where the client is (default: this install's gpuhpc)."),
-    if_disabled: bool = typer.Option(False, "--if-disabled",
-                                     help="Only when the command server is not enabled (bootstrap.sh)."),
-) -> None:
+@cmdserver.command("uninstall-client")
+@click.option("--dest", help="Where the client is (default: this install's gpuhpc).")
+@click.option("--if-disabled", is_flag=True, help="Only when the command server is not enabled (bootstrap.sh).")
+def uninstall_client(dest: str | None, if_disabled: bool) -> None:
     """Put the Python console script back in place of the compiled client, and stop the server."""
     from gpuhpc import config
     from gpuhpc.cli._console import console
@@ -112,7 +113,3 @@ def uninstall_client(
     stop_server(socket_path())
     console().print(f"restored the Python console script at {path}" if changed
                     else f"{path} is not the compiled client; nothing to do", markup=False, highlight=False)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(cmdserver_app, name="cmdserver")

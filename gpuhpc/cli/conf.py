@@ -4,10 +4,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import typer
+import click
 
-conf_app = typer.Typer(help="Cluster spec -> Slurm config files (slurm.conf, gres.conf, ...).",
-                       no_args_is_help=True)
+from gpuhpc.cli.main import help_for
+
+_SPEC = click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+@click.group("conf", help=help_for("conf"), no_args_is_help=True)
+def conf() -> None:
+    pass
 
 
 def _load(spec_path: Path):
@@ -23,10 +30,12 @@ def _warn_all(warnings: list[str]) -> None:
         warn(w)
 
 
-@conf_app.command("validate")
-def validate_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Cluster spec YAML."),
-                 as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Check a cluster spec; exit 2 with a one-line error naming the field if Slurm would reject it."""
+@conf.command("validate")
+@_SPEC
+@_JSON
+def validate_cmd(spec_path: Path, as_json: bool) -> None:
+    """Check a cluster spec (SPEC: YAML); exit 2 with a one-line error naming the field if Slurm
+    would reject it."""
     from gpuhpc.conf.validate import validate
 
     spec = _load(spec_path)
@@ -37,14 +46,17 @@ def validate_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Clu
 
         print_json({"ok": True, "cluster": spec.name, "nodes": len(spec.nodes()), "warnings": warnings})
     else:
-        typer.echo(f"ok: cluster {spec.name}, {len(spec.nodes())} nodes, {len(spec.partitions)} partitions")
+        click.echo(f"ok: cluster {spec.name}, {len(spec.nodes())} nodes, {len(spec.partitions)} partitions")
 
 
-@conf_app.command("render")
-def render_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Cluster spec YAML."),
-               out_dir: Path = typer.Option(..., "-o", "--out", help="Directory to write the files into."),
-               as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Validate, then write slurm.conf, gres.conf, cgroup.conf, topology.conf, slurmdbd.conf.
+@conf.command("render")
+@_SPEC
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory to write the files into.")
+@_JSON
+def render_cmd(spec_path: Path, out_dir: Path, as_json: bool) -> None:
+    """Validate the cluster spec SPEC, then write slurm.conf, gres.conf, cgroup.conf, topology.conf,
+    slurmdbd.conf.
 
     Nothing is written unless the whole spec validates. slurmdbd.conf's StoragePass comes from
     $GPUHPC_SLURMDBD_STORAGE_PASS (a placeholder otherwise).
@@ -64,15 +76,16 @@ def render_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Clust
         print_json({"written": [str(p) for p in written], "warnings": warnings})
     else:
         for p in written:
-            typer.echo(str(p))
+            click.echo(str(p))
 
 
-@conf_app.command("context")
-def context_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Cluster spec YAML."),
-                billing: Path = typer.Option(None, "--billing", dir_okay=False,
-                                             help="The ledger's billing document (gpuhpc ledger billing): "
-                                                  "TRESBillingWeights per partition.")) -> None:
-    """Print the validated template context as JSON (what the Ansible roles render from)."""
+@conf.command("context")
+@_SPEC
+@click.option("--billing", type=click.Path(dir_okay=False, path_type=Path),
+              help="The ledger's billing document (gpuhpc ledger billing): TRESBillingWeights per partition.")
+def context_cmd(spec_path: Path, billing: Path | None) -> None:
+    """Print the validated template context of the cluster spec SPEC as JSON (what the Ansible
+    roles render from)."""
     import json
 
     from gpuhpc.conf.context import build_context
@@ -88,8 +101,5 @@ def context_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="Clus
             doc = json.loads(billing.read_text())
         except (OSError, ValueError) as exc:
             raise UserInputError(f"--billing {billing}: {exc}") from None
-    typer.echo(json.dumps(build_context(spec, doc), indent=1, sort_keys=True))
+    click.echo(json.dumps(build_context(spec, doc), indent=1, sort_keys=True))
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(conf_app, name="conf")

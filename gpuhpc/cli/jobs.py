@@ -1,7 +1,6 @@
 """``gpuhpc jobs``, ``status``, ``logs``, ``cancel``: follow and manage your jobs.
 
-These run often and from scripts, so they start fast: one argparse parser per command
-(:mod:`gpuhpc.cli._args`), neither typer nor rich.
+These run often and from scripts, so they start fast: plain click commands, no rich.
 """
 from __future__ import annotations
 
@@ -10,7 +9,9 @@ import re
 import sys
 from typing import Any
 
-from gpuhpc.cli._args import ArgParser, parse
+import click
+
+from gpuhpc.cli.main import help_for
 
 
 def _gpus_per_node(tres_per_node: str) -> int:
@@ -69,25 +70,15 @@ def job_rows(user: str | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def _parser(name: str) -> ArgParser:
-    from gpuhpc.cli.main import COMMANDS
-
-    return ArgParser(f"gpuhpc {name}", description=COMMANDS[name][1])
+_json = click.option("--json", "json_out", is_flag=True, help="JSON on stdout")
 
 
-def _json_flag(p: ArgParser, help: str = "JSON on stdout") -> None:
-    p.add_argument("--json", dest="json_out", action="store_true", help=help)
-
-
-def jobs_cmd(argv: list[str]) -> int:
-    p = _parser("jobs")
-    _json_flag(p)
-    p.add_argument("--user", "-u", help="whose jobs (default: you)")
-    ns = parse(p, argv)
-    if isinstance(ns, int):
-        return ns
-    rows = job_rows(ns.user)
-    if ns.json_out:
+@click.command("jobs", help=help_for("jobs"))
+@_json
+@click.option("--user", "-u", help="whose jobs (default: you)")
+def jobs(json_out: bool, user: str | None) -> int:
+    rows = job_rows(user)
+    if json_out:
         from gpuhpc.cli._console import print_json
 
         print_json(rows)
@@ -131,17 +122,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "".join("  ".join(line).rstrip() + "\n" for line in zip(*cols))
 
 
-def status_cmd(argv: list[str]) -> int:
-    p = _parser("status")
-    p.add_argument("job_id", metavar="JOB_ID", help="job id")
-    _json_flag(p)
-    ns = parse(p, argv)
-    if isinstance(ns, int):
-        return ns
+@click.command("status", help=help_for("status"))
+@click.argument("job_id", metavar="JOB_ID")
+@_json
+def status(job_id: str, json_out: bool) -> int:
     from gpuhpc.jobs.api import Job
 
-    info = Job(ns.job_id).status()
-    if ns.json_out:
+    info = Job(job_id).status()
+    if json_out:
         from gpuhpc.cli._console import print_json
 
         print_json(info)
@@ -153,24 +141,21 @@ def status_cmd(argv: list[str]) -> int:
     return 0
 
 
-def logs_cmd(argv: list[str]) -> int:
-    p = _parser("logs")
-    p.add_argument("job_id", metavar="JOB_ID", help="job id")
-    p.add_argument("--follow", "-f", action="store_true", help="keep printing until the job ends")
-    _json_flag(p, "JSON {job_id, path, text}")
-    ns = parse(p, argv)
-    if isinstance(ns, int):
-        return ns
+@click.command("logs", help=help_for("logs"))
+@click.argument("job_id", metavar="JOB_ID")
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
+@click.option("--json", "json_out", is_flag=True, help="JSON {job_id, path, text}")
+def logs(job_id: str, follow: bool, json_out: bool) -> int:
     from gpuhpc.errors import GpuhpcError
     from gpuhpc.jobs.api import Job
 
-    job = Job(ns.job_id)
-    if ns.json_out:
+    job = Job(job_id)
+    if json_out:
         from gpuhpc.cli._console import print_json
 
         print_json({"job_id": job.job_id, "path": job.log_path(), "text": job.logs()})
         return 0
-    if not ns.follow:
+    if not follow:
         if not job.log_path():
             raise GpuhpcError(f"no log file found for job {job.job_id}")
         sys.stdout.write(job.logs())
@@ -202,23 +187,20 @@ def not_cancellable(client, job_ids: list[str]) -> dict[str, str]:
     return why
 
 
-def cancel_cmd(argv: list[str]) -> int:
-    p = _parser("cancel")
-    p.add_argument("job_ids", metavar="JOB_ID", nargs="+", help="job id(s)")
-    _json_flag(p)
-    ns = parse(p, argv)
-    if isinstance(ns, int):
-        return ns
+@click.command("cancel", help=help_for("cancel"))
+@click.argument("job_ids", metavar="JOB_ID...", nargs=-1, required=True)
+@_json
+def cancel(job_ids: tuple[str, ...], json_out: bool) -> int:
     from gpuhpc.jobs.api import Job
     from gpuhpc.slurm.client import SlurmClient
 
     client = SlurmClient()
-    jobs = [Job(j, client=client) for j in ns.job_ids]      # validates every id before cancelling any
+    jobs = [Job(j, client=client) for j in job_ids]      # validates every id before cancelling any
     why = not_cancellable(client, [j.job_id for j in jobs])
     for job in jobs:
         if job.job_id not in why:
             job.cancel()
-    if ns.json_out:
+    if json_out:
         from gpuhpc.cli._console import print_json
 
         print_json([{"job_id": j.job_id, "cancelled": j.job_id not in why,
@@ -231,12 +213,3 @@ def cancel_cmd(argv: list[str]) -> int:
                 sys.stdout.write(f"cancelled {j.job_id}\n")
     return 1 if why else 0
 
-
-_RUN = {"jobs": jobs_cmd, "status": status_cmd, "logs": logs_cmd, "cancel": cancel_cmd}
-
-
-def main(argv: list[str], debug: bool = False) -> int:
-    """``gpuhpc jobs|status|logs|cancel ...`` (``argv[0]`` is the command)."""
-    from gpuhpc.cli import run_guarded
-
-    return run_guarded(lambda: _RUN[argv[0]](argv[1:]), lambda: debug)

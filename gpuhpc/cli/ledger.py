@@ -9,26 +9,52 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import typer
+import click
 
-db_app = typer.Typer(help="Ledger database: migrations.", no_args_is_help=True)
-ledger_app = typer.Typer(help="Cost ledger: ingest usage, prices, accounts, Slurm sync.", no_args_is_help=True)
-price_app = typer.Typer(help="The price book: GPU-type / MIG rates, partition and QOS multipliers.",
-                        no_args_is_help=True)
-account_app = typer.Typer(help="Ledger accounts (projects).", no_args_is_help=True)
-user_app = typer.Typer(help="Ledger users and their account memberships.", no_args_is_help=True)
-report_app = typer.Typer(help="Cost reports.", no_args_is_help=True)
-quota_app = typer.Typer(help="Quotas: GPU-hours and/or money per period.", no_args_is_help=True)
+from gpuhpc.cli._oncluster import OnClusterGroup
+from gpuhpc.cli.efficiency import report_efficiency
+from gpuhpc.cli.main import help_for
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(db_app, name="db")
-    ledger_app.add_typer(price_app, name="price")
-    ledger_app.add_typer(account_app, name="account")
-    ledger_app.add_typer(user_app, name="user")
-    app.add_typer(ledger_app, name="ledger")
-    app.add_typer(report_app, name="report")
-    app.add_typer(quota_app, name="quota")
+@click.group("db", help=help_for("db"), no_args_is_help=True)
+def db() -> None:
+    pass
+
+
+@click.group("ledger", help=help_for("ledger"), no_args_is_help=True)
+def ledger() -> None:
+    pass
+
+
+@ledger.group("price", no_args_is_help=True)
+def price() -> None:
+    """The price book: GPU-type / MIG rates, partition and QOS multipliers."""
+
+
+@ledger.group("account", no_args_is_help=True)
+def account() -> None:
+    """Ledger accounts (projects)."""
+
+
+@ledger.group("user", no_args_is_help=True)
+def user() -> None:
+    """Ledger users and their account memberships."""
+
+
+@click.group("report", cls=OnClusterGroup, help=help_for("report"), no_args_is_help=True)
+def report() -> None:
+    pass
+
+
+report.add_command(report_efficiency)
+
+
+@click.group("quota", help=help_for("quota"), no_args_is_help=True)
+def quota() -> None:
+    pass
+
+
+_JSON = click.option("--json", "json_", is_flag=True)
 
 
 def _when(text: str | None, what: str) -> dt.datetime | None:
@@ -73,8 +99,9 @@ def _redacted_url() -> str:
 
 
 # ------------------------------------------------------------------ db
-@db_app.command("upgrade")
-def db_upgrade(revision: str = typer.Option("head", help="Target revision.")) -> None:
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+def db_upgrade(revision: str) -> None:
     """Create or migrate the ledger database (GPUHPC_DB_URL, else the embedded SQLite file)."""
     from gpuhpc.ledger import db
 
@@ -85,8 +112,9 @@ def db_upgrade(revision: str = typer.Option("head", help="Target revision.")) ->
         sys.stderr.write(f"ledger database {_redacted_url()}: {before or 'empty'} -> {after}\n")
 
 
-@db_app.command("current")
-def db_current(json_: bool = typer.Option(False, "--json")) -> None:
+@db.command("current")
+@_JSON
+def db_current(json_: bool) -> None:
     """Show the schema revision of the ledger database and the one this gpuhpc needs."""
     from gpuhpc.cli._console import print_json
     from gpuhpc.ledger import db
@@ -101,18 +129,17 @@ def db_current(json_: bool = typer.Option(False, "--json")) -> None:
 
 
 # ------------------------------------------------------------------ ledger
-@ledger_app.command("ingest")
-def ledger_ingest(
-    since: Optional[str] = typer.Option(None, help="Start of the sacct window (default: a day before the last "
-                                                   "ingest, or the oldest open reservation)."),
-    until: Optional[str] = typer.Option(None, help="End of the sacct window (default: now)."),
-    metrics_dir: Optional[Path] = typer.Option(None, help="Where gpuhpc.report() files are "
-                                                          "(default $GPUHPC_METRICS_DIR or ~/.local/share/gpuhpc/metrics)."),
-    reprice: bool = typer.Option(False, "--reprice", help="Also charge runs that were settled without a price "
-                                                          "(charged 0) and now have one; each correction is a "
-                                                          "charge of its own (kind reprice)."),
-    json_: bool = typer.Option(False, "--json"),
-) -> None:
+@ledger.command("ingest")
+@click.option("--since", help="Start of the sacct window (default: a day before the last ingest, or the oldest "
+                              "open reservation).")
+@click.option("--until", help="End of the sacct window (default: now).")
+@click.option("--metrics-dir", type=click.Path(path_type=Path),
+              help="Where gpuhpc.report() files are (default $GPUHPC_METRICS_DIR or ~/.local/share/gpuhpc/metrics).")
+@click.option("--reprice", is_flag=True, help="Also charge runs that were settled without a price (charged 0) and "
+                                              "now have one; each correction is a charge of its own (kind reprice).")
+@_JSON
+def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optional[Path], reprice: bool,
+                  json_: bool) -> None:
     """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
     from gpuhpc.cli._console import print_json
     from gpuhpc.ledger import db, ingest, paths
@@ -167,12 +194,11 @@ def _summarise_runs(client) -> tuple[int, str]:
         return 0, exc.one_line()
 
 
-@ledger_app.command("sync-slurm")
-def ledger_sync_slurm(
-    account: list[str] = typer.Option([], "--account", help="Only these accounts (repeatable)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sacctmgr commands only."),
-    json_: bool = typer.Option(False, "--json"),
-) -> None:
+@ledger.command("sync-slurm")
+@click.option("--account", multiple=True, help="Only these accounts (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the sacctmgr commands only.")
+@_JSON
+def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, json_: bool) -> None:
     """Make Slurm enforce the budgets: accounts/users in slurmdbd, GrpTRESMins on each account
     (gres/gpu for GPU-hours, billing for money), RawUsage=0 at a new period; publish the billing
     document (TRESBillingWeights) and the budget snapshot (job_submit.lua, gpuhpc submit)."""
@@ -181,7 +207,7 @@ def ledger_sync_slurm(
     from gpuhpc.slurm.client import SlurmClient
 
     _admin("ledger sync-slurm")
-    plans = slurm_sync.plan(accounts=account or None)
+    plans = slurm_sync.plan(accounts=list(account) or None)
     res = slurm_sync.sync(SlurmClient(), plans, dry_run=dry_run)
     if not dry_run:
         slurm_sync.record_periods(plans)
@@ -196,9 +222,9 @@ def ledger_sync_slurm(
         sys.stderr.write(f"{len(plans)} accounts, {len(res.commands)} changes{' (dry run)' if dry_run else ''}\n")
 
 
-@ledger_app.command("billing")
-def ledger_billing(output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                                         help="Write it here (default: print).")) -> None:
+@ledger.command("billing")
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write it here (default: print).")
+def ledger_billing(output: Optional[Path]) -> None:
     """The billing document: today's prices as Slurm billing weights (gpuhpc conf context --billing)."""
     import json
 
@@ -213,18 +239,19 @@ def ledger_billing(output: Optional[Path] = typer.Option(None, "--output", "-o",
         sys.stderr.write(f"wrote {output}\n")
 
 
-@price_app.command("set")
-def price_set(
-    gpu_type: Optional[str] = typer.Option(None, help="GPU type or MIG profile (h100, 3g.40gb, '*' = default)."),
-    rate: Optional[str] = typer.Option(None, help="Price per GPU-hour."),
-    of: Optional[str] = typer.Option(None, "--of", help="Price this type as a fraction of another GPU type."),
-    fraction: Optional[str] = typer.Option(None, help="With --of: exact fraction such as 3/7."),
-    partition: Optional[str] = typer.Option(None, help="Partition whose multiplier to set."),
-    qos: Optional[str] = typer.Option(None, help="QOS whose multiplier to set."),
-    multiplier: Optional[str] = typer.Option(None, help="Multiplier for --partition/--qos (0.6 = 40% cheaper)."),
-    effective: Optional[str] = typer.Option(None, help="Effective from (default now)."),
-    currency: str = typer.Option("USD"),
-) -> None:
+@price.command("set")
+@click.option("--gpu-type", help="GPU type or MIG profile (h100, 3g.40gb, '*' = default).")
+@click.option("--rate", help="Price per GPU-hour.")
+@click.option("--of", help="Price this type as a fraction of another GPU type.")
+@click.option("--fraction", help="With --of: exact fraction such as 3/7.")
+@click.option("--partition", help="Partition whose multiplier to set.")
+@click.option("--qos", help="QOS whose multiplier to set.")
+@click.option("--multiplier", help="Multiplier for --partition/--qos (0.6 = 40% cheaper).")
+@click.option("--effective", help="Effective from (default now).")
+@click.option("--currency", default="USD", show_default=True)
+def price_set(gpu_type: Optional[str], rate: Optional[str], of: Optional[str], fraction: Optional[str],
+              partition: Optional[str], qos: Optional[str], multiplier: Optional[str], effective: Optional[str],
+              currency: str) -> None:
     """Set a GPU rate and/or a partition/QOS multiplier (effective-dated)."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.ledger import admin
@@ -251,9 +278,10 @@ def price_set(
         raise UserInputError("nothing to set", hint="--gpu-type T --rate R, or --partition P --multiplier M")
 
 
-@price_app.command("load")
-def price_load(file: Path = typer.Argument(..., exists=True, dir_okay=False, help="Price book YAML.")) -> None:
-    """Load a price book YAML (see docs/ledger.md)."""
+@price.command("load")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def price_load(file: Path) -> None:
+    """Load a price book YAML FILE (see docs/ledger.md)."""
     from gpuhpc.ledger import pricebook
 
     _admin("ledger price load")
@@ -261,8 +289,9 @@ def price_load(file: Path = typer.Argument(..., exists=True, dir_okay=False, hel
     sys.stderr.write(f"loaded {n} price entries from {file}\n")
 
 
-@price_app.command("list")
-def price_list(json_: bool = typer.Option(False, "--json")) -> None:
+@price.command("list")
+@_JSON
+def price_list(json_: bool) -> None:
     """Show the price book."""
     from gpuhpc.cli._console import console, print_json
     from gpuhpc.ledger import admin
@@ -281,8 +310,10 @@ def price_list(json_: bool = typer.Option(False, "--json")) -> None:
     console().print(t)
 
 
-@account_app.command("add")
-def account_add(name: str, description: str = typer.Option("", help="Free text.")) -> None:
+@account.command("add")
+@click.argument("name")
+@click.option("--description", default="", help="Free text.")
+def account_add(name: str, description: str) -> None:
     """Create a ledger account (project)."""
     from gpuhpc.ledger import admin
 
@@ -291,8 +322,9 @@ def account_add(name: str, description: str = typer.Option("", help="Free text."
     sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
 
 
-@account_app.command("list")
-def account_list(json_: bool = typer.Option(False, "--json")) -> None:
+@account.command("list")
+@_JSON
+def account_list(json_: bool) -> None:
     """List accounts and their users (* = the user's default account)."""
     from gpuhpc.cli._console import console, print_json
     from gpuhpc.ledger import admin
@@ -309,9 +341,11 @@ def account_list(json_: bool = typer.Option(False, "--json")) -> None:
     console().print(t)
 
 
-@user_app.command("add")
-def user_add(name: str, account: str = typer.Option(..., help="Account to join."),
-             default: bool = typer.Option(False, "--default", help="Make it the user's default account.")) -> None:
+@user.command("add")
+@click.argument("name")
+@click.option("--account", required=True, help="Account to join.")
+@click.option("--default", is_flag=True, help="Make it the user's default account.")
+def user_add(name: str, account: str, default: bool) -> None:
     """Add a user to an account."""
     from gpuhpc.ledger import admin
 
@@ -321,14 +355,13 @@ def user_add(name: str, account: str = typer.Option(..., help="Account to join."
 
 
 # ------------------------------------------------------------------ quota
-@quota_app.command("set")
-def quota_set(
-    account: str,
-    user: Optional[str] = typer.Option(None, help="A per-user quota within the account."),
-    gpu_hours: Optional[str] = typer.Option(None, help="GPU-hours per period."),
-    money: Optional[str] = typer.Option(None, help="Money per period."),
-    period: str = typer.Option("month", help="day, week, month or total."),
-) -> None:
+@quota.command("set")
+@click.argument("account")
+@click.option("--user", help="A per-user quota within the account.")
+@click.option("--gpu-hours", help="GPU-hours per period.")
+@click.option("--money", help="Money per period.")
+@click.option("--period", default="month", show_default=True, help="day, week, month or total.")
+def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money: Optional[str], period: str) -> None:
     """Set an account's (or a user's) quota."""
     from gpuhpc.ledger import admin
 
@@ -337,8 +370,10 @@ def quota_set(
                     period=period)
 
 
-@quota_app.command("remove")
-def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None:
+@quota.command("remove")
+@click.argument("account")
+@click.option("--user")
+def quota_remove(account: str, user: Optional[str]) -> None:
     """Remove an account's (or user's) quota."""
     from gpuhpc.ledger import admin
 
@@ -347,10 +382,12 @@ def quota_remove(account: str, user: Optional[str] = typer.Option(None)) -> None
     sys.stderr.write("quota removed\n" if ok else "no such quota\n")
 
 
-@quota_app.command("show")
-def quota_show(account: Optional[str] = typer.Argument(None), json_: bool = typer.Option(False, "--json"),
-               slurm: bool = typer.Option(True, "--slurm/--no-slurm",
-                                          help="Also show Slurm's usage of each budget (GrpTRESMins).")) -> None:
+@quota.command("show")
+@click.argument("account", required=False)
+@_JSON
+@click.option("--slurm/--no-slurm", default=True, show_default=True,
+              help="Also show Slurm's usage of each budget (GrpTRESMins).")
+def quota_show(account: Optional[str], json_: bool, slurm: bool) -> None:
     """Usage vs quota for the current period: the ledger's and Slurm's, side by side."""
     from gpuhpc.cli._console import console, print_json
     from gpuhpc.ledger import admin, hooks, paths
@@ -425,16 +462,16 @@ def _quota_show_snapshot(account: Optional[str], json_: bool) -> None:
 
 
 # ------------------------------------------------------------------ report
-@report_app.command("cost")
-def report_cost(
-    by: str = typer.Option("account", help="user, account, partition or gpu-type."),
-    period: str = typer.Option("month", help="day, week or month."),
-    since: Optional[str] = typer.Option(None, help="Only runs started at/after (date or 7d)."),
-    until: Optional[str] = typer.Option(None, help="Only runs started before."),
-    json_: bool = typer.Option(False, "--json"),
-    csv_: bool = typer.Option(False, "--csv"),
-    html: Optional[Path] = typer.Option(None, "--html", help="Write a self-contained HTML page with charts."),
-) -> None:
+@report.command("cost")
+@click.option("--by", default="account", show_default=True, help="user, account, partition or gpu-type.")
+@click.option("--period", default="month", show_default=True, help="day, week or month.")
+@click.option("--since", help="Only runs started at/after (date or 7d).")
+@click.option("--until", help="Only runs started before.")
+@_JSON
+@click.option("--csv", "csv_", is_flag=True)
+@click.option("--html", type=click.Path(path_type=Path), help="Write a self-contained HTML page with charts.")
+def report_cost(by: str, period: str, since: Optional[str], until: Optional[str], json_: bool, csv_: bool,
+                html: Optional[Path]) -> None:
     """Cost grouped by user/account/partition/GPU type per day/week/month."""
     from gpuhpc.cli._console import console, print_json
     from gpuhpc.ledger import hooks, paths, reports
@@ -473,8 +510,3 @@ def report_cost(
                   str(r["jobs"]), *[r[f"cost_per_1m_{reports.unit(m)}"] or "" for m in rep.metrics])
     console().print(t)
 
-
-# ------------------------------------------------------------------ report efficiency
-from gpuhpc.cli.efficiency import register_report as _register_efficiency  # noqa: E402
-
-_register_efficiency(report_app)

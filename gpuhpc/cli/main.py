@@ -1,184 +1,159 @@
-"""gpuhpc command line. Commands stay thin: parse, call the Python API, render.
+"""gpuhpc command line: one click group whose commands load lazily (click's documented
+``LazyGroup`` pattern, as hatch does). Commands stay thin: parse, call the Python API, render.
 
 Start-up: ``gpuhpc CMD ...`` imports only the module of ``CMD`` (:data:`COMMANDS`), and
-``gpuhpc --help`` prints :data:`COMMANDS` without importing any of them. A command-group
-module either exposes ``register(app)`` (typer) or, for the commands that must start fast
-(``submit``, ``jobs``, ``status``, ``logs``, ``cancel``: typer builds pydantic adapters for
-every parameter), ``main(argv, debug)`` with one argparse parser per command
-(:mod:`gpuhpc.cli._args`). Heavy imports (pydantic, sqlalchemy, jinja2, rich) happen inside
-command functions.
+``gpuhpc --help`` lists :data:`COMMANDS` without importing any of them. Heavy imports
+(pydantic, sqlalchemy, jinja2, rich) happen inside command functions.
+
+Adding a command: write it with click in a module under ``gpuhpc/cli/`` and add one line to
+:data:`COMMANDS` (name -> ``"module:attribute"``, one-line help); tests/unit/test_cli_errors.py
+checks the line against the command.
 """
 from __future__ import annotations
 
+import importlib
 import sys
+
+import click
 
 from gpuhpc.cli import columns, run_guarded
 
 HELP = "GPU Slurm clusters: build them (conf, ansible), use them (submit, jobs, sweeps), pay for them (ledger)."
 
-# Top-level command -> (module under gpuhpc.cli, the one-line help its register() gives it), in the
-# order `gpuhpc --help` lists them. A test (tests/unit/test_cli_errors.py) checks this table against
-# what the modules register, so add a command here when a module registers a new one.
+# Top-level command -> ("module:attribute" under gpuhpc.cli, its one-line help), in the order
+# `gpuhpc --help` lists them. The help is printed from here, so `--help` imports no command.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "submit": ("submit", "Submit a command as a batch job (gpuhpc submit --help for the options)."),
-    "jobs": ("jobs", "Your jobs: state, elapsed time and GPU-hours so far."),
-    "status": ("jobs", "One job's state (raw Slurm state kept), restarts, resources and log file."),
-    "logs": ("jobs", "Print a job's output (the --output file, found via scontrol or the log dir)."),
-    "cancel": ("jobs", "Cancel job(s) (scancel)."),
-    "conf": ("conf", "Cluster spec -> Slurm config files (slurm.conf, gres.conf, ...)."),
-    "cluster": ("cluster", "Inspect the Slurm cluster."),
-    "db": ("ledger", "Ledger database: migrations."),
-    "ledger": ("ledger", "Cost ledger: ingest usage, prices, accounts, Slurm sync."),
-    "report": ("ledger", "Cost reports."),
-    "quota": ("ledger", "Quotas: GPU-hours and/or money per period."),
-    "topology": ("topology", "Fabric topology: topology.conf from ibnetdiscover, synthetic fabrics."),
-    "node": ("node", "GPU node inventory: gres.conf lines, node sizing checks."),
-    "stage": ("stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
-    "sweep": ("sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
-    "report-metric": ("report_metric", "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
-    "cmdserver": ("cmdserver", "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
+    "submit": ("submit:submit", "Submit a command as a batch job (gpuhpc submit --help for the options)."),
+    "jobs": ("jobs:jobs", "Your jobs: state, elapsed time and GPU-hours so far."),
+    "status": ("jobs:status", "One job's state (raw Slurm state kept), restarts, resources and log file."),
+    "logs": ("jobs:logs", "Print a job's output (the --output file, found via scontrol or the log dir)."),
+    "cancel": ("jobs:cancel", "Cancel job(s) (scancel)."),
+    "conf": ("conf:conf", "Cluster spec -> Slurm config files (slurm.conf, gres.conf, ...)."),
+    "cluster": ("cluster:cluster", "Inspect the Slurm cluster."),
+    "db": ("ledger:db", "Ledger database: migrations."),
+    "ledger": ("ledger:ledger", "Cost ledger: ingest usage, prices, accounts, Slurm sync."),
+    "report": ("ledger:report", "Cost reports."),
+    "quota": ("ledger:quota", "Quotas: GPU-hours and/or money per period."),
+    "topology": ("topology:topology", "Fabric topology: topology.conf from ibnetdiscover, synthetic fabrics."),
+    "node": ("node:node_group", "GPU node inventory: gres.conf lines, node sizing checks."),
+    "stage": ("stage:stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
+    "sweep": ("sweep:sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
+    "report-metric": ("report_metric:report_metric",
+                      "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
+    "cmdserver": ("cmdserver:cmdserver",
+                  "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
+    "completion": ("completion:completion", "Print the shell completion script: eval \"$(gpuhpc completion bash)\"."),
 }
 
-USAGE = "Usage: gpuhpc [OPTIONS] COMMAND [ARGS]..."
-_OPTIONS = (("--debug", "Show tracebacks (also GPUHPC_DEBUG=1)."),
-            ("--cluster NAME", "Run on the cluster profile NAME ([clusters.NAME] in ~/.config/gpuhpc/config.toml; "
-                               "also GPUHPC_CLUSTER)."),
-            ("--help", "Show this message and exit."))
+def help_for(name: str) -> str:
+    """The one-line help of the top-level command ``name`` (its module passes it to click)."""
+    return COMMANDS[name][1]
 
 
-def _wrap(text: str, width: int, indent: int) -> str:
-    """``text`` in lines of at most ``width`` columns, continuation lines indented."""
-    lines, line = [], ""
-    for word in text.split():
-        if line and indent + len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    lines.append(line)
-    return ("\n" + " " * indent).join(lines)
+_state = {"debug": False}           # --debug of the command running now (reset by main())
 
 
-def help_text(width: int | None = None) -> str:
-    """``gpuhpc --help``: the root options and :data:`COMMANDS`, no module imported."""
-    width = max(40, min(columns() if width is None else width, 100))
-    out = [USAGE, "", "  " + _wrap(HELP, width, 2), "", "Options:"]
-    col = max(len(o) for o, _ in _OPTIONS) + 4
-    out += [f"  {o:<{col - 2}}{_wrap(h, width, col)}" for o, h in _OPTIONS]
-    out += ["", "Commands:"]
-    col = max(len(n) for n in COMMANDS) + 4
-    out += [f"  {n:<{col - 2}}{_wrap(h, width, col)}" for n, (_, h) in COMMANDS.items()]
-    return "\n".join(out) + "\n"
+def debugging() -> bool:
+    """Whether ``--debug`` was given (``GPUHPC_DEBUG`` is read by :func:`gpuhpc.cli.run_guarded`)."""
+    return _state["debug"]
 
 
-def _usage_error(message: str) -> int:
-    """A root usage error, worded as typer words its own (exit 2)."""
-    sys.stderr.write(f"{USAGE}\nTry 'gpuhpc --help' for help.\n\nError: {message}\n")
-    return 2
+class LazyGroup(click.Group):
+    """A group that knows its commands' names and one-line help (``lazy``) and imports a
+    command's module on first use."""
+
+    def __init__(self, *args, lazy: dict[str, tuple[str, str]] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self.lazy, *(n for n in super().list_commands(ctx) if n not in self.lazy)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy:
+            return super().get_command(ctx, cmd_name)
+        module, _, attr = self.lazy[cmd_name][0].partition(":")
+        return getattr(importlib.import_module(f"gpuhpc.cli.{module}"), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, help_) in self.lazy.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str):
+        from click.shell_completion import CompletionItem
+
+        items = [CompletionItem(n, help=h) for n, (_, h) in self.lazy.items() if n.startswith(incomplete)]
+        return items + click.Command.shell_complete(self, ctx, incomplete)
+
+    def make_context(self, info_name, args, parent=None, **extra) -> click.Context:
+        # the help's width from COLUMNS or the terminal, without click's shutil import
+        extra.setdefault("terminal_width", max(40, min(columns(), 100)))
+        return super().make_context(info_name, args, parent=parent, **extra)
 
 
-def _select_cluster(name: str, debug: bool) -> int:
+def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    _state["debug"] = bool(value)
+
+
+def _select_cluster(ctx: click.Context, param: click.Parameter, name: str | None) -> None:
     """``--cluster NAME``: every command's runner (gpuhpc.transport.default_runner) goes to the
     profile NAME; an unknown name exits 2 listing the profiles."""
+    if name is None or ctx.resilient_parsing:
+        return
     import os
 
-    def check() -> int:
-        from gpuhpc.config import cluster_profile
+    from gpuhpc.config import cluster_profile
 
-        cluster_profile(name)
-        os.environ["GPUHPC_CLUSTER"] = name
-        return 0
-
-    return run_guarded(check, lambda: debug)
+    cluster_profile(name)
+    os.environ["GPUHPC_CLUSTER"] = name
 
 
-def build_app(names):
-    """A typer app holding the commands ``names`` registered by their modules."""
-    import importlib
+@click.group(cls=LazyGroup, lazy=COMMANDS, name="gpuhpc", help=HELP, no_args_is_help=True)
+@click.option("--debug", is_flag=True, is_eager=True, expose_value=False, callback=_set_debug,
+              help="Show tracebacks (also GPUHPC_DEBUG=1).")
+@click.option("--cluster", metavar="NAME", expose_value=False, callback=_select_cluster,
+              help="Run on the cluster profile NAME ([clusters.NAME] in ~/.config/gpuhpc/config.toml; "
+                   "also GPUHPC_CLUSTER).")
+def cli() -> None:
+    """The root group (its options only)."""
 
-    import typer
 
-    app = typer.Typer(name="gpuhpc", help=HELP, no_args_is_help=True, add_completion=False,
-                      pretty_exceptions_enable=False)
+def input_error(exc: click.UsageError, prog_name: str = "gpuhpc"):
+    """click's usage error as gpuhpc's :class:`~gpuhpc.errors.UserInputError` (one line, exit 2)."""
+    from gpuhpc.errors import UserInputError
 
-    @app.callback()
-    def _group() -> None:           # keeps the app a group: `gpuhpc CMD ...`, never a lone command
-        pass
+    where = exc.ctx.command_path if exc.ctx is not None else prog_name
+    return UserInputError(exc.format_message(), hint=f"see {where} --help")
 
-    for module in dict.fromkeys(COMMANDS[n][0] for n in names):
-        mod = importlib.import_module(f"gpuhpc.cli.{module}")
-        if hasattr(mod, "register"):
-            mod.register(app)
-    return app
+
+def invoke(command: click.Command, args: list[str], prog_name: str = "gpuhpc") -> int:
+    """Run a click ``command`` on ``args`` and return its exit code: a command's return value
+    (an int) or 0; click's usage errors raise :class:`gpuhpc.errors.UserInputError` (exit 2,
+    one line); ``--help`` returns 0; Ctrl-C returns 130."""
+    try:
+        rv = command.main(args=list(args), prog_name=prog_name, standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:      # a group without a command: its help, exit 2
+        sys.stderr.write(exc.ctx.get_help() + "\n")
+        return 2
+    except click.UsageError as exc:
+        raise input_error(exc, prog_name) from None
+    except click.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            sys.stderr.write("interrupted\n")
+            return 130
+        sys.stderr.write("aborted\n")
+        return 1
+    return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: ``[--debug] [--help] COMMAND ARGS...``; returns the exit code."""
+    """Console entry point: ``[--debug] [--cluster NAME] COMMAND ARGS...``; returns the exit code.
+    Errors print one line (``error: ...``) and exit 2 (bad input), 1 (failure) or 3 (quota);
+    the traceback only with ``--debug``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = False
-    while args and args[0].startswith("-"):
-        opt = args.pop(0)
-        if opt == "--debug":
-            debug = True
-        elif opt == "--cluster" or opt.startswith("--cluster="):
-            if opt == "--cluster" and not args:
-                return _usage_error("Option '--cluster' requires an argument.")
-            code = _select_cluster(opt.partition("=")[2] if "=" in opt else args.pop(0), debug)
-            if code:
-                return code
-        elif opt == "--help":
-            sys.stdout.write(help_text())
-            return 0
-        else:
-            return _usage_error(f"No such option: {opt}")
-    if not args:                    # like typer's no_args_is_help: the help, exit 2
-        sys.stderr.write(help_text())
-        return 2
-    name = args[0]
-    if name not in COMMANDS:
-        return _usage_error(f"No such command '{name}'.")
-    if name in ("sweep", "report"):     # their state is on the cluster: run there (gpuhpc.cli._oncluster)
-        from gpuhpc.cli import _oncluster
-
-        code = _oncluster.main(args, debug)
-        if code is not None:
-            return code
-    import importlib
-
-    mod = importlib.import_module(f"gpuhpc.cli.{COMMANDS[name][0]}")
-    if not hasattr(mod, "register"):    # an argparse module (no typer): main(argv, debug)
-        return mod.main(args, debug)
-    return _run_typer(name, args, debug)
-
-
-def _run_typer(name: str, args: list[str], debug: bool) -> int:
-    import typer
-
-    app = build_app([name])
-
-    def _call() -> int:
-        try:
-            # without standalone mode typer *returns* the exit code of typer.Exit (and 130 for a
-            # Ctrl-C, which it turns into Exit(130)); commands themselves return None
-            rv = app(args=args, prog_name="gpuhpc", standalone_mode=False)
-        except SystemExit as exc:
-            return int(exc.code or 0) if not isinstance(exc.code, str) else 1
-        except typer.Exit as exc:
-            return exc.exit_code
-        except typer.Abort:
-            sys.stderr.write("aborted\n")
-            return 1
-        except typer.TyperException as exc:     # usage errors (typer vendors click): exit 2
-            if not hasattr(exc, "show"):
-                raise
-            exc.show()
-            return exc.exit_code
-        code = rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
-        if code == 130:
-            sys.stderr.write("interrupted\n")
-        return code
-
-    return run_guarded(_call, lambda: debug)
+    _state["debug"] = False
+    return run_guarded(lambda: invoke(cli, args), debugging)
 
 
 if __name__ == "__main__":

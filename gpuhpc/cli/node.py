@@ -3,196 +3,204 @@ from __future__ import annotations
 
 import sys
 
-import typer
+import click
+
+from gpuhpc.cli.main import help_for
 
 
-def register(app: typer.Typer) -> None:
-    node_app = typer.Typer(help="GPU node inventory: gres.conf lines, node sizing checks.", no_args_is_help=True)
-    app.add_typer(node_app, name="node")
+@click.group("node", help=help_for("node"), no_args_is_help=True)
+def node_group() -> None:
+    pass
 
-    @node_app.command("inventory")
-    def inventory(
-        smi_xml: str | None = typer.Option(None, "--smi-xml", help="nvidia-smi -q -x output (or -q text)."),
-        topo: str | None = typer.Option(None, "--topo", help="nvidia-smi topo -m output."),
-        listing: str | None = typer.Option(None, "--list", help="nvidia-smi -L output."),
-        mig_lgi: str | None = typer.Option(None, "--mig-lgi", help="nvidia-smi mig -lgi output."),
-        mig_lgip: str | None = typer.Option(None, "--mig-lgip", help="nvidia-smi mig -lgip output."),
-        node: str | None = typer.Option(None, "--node", help="Prefix lines with NodeName= (live: this host)."),
-        cpus: int | None = typer.Option(None, "--cpus", help="vCPUs of the node (live: this host's)."),
-        gpu_type: str | None = typer.Option(None, "--type", help="Force the GPU Type= name."),
-        type_style: str = typer.Option("short", "--type-style", help="short (h100, 1g.10gb) or slurm "
-                                       "(nvidia_h100_80gb_hbm3, as AutoDetect=nvml names them)."),
-        gres_only: bool = typer.Option(False, "--gres-only", help="Only the gres.conf lines, no report comments."),
-        as_json: bool = typer.Option(False, "--json", help="JSON output."),
-    ) -> None:
-        """gres.conf lines + node-sizing report, from nvidia-smi captures or live nvidia-smi."""
-        from gpuhpc.inventory import collect
 
-        files = {"xml": (smi_xml, "--smi-xml"), "topo": (topo, "--topo"), "list": (listing, "--list"),
-                 "lgi": (mig_lgi, "--mig-lgi"), "lgip": (mig_lgip, "--mig-lgip")}
-        if any(path for path, _ in files.values()):
-            texts = {kind: (_read(path, opt), path) for kind, (path, opt) in files.items() if path}
-        else:
-            runner = _runner()
-            texts = _live(runner)
-            if node is None:
-                node = _node_name(runner)
-            if cpus is None:
-                cpus = int(_run(runner, ("getconf", "_NPROCESSORS_ONLN")).strip())
-        inv = collect(texts, node=node, cpus=cpus, type_style=type_style, type_override=gpu_type)
-        if inv.warnings:
-            from rich.markup import escape
 
-            from gpuhpc.cli._console import warn
+_JSON = click.option("--json", "as_json", is_flag=True, help="JSON output.")
 
-            for w in inv.warnings:
-                warn(escape(w))
-        if as_json:
-            from gpuhpc.cli._console import print_json
 
-            print_json(inv.to_dict())
-            return
-        out = list(inv.gres_lines)
-        if not gres_only:
-            r = inv.report
-            out.append(f"# slurm.conf: {'NodeName=' + node + ' ' if node else ''}Gres={inv.node_gres}")
-            out.append(f"# sizing: {r['gpus']} GPUs, vCPUs {r['vcpus'] if r['vcpus'] is not None else '?'}"
-                       f"{' (inferred)' if r['vcpus_inferred'] else ''}, per GPU "
-                       f"{r['vcpus_per_gpu'] if r['vcpus_per_gpu'] is not None else '?'}")
-            if r["gpus_per_numa"]:
-                out.append("# GPUs per NUMA node: " + ", ".join(f"{k}: {v}" for k, v in r["gpus_per_numa"].items()))
-            for g, nics in r["gpudirect_nics"].items():
-                out.append(f"# GPUDirect {g}: {', '.join(nics) if nics else 'no NIC under its PCIe switch'}")
-            out.extend(f"# note: {n}" for n in inv.notes)
-            out.extend(f"# warning: {w}" for w in inv.warnings)
-        sys.stdout.write("\n".join(out) + "\n")
+@node_group.command("inventory")
+@click.option("--smi-xml", help="nvidia-smi -q -x output (or -q text).")
+@click.option("--topo", help="nvidia-smi topo -m output.")
+@click.option("--list", "listing", help="nvidia-smi -L output.")
+@click.option("--mig-lgi", help="nvidia-smi mig -lgi output.")
+@click.option("--mig-lgip", help="nvidia-smi mig -lgip output.")
+@click.option("--node", help="Prefix lines with NodeName= (live: this host).")
+@click.option("--cpus", type=int, help="vCPUs of the node (live: this host's).")
+@click.option("--type", "gpu_type", help="Force the GPU Type= name.")
+@click.option("--type-style", default="short", show_default=True,
+              help="short (h100, 1g.10gb) or slurm (nvidia_h100_80gb_hbm3, as AutoDetect=nvml names them).")
+@click.option("--gres-only", is_flag=True, help="Only the gres.conf lines, no report comments.")
+@_JSON
+def inventory(smi_xml: str | None, topo: str | None, listing: str | None, mig_lgi: str | None, mig_lgip: str | None,
+              node: str | None, cpus: int | None, gpu_type: str | None, type_style: str, gres_only: bool,
+              as_json: bool) -> None:
+    """gres.conf lines + node-sizing report, from nvidia-smi captures or live nvidia-smi."""
+    from gpuhpc.inventory import collect
 
-    @node_app.command("clique")
-    def clique_cmd(
-        smi_xml: str | None = typer.Option(None, "--smi-xml", help="nvidia-smi -q -x output (default: run it)."),
-        node: str | None = typer.Option(None, "--node", help="Host name to print (default: this host)."),
-    ) -> None:
-        """Print 'HOST CLUSTERUUID.CLIQUEID' (the node's NVLink domain) for
-        `gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --cliques FILE`."""
-        from gpuhpc.errors import UserInputError
-        from gpuhpc.inventory import LIVE_COMMANDS, clique
-
-        runner = None
-        if smi_xml:
-            text, source = _read(smi_xml, "--smi-xml"), smi_xml
-        else:
-            runner = _runner()
-            argv = dict(LIVE_COMMANDS)["xml"]
-            text, source = _run(runner, argv), " ".join(argv)
-        cid = clique(text, source)
-        if cid is None:
-            raise UserInputError("the driver reports no NVLink clique for these GPUs (not an NVL/GB200 system, "
-                                 "or fabric manager not running)", field="--smi-xml" if smi_xml else None)
-        sys.stdout.write(f"{node or _node_name(runner or _runner())} {cid}\n")
-
-    @node_app.command("health")
-    def health_cmd(
-        node: str | None = typer.Argument(None, help="Slurm node name (default: this host's; $SLURMD_NODENAME)."),
-        mode: str = typer.Option("full", "--mode", help="full, or prolog (the fast subset Slurm's Prolog runs)."),
-        deep: bool = typer.Option(False, "--deep", help="The deep checks instead: DCGM diagnostics (dcgmi diag) and "
-                                  "nccl all-reduce bandwidth against the node's baseline in the ledger database "
-                                  "(the first passing run sets it). Minutes; run it on an idle node."),
-        apply: bool = typer.Option(False, "--apply", help="Drain a failing node (gpuhpc:<hw|sw|perf>: reason); "
-                                   "resume it once healthy if gpuhpc drained it."),
-        spec: str | None = typer.Option(None, "--spec", help="Health spec YAML (default $GPUHPC_HEALTH_SPEC)."),
-        as_json: bool = typer.Option(False, "--json", help="JSON output."),
-    ) -> None:
-        """Health checks (GPUs vs gres.conf, MIG layout, XID, ECC, clocks, IB, scratch, mounts, munge),
-        or with --deep DCGM diagnostics and nccl bandwidth; exit 1 when one fails. Runs where gpuhpc
-        runs commands (this host, or GPUHPC_SSH_HOST)."""
-        import os
-
-        from gpuhpc.errors import UserInputError
-        from gpuhpc.health import HealthSpec, check_node
-        from gpuhpc.health.spec import load
-
-        if mode not in ("full", "prolog"):
-            raise UserInputError(f"unknown mode {mode!r}", field="--mode", hint="full or prolog")
-        path = spec or os.environ.get("GPUHPC_HEALTH_SPEC")
-        hspec = load(_read(path, "--spec"), path) if path else HealthSpec()
+    files = {"xml": (smi_xml, "--smi-xml"), "topo": (topo, "--topo"), "list": (listing, "--list"),
+             "lgi": (mig_lgi, "--mig-lgi"), "lgip": (mig_lgip, "--mig-lgip")}
+    if any(path for path, _ in files.values()):
+        texts = {kind: (_read(path, opt), path) for kind, (path, opt) in files.items() if path}
+    else:
         runner = _runner()
-        name = node or runner.getenv("SLURMD_NODENAME") or _node_name(runner)
-        baselines = None
-        if deep:
-            from gpuhpc.health.deep import Baselines
-            from gpuhpc.ledger.hooks import ledger_in_use
+        texts = _live(runner)
+        if node is None:
+            node = _node_name(runner)
+        if cpus is None:
+            cpus = int(_run(runner, ("getconf", "_NPROCESSORS_ONLN")).strip())
+    inv = collect(texts, node=node, cpus=cpus, type_style=type_style, type_override=gpu_type)
+    if inv.warnings:
+        from rich.markup import escape
 
-            mode = "deep"
-            url = ledger_in_use()
-            baselines = Baselines(url) if url else None
-        out = check_node(name, runner=runner, spec=hspec, mode=mode, apply=apply, baselines=baselines)
-        if as_json:
-            from gpuhpc.cli._console import print_json
+        from gpuhpc.cli._console import warn
 
-            print_json(out.to_dict())
-        else:
-            lines = [f"{r.status.value:4}  {r.check:12} {r.message}" for r in out.report.results]
-            if out.decision is None:
-                lines.append(f"note: Slurm does not know a node {name!r}: nothing drained or resumed")
-            else:
-                d = out.decision
-                verb = {"none": "no change", "drain": "drain", "resume": "resume"}[d.action.value]
-                done = " (done)" if out.applied else (" (pass --apply to do it)" if d.action.value != "none" else "")
-                lines.append(f"{name}: {verb}{done}: {d.reason or d.why}")
-            sys.stdout.write("\n".join(lines) + "\n")
-        if not out.report.healthy:
-            raise typer.Exit(1)
-
-
-    @node_app.command("baseline")
-    def baseline_cmd(
-        node: str = typer.Argument(..., help="Slurm node name."),
-        nccl: float | None = typer.Option(None, "--nccl", help="Set the all-reduce bus bandwidth baseline, GB/s "
-                                             "(an admin's value: measurements never overwrite it)."),
-        as_json: bool = typer.Option(False, "--json", help="JSON output."),
-    ) -> None:
-        """The node's deep-check baseline (nccl all-reduce bus bandwidth) in the ledger database:
-        show it, or set it with --nccl."""
-        from gpuhpc.errors import UserInputError
-        from gpuhpc.health.deep import Baselines
-
-        if nccl is not None and not 0 < nccl < 100000:
-            raise UserInputError("must be a bandwidth in GB/s", field="--nccl")
-        b = Baselines()
-        if nccl is not None:
-            b.record(node, nccl, "admin")
-        value = b.get(node)
-        if as_json:
-            from gpuhpc.cli._console import print_json
-
-            print_json({"node": node, "nccl_allreduce_busbw": value})
-        else:
-            sys.stdout.write(f"{node}: nccl all-reduce baseline "
-                             + (f"{value:g} GB/s\n" if value is not None else "none yet (the first passing "
-                                "`gpuhpc node health --deep` sets it)\n"))
-
-    @node_app.command("mig-plan")
-    def mig_plan_cmd() -> None:
-        """MIG commands that turn a node's instances into the spec's layout (JSON in on stdin, JSON out).
-
-        Input: {"gpu_type", "layouts": [[profile, ...] per GPU], "lgi": `nvidia-smi mig -lgi` output,
-        "modes": `nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader` output}.
-        Output: {"changed", "commands": [argv, ...], "summary": [line per changed GPU]}. The
-        gpuhpc_nvidia_gpu role runs it on the control node."""
-        import json
-
+        for w in inv.warnings:
+            warn(escape(w))
+    if as_json:
         from gpuhpc.cli._console import print_json
-        from gpuhpc.errors import UserInputError
-        from gpuhpc.inventory.mig import plan_from_texts
 
-        try:
-            doc = json.loads(sys.stdin.read())
-            args = (str(doc["gpu_type"]), [list(map(str, x)) for x in doc["layouts"]], str(doc.get("lgi", "")),
-                    str(doc.get("modes", "")))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserInputError(f"mig-plan input: {exc}", hint='{"gpu_type": "h100", "layouts": [[...]], '
-                                 '"lgi": "...", "modes": "..."} on stdin') from None
-        print_json(plan_from_texts(*args).to_dict())
+        print_json(inv.to_dict())
+        return
+    out = list(inv.gres_lines)
+    if not gres_only:
+        r = inv.report
+        out.append(f"# slurm.conf: {'NodeName=' + node + ' ' if node else ''}Gres={inv.node_gres}")
+        out.append(f"# sizing: {r['gpus']} GPUs, vCPUs {r['vcpus'] if r['vcpus'] is not None else '?'}"
+                   f"{' (inferred)' if r['vcpus_inferred'] else ''}, per GPU "
+                   f"{r['vcpus_per_gpu'] if r['vcpus_per_gpu'] is not None else '?'}")
+        if r["gpus_per_numa"]:
+            out.append("# GPUs per NUMA node: " + ", ".join(f"{k}: {v}" for k, v in r["gpus_per_numa"].items()))
+        for g, nics in r["gpudirect_nics"].items():
+            out.append(f"# GPUDirect {g}: {', '.join(nics) if nics else 'no NIC under its PCIe switch'}")
+        out.extend(f"# note: {n}" for n in inv.notes)
+        out.extend(f"# warning: {w}" for w in inv.warnings)
+    sys.stdout.write("\n".join(out) + "\n")
+
+@node_group.command("clique")
+@click.option("--smi-xml", help="nvidia-smi -q -x output (default: run it).")
+@click.option("--node", help="Host name to print (default: this host).")
+def clique_cmd(smi_xml: str | None, node: str | None) -> None:
+    """Print 'HOST CLUSTERUUID.CLIQUEID' (the node's NVLink domain) for
+    `gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --cliques FILE`."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.inventory import LIVE_COMMANDS, clique
+
+    runner = None
+    if smi_xml:
+        text, source = _read(smi_xml, "--smi-xml"), smi_xml
+    else:
+        runner = _runner()
+        argv = dict(LIVE_COMMANDS)["xml"]
+        text, source = _run(runner, argv), " ".join(argv)
+    cid = clique(text, source)
+    if cid is None:
+        raise UserInputError("the driver reports no NVLink clique for these GPUs (not an NVL/GB200 system, "
+                             "or fabric manager not running)", field="--smi-xml" if smi_xml else None)
+    sys.stdout.write(f"{node or _node_name(runner or _runner())} {cid}\n")
+
+@node_group.command("health")
+@click.argument("node", metavar="[NODE]", required=False)
+@click.option("--mode", default="full", show_default=True,
+              help="full, or prolog (the fast subset Slurm's Prolog runs).")
+@click.option("--deep", is_flag=True, help="The deep checks instead: DCGM diagnostics (dcgmi diag) and "
+              "nccl all-reduce bandwidth against the node's baseline in the ledger database "
+              "(the first passing run sets it). Minutes; run it on an idle node.")
+@click.option("--apply", is_flag=True, help="Drain a failing node (gpuhpc:<hw|sw|perf>: reason); "
+              "resume it once healthy if gpuhpc drained it.")
+@click.option("--spec", help="Health spec YAML (default $GPUHPC_HEALTH_SPEC).")
+@_JSON
+def health_cmd(node: str | None, mode: str, deep: bool, apply: bool, spec: str | None, as_json: bool) -> int:
+    """Health checks (GPUs vs gres.conf, MIG layout, XID, ECC, clocks, IB, scratch, mounts, munge),
+    or with --deep DCGM diagnostics and nccl bandwidth; exit 1 when one fails. NODE: the Slurm
+    node name (default: this host's; $SLURMD_NODENAME). Runs where gpuhpc runs commands (this
+    host, or GPUHPC_SSH_HOST)."""
+    import os
+
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.health import HealthSpec, check_node
+    from gpuhpc.health.spec import load
+
+    if mode not in ("full", "prolog"):
+        raise UserInputError(f"unknown mode {mode!r}", field="--mode", hint="full or prolog")
+    path = spec or os.environ.get("GPUHPC_HEALTH_SPEC")
+    hspec = load(_read(path, "--spec"), path) if path else HealthSpec()
+    runner = _runner()
+    name = node or runner.getenv("SLURMD_NODENAME") or _node_name(runner)
+    baselines = None
+    if deep:
+        from gpuhpc.health.deep import Baselines
+        from gpuhpc.ledger.hooks import ledger_in_use
+
+        mode = "deep"
+        url = ledger_in_use()
+        baselines = Baselines(url) if url else None
+    out = check_node(name, runner=runner, spec=hspec, mode=mode, apply=apply, baselines=baselines)
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json(out.to_dict())
+    else:
+        lines = [f"{r.status.value:4}  {r.check:12} {r.message}" for r in out.report.results]
+        if out.decision is None:
+            lines.append(f"note: Slurm does not know a node {name!r}: nothing drained or resumed")
+        else:
+            d = out.decision
+            verb = {"none": "no change", "drain": "drain", "resume": "resume"}[d.action.value]
+            done = " (done)" if out.applied else (" (pass --apply to do it)" if d.action.value != "none" else "")
+            lines.append(f"{name}: {verb}{done}: {d.reason or d.why}")
+        sys.stdout.write("\n".join(lines) + "\n")
+    if not out.report.healthy:
+        return 1
+    return 0
+
+
+@node_group.command("baseline")
+@click.argument("node", metavar="NODE")
+@click.option("--nccl", type=float, help="Set the all-reduce bus bandwidth baseline, GB/s "
+              "(an admin's value: measurements never overwrite it).")
+@_JSON
+def baseline_cmd(node: str, nccl: float | None, as_json: bool) -> None:
+    """The Slurm node NODE's deep-check baseline (nccl all-reduce bus bandwidth) in the ledger database:
+    show it, or set it with --nccl."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.health.deep import Baselines
+
+    if nccl is not None and not 0 < nccl < 100000:
+        raise UserInputError("must be a bandwidth in GB/s", field="--nccl")
+    b = Baselines()
+    if nccl is not None:
+        b.record(node, nccl, "admin")
+    value = b.get(node)
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json({"node": node, "nccl_allreduce_busbw": value})
+    else:
+        sys.stdout.write(f"{node}: nccl all-reduce baseline "
+                         + (f"{value:g} GB/s\n" if value is not None else "none yet (the first passing "
+                            "`gpuhpc node health --deep` sets it)\n"))
+
+@node_group.command("mig-plan")
+def mig_plan_cmd() -> None:
+    """MIG commands that turn a node's instances into the spec's layout (JSON in on stdin, JSON out).
+
+    Input: {"gpu_type", "layouts": [[profile, ...] per GPU], "lgi": `nvidia-smi mig -lgi` output,
+    "modes": `nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader` output}.
+    Output: {"changed", "commands": [argv, ...], "summary": [line per changed GPU]}. The
+    gpuhpc_nvidia_gpu role runs it on the control node."""
+    import json
+
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.inventory.mig import plan_from_texts
+
+    try:
+        doc = json.loads(sys.stdin.read())
+        args = (str(doc["gpu_type"]), [list(map(str, x)) for x in doc["layouts"]], str(doc.get("lgi", "")),
+                str(doc.get("modes", "")))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserInputError(f"mig-plan input: {exc}", hint='{"gpu_type": "h100", "layouts": [[...]], '
+                             '"lgi": "...", "modes": "..."} on stdin') from None
+    print_json(plan_from_texts(*args).to_dict())
 
 def _read(path: str, opt: str) -> str:
     from pathlib import Path

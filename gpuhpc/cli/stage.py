@@ -1,9 +1,11 @@
 """``gpuhpc stage``: move datasets and checkpoints between S3 and node-local storage."""
 from __future__ import annotations
 
-import typer
+import click
 
 from gpuhpc.cli._console import print_json
+from gpuhpc.cli.main import help_for
+
 
 class _Bar:
     """A rich progress bar on stderr when it is a terminal (the stager's ``progress``); jobs and
@@ -44,15 +46,17 @@ def _stager(what: str):
     return S3Stager.from_env(progress=bar), bar
 
 
-stage_app = typer.Typer(help="Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials).",
-                        no_args_is_help=True)
+@click.group("stage", help=help_for("stage"), no_args_is_help=True)
+def stage() -> None:
+    pass
 
 
-@stage_app.command("push")
-def push(local: str = typer.Argument(..., help="file or directory"),
-         url: str = typer.Argument(..., help="s3://BUCKET/PREFIX"),
-         create_bucket: bool = typer.Option(False, "--create-bucket", help="create the bucket if missing")) -> None:
-    """Upload a file or directory tree (multipart for large files)."""
+@stage.command("push")
+@click.argument("local")
+@click.argument("url")
+@click.option("--create-bucket", is_flag=True, help="create the bucket if missing")
+def push(local: str, url: str, create_bucket: bool) -> None:
+    """Upload a file or directory tree LOCAL to URL (s3://BUCKET/PREFIX; multipart for large files)."""
     from gpuhpc.staging.s3 import S3Url
 
     dest = S3Url.parse(url, "URL")
@@ -64,16 +68,18 @@ def push(local: str = typer.Argument(..., help="file or directory"),
     else:
         with bar:
             n = stager.push(local, dest)
-    typer.echo(f"pushed {n} file(s) to {dest}")
+    click.echo(f"pushed {n} file(s) to {dest}")
 
 
-@stage_app.command("pull")
-def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
-         local: str = typer.Argument(None, help="destination (omit with --cache)"),
-         cache: bool = typer.Option(False, "--cache", help="use your node-local cache (${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-cache-UID, "
-                                                  "or $GPUHPC_NODE_CACHE_ROOT/UID); prints the path"),
-         latest: bool = typer.Option(False, "--latest", help="only the newest object under the prefix (checkpoints)")) -> None:
-    """Download a prefix or object; each file lands atomically."""
+@stage.command("pull")
+@click.argument("url")
+@click.argument("local", required=False)
+@click.option("--cache", is_flag=True, help="use your node-local cache (${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-cache-UID, "
+                                            "or $GPUHPC_NODE_CACHE_ROOT/UID); prints the path")
+@click.option("--latest", is_flag=True, help="only the newest object under the prefix (checkpoints)")
+def pull(url: str, local: str | None, cache: bool, latest: bool) -> None:
+    """Download URL (s3://BUCKET/PREFIX or an object) to LOCAL (omit with --cache); each file
+    lands atomically."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.staging.s3 import S3Url
 
@@ -92,7 +98,7 @@ def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
         else:
             with bar:
                 path, fetched = NodeCache(stager).fetch(src)
-        typer.echo(str(path))
+        click.echo(str(path))
         return
     if not local:
         raise UserInputError("missing destination", field="LOCAL", hint="give a path or use --cache")
@@ -101,12 +107,14 @@ def pull(url: str = typer.Argument(..., help="s3://BUCKET/PREFIX or an object"),
     else:
         with bar:
             n = stager.pull(src, local)
-    typer.echo(f"pulled {n} file(s) from {src} to {local}", err=True)
+    click.echo(f"pulled {n} file(s) from {src} to {local}", err=True)
 
 
-@stage_app.command("presign")
-def presign(url: str, expires: int = typer.Option(3600, "--expires", min=1, max=7 * 24 * 3600),
-            as_json: bool = typer.Option(False, "--json")) -> None:
+@stage.command("presign")
+@click.argument("url")
+@click.option("--expires", type=click.IntRange(1, 7 * 24 * 3600), default=3600, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def presign(url: str, expires: int, as_json: bool) -> None:
     """A time-limited HTTPS GET URL for an object (share a checkpoint without credentials)."""
     from gpuhpc.staging.s3 import S3Stager, S3Url
 
@@ -114,8 +122,5 @@ def presign(url: str, expires: int = typer.Option(3600, "--expires", min=1, max=
     if as_json:
         print_json({"url": signed, "expires_s": expires})
     else:
-        typer.echo(signed)
+        click.echo(signed)
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(stage_app, name="stage")

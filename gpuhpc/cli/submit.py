@@ -1,17 +1,20 @@
 """``gpuhpc submit``: render a job template and sbatch it.
 
-The options are parsed by one stdlib ``argparse`` parser (:func:`parser`); ``gpuhpc submit``
-imports neither typer nor rich (it must not be much slower than ``sbatch``).
+A plain click command; ``gpuhpc submit`` imports no rich (it must not be much slower than
+``sbatch``).
 
     gpuhpc submit --gpus 8 --gpu-type h100 --nodes 2 --time 2h --partition gpu \\
         --account proj-x -- python train.py --lr 3e-4
 """
 from __future__ import annotations
 
-import argparse
-import functools
 import sys
+from types import SimpleNamespace
 from typing import Any
+
+import click
+
+from gpuhpc.cli.main import help_for
 
 # CLI option -> (JobSpec/Resources field, where). "res" = Resources, "spec" = JobSpec.
 _FIELDS: dict[str, tuple[str, str]] = {
@@ -28,60 +31,55 @@ _FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-@functools.cache
-def parser() -> argparse.ArgumentParser:
-    """The ``gpuhpc submit`` option parser (built once; parsing does not change it)."""
-    from gpuhpc.cli._args import ArgParser
+_RES = "(resources, per node where it applies)"
 
-    p = ArgParser("gpuhpc submit",
-                  description="Render a job template (job-templates/) and submit it with sbatch. "
-                              "Put the command after --. Options override a --file job file.",
-                  epilog="Jobs get --requeue and --signal=B:USR2@GRACE: on preemption or near the "
-                         "time limit the program receives SIGUSR2, checkpoints to "
-                         "$GPUHPC_CHECKPOINT_DIR and exits; the job requeues itself (docs/jobs.md).")
-    a = p.add_argument
-    g = p.add_argument_group("resources (per node where it applies)")
-    g.add_argument("--gpus", type=int, metavar="N", help="GPUs per node")
-    g.add_argument("--gpu-type", metavar="TYPE", help="GPU model (h100) or MIG profile (1g.10gb)")
-    g.add_argument("--nodes", "-N", type=int, metavar="N")
-    g.add_argument("--time", "-t", metavar="DURATION", help="time limit: 2h, 90m, 1d, 02:00:00 (default 1h)")
-    g.add_argument("--partition", "-p")
-    g.add_argument("--account", "-A")
-    g.add_argument("--qos")
-    g.add_argument("--mem", help="memory per node: 64G")
-    g.add_argument("--cpus-per-task", "-c", type=int, metavar="N")
-    g.add_argument("--tasks-per-node", type=int, metavar="N",
-                   help="default: 1 (single, torchrun), GPUs per node (deepspeed, mpi)")
-    g.add_argument("--constraint", "-C")
-    g.add_argument("--nodelist", "-w")
-    g.add_argument("--exclude", "-x")
-    g.add_argument("--exclusive", action="store_true", default=None)
-    j = p.add_argument_group("job")
-    j.add_argument("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names")
-    j.add_argument("--name", "-J")
-    j.add_argument("--template", choices=("single", "torchrun", "deepspeed", "mpi"))
-    j.add_argument("--mpi", choices=("auto", "pmix", "pmi2"), help="MPI plugin for the mpi template")
-    j.add_argument("--env", "-e", action="append", metavar="KEY=VALUE", help="export in the job (repeatable)")
-    j.add_argument("--workdir", "-D")
-    j.add_argument("--log-dir", metavar="DIR", help="where %%j.out logs go (default ~/.local/share/gpuhpc/logs)")
-    j.add_argument("--checkpoint-dir", metavar="DIR", help="shared checkpoint dir; %%j = job id")
-    j.add_argument("--grace", metavar="DURATION", help="SIGUSR2 this long before the time limit (default 60s)")
-    j.add_argument("--max-requeues", type=int, metavar="N", help="cap on requeues (default 10)")
-    j.add_argument("--no-requeue", dest="requeue", action="store_false", default=None)
-    j.add_argument("--hold", action="store_true", default=None)
-    j.add_argument("--dependency", "-d")
-    j.add_argument("--array", "-a", metavar="INDEXES",
-                   help="a job array (0-49%%8: 50 tasks, 8 at a time); the ledger holds every task")
-    j.add_argument("--snapshot", action=argparse.BooleanOptionalAction, default=None,
-                   help="run from a code snapshot of this git repo (tracked files, uncommitted changes; "
-                        ".gpuhpcignore excludes); default: on over SSH (--cluster), off locally")
-    j.add_argument("--snapshot-path", action="append", metavar="PATH",
-                   help="also put PATH (file or directory) in the snapshot (repeatable)")
-    o = p.add_argument_group("output")
-    o.add_argument("--dry-run", action="store_true", help="print the sbatch script; submit nothing")
-    o.add_argument("--json", action="store_true", help="print {job_id, log} as JSON")
-    a("command", nargs=argparse.REMAINDER, help="the command, after --")
-    return p
+
+def _options(f):
+    """The options of ``gpuhpc submit``, in the order --help lists them."""
+    o = click.option
+    opts = [
+        o("--gpus", type=int, metavar="N", help=f"GPUs per node {_RES}"),
+        o("--gpu-type", metavar="TYPE", help="GPU model (h100) or MIG profile (1g.10gb)"),
+        o("--nodes", "-N", type=int, metavar="N"),
+        o("--time", "-t", metavar="DURATION", help="time limit: 2h, 90m, 1d, 02:00:00 (default 1h)"),
+        o("--partition", "-p"),
+        o("--account", "-A"),
+        o("--qos"),
+        o("--mem", help="memory per node: 64G"),
+        o("--cpus-per-task", "-c", type=int, metavar="N"),
+        o("--tasks-per-node", type=int, metavar="N",
+          help="default: 1 (single, torchrun), GPUs per node (deepspeed, mpi)"),
+        o("--constraint", "-C"),
+        o("--nodelist", "-w"),
+        o("--exclude", "-x"),
+        o("--exclusive", is_flag=True, flag_value=True, default=None),
+        o("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names"),
+        o("--name", "-J"),
+        o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),
+        o("--mpi", type=click.Choice(("auto", "pmix", "pmi2")), help="MPI plugin for the mpi template"),
+        o("--env", "-e", multiple=True, metavar="KEY=VALUE", help="export in the job (repeatable)"),
+        o("--workdir", "-D"),
+        o("--log-dir", metavar="DIR", help="where %j.out logs go (default ~/.local/share/gpuhpc/logs)"),
+        o("--checkpoint-dir", metavar="DIR", help="shared checkpoint dir; %j = job id"),
+        o("--grace", metavar="DURATION", help="SIGUSR2 this long before the time limit (default 60s)"),
+        o("--max-requeues", type=int, metavar="N", help="cap on requeues (default 10)"),
+        o("--no-requeue", "requeue", is_flag=True, flag_value=False, default=None),
+        o("--hold", is_flag=True, flag_value=True, default=None),
+        o("--dependency", "-d"),
+        o("--array", "-a", metavar="INDEXES",
+          help="a job array (0-49%8: 50 tasks, 8 at a time); the ledger holds every task"),
+        o("--snapshot/--no-snapshot", default=None,
+          help="run from a code snapshot of this git repo (tracked files, uncommitted changes; "
+               ".gpuhpcignore excludes); default: on over SSH (--cluster), off locally"),
+        o("--snapshot-path", multiple=True, metavar="PATH",
+          help="also put PATH (file or directory) in the snapshot (repeatable)"),
+        o("--dry-run", is_flag=True, help="print the sbatch script; submit nothing"),
+        o("--json", "json_out", is_flag=True, help="print {job_id, log} as JSON"),
+        click.argument("command", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
 
 
 def _load_file(path: str) -> dict[str, Any]:
@@ -103,7 +101,7 @@ def _load_file(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def build_spec(ns: argparse.Namespace):
+def build_spec(ns: SimpleNamespace):
     """Job file first, then the flags that were given on the command line."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.jobs.spec import JobSpec
@@ -132,13 +130,16 @@ def build_spec(ns: argparse.Namespace):
     return JobSpec.from_mapping(data)
 
 
-def run(argv: list[str]) -> int:
-    """Parse ``argv`` (everything after ``submit``), submit, print. Raises GpuhpcError."""
-    from gpuhpc.cli._args import parse
-
-    ns = parse(parser(), argv)
-    if isinstance(ns, int):         # --help
-        return ns
+@click.command("submit", context_settings={"allow_interspersed_args": False},
+               help="Render a job template (job-templates/) and submit it with sbatch. Put the command "
+                    "after --. Options override a --file job file.",
+               short_help=help_for("submit"),
+               epilog="Jobs get --requeue and --signal=B:USR2@GRACE: on preemption or near the time limit "
+                      "the program receives SIGUSR2, checkpoints to $GPUHPC_CHECKPOINT_DIR and exits; the "
+                      "job requeues itself (docs/jobs.md).")
+@_options
+def submit(**params: Any) -> int:
+    ns = SimpleNamespace(**{k: (v or None) if isinstance(v, tuple) else v for k, v in params.items()})
     spec = build_spec(ns)
     if ns.dry_run:
         from gpuhpc.jobs.render import render
@@ -148,7 +149,7 @@ def run(argv: list[str]) -> int:
     from gpuhpc.jobs.api import submit_spec
 
     job = submit_spec(spec)
-    if ns.json:
+    if ns.json_out:
         import json
 
         sys.stdout.write(json.dumps({"job_id": job.job_id, "name": spec.name, "log": job._log_path}) + "\n")
@@ -161,13 +162,15 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str], debug: bool = False) -> int:
-    """``gpuhpc submit ...`` (``argv[0]`` is ``submit``), errors mapped to exit codes; no typer,
-    no rich (:mod:`gpuhpc.cli.main` dispatches here)."""
-    from gpuhpc.cli import run_guarded
+def run(argv: list[str]) -> int:
+    """``gpuhpc submit ARGV`` (everything after ``submit``): submit, print, return the exit code.
+    Raises GpuhpcError (bad options: UserInputError)."""
+    from gpuhpc.cli.main import invoke
 
-    return run_guarded(lambda: run(argv[1:]), lambda: debug)
+    return invoke(submit, argv, "gpuhpc submit")
 
 
 if __name__ == "__main__":
-    sys.exit(main(["submit", *sys.argv[1:]]))
+    from gpuhpc.cli import run_guarded
+
+    sys.exit(run_guarded(lambda: run(sys.argv[1:])))

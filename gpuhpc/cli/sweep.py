@@ -1,15 +1,18 @@
 """``gpuhpc sweep``: hyper-parameter sweeps as job arrays that fit the cluster (docs/sweeps.md).
 
-argparse, not typer (:mod:`gpuhpc.cli._args`): ``gpuhpc sweep run`` is measured against raw
-``sbatch`` of the same chunks (bench/sweep_submit.py), and typer's import and per-parameter
-adapters cost more than a sweep's database work. rich is imported by ``status`` only.
+Plain click (``gpuhpc sweep run`` is measured against raw ``sbatch`` of the same chunks,
+bench/sweep_submit.py); rich is imported by ``status`` only. With ``--cluster`` the group runs on
+the cluster (:class:`gpuhpc.cli._oncluster.OnClusterGroup`).
 """
 from __future__ import annotations
 
 import sys
 
-from gpuhpc.cli._args import ArgParser, parse
+import click
+
 from gpuhpc.cli._console import print_json
+from gpuhpc.cli._oncluster import OnClusterGroup
+from gpuhpc.cli.main import help_for
 
 
 def _echo(text: str, err: bool = False) -> None:
@@ -234,65 +237,80 @@ def report(sweep_id: str, html: str) -> int:
     return 0
 
 
-def parser() -> ArgParser:
-    p = ArgParser("gpuhpc sweep", description="Hyper-parameter sweeps: job arrays that split to fit the cluster, "
-                                              "run detached, resume (docs/sweeps.md).")
-    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    sub.required = True
-    a = sub.add_parser("run", help="submit a sweep file; returns at once with the sweep id")
-    a.add_argument("file", metavar="FILE", help="the sweep file (YAML)")
-    a.add_argument("--json", action="store_true", help='print {"sweep_id": ...}')
-    a = sub.add_parser("status", help="progress, counts per state, best so far, failed trials with log tails")
-    a.add_argument("id", metavar="ID")
-    a.add_argument("--watch", "-w", action="store_true", help="refresh until every trial has finished")
-    a.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes with --watch")
-    a.add_argument("--json", action="store_true")
-    a = sub.add_parser("wait", help="wait for every trial: exit 0 all completed, 1 some failed for good")
-    a.add_argument("id", metavar="ID")
-    a.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 124)")
-    a.add_argument("--poll", type=float, default=3.0, help="seconds between checks")
-    a = sub.add_parser("results", help="one row per trial: trial, params, state, metrics, job_id, restarts, gpu_hours")
-    a.add_argument("id", metavar="ID")
-    g = a.add_mutually_exclusive_group(required=True)
-    g.add_argument("--json", action="store_true")
-    g.add_argument("--csv", action="store_true")
-    a = sub.add_parser("best", help="the best finished trial")
-    a.add_argument("id", metavar="ID")
-    a.add_argument("--json", action="store_true")
-    a = sub.add_parser("resume", help="resubmit failed, cancelled and never-started trials (never a finished one)")
-    a.add_argument("id", metavar="ID")
-    a.add_argument("--json", action="store_true")
-    a = sub.add_parser("cancel", help="cancel the sweep's driver and every array it submitted")
-    a.add_argument("id", metavar="ID")
-    a = sub.add_parser("report", help="an HTML page: objective by trial, each parameter vs the objective")
-    a.add_argument("id", metavar="ID")
-    a.add_argument("--html", required=True, metavar="FILE")
-    return p
+@click.group("sweep", cls=OnClusterGroup, no_args_is_help=True, short_help=help_for("sweep"),
+             help="Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume "
+                  "(docs/sweeps.md).")
+def sweep() -> None:
+    pass
 
 
-def _run(argv: list[str]) -> int:
-    ns = parse(parser(), argv)
-    if isinstance(ns, int):
-        return ns
-    if ns.cmd == "run":
-        return run(ns.file, ns.json)
-    if ns.cmd == "status":
-        return status(ns.id, ns.watch, ns.interval, ns.json)
-    if ns.cmd == "wait":
-        return wait(ns.id, ns.timeout, ns.poll)
-    if ns.cmd == "results":
-        return results(ns.id, ns.json, ns.csv)
-    if ns.cmd == "best":
-        return best(ns.id, ns.json)
-    if ns.cmd == "resume":
-        return resume(ns.id, ns.json)
-    if ns.cmd == "cancel":
-        return cancel(ns.id)
-    return report(ns.id, ns.html)
+_id = click.argument("sweep_id", metavar="ID")
 
 
-def main(argv: list[str], debug: bool = False) -> int:
-    """``gpuhpc sweep COMMAND ...`` (``argv[0]`` is ``sweep``)."""
-    from gpuhpc.cli import run_guarded
+@sweep.command("run", short_help="submit a sweep file; returns at once with the sweep id")
+@click.argument("file", metavar="FILE")
+@click.option("--json", "as_json", is_flag=True, help='print {"sweep_id": ...}')
+def _run_cmd(file: str, as_json: bool) -> int:
+    """Submit a sweep file (YAML); returns at once with the sweep id."""
+    return run(file, as_json)
 
-    return run_guarded(lambda: _run(argv[1:]), lambda: debug)
+
+@sweep.command("status", short_help="progress, counts per state, best so far, failed trials with log tails")
+@_id
+@click.option("--watch", "-w", is_flag=True, help="refresh until every trial has finished")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="seconds between refreshes with --watch")
+@click.option("--json", "as_json", is_flag=True)
+def _status_cmd(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
+    """Progress, counts per state, the best trial so far, failed trials with their log tails."""
+    return status(sweep_id, watch, interval, as_json)
+
+
+@sweep.command("wait", short_help="wait for every trial: exit 0 all completed, 1 some failed for good")
+@_id
+@click.option("--timeout", type=float, metavar="S", help="give up after S seconds (exit 124)")
+@click.option("--poll", type=float, default=3.0, show_default=True, help="seconds between checks")
+def _wait_cmd(sweep_id: str, timeout: float | None, poll: float) -> int:
+    """Wait for every trial to finish: exit 0 when all completed, 1 when any failed for good."""
+    return wait(sweep_id, timeout, poll)
+
+
+@sweep.command("results", short_help="one row per trial: trial, params, state, metrics, job_id, restarts, gpu_hours")
+@_id
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--csv", "as_csv", is_flag=True)
+def _results_cmd(sweep_id: str, as_json: bool, as_csv: bool) -> int:
+    """One row per trial (--json or --csv): trial, params, state, metrics, job_id, restarts, gpu_hours."""
+    if as_json == as_csv:
+        raise click.UsageError("give one of --json or --csv", ctx=click.get_current_context())
+    return results(sweep_id, as_json, as_csv)
+
+
+@sweep.command("best", short_help="the best finished trial")
+@_id
+@click.option("--json", "as_json", is_flag=True)
+def _best_cmd(sweep_id: str, as_json: bool) -> int:
+    """The best finished trial (by the sweep's metric and goal)."""
+    return best(sweep_id, as_json)
+
+
+@sweep.command("resume", short_help="resubmit failed, cancelled and never-started trials (never a finished one)")
+@_id
+@click.option("--json", "as_json", is_flag=True)
+def _resume_cmd(sweep_id: str, as_json: bool) -> int:
+    """Resubmit the trials that failed, were cancelled or never started (never a finished one)."""
+    return resume(sweep_id, as_json)
+
+
+@sweep.command("cancel", short_help="cancel the sweep's driver and every array it submitted")
+@_id
+def _cancel_cmd(sweep_id: str) -> int:
+    """Cancel the sweep's driver and every array it submitted."""
+    return cancel(sweep_id)
+
+
+@sweep.command("report", short_help="an HTML page: objective by trial, each parameter vs the objective")
+@_id
+@click.option("--html", required=True, metavar="FILE")
+def _report_cmd(sweep_id: str, html: str) -> int:
+    """An HTML page: the objective by trial, and each parameter against the objective."""
+    return report(sweep_id, html)

@@ -1,6 +1,7 @@
 """The CLI's error contract (bad input exits 2 with one line, no traceback) and its start-up
-contract: ``gpuhpc CMD`` imports only CMD's module, and the fast commands import neither typer
-nor rich (checked by what is imported, never by timing; bench/cli_startup.py times them)."""
+contract: ``gpuhpc CMD`` imports only CMD's module, and the fast commands import no rich (checked
+by what is imported, never by timing; bench/cli_startup.py times them). One framework: click, its
+help and its shell completion for every command."""
 from __future__ import annotations
 
 import importlib
@@ -10,7 +11,9 @@ import sys
 
 import pytest
 
-from gpuhpc.cli.main import COMMANDS, build_app, help_text, main
+import os
+
+from gpuhpc.cli.main import COMMANDS, cli, main
 
 FAST = ("submit", "jobs", "status", "logs", "cancel")
 HEAVY = ("typer", "rich", "pydantic", "sqlalchemy", "jinja2", "yaml", "boto3", "paramiko")
@@ -40,7 +43,7 @@ def test_unknown_command_and_missing_argument_exit_2(capsys):
     assert main(["jobs", "--bogus"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert "No such command 'nosuch'" in err and "No such option: --bogus" in err
+    assert "No such command 'nosuch'" in err and "No such option '--bogus'" in err
 
 
 def test_fast_command_bad_input_is_one_line_exit_2():
@@ -51,59 +54,75 @@ def test_fast_command_bad_input_is_one_line_exit_2():
         assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), (argv, res.stderr)
 
 
+def _module(name: str) -> str:
+    return "gpuhpc.cli." + COMMANDS[name][0].partition(":")[0]
+
+
 def test_root_help_lists_every_command_and_imports_no_group():
     res = _cli("--help")
     rep = _report(res)
     assert rep["rc"] == 0 and rep["heavy"] == []
     assert rep["cli"] == ["gpuhpc.cli.main"]
+    assert res.stdout.startswith("Usage: gpuhpc [OPTIONS] COMMAND [ARGS]...\n")
     for name in COMMANDS:
         assert f"\n  {name} " in res.stdout
     assert _report(_cli())["rc"] == 2            # no command: the help, exit 2
 
 
 @pytest.mark.parametrize("name", FAST)
-def test_fast_commands_import_neither_typer_nor_rich(name):
+def test_fast_commands_import_only_their_module(name):
     res = _cli(name, "--help")
     rep = _report(res)
     assert rep["rc"] == 0, res.stderr
     assert rep["heavy"] == [], rep
-    assert set(rep["cli"]) <= {"gpuhpc.cli.main", "gpuhpc.cli._args", f"gpuhpc.cli.{COMMANDS[name][0]}"}
-    assert res.stdout.startswith(f"usage: gpuhpc {name} ")
+    assert set(rep["cli"]) <= {"gpuhpc.cli.main", _module(name)}
+    assert res.stdout.startswith(f"Usage: gpuhpc {name} [OPTIONS]")
 
 
-def test_submit_dry_run_needs_no_typer(tmp_path):
+def test_one_help_style_for_every_command():
+    """`gpuhpc sweep run --help` and `gpuhpc submit --help` look alike: click's Usage/Options."""
+    for argv in (["submit"], ["sweep", "run"], ["jobs"], ["conf", "render"], ["ledger", "price", "set"]):
+        res = _cli(*argv, "--help")
+        assert _report(res)["rc"] == 0, res.stderr
+        out = res.stdout
+        assert out.startswith(f"Usage: gpuhpc {' '.join(argv)} [OPTIONS]"), out
+        assert "\nOptions:\n" in out and "  --help  " in out, out
+
+
+def test_submit_dry_run_needs_no_rich(tmp_path):
     res = _cli("submit", "--dry-run", "--gpus", "1", "--", "true")
     rep = _report(res)
     assert rep["rc"] == 0, res.stderr
-    assert "typer" not in rep["heavy"] and "rich" not in rep["heavy"]
+    assert "rich" not in rep["heavy"]
     assert "#SBATCH" in res.stdout
 
 
-def test_a_typer_group_imports_only_its_module():
+def test_a_group_imports_only_its_module():
     rep = _report(_cli("cluster", "--help"))
     assert rep["rc"] == 0
     assert {m for m in rep["cli"] if m not in ("gpuhpc.cli._console",)} == {"gpuhpc.cli.main", "gpuhpc.cli.cluster"}
 
 
-def test_command_table_matches_what_the_modules_register():
+def test_command_table_matches_the_commands():
     """COMMANDS (what `gpuhpc --help` prints without importing anything) cannot drift from
-    the modules: every typer command is listed with its help, every listed command exists."""
-    import typer.main
+    the commands: each entry names a click command of that name whose short help is the entry's."""
+    import click
 
-    group = typer.main.get_command(build_app(list(COMMANDS)))
-    registered = {n: c.get_short_help_str(1000) for n, c in group.commands.items()}
-    typer_listed = {n: h for n, (m, h) in COMMANDS.items()
-                    if hasattr(importlib.import_module(f"gpuhpc.cli.{m}"), "register")}
-    assert registered == typer_listed
-    for name, (module, _) in COMMANDS.items():
-        if name not in registered:           # an argparse module: main(argv, debug)
-            assert callable(importlib.import_module(f"gpuhpc.cli.{module}").main), name
+    ctx = click.Context(cli)
+    for name, (target, help_) in COMMANDS.items():
+        module, _, attr = target.partition(":")
+        cmd = getattr(importlib.import_module(f"gpuhpc.cli.{module}"), attr)
+        assert isinstance(cmd, click.Command) and cmd.name == name, name
+        assert cmd.get_short_help_str(1000) == help_, name
+        assert cli.get_command(ctx, name) is cmd
 
 
-def test_help_text_wraps_to_the_width():
-    text = help_text(width=60)
-    assert max(len(line) for line in text.splitlines()) <= 60
-    assert "--debug" in text and "Commands:" in text
+def test_help_wraps_to_the_width():
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "--help"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "60"})
+    assert res.returncode == 0, res.stderr
+    assert max(len(line) for line in res.stdout.splitlines()) <= 60
+    assert "--debug" in res.stdout and "Commands:" in res.stdout
 
 
 def test_a_bug_is_one_line_exit_1_and_a_traceback_only_with_debug(monkeypatch, capsys):
