@@ -3,6 +3,7 @@
 refuse it with one line, and it sees only its own accounts' rows; gpuhpc_admin may change the ledger."""
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from decimal import Decimal
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.integration
 def _psql(url: str, sql: str) -> subprocess.CompletedProcess:
     u = make_url(url)
     return subprocess.run(["psql", "-h", u.host, "-p", str(u.port), "-U", u.username, "-d", u.database,
-                           "-v", "ON_ERROR_STOP=1", "-qtAc", sql], capture_output=True, text=True, timeout=60)
+                           "-v", "ON_ERROR_STOP=1", "-qtAc", sql], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PGPASSWORD": u.password or ""})
 
 
 def test_reader_role_cannot_change_charges_and_admin_can(pg_url, monkeypatch, capsys):
@@ -39,10 +41,10 @@ def test_reader_role_cannot_change_charges_and_admin_can(pg_url, monkeypatch, ca
     reader, writer = f"gpuhpc_u_{tag}", f"gpuhpc_a_{tag}"
     sup = create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with sup.connect() as c:
-        c.execute(text(f"CREATE ROLE {reader} LOGIN IN ROLE gpuhpc_reader"))
-        c.execute(text(f"CREATE ROLE {writer} LOGIN IN ROLE gpuhpc_admin"))
-    reader_url = make_url(pg_url).set(username=reader).render_as_string(hide_password=False)
-    writer_url = make_url(pg_url).set(username=writer).render_as_string(hide_password=False)
+        c.execute(text(f"CREATE ROLE {reader} LOGIN PASSWORD '{tag}' IN ROLE gpuhpc_reader"))
+        c.execute(text(f"CREATE ROLE {writer} LOGIN PASSWORD '{tag}' IN ROLE gpuhpc_admin"))
+    reader_url = make_url(pg_url).set(username=reader, password=tag).render_as_string(hide_password=False)
+    writer_url = make_url(pg_url).set(username=writer, password=tag).render_as_string(hide_password=False)
     try:
         # row-level security: the reader sees its own accounts' rows only
         r = _psql(reader_url, "SELECT count(*) FROM charges")
