@@ -12,7 +12,7 @@ requeues the job. On restart ``$GPUHPC_RESTART_COUNT`` > 0 and
         ...
         if step % k == 0 or ckpt.stop_requested():
             local = os.path.join(ckpt.scratch_dir(), f"step-{step}.pt"); save(local)
-            ckpt.save_atomic(local)          # temp name + rename in the checkpoint dir
+            ckpt.save_atomic(local)          # temp name + rename, .gpuhpc-latest, keep the last 3
         if ckpt.stop_requested():
             sys.exit(0)
 
@@ -59,10 +59,29 @@ def restart_count() -> int:
     return int(raw) if raw.isdigit() else 0
 
 
+# The pointer to the newest complete checkpoint: a hidden symlink whose name no framework uses
+# (DeepSpeed writes a `latest` *file* holding its tag into its save dir). gpuhpc before 2026-12
+# wrote a `latest` symlink: it is still read (a symlink only), and removed at the next save.
+POINTER = ".gpuhpc-latest"
+_LEGACY_POINTER = "latest"
+_TMP = ".gpuhpc-tmp."            # every temporary name: .gpuhpc-tmp.<job>.<restart>.<host>.<pid>.<what>
+SAVED = ".gpuhpc-saved"          # the names save_atomic committed, oldest first (keep-last-N)
+DEFAULT_KEEP = 3
+
+
+def _pointer(d: Path) -> Path | None:
+    """Where the pointer (else a legacy ``latest`` symlink, never a ``latest`` file) leads."""
+    for link in (d / POINTER, d / _LEGACY_POINTER):
+        if link.is_symlink() and link.exists():
+            return link.resolve()
+    return None
+
+
 def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path | None:
-    """The newest *complete* checkpoint: the ``latest`` link if present, else the newest
-    visible entry; a sharded step directory counts only with a complete manifest
-    (:func:`is_complete`).
+    """The newest *complete* checkpoint: where the ``.gpuhpc-latest`` link points (an older
+    ``latest`` symlink is read too), else the newest visible entry (never a file named
+    ``latest``: DeepSpeed's tag file); a sharded step directory counts only with a complete
+    manifest (:func:`is_complete`).
 
     Without ``directory`` the job's ``$GPUHPC_LATEST_CHECKPOINT`` is trusted when set."""
     if directory is None:
@@ -71,23 +90,93 @@ def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path |
             return Path(env)
         directory = checkpoint_dir()
     d = Path(directory)
-    link = d / "latest"
-    if link.exists() and is_complete(link.resolve()):
-        return link.resolve()
+    target = _pointer(d)
+    if target is not None and is_complete(target):
+        return target
     try:
-        entries = [p for p in d.iterdir() if not p.name.startswith(".") and p.name != "latest"]
+        entries = [p for p in d.iterdir() if not p.name.startswith(".") and p.name != _LEGACY_POINTER]
     except FileNotFoundError:
         return None
     entries = [p for p in entries if is_complete(p)]
     return max(entries, key=lambda p: p.stat().st_mtime_ns, default=None)
 
 
+def keep_count(keep: int | None = None) -> int:
+    """How many checkpoints a save keeps: ``keep``, else ``$GPUHPC_KEEP_CHECKPOINTS``, else
+    :data:`DEFAULT_KEEP`; 0 keeps all."""
+    if keep is not None:
+        if keep < 0:
+            raise ValueError(f"keep must be 0 (all) or more, not {keep}")
+        return keep
+    raw = os.environ.get("GPUHPC_KEEP_CHECKPOINTS", "").strip()
+    return int(raw) if raw.isdigit() else DEFAULT_KEEP
+
+
 # ---------------------------------------------------------------- atomic save
-def _fsync_tree(path: Path) -> None:
-    paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for p in paths:
-        with open(p, "rb") as fh:
-            os.fsync(fh.fileno())
+_CHUNK = 4 << 20
+
+
+class _Copied:
+    """What :func:`_copy` wrote: bytes and the sha256 :func:`_sha256` would compute."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.hash = hashlib.sha256()
+
+
+def _copy_file(src: Path, dst: Path, out: _Copied, h: Any) -> None:
+    """Copy ``src`` to a new ``dst``, hashing the bytes as they pass (no read-back of the
+    written shard: on a parallel file system that would double the traffic inside the grace
+    window), and fsync it."""
+    with open(src, "rb") as fin, open(dst, "xb") as fout:
+        while True:
+            chunk = fin.read(_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            fout.write(chunk)
+            out.size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    shutil.copystat(src, dst)
+
+
+def _copy(src: Path, dst: Path) -> _Copied:
+    """Copy a file or a directory tree to ``dst``; every file fsynced, the hash computed while
+    writing (the same value as :func:`_sha256` of the copy)."""
+    out = _Copied()
+    if not src.is_dir():
+        _copy_file(src, dst, out, out.hash)
+        return out
+    dst.mkdir()
+    files = []
+    for root, dirs, names in os.walk(src):
+        rel = Path(root).relative_to(src)
+        for d in list(dirs):
+            s = Path(root) / d
+            if s.is_symlink():                      # kept as a link, not followed (as copytree)
+                dirs.remove(d)
+                os.symlink(os.readlink(s), dst / rel / d)
+            else:
+                (dst / rel / d).mkdir()
+        files += [rel / n for n in names]
+    for rel in sorted(files):              # the order _sha256 hashes in
+        s = src / rel
+        if s.is_symlink():
+            os.symlink(os.readlink(s), dst / rel)
+            if not (dst / rel).is_file():
+                continue
+            out.hash.update(str(rel).encode() + b"\0")  # a link to a file counts its content
+            with open(s, "rb") as fh:
+                for chunk in iter(lambda: fh.read(_CHUNK), b""):
+                    out.hash.update(chunk)
+                    out.size += len(chunk)
+            continue
+        out.hash.update(str(rel).encode() + b"\0")
+        _copy_file(s, dst / rel, out, out.hash)
+    for root, _dirs, _names in os.walk(dst):
+        _fsync_dir(Path(root))
+    return out
 
 
 def _fsync_dir(path: Path) -> None:
@@ -104,66 +193,178 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_atomic(src: str | os.PathLike[str] | bytes, name: str | None = None, *,
-                directory: str | os.PathLike[str] | None = None, update_latest: bool = True) -> Path:
+                directory: str | os.PathLike[str] | None = None, update_latest: bool = True,
+                keep: int | None = None) -> Path:
     """Put a checkpoint into the shared checkpoint dir atomically; returns its final path.
 
     ``src`` is a file or directory (usually written under :func:`scratch_dir` first, on
     node-local NVMe) or raw ``bytes``. It is copied to a temporary name inside the
-    destination directory, fsynced, then renamed to ``name``; readers never see a partial
-    checkpoint. The ``latest`` symlink is then switched to it (also by rename)."""
-    dest_dir = Path(directory) if directory is not None else checkpoint_dir()
+    destination directory (every file fsynced), then renamed to ``name``; readers never see a
+    partial checkpoint. The ``.gpuhpc-latest`` symlink is then switched to it (also by
+    rename, after the directory is fsynced), and of the checkpoints saved this way into the
+    directory the newest ``keep`` are kept (:func:`keep_count`: ``$GPUHPC_KEEP_CHECKPOINTS``,
+    default 3; 0 keeps all); entries gpuhpc did not save are never removed. Temporaries that
+    earlier runs of this job left behind are removed too."""
+    final, _ = _save(src, name, Path(directory) if directory is not None else checkpoint_dir())
+    if update_latest:
+        dest_dir = final.parent
+        _point_latest(dest_dir, final.name)
+        _record_and_prune(dest_dir, final.name, keep_count(keep))
+        clean(dest_dir, earlier_runs_only=True)
+    return final
+
+
+def _save(src: str | os.PathLike[str] | bytes, name: str | None, dest_dir: Path) -> tuple[Path, _Copied]:
     dest_dir.mkdir(parents=True, exist_ok=True)
     if name is None:
         if isinstance(src, bytes):
             raise ValueError("name is required when saving bytes")
         name = Path(src).name
-    if not name or name in (".", "..", "latest") or "/" in name or name.startswith("."):
+    if (not name or name in (".", "..", _LEGACY_POINTER) or "/" in name or name.startswith(".")
+            or any(ord(c) < 32 for c in name)):
         raise ValueError(f"invalid checkpoint name {name!r}")
     final = dest_dir / name
-    tmp = dest_dir / f".tmp-{name}.{_host_pid()}"
-    if tmp.is_dir():
-        shutil.rmtree(tmp)
+    tmp = dest_dir / _tmp_name(name)
+    _remove(tmp)
     try:
         if isinstance(src, bytes):
-            with open(tmp, "wb") as fh:
+            copied = _Copied()
+            with open(tmp, "xb") as fh:
                 fh.write(src)
                 fh.flush()
                 os.fsync(fh.fileno())
-        elif Path(src).is_dir():
-            shutil.copytree(src, tmp, symlinks=True)
-            _fsync_tree(tmp)
+            copied.hash.update(src)
+            copied.size = len(src)
         else:
-            shutil.copy2(src, tmp)
-            _fsync_tree(tmp)
+            copied = _copy(Path(src), tmp)
         if final.is_dir() and not final.is_symlink():
-            old = dest_dir / f".old-{name}.{_host_pid()}"
+            old = dest_dir / _tmp_name(f"old-{name}")
             os.replace(final, old)
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
     except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
-    if update_latest:
-        _point_latest(dest_dir, name)
-    _fsync_dir(dest_dir)
-    return final
+    _fsync_dir(dest_dir)             # the rename is durable before anything points at it
+    return final, copied
 
 
-def _host_pid() -> str:
-    """Qualifies temporary names: PIDs repeat across nodes that share a directory."""
-    return f"{socket.gethostname()}.{os.getpid()}"
+def _job_id() -> str:
+    return os.environ.get("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
+
+
+def _tmp_name(what: str) -> str:
+    """A temporary name that says whose it is: job, restart (run), host and PID (PIDs repeat
+    across nodes that share a directory), so that a job removes only its own leftovers."""
+    return f"{_TMP}{_job_id()}.{restart_count()}.{socket.gethostname()}.{os.getpid()}.{what}"
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def _point_latest(dest_dir: Path, name: str) -> None:
-    link_tmp = dest_dir / f".latest.{_host_pid()}"
+    link_tmp = dest_dir / _tmp_name("latest")
     link_tmp.unlink(missing_ok=True)
     os.symlink(name, link_tmp)
-    os.replace(link_tmp, dest_dir / "latest")
+    os.replace(link_tmp, dest_dir / POINTER)
+    _fsync_dir(dest_dir)
+    legacy = dest_dir / _LEGACY_POINTER
+    if legacy.is_symlink():          # gpuhpc's own former pointer (DeepSpeed's is a file)
+        legacy.unlink(missing_ok=True)
+
+
+def _record_and_prune(dest_dir: Path, name: str, keep: int) -> None:
+    """Append ``name`` to the directory's list of saved checkpoints and remove the oldest
+    beyond ``keep`` (0: none)."""
+    try:
+        names = [n for n in (dest_dir / SAVED).read_text().splitlines() if n and n != name]
+    except OSError:
+        names = []
+    names.append(name)
+    drop = names[:-keep] if keep and len(names) > keep else []
+    for old in drop:
+        _remove(dest_dir / old)
+    _write_text(dest_dir / SAVED, "".join(f"{n}\n" for n in names[len(drop):]))
+
+
+def clean(directory: str | os.PathLike[str] | None = None, *, earlier_runs_only: bool = False,
+          committed_step: int | None = None) -> list[Path]:
+    """Remove what saves of *this job* left behind in the checkpoint dir: temporaries
+    (``.gpuhpc-tmp.<job>.…``, also inside step directories) and sharded step directories that
+    this job started and never committed (no manifest). Other jobs' files are never touched.
+
+    At the start of a run (the job template calls ``python -m gpuhpc.jobs.checkpoint clean``)
+    everything of this job goes: none of its processes is running. After a save,
+    ``earlier_runs_only`` spares this run's temporaries, and uncommitted steps go only when
+    below ``committed_step`` (a later one may be in progress). Returns what was removed."""
+    base = Path(directory) if directory is not None else checkpoint_dir()
+    job, run = _job_id(), str(restart_count())
+    mine = f"{_TMP}{job}."
+    removed: list[Path] = []
+
+    def stale_tmp(p: Path) -> bool:
+        if not p.name.startswith(mine):
+            return False
+        return not earlier_runs_only or p.name[len(mine):].split(".", 1)[0] != run
+
+    try:
+        entries = list(base.iterdir())
+    except FileNotFoundError:
+        return removed
+    for p in entries:
+        if stale_tmp(p):
+            _remove(p)
+            removed.append(p)
+            continue
+        if not p.name.startswith("step-") or not (p / _SHARDED).exists():
+            continue
+        if _marker_job(p) == job and not (p / MANIFEST).exists():
+            step = p.name[5:]
+            if not earlier_runs_only or (committed_step is not None and step.isdigit()
+                                         and int(step) < committed_step):
+                _remove(p)
+                removed.append(p)
+                continue
+        try:
+            inner = list(p.iterdir())
+        except OSError:
+            continue
+        for q in inner:
+            if stale_tmp(q):
+                _remove(q)
+                removed.append(q)
+    return removed
+
+
+def _marker_job(step_dir: Path) -> str | None:
+    try:
+        return (step_dir / _SHARDED).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _prune_steps(base: Path, committed: Path, keep: int) -> None:
+    """Keep the newest ``keep`` committed sharded step directories (by step number)."""
+    if not keep:
+        return
+    steps = []
+    for p in base.iterdir():
+        n = p.name[5:]
+        if p.name.startswith("step-") and n.isdigit() and (p / MANIFEST).exists() and (p / _SHARDED).exists():
+            steps.append((int(n), p))
+    steps.sort()
+    for _, p in steps[:-keep]:
+        if p != committed:
+            _remove(p)
 
 
 # ---------------------------------------------------------------- sharded checkpoints
@@ -202,28 +403,35 @@ def _run_id() -> str:
     return f"{job}.{restart_count()}"
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".tmp-{path.name}.{_host_pid()}")
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(_tmp_name(path.name))
     with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    _write_text(path, json.dumps(data, indent=1, sort_keys=True))
+
+
 def save_shard(src: str | os.PathLike[str] | bytes, step: int, *, rank: int | None = None,
                world_size: int | None = None, name: str | None = None,
-               directory: str | os.PathLike[str] | None = None, timeout: float | None = None) -> Path:
+               directory: str | os.PathLike[str] | None = None, timeout: float | None = None,
+               keep: int | None = None) -> Path:
     """Save this rank's shard of checkpoint ``step``; rank 0 then commits the checkpoint.
 
     Every rank calls it with its own shard (a file or directory under :func:`scratch_dir`,
     or ``bytes``). The shard is copied into ``<checkpoint dir>/step-<step:08d>/`` under a
-    temporary name qualified by host and PID, fsynced and renamed to ``name`` (default
-    ``rank-<rank:05d>`` plus the source's suffix); the rank then records the shard's size and
-    sha256 in ``.shard-<rank>.json``. Rank 0 waits (at most ``timeout``,
-    ``$GPUHPC_SHARD_TIMEOUT``, default 300 s) until every rank of this run recorded its shard,
-    writes ``MANIFEST.json`` (world size, shards, checksums) and only then points ``latest``
-    at the step. A save that a killed rank left half done has no manifest: it never becomes
+    temporary name qualified by job, run, host and PID, fsynced and renamed to ``name``
+    (default ``rank-<rank:05d>`` plus the source's suffix); the rank then records the shard's
+    size and sha256 (computed while copying: the shard is not read back) in
+    ``.shard-<rank>.json``. Rank 0 waits (at most ``timeout``, ``$GPUHPC_SHARD_TIMEOUT``,
+    default 300 s) until every rank of this run recorded its shard, writes ``MANIFEST.json``
+    (world size, shards, checksums) and only then points ``.gpuhpc-latest`` at the step; it
+    then keeps the newest ``keep`` committed steps (:func:`keep_count`) and removes this job's
+    leftovers (:func:`clean`). A save that a killed rank left half done has no manifest: it never becomes
     ``latest`` and :func:`latest_checkpoint` skips it. A step that is already committed is
     not rewritten (its path is returned). Raises :class:`IncompleteCheckpoint` on rank 0
     after the timeout. Returns the step directory."""
@@ -243,20 +451,21 @@ def save_shard(src: str | os.PathLike[str] | bytes, step: int, *, rank: int | No
             name = f"rank-{r:05d}{p.suffix if p.is_file() else ''}"
     sdir.mkdir(parents=True, exist_ok=True)
     marker = sdir / _SHARDED
-    if not marker.exists():
-        marker.touch()
-    final = save_atomic(src, name, directory=sdir, update_latest=False)
+    if not marker.exists():          # names the job that started the step (clean())
+        _write_text(marker, f"{_job_id()}\n")
+    _, copied = _save(src, name, sdir)
     _write_json(sdir / f".shard-{r:05d}.json",
                 {"rank": r, "world_size": world, "file": name, "host": socket.gethostname(),
-                 "bytes": _size(final), "sha256": _sha256(final), "run": _run_id()})
+                 "bytes": copied.size, "sha256": copied.hash.hexdigest(), "run": _run_id()})
     if r == 0:
-        commit(step, world, directory=base, timeout=timeout)
+        commit(step, world, directory=base, timeout=timeout, keep=keep)
     return sdir
 
 
 def commit(step: int, world_size: int, *, directory: str | os.PathLike[str] | None = None,
-           timeout: float | None = None) -> Path:
-    """Rank 0's half of :func:`save_shard`: wait for all shards, write the manifest, move ``latest``."""
+           timeout: float | None = None, keep: int | None = None) -> Path:
+    """Rank 0's half of :func:`save_shard`: wait for all shards, write the manifest, move the
+    pointer, keep the newest ``keep`` steps, remove this job's leftovers."""
     base = Path(directory) if directory is not None else checkpoint_dir()
     sdir = base / step_dir_name(step)
     env_t = os.environ.get("GPUHPC_SHARD_TIMEOUT", "")
@@ -289,10 +498,11 @@ def commit(step: int, world_size: int, *, directory: str | os.PathLike[str] | No
         "shards": [{k: rec[k] for k in ("rank", "file", "host", "bytes", "sha256")} for rec in shards]})
     _fsync_dir(sdir)
     _point_latest(base, sdir.name)
-    _fsync_dir(base)
     for p in sdir.iterdir():         # temporary names of ranks killed in earlier attempts
-        if p.name.startswith((".tmp-", ".old-")):
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        if p.name.startswith((_TMP, ".tmp-", ".old-")):
+            _remove(p)
+    _prune_steps(base, sdir, keep_count(keep))
+    clean(base, earlier_runs_only=True, committed_step=step)
     return sdir
 
 
@@ -381,8 +591,24 @@ class Checkpointable:
 # ---------------------------------------------------------------- shell entry point
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpuhpc.jobs.checkpoint save-shard SRC STEP`` (the job templates' shell
-    function ``gpuhpc_save_shard``) and ``latest`` (prints the newest complete checkpoint)."""
+    function ``gpuhpc_save_shard``), ``save SRC [NAME]`` (``gpuhpc_save_checkpoint``),
+    ``clean`` (the job template, before the program starts) and ``latest`` (prints the newest
+    complete checkpoint)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["save"] and len(args) in (2, 3):
+        try:
+            print(save_atomic(args[1], args[2] if len(args) == 3 else None))
+        except ValueError as exc:
+            print(f"gpuhpc_save_checkpoint: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"gpuhpc_save_checkpoint: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args == ["clean"]:
+        for p in clean():
+            print(f"gpuhpc: removed {p.name}, left by an earlier run of this job", file=sys.stderr)
+        return 0
     if args[:1] == ["save-shard"] and len(args) == 3 and args[2].isdigit():
         try:
             print(save_shard(args[1], int(args[2])))
@@ -394,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         p = latest_checkpoint()
         print(p if p is not None else "")
         return 0
-    print("usage: python -m gpuhpc.jobs.checkpoint save-shard SRC STEP | latest", file=sys.stderr)
+    print("usage: python -m gpuhpc.jobs.checkpoint save-shard SRC STEP | save SRC [NAME] | clean | latest",
+          file=sys.stderr)
     return 2
 
 

@@ -79,7 +79,7 @@ class LatestWatcher(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        link = self.directory / "latest"
+        link = self.directory / ckpt.POINTER
         while not self.done.wait(0.1):
             try:
                 target = link.resolve(strict=True)

@@ -84,7 +84,7 @@ def test_a_rank_killed_during_a_save_leaves_latest_on_the_previous_checkpoint(jo
     assert job_state(slurm, job_id) == "FAILED"
     ck_dir = jobs_env / "checkpoints" / job_id
     first, second = ck_dir / ckpt.step_dir_name(EVERY), ck_dir / ckpt.step_dir_name(2 * EVERY)
-    assert (ck_dir / "latest").resolve() == first.resolve()
+    assert (ck_dir / ckpt.POINTER).resolve() == first.resolve()
     assert ckpt.is_complete(first, verify=True)
     assert second.is_dir() and not ckpt.is_complete(second) and not (second / "MANIFEST.json").exists()
     assert ckpt.latest_checkpoint(ck_dir) == first.resolve()

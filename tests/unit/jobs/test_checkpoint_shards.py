@@ -1,5 +1,5 @@
-"""Sharded checkpoints: every rank's shard, one manifest, `latest` moved once, by rank 0;
-a save that lost a rank never becomes `latest`."""
+"""Sharded checkpoints: every rank's shard, one manifest, `.gpuhpc-latest` moved once, by rank 0;
+a save that lost a rank never becomes the latest."""
 from __future__ import annotations
 
 import json
@@ -40,13 +40,13 @@ def test_every_rank_writes_a_shard_and_rank_zero_commits_once(tmp_path):
     assert _save_all(tmp_path, 10, [3, 1, 2, 0]) == [0, 0, 0, 0]
     ck = tmp_path / "ck"
     step = ck / "step-00000010"
-    assert os.readlink(ck / "latest") == "step-00000010"
+    assert os.readlink(ck / ".gpuhpc-latest") == "step-00000010"
     m = json.loads((step / "MANIFEST.json").read_text())
     assert m["world_size"] == 4 and m["step"] == 10 and [s["rank"] for s in m["shards"]] == [0, 1, 2, 3]
     assert {s["file"] for s in m["shards"]} == {f"rank-{r:05d}.bin" for r in range(4)}
     assert ckpt.is_complete(step, verify=True)
     assert ckpt.shard_path(step, rank=2).read_bytes() == b"shard 2 of step 10"
-    assert not [p for p in step.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in step.iterdir() if p.name.startswith((".tmp-", ".gpuhpc-tmp."))]
     assert ckpt.latest_checkpoint(ck) == step.resolve()
 
 
@@ -55,10 +55,10 @@ def test_a_rank_killed_during_the_save_leaves_latest_on_the_previous_checkpoint(
     codes = _save_all(tmp_path, 20, [0, 1, 3], timeout=1)       # rank 2 died before its shard
     assert codes[0] != 0 and codes[1:] == [0, 0]                  # rank 0 raised IncompleteCheckpoint
     ck = tmp_path / "ck"
-    assert os.readlink(ck / "latest") == "step-00000010"
+    assert os.readlink(ck / ".gpuhpc-latest") == "step-00000010"
     assert not (ck / "step-00000020" / "MANIFEST.json").exists()
     assert not ckpt.is_complete(ck / "step-00000020")
-    os.unlink(ck / "latest")                                      # even without the link
+    os.unlink(ck / ".gpuhpc-latest")                              # even without the link
     assert ckpt.latest_checkpoint(ck) == ck / "step-00000010"
 
 

@@ -14,7 +14,7 @@ def test_save_atomic_file_dir_bytes_and_latest(tmp_path):
     src.parent.mkdir()
     src.write_bytes(b"one")
     assert ckpt.save_atomic(src, directory=dest) == dest / "step-1.bin"
-    assert (dest / "step-1.bin").read_bytes() == b"one" and os.readlink(dest / "latest") == "step-1.bin"
+    assert (dest / "step-1.bin").read_bytes() == b"one" and os.readlink(dest / ".gpuhpc-latest") == "step-1.bin"
     d = tmp_path / "scratch" / "step-2"
     d.mkdir()
     (d / "w.pt").write_text("w2")
@@ -24,7 +24,8 @@ def test_save_atomic_file_dir_bytes_and_latest(tmp_path):
     assert (dest / "step-2" / "w.pt").read_text() == "w2b"
     ckpt.save_atomic(b"three", "step-3.bin", directory=dest)
     assert ckpt.latest_checkpoint(dest) == (dest / "step-3.bin").resolve()
-    assert sorted(p.name for p in dest.iterdir()) == ["latest", "step-1.bin", "step-2", "step-3.bin"]
+    assert sorted(p.name for p in dest.iterdir()) == [".gpuhpc-latest", ".gpuhpc-saved", "step-1.bin", "step-2",
+                                                      "step-3.bin"]
 
 
 def test_save_atomic_leaves_nothing_on_failure(tmp_path):

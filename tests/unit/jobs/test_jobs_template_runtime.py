@@ -78,8 +78,8 @@ def test_usr2_is_forwarded_and_the_job_requeues_itself(tmp_path):
     assert seen[0] == "0" and seen[1] == "-"
     assert _mutations(scontrol) == ["requeue 4242"]
     ck = tmp_path / "ck" / "4242"
-    assert (ck / "step-7.txt").read_text() == "7" and os.readlink(ck / "latest") == "step-7.txt"
-    assert not [p for p in ck.iterdir() if p.name.startswith(".")]      # no temp files left
+    assert (ck / "step-7.txt").read_text() == "7" and os.readlink(ck / ".gpuhpc-latest") == "step-7.txt"
+    assert not [p for p in ck.iterdir() if p.name.startswith(".") and p.name not in (".gpuhpc-latest", ".gpuhpc-saved")]
     assert not Path(seen[2]).exists()                                    # scratch cleaned at exit
     # the restarted run sees the restart count and the latest checkpoint
     rc, seen, _, err = _run(tmp_path, restart=1)
@@ -141,8 +141,8 @@ def test_shell_save_helper_is_atomic_and_exported(tmp_path):
     assert res.returncode == 0, res.stderr
     ck = tmp_path / "ck"
     assert (ck / "c.bin").read_text() == "1\n" and (ck / "ckpt-dir" / "x").read_text() == "2\n"
-    assert os.readlink(ck / "latest") == "ckpt-dir"
-    assert sorted(p.name for p in ck.iterdir()) == ["c.bin", "ckpt-dir", "latest"]
+    assert os.readlink(ck / ".gpuhpc-latest") == "ckpt-dir"
+    assert sorted(p.name for p in ck.iterdir()) == [".gpuhpc-latest", ".gpuhpc-saved", "c.bin", "ckpt-dir"]
     assert not (tmp_path / "s" / "gpuhpc-7").exists()
 
 
