@@ -9,9 +9,8 @@ Variants, interleaved so that all see the same load, each a fresh process, every
 
 * ``sbatch`` of the very chunk scripts ``gpuhpc sweep run`` submits (``--array=0-50%16``,
   ``--array=0-50%16`` ... rendered once, before timing): the baseline;
-* for the floor: the same sbatch calls chained (each ``--dependency=afterany:`` on the one
-  before, as sweep run chains its chunks to keep the ``%P`` cap across them), and a fresh
-  interpreter importing what sweep run imports;
+* for the floor: a fresh interpreter importing what sweep run imports (added to the sbatch
+  calls, which sweep run also makes one after the other);
 * ``gpuhpc sweep run FILE --json``, up to its return, when every chunk is queued (a fresh data
   dir each time, its database already migrated: the steady state, ledger on, no quota);
 * the Python API: ``gpuhpc.sweep(fn, space, trials=1000, hold=True)`` in a fresh interpreter
@@ -42,7 +41,7 @@ def objective(x):
 if kind == "gpuhpc":
     import gpuhpc
     sw = gpuhpc.sweep(objective, {"x": {"type": "int", "low": 0, "high": n - 1}}, method="grid",
-                      resources={"partition": part, "time": "5m"}, metric="loss", hold=True, parallelism=16)
+                      resources={"partition": part, "time": "5m"}, metric="loss", hold=True, parallelism=n)
     dt = time.perf_counter() - t0                  # returned: every chunk is queued
     ids = [c["job_id"] for c in sw.info()["chunks"]]
 else:
@@ -96,7 +95,7 @@ def main() -> int:
     with open(sweep_file, "w") as fh:
         yaml.safe_dump({"name": "bench-sweep", "command": "echo {x}", "method": "grid",
                         "parameters": {"x": {"type": "int", "low": 0, "high": args.trials - 1}},
-                        "parallelism": 16, "resources": {"partition": args.partition, "time": "5m"},
+                        "parallelism": args.trials, "resources": {"partition": args.partition, "time": "5m"},
                         "metric": {"name": "loss"}, "chunk_size": args.chunk, "hold": True}, fh)
 
     # the baseline's scripts: exactly what gpuhpc sweep run renders for its chunks
@@ -107,7 +106,7 @@ def main() -> int:
 
     spec = load_file(sweep_file)
     sizes = [min(args.chunk, args.trials - i) for i in range(0, args.trials, args.chunk)]
-    scripts = [render(_trial_spec(spec, 0, __import__("pathlib").Path(tmp) / "raw", n, k, None))
+    scripts = [render(_trial_spec(spec, 0, __import__("pathlib").Path(tmp) / "raw", n, k, k))
                for n, k in enumerate(sizes)]
 
     # every held task cancelled at the end stays a job record until MinJobAge: make sure this
@@ -118,12 +117,12 @@ def main() -> int:
     lim = sc.submit_limits()
     limit, max_array = lim.max_job_count, lim.max_array_size
     held = sc.job_records()
-    need = args.repeats * args.trials * ((0 if args.no_cli else 3) + (0 if args.no_api else 2))
+    need = args.repeats * args.trials * ((0 if args.no_cli else 2) + (0 if args.no_api else 2))
     if held + need > limit * 0.8:
         raise SystemExit(f"not running: slurmctld holds {held} job records, this run adds {need}, MaxJobCount is "
                          f"{limit}; wait for MinJobAge to expire records, or lower --repeats/--trials")
     cancel: list[str] = []
-    times: dict[str, list[float]] = {"sbatch": [], "sbatch chained": [], "python + imports": [], "sweep run": [],
+    times: dict[str, list[float]] = {"sbatch": [], "python + imports": [], "sweep run": [],
                                      "gpuhpc.sweep": [], "submitit map_array": []}
     try:
         for rep in range(args.repeats):
@@ -133,15 +132,6 @@ def main() -> int:
                 for s in scripts:
                     cancel.append(_run(["sbatch", "--parsable"], env, input=s).stdout.strip().split(";")[0])
                 times["sbatch"].append(time.perf_counter() - t0)
-                # the floor of a chained submission: the same sbatch calls, each after the one
-                # before (--dependency=afterany on its job id: how sweep run keeps the %P cap)
-                t0 = time.perf_counter()
-                prev = None
-                for s in scripts:
-                    dep = ["--dependency", f"afterany:{prev}"] if prev else []
-                    prev = _run(["sbatch", "--parsable", *dep], env, input=s).stdout.strip().split(";")[0]
-                    cancel.append(prev)
-                times["sbatch chained"].append(time.perf_counter() - t0)
                 # and of gpuhpc's start: the interpreter and the modules sweep run imports
                 t0 = time.perf_counter()
                 _run([sys.executable, "-c", "import gpuhpc.cli.sweep, gpuhpc.sweeps.engine, gpuhpc.sweeps.spec, "
@@ -178,8 +168,8 @@ def main() -> int:
     if "sweep run" in med:
         ratio = med["sweep run"] / med["sbatch"]
         print(f"gpuhpc sweep run / raw sbatch of the same chunks: {ratio:.2f}x (goal <= 1.5x)")
-        floor = (med["sbatch chained"] + med["python + imports"]) / med["sbatch"]
-        print(f"  its floor, chained sbatch + python with sweep run's imports / raw sbatch: {floor:.2f}x")
+        floor = (med["sbatch"] + med["python + imports"]) / med["sbatch"]
+        print(f"  its floor, sbatch + python with sweep run's imports / raw sbatch: {floor:.2f}x")
     if "gpuhpc.sweep" in med:
         r2 = med["gpuhpc.sweep"] / med["submitit map_array"]
         print(f"gpuhpc.sweep / submitit map_array of {args.trials} calls: {r2:.2f}x (goal <= 0.5x)")

@@ -255,3 +255,22 @@ class SlurmClient:
             return None
         return {(r.array_job_id or r.job_id_raw or r.job_id).split("_")[0] for r in rows
                 if not r.state.state.is_finished}
+
+    # ------------------------------------------------------------ sweeps (gpuhpc.sweeps.engine)
+    def set_array_throttle(self, job_id: str, limit: int) -> bool:
+        """``scontrol update JobId=ARRAY ArrayTaskThrottle=N``: how many of the array's tasks
+        may run at once. True when slurmctld took it for the tasks still pending (it reports
+        the finished ones separately, with a non-zero exit)."""
+        res = self.run(cmd.scontrol_update_job(str(job_id), ArrayTaskThrottle=str(int(limit))), check=False)
+        return res.ok or "No error" in (res.stdout + res.stderr)
+
+    def jobs_by_name(self, name: str, since: dt.datetime, user: str | None = None) -> list[str]:
+        """The (array) job ids of ``user``'s jobs called ``name`` that squeue or, once they left
+        the queue, sacct (submitted since ``since``) knows; raises SlurmError when either
+        cannot say."""
+        ids = {(r.array_job_id or r.job_id).split("_")[0] for r in self.queue(user=user) if r.name == name}
+        if not ids:
+            local = since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+            ids = {(r.array_job_id or r.job_id).split("_")[0] for r in self.accounting(user=user, since=local)
+                   if r.name == name}
+        return sorted(i for i in ids if i)

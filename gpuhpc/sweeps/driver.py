@@ -21,9 +21,12 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-def _tpe_ask(sid: int, spec, url: str | None) -> int:
-    """Ask Optuna (TPE, seeded) for up to ``parallelism`` new trials, telling it every finished
-    one first (the study is rebuilt from the database each time: nothing else to keep)."""
+def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
+    """Ask Optuna's TPE for a new trial for every free slot, telling it every finished one
+    first and registering the running ones (so it does not propose them again). The study is
+    rebuilt from the database each round, its sampler seeded with the sweep's seed and the
+    number of trials so far: each round draws afresh, and the same sweep always proposes the
+    same sequence."""
     import optuna
     from sqlalchemy import func, insert
 
@@ -32,7 +35,7 @@ def _tpe_ask(sid: int, spec, url: str | None) -> int:
 
     rows = engine.trial_rows(sid, url=url)
     active = [r for r in rows if not TrialState(r["state"]).is_terminal]
-    room = min(spec.parallelism - len(active), spec.n_trials - len(rows))
+    room = min(free, spec.parallelism - len(active), spec.n_trials - len(rows))
     if room <= 0:
         return 0
     dists = {}
@@ -44,11 +47,26 @@ def _tpe_ask(sid: int, spec, url: str | None) -> int:
         else:
             dists[name] = optuna.distributions.FloatDistribution(p.low, p.high, log=p.kind == "loguniform")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction=spec.metric.goal, sampler=optuna.samplers.TPESampler(seed=spec.seed))
+    sampler = optuna.samplers.TPESampler(seed=(spec.seed * 1_000_003 + len(rows)) % 2**32, constant_liar=True)
+    study = optuna.create_study(direction=spec.metric.goal, sampler=sampler)
     for r in rows:
         if r["state"] == TrialState.COMPLETED.value and r["objective"] is not None:
             study.add_trial(optuna.trial.create_trial(params=r["params"], distributions=dists, value=r["objective"]))
-    new = [study.ask(dists).params for _ in range(room)]
+        elif not TrialState(r["state"]).is_terminal:
+            study.add_trial(optuna.trial.create_trial(params=r["params"], distributions=dists,
+                                                      state=optuna.trial.TrialState.RUNNING))
+    seen = {json.dumps(r["params"], sort_keys=True) for r in rows}
+    new: list[dict] = []
+    for _ in range(room * 20):              # a repeat (small discrete spaces) is asked again
+        t = study.ask(dists)
+        key = json.dumps(t.params, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            new.append(t.params)
+            if len(new) == room:
+                break
+    if not new:
+        return 0
     with engine._session(url) as s:
         start = (s.query(func.max(SweepTrial.number)).filter_by(sweep_id=sid).scalar() or -1) + 1
         t = engine.now()
@@ -58,56 +76,111 @@ def _tpe_ask(sid: int, spec, url: str | None) -> int:
     return len(new)
 
 
-def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bool = False) -> int:
-    from gpuhpc.errors import GpuhpcError, QuotaExceeded
+def _step(sid: int, client, url: str | None, limits: dict) -> bool:
+    """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.engine.balance`), ask TPE,
+    submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
+    from gpuhpc.errors import QuotaExceeded
     from gpuhpc.sweeps import engine
     from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
 
+    counts = engine.refresh(sid, client=client, url=url)
+    with engine._session(url) as s:
+        sw = s.get(Sweep, sid)
+        status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
+        spec = engine.spec_from_json(sw.spec)
+    if status == SweepStatus.CANCELLED.value:
+        _log("cancelled: exiting")
+        return True
+    if status != SweepStatus.RUNNING.value:
+        return False
+    free = engine.balance(sid, client=client, url=url)
+    if spec.method == "tpe" and free > 0:
+        if _tpe_ask(sid, spec, url, free):
+            counts = engine.refresh(sid, client=client, url=url)
+    waiting = counts.get(TrialState.WAITING.value, 0)
+    created = sum(counts.values())
+    if waiting and free > 0:
+        queued = sum(counts.get(st.value, 0) for st in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED))
+        plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued,
+                                      fresh=_stale(limits, queued))
+        n = min(plan.now, plan.chunk)
+        if n > 0:
+            try:
+                engine.check_quota(spec, n, cluster or "default", url)
+                ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
+                if ids:
+                    _log(f"submitted {n} trial(s) as {', '.join(ids)}")
+            except QuotaExceeded as exc:
+                with engine._session(url) as s:
+                    sw2 = s.get(Sweep, sid)
+                    sw2.status, sw2.message = SweepStatus.BLOCKED.value, exc.one_line()
+                _log(f"blocked: {exc.one_line()}")
+                return True
+    terminal = sum(counts.get(st.value, 0) for st in TrialState if st.is_terminal)
+    if created >= n_trials and terminal == created:
+        _log(f"all {created} trials finished: {json.dumps(counts, sort_keys=True)}")
+        return True
+    return False
+
+
+def _stale(limits: dict, queued: int) -> bool:
+    """Ask slurmctld its limits (``scontrol show config``, ``show assoc_mgr``, the job record
+    count) again at most once a minute; between, the cached answer stands."""
+    t = time.monotonic()
+    if t - limits.get("at", -1e9) > float(os.environ.get("GPUHPC_SWEEP_LIMITS_TTL", "60")):
+        limits["at"] = t
+        return True
+    return False
+
+
+def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bool = False) -> int:
+    """The driver's loop. Any error (Slurm, the database, the file system) is logged and the
+    round retried with a growing pause (up to 5 min); after ``GPUHPC_SWEEP_DRIVER_GIVE_UP``
+    seconds (default 30 min) of nothing but errors it requeues its own job (a fresh start on
+    perhaps another node) or, outside Slurm, exits 1."""
+    from gpuhpc.sweeps import engine
+
     poll = poll if poll is not None else float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
+    give_up = float(os.environ.get("GPUHPC_SWEEP_DRIVER_GIVE_UP", "1800"))
     client = engine._client()
     _log(f"sweep {sid}: starting (restart {os.environ.get('SLURM_RESTART_COUNT', '0')})")
-    engine.recover(sid, client=client, url=url)
+    limits: dict = {}
+    recovered = False
+    failing_since: float | None = None
+    pause = poll
     while True:
         try:
-            counts = engine.refresh(sid, client=client, url=url)
-            with engine._session(url) as s:
-                sw = s.get(Sweep, sid)
-                status, n_trials = sw.status, sw.n_trials
-                spec = engine.spec_from_json(sw.spec)
-            if status == SweepStatus.CANCELLED.value:
-                _log("cancelled: exiting")
+            if not recovered:
+                engine.recover(sid, client=client, url=url)
+                recovered = True
+            if _step(sid, client, url, limits):
                 return 0
-            if spec.method == "tpe" and status == SweepStatus.RUNNING.value:
-                if _tpe_ask(sid, spec, url):
-                    counts = engine.refresh(sid, client=client, url=url)
-            waiting = counts.get(TrialState.WAITING.value, 0)
-            created = sum(counts.values())
-            if waiting and status == SweepStatus.RUNNING.value:
-                queued = sum(counts.get(st.value, 0) for st in (TrialState.PENDING, TrialState.RUNNING,
-                                                                 TrialState.REQUEUED))
-                plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued,
-                                              fresh=True)
-                n = min(plan.now, plan.chunk)
-                if n > 0:
-                    try:
-                        engine.check_quota(spec, n, "default" if not sw.cluster else sw.cluster, url)
-                        ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
-                        _log(f"submitted {n} trial(s) as {', '.join(ids)}")
-                    except QuotaExceeded as exc:
-                        with engine._session(url) as s:
-                            sw2 = s.get(Sweep, sid)
-                            sw2.status, sw2.message = SweepStatus.BLOCKED.value, exc.one_line()
-                        _log(f"blocked: {exc.one_line()}")
-                        return 0
-            terminal = sum(counts.get(st.value, 0) for st in TrialState if st.is_terminal)
-            if created >= n_trials and terminal == created:
-                _log(f"all {created} trials finished: {json.dumps(counts, sort_keys=True)}")
-                return 0
-        except GpuhpcError as exc:     # slurmctld restarting, database busy...: try again
-            _log(f"{exc.one_line()}; retrying")
+            failing_since, pause = None, poll
+        except Exception as exc:       # slurmctld restarting, database gone, disk full...: again
+            from gpuhpc.errors import GpuhpcError
+
+            msg = exc.one_line() if isinstance(exc, GpuhpcError) else f"{type(exc).__name__}: {exc}"
+            t = time.monotonic()
+            failing_since = failing_since if failing_since is not None else t
+            if t - failing_since > give_up:
+                return _give_up(client, msg)
+            pause = min(300.0, pause * 2)
+            _log(f"{' '.join(msg.split())[:300]}; retrying in {pause:.0f}s")
         if once:
             return 0
-        time.sleep(poll)
+        time.sleep(pause)
+
+
+def _give_up(client, msg: str) -> int:
+    job = os.environ.get("SLURM_JOB_ID")
+    _log(f"failing for too long ({msg[:200]}): {'requeueing job ' + job if job else 'exiting'}")
+    if job:
+        try:
+            client.requeue(job)
+            return 0
+        except Exception as exc:       # the requeue failed too: the job ends, `sweep wait` says so
+            _log(f"requeue failed: {exc}")
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:

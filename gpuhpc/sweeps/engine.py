@@ -7,8 +7,9 @@ Submitting (:func:`create` then :func:`submit_waiting`):
 - trials go out in chunks of at most ``MaxArraySize`` tasks, each ``--array=0-(k-1)%P`` with a
   parameter file (``<sweep dir>/chunks/<n>.jsonl``: line *i* is task *i*'s trial) — never
   ``--array=1000-1999``;
-- chunks are chained with ``--dependency=afterany:<previous chunk>``, so the ``%P`` cap holds
-  across chunks too (the trade-off: a chunk's last trials run before the next chunk starts);
+- parallelism P holds whatever the chunking: a new chunk gets the sweep's free slots as its
+  ``%T``, and as older chunks drain their slots go to the newer ones (``scontrol update
+  ArrayTaskThrottle``, :func:`balance`); no chunk waits for another (no ``afterany`` chain);
 - each chunk is reserved in the ledger with its real array size before its sbatch
   (:func:`gpuhpc.jobs.api.submit_spec`); the whole first batch is checked first, and an
   over-quota sweep is refused (exit 3) saying how many trials would fit;
@@ -210,6 +211,12 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     c = _client(client)
     from gpuhpc.jobs.spec import check_fits_on
 
+    # trials run where the user ran `sweep run`, whoever submits them later (the driver's own
+    # working directory is the sweep directory): recorded in the sweep's spec
+    if spec.workdir is None or not os.path.isabs(spec.workdir):
+        import dataclasses
+
+        spec = dataclasses.replace(spec, workdir=os.path.abspath(spec.workdir or os.getcwd()))
     n_first = spec.n_trials if spec.method != "tpe" else min(spec.parallelism, spec.n_trials)
     # the questions to slurmctld are independent: ask them at once (each is a process and a
     # round trip; MaxJobCount's count is only needed for a large first batch)
@@ -252,9 +259,19 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
         write_atomic(directory / "fn.pkl", payload)
     if submit:
         submit_waiting(sid, client=c, url=url, limit=plan.now)
-        if spec.method == "tpe" or plan.now < n:
+        if spec.method == "tpe" or _n_waiting(sid, url):
             start_driver(sid, client=c, url=url)
     return sid
+
+
+def _n_waiting(sid: int, url: str | None) -> int:
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            return tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
+                          (sid, TrialState.WAITING.value))[0]
+    finally:
+        conn.close()
 
 
 def _limits(client, spec: SweepSpec, fresh: bool = False):
@@ -314,23 +331,36 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
     ``max_queued``, the user's MaxSubmitJobs less the jobs already queued, MaxJobCount less the
     jobs slurmctld holds; ``chunk``: at most MaxArraySize (and the sweep's ``chunk_size``)."""
     limits = _limits(client, spec, fresh)
+    # between fresh answers (the driver asks at most once a minute) the user's count and the
+    # record count move with the sweep's own queued trials
+    cache = getattr(client, "_gpuhpc_sweep_counts", None)
+    if fresh or cache is None:
+        cache = {"queued": queued_by_sweep, "records": records}
+        try:
+            client._gpuhpc_sweep_counts = cache
+        except AttributeError:
+            pass
+    delta = queued_by_sweep - cache["queued"]
     chunk = min(limits.max_array_size, spec.chunk_size or limits.max_array_size)
     room = len_waiting
     if spec.max_queued is not None:
         room = min(room, spec.max_queued - queued_by_sweep)
     if limits.max_submit_jobs is not None:
-        room = min(room, limits.max_submit_jobs - limits.submitted - 1)     # one left for the driver
+        room = min(room, limits.max_submit_jobs - (limits.submitted + delta) - 1)     # one left for the driver
     if _needs_records(len_waiting, limits):
         # slurmctld refuses ("temporarily unable to accept job") an array whose tasks would
         # take it past MaxJobCount; finished and cancelled tasks count until MinJobAge
-        held = client.job_records() if records is None else records
+        if records is None and cache.get("records") is None:
+            cache["records"], cache["queued"], delta = client.job_records(), queued_by_sweep, 0
+        held = records if records is not None else cache["records"] + max(0, delta)
         room = min(room, limits.max_job_count - held - max(10, limits.max_job_count // 100))
     return Plan(max(0, room), max(1, chunk), limits)
 
 
-def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, dependency: str | None):
+def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int):
     """The JobSpec of one chunk: the ``single`` template (checkpoint → requeue → resume) around
-    ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%P``."""
+    ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%T`` (``T``: the sweep's
+    free slots when it was submitted; raised later by :func:`balance`)."""
     from gpuhpc.jobs.spec import JobSpec
 
     env = dict(spec.env)
@@ -340,19 +370,81 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
         resources=spec.res, name=f"{spec.name}-s{sid}-c{number}", template=spec.template, env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
-        array=f"0-{k - 1}%{min(spec.parallelism, k)}", dependency=dependency, hold=spec.hold)
+        array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold)
+
+
+def _throttles(directory: Path) -> dict[int, int]:
+    """``<sweep dir>/throttles.json``: {chunk id: its array's ``%N`` now}."""
+    try:
+        return {int(k): int(v) for k, v in json.loads((directory / "throttles.json").read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_throttles(directory: Path, throttles: dict[int, int]) -> None:
+    _write_json(directory / "throttles.json", {str(k): v for k, v in sorted(throttles.items())})
+
+
+def _live_chunks(tx, sid: int) -> list[tuple[int, str | None, int]]:
+    """[(chunk id, array job id, trials of it still queued or running)], oldest first."""
+    live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
+    counts = {cid: n for cid, n in tx.q("SELECT chunk_id, count(*) FROM sweep_trials WHERE sweep_id = ? AND state IN "
+                                        "(?, ?, ?) AND chunk_id IS NOT NULL GROUP BY chunk_id", (sid, *live))}
+    return [(cid, job, counts[cid]) for cid, job in tx.q("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
+                                                         "AND state != 'failed' ORDER BY number", (sid,))
+            if counts.get(cid)]
+
+
+def slots_in_use(live: Sequence[tuple[int, str | None, int]], throttles: dict[int, int]) -> int:
+    """How many trials the sweep's arrays may run now: each array's ``%N``, or fewer when it
+    has fewer trials left (a chunk whose throttle is unknown counts all its trials)."""
+    return sum(min(throttles.get(cid, left), left) for cid, _, left in live)
+
+
+def balance(sid: int, *, client=None, url: str | None = None) -> int:
+    """Hold the sweep at ``parallelism`` trials at once, whatever the chunking: the slots older
+    arrays no longer use (fewer trials left than their ``%N``) go to arrays with trials
+    waiting behind their throttle, oldest first (``scontrol update ArrayTaskThrottle``; a
+    throttle is only ever raised, and the sum stays at most P). Returns the slots still free,
+    for a new chunk (:func:`submit_waiting`)."""
+    c = _client(client)
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
+            live = _live_chunks(tx, sid)
+    finally:
+        conn.close()
+    spec, directory = spec_from_json(spec_text), Path(directory)
+    throttles = _throttles(directory)
+    free = spec.parallelism - slots_in_use(live, throttles)
+    changed = False
+    for cid, job, left in live:
+        t = throttles.get(cid, left)
+        if free <= 0:
+            break
+        if job and left > t:
+            more = min(free, left - t)
+            if c.set_array_throttle(job, t + more):
+                throttles[cid] = t + more
+                free -= more
+                changed = True
+    if changed:
+        _save_throttles(directory, throttles)
+    return max(0, free)
 
 
 def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int | None = None,
                    numbers: Iterable[int] | None = None) -> list[str]:
-    """Submit ``waiting`` trials (those in ``numbers``, else all; at most ``limit``) in chunks.
-    Returns the new array job ids.
+    """Submit ``waiting`` trials (those in ``numbers``, else all; at most ``limit``) in chunks
+    that get the sweep's free slots: each array ``0-(k-1)%T`` with ``T`` the slots its older
+    arrays leave (P at most in all, :func:`balance` raises ``T`` as they drain); what no slot
+    is free for stays ``waiting`` for the driver. Returns the new array job ids.
 
     Every chunk is recorded (``submitting``, its trials claimed) in one transaction before the
     first sbatch, and every job id is recorded in one transaction after the last, so the
     database costs two round trips, not four per chunk; an interrupted submission is found
-    again by name (:func:`recover`). The sbatch calls are chained (``afterany`` on the chunk
-    before: the ``%P`` cap across chunks), so they run one after the other."""
+    again by name (:func:`recover`). No chunk waits for another (no ``afterany`` chain)."""
     from gpuhpc.jobs.api import submit_spec
 
     c = _client(client)
@@ -367,39 +459,43 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
                                                "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
             last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
                           (sid,))
+            live = _live_chunks(tx, sid)
         if status == SweepStatus.CANCELLED.value:
             return []
         spec = spec_from_json(spec_text)
         directory = Path(directory)
+        throttles = _throttles(directory)
+        free = spec.parallelism - slots_in_use(live, throttles)
         if numbers is not None:
             wanted = set(numbers)
             waiting = [w for w in waiting if w[0] in wanted]
         next_number = (last[0] + 1) if last else 0
-        prev_job = last[1] if last else None
         if limit is not None:
             waiting = waiting[:max(0, limit)]
-        if not waiting:
-            return []
         plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
-        dependency = None
-        if prev_job:
-            active = c.active_job_ids([prev_job])
-            if active and prev_job in active:
-                dependency = f"afterany:{prev_job}"
+        groups, throttle_of = [], []
+        for i in range(0, len(waiting), plan_chunk):
+            if free <= 0:
+                break
+            group = waiting[i:i + plan_chunk]
+            groups.append(group)
+            throttle_of.append(min(free, len(group)))
+            free -= throttle_of[-1]
+        if not groups:
+            return []
         here = _reserves_here(url)
-        chunks = _record_chunks(conn, sid, next_number,
-                                [waiting[i:i + plan_chunk] for i in range(0, len(waiting), plan_chunk)],
+        chunks = _record_chunks(conn, sid, next_number, groups,
                                 spec=spec, name=name, cluster=(cluster or "default") if here else None)
         os.makedirs(directory / "logs", exist_ok=True)
         for number, _, rows, _ in chunks:
             _write_chunk_file(directory, number, rows)
         done: list[tuple[int, str, list, int | None]] = []
         try:
-            for number, chunk_id, rows, rid in chunks:
-                job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), dependency), client=c,
+            for k, (number, chunk_id, rows, rid) in enumerate(chunks):
+                job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), throttle_of[k]), client=c,
                                   reserve=not here)
                 done.append((chunk_id, job.job_id, rows, rid))
-                dependency = f"afterany:{job.job_id}"
+                throttles[chunk_id] = min(throttle_of[k], len(rows))
         except BaseException:
             from gpuhpc.ledger import quota
 
@@ -412,7 +508,10 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
                     if rid is not None:             # never submitted: the hold goes back
                         quota.lock_quotas_of(tx, rid)
                         quota.release_holds(tx, rid, "released", now())
+            if done:
+                _save_throttles(directory, throttles)
             raise
+        _save_throttles(directory, throttles)
         with conn.transaction() as tx:
             _attach_in(tx, sid, done)
         return [job_id for _, job_id, _, _ in done]
@@ -510,15 +609,16 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with _session(url) as s:
         sw = s.get(Sweep, sid)
-        stuck = [(ch.id, ch.number, json.loads(ch.trials)) for ch in
+        stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at) for ch in
                  s.query(SweepChunk).filter_by(sweep_id=sid, state="submitting")]
         name = sw.name
     if not stuck:
         return
-    rows = c.queue(user=getpass.getuser())
-    for chunk_id, number, trials in stuck:
+    for chunk_id, number, trials, created in stuck:
         jname = f"{name}-s{sid}-c{number}"
-        ids = sorted({(r.array_job_id or r.job_id).split("_")[0] for r in rows if r.name == jname})
+        # by name in the queue, else in accounting (a short chunk may have finished already):
+        # a query that fails raises, and the chunk stays `submitting` for the next try
+        ids = c.jobs_by_name(jname, _utc(created or now()) - dt.timedelta(minutes=5), getpass.getuser())
         _settle_hold(jname, ids[0] if ids else None, url)
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
@@ -588,19 +688,26 @@ def _runs_by_task(rows: Iterable[Any]) -> tuple[dict[tuple[str, int], list[Any]]
     return runs, ranges
 
 
-def _queue_by_task(c, job_ids: Sequence[str]) -> dict:
-    """squeue's view of the arrays ``job_ids``: {(array job, task): row}, and under ``"jobs"``
-    the array job ids it still shows at all (pending ranges included)."""
-    out: dict[Any, Any] = {"jobs": set()}
+def _queue_by_task(c, job_ids: Sequence[str]) -> dict | None:
+    """squeue's view of the arrays ``job_ids`` (one call: every task, finished ones slurmctld
+    still holds too): {(array job, task): row}; None when squeue could not say (a failed or
+    timed-out call is not an empty queue)."""
+    from gpuhpc.hostlist import expand_ranges
+
+    out: dict[Any, Any] = {}
     try:
         rows = c.queue(job_ids=job_ids) if job_ids else []
     except GpuhpcError:
-        return out
+        return None
     for r in rows:
         job = (r.array_job_id or r.job_id).split("_")[0]
-        out["jobs"].add(job)
         if r.array_task_id.isdigit():
             out[(job, int(r.array_task_id))] = r
+        else:                                   # a pending range printed as one row: 4-50%8
+            m = re.match(r"^\[?([0-9,\-]+)(%\d+)?\]?$", r.array_task_id)
+            if m:
+                for task in expand_ranges(m.group(1)):
+                    out[(job, task)] = r
     return out
 
 
@@ -609,28 +716,54 @@ def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
     return created is not None and (now() - created).total_seconds() > seconds
 
 
+#: raw_state of a trial that neither the queue nor accounting shows finished: it stays what it
+#: was until this mark is older than _GONE_AFTER (accounting confirms a state, or it never will)
+_GONE = "gone from the queue"
+_GONE_AFTER = 300.0
+_metric_cache: dict[str, tuple[int, dict[str, float]]] = {}
+
+
 def _read_metrics(path: Path) -> dict[str, float] | None:
-    """The last value of each metric in a trial's metrics file (None when there is none)."""
+    """The last value of each metric in a trial's metrics file (None when there is none). A
+    long-lived reader (the driver) reads each file from where it stopped (its offset), so a
+    running trial's file is not read again from the start on every poll."""
+    key = str(path)
+    offset, out = _metric_cache.get(key, (0, {}))
+    out = dict(out)
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            if fh.seek(0, 2) < offset:          # replaced or truncated: start again
+                offset, out = 0, {}
+            fh.seek(offset)
+            data = fh.read()
     except FileNotFoundError:
         return None
-    out: dict[str, float] = {}
-    for line in text.splitlines():
+    end = data.rfind(b"\n") + 1                # a torn last line is read again next time
+    for line in data[:end].decode(errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:          # a torn last line: a trial killed mid-write
+        except ValueError:                      # a torn line in the middle: a trial killed mid-write
+            continue
+        if not isinstance(rec, dict):
             continue
         for k, v in (rec.get("metrics") or {}).items():
             out[k] = v
         if rec.get("step") is not None:
             out["step"] = rec["step"]
+    _metric_cache[key] = (offset + end, out)
     return out or None
 
 
 def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
-    """Bring every trial's state, restarts, GPU-hours and metrics up to date from Slurm's
-    accounting and the metrics files; returns the counts per state."""
+    """Bring every trial's state, restarts, GPU-hours and metrics up to date; returns the
+    counts per state.
+
+    One ``squeue`` of the sweep's own live arrays gives the live states; ``sacct --duplicates``
+    is asked only about the tasks that left the queue (or that slurmctld shows finished), for
+    their final state, restarts and GPU-hours. Missing information never ends a trial: when
+    ``squeue`` or ``sacct`` fails (an error, a timeout) every trial keeps its state, and a
+    terminal state is only ever taken from Slurm's own record of the task, never inferred
+    from its absence (unless neither the queue nor accounting has known it for minutes)."""
     from sqlalchemy import update
 
     c = _client(client)
@@ -644,56 +777,66 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         chunks = {ch.id: ch.job_id for ch in chunk_rows}
         chunk_created = {ch.id: ch.created_at for ch in chunk_rows}
         trials = [(t.id, t.number, t.state, t.chunk_id, t.task_id, t.metrics, t.objective, t.restarts, t.gpu_hours,
-                   t.raw_state) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
+                   t.raw_state, t.updated_at) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
         directory = Path(sw.directory)
         status = sw.status
     terminal = {st.value for st in TrialState if st.is_terminal}
-    live_jobs = sorted({chunks[t[3]] for t in trials if t[3] in chunks and t[2] not in terminal})
-    acct: list[Any] = []
-    for i in range(0, len(live_jobs), 100):
-        acct += c.accounting(job_ids=live_jobs[i:i + 100], duplicates=True)
-    runs, ranges = _runs_by_task(acct)
-    active: set[str] | None = None
-    queue: dict | None = None
+
+    def live(t) -> str | None:
+        job = chunks.get(t[3]) if t[3] is not None else None
+        return job if job is not None and t[2] not in terminal and t[4] is not None else None
+
+    live_jobs = sorted({j for j in map(live, trials) if j})
+    queue = _queue_by_task(c, live_jobs) if live_jobs else {}
+    acct: list[Any] | None = []
+    if queue is not None:
+        asked = []
+        for t in trials:
+            job = live(t)
+            q = queue.get((job, t[4])) if job else None
+            if job and (q is None or _STATE.get(q.state.state.value, TrialState.PENDING).is_terminal):
+                asked.append(f"{job}_{t[4]}")
+        try:
+            for i in range(0, len(asked), 200):
+                acct += c.accounting(job_ids=asked[i:i + 200], duplicates=True)
+        except GpuhpcError:
+            acct = None
+    runs, ranges = _runs_by_task(acct or [])
     updates = []
     counts: dict[str, int] = {}
-    for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw in trials:
-        job = chunks.get(chunk_id) if chunk_id is not None else None
+    for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw, changed in trials:
+        job = live((tid, number, state, chunk_id, task))
         new = dict(state=state, raw_state=raw, restarts=restarts, gpu_hours=gpu_h, metrics=metrics,
                    objective=objective)
-        if job is not None and job in live_jobs and state not in terminal:
-            rs = runs.get((job, task))
-            if rs:
-                last = rs[-1]
-                st = _STATE.get(last.state.state.value, TrialState.PENDING)
-                new.update(raw_state=last.state.raw[:64], restarts=len(rs) - 1, exit_code=last.exit_code,
-                           job_id_raw=last.job_id_raw,
-                           gpu_hours=Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in rs)) / 3600)
-                if st is TrialState.REQUEUED:        # comes back unless Slurm no longer holds it
-                    if active is None:
-                        active = c.active_job_ids(live_jobs) or set()
-                    if job not in active:
-                        st = TrialState.FAILED
-                new["state"] = st.value
-            elif (job, task) in ranges:
-                r = ranges[(job, task)]
-                new.update(state=_STATE.get(r.state.state.value, TrialState.PENDING).value, raw_state=r.state.raw[:64])
-                if new["state"] == TrialState.REQUEUED.value:
-                    new["state"] = TrialState.PENDING.value
-            else:                                   # not in sacct yet (slurmdbd lags): ask squeue
-                if queue is None:
-                    queue = _queue_by_task(c, live_jobs)
-                q = queue.get((job, task))
-                if q is not None:
-                    st = _STATE.get(q.state.state.value, TrialState.PENDING)
-                    new.update(state=(TrialState.PENDING if st is TrialState.REQUEUED else st).value,
-                               raw_state=q.state.raw[:64])
-                elif job in queue.get("jobs", ()):   # a pending range squeue prints as one row
-                    new["state"] = TrialState.PENDING.value
-                elif old_enough(chunk_created.get(chunk_id)):
-                    new["state"] = TrialState.CANCELLED.value     # neither sacct nor squeue knows it
-                else:
-                    new["state"] = TrialState.PENDING.value
+        if job is not None and queue is not None:
+            q = queue.get((job, task))
+            qst = _STATE.get(q.state.state.value, TrialState.PENDING) if q is not None else None
+            if q is not None and not qst.is_terminal:
+                new.update(state=(TrialState.PENDING if qst is TrialState.REQUEUED else qst).value,
+                           raw_state=q.state.raw[:64])
+            elif acct is not None:
+                rs = runs.get((job, task))
+                rng = ranges.get((job, task))
+                st = None
+                if rs:
+                    last = rs[-1]
+                    st = _STATE.get(last.state.state.value, TrialState.PENDING)
+                    new.update(restarts=len(rs) - 1, exit_code=last.exit_code, job_id_raw=last.job_id_raw,
+                               gpu_hours=Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in rs)) / 3600)
+                elif rng is not None:
+                    st = _STATE.get(rng.state.state.value, TrialState.PENDING)
+                elif qst is TrialState.CANCELLED:       # cancelled while pending: slurmctld's own word
+                    st = qst
+                if st is not None and st.is_terminal:
+                    new.update(state=st.value, raw_state=(rs[-1].state.raw if rs else (rng or q).state.raw)[:64])
+                elif q is None:
+                    # neither squeue nor sacct shows it finished: keep its state until that has
+                    # held for minutes (accounting lags; a failed query never gets here)
+                    if raw != _GONE:
+                        new["raw_state"] = _GONE
+                    elif changed is not None and (now() - _utc(changed)).total_seconds() > _GONE_AFTER \
+                            and old_enough(chunk_created.get(chunk_id), _GONE_AFTER):
+                        new["state"] = (TrialState.FAILED if rs else TrialState.CANCELLED).value
         if new["state"] in (TrialState.COMPLETED.value, TrialState.RUNNING.value, TrialState.FAILED.value,
                             TrialState.REQUEUED.value) and (objective is None or new["state"] != state
                                                 or new["state"] == TrialState.RUNNING.value):
@@ -720,10 +863,15 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     return counts
 
 
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 # ---------------------------------------------------------------- resume / cancel
 def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     """Resubmit the trials that failed, were cancelled or never started — never a finished
-    one, nor one still queued or running. Returns the trial numbers resubmitted."""
+    one, nor one still queued or running — and start the driver again when it is gone while
+    the sweep still needs it. Returns the trial numbers resubmitted."""
     from sqlalchemy import update
 
     c = _client(client)
@@ -736,28 +884,30 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         spec = spec_from_json(sw.spec)
         numbers = [t.number for t in s.query(SweepTrial).filter(SweepTrial.sweep_id == sid,
                                                                  SweepTrial.state.in_(redo))]
+        created = s.query(SweepTrial).filter(SweepTrial.sweep_id == sid).count()
         if numbers:
             s.execute(update(SweepTrial).where(SweepTrial.sweep_id == sid, SweepTrial.number.in_(numbers)).values(
                 state=TrialState.WAITING.value, updated_at=now()))
         sw.status = SweepStatus.RUNNING.value
         sw.message = None
         driver = sw.driver_job_id
-    if not numbers:
-        refresh(sid, client=c, url=url)            # DONE again when every trial is finished
-        return []
-    queued = sum(1 for r in trial_rows(sid, url=url) if r["state"] in (
-        TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value))
-    plan = plan_submission(spec, c, len_waiting=len(numbers), queued_by_sweep=queued)
-    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
-        cluster = s.get(Sweep, sid).cluster
-    active = c.active_job_ids([driver]) if driver else set()
-    if driver and active and driver in active:
-        return sorted(numbers)          # the running driver submits them (one submitter at a time)
-    check_quota(spec, plan.now, cluster, url)
-    submit_waiting(sid, client=c, url=url, limit=plan.now)
-    if plan.now < len(numbers):
+        n_trials, cluster = sw.n_trials, sw.cluster
+    if driver:
+        active = c.active_job_ids([driver])
+        if active is None:      # never a second submitter because squeue could not answer
+            raise GpuhpcError(f"squeue could not say whether the driver (job {driver}) runs; try again")
+        if driver in active:
+            return sorted(numbers)      # the running driver submits them (one submitter at a time)
+    if numbers:
+        queued = sum(1 for r in trial_rows(sid, url=url) if r["state"] in (
+            TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value))
+        plan = plan_submission(spec, c, len_waiting=len(numbers), queued_by_sweep=queued)
+        check_quota(spec, plan.now, cluster, url)
+        submit_waiting(sid, client=c, url=url, limit=plan.now)
+    if _n_waiting(sid, url) or (spec.method == "tpe" and created < n_trials):
         start_driver(sid, client=c, url=url)
+    elif not numbers:
+        refresh(sid, client=c, url=url)            # DONE again when every trial is finished
     return sorted(numbers)
 
 
@@ -773,10 +923,19 @@ def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
         sw.updated_at = now()
         ids = ([sw.driver_job_id] if sw.driver_job_id else []) + [
             ch.job_id for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id]
-    active = c.active_job_ids(ids) or set()
+        # a chunk whose submitter stopped between its sbatch and the database: found by name
+        unnamed = [(f"{sw.name}-s{sid}-c{ch.number}", ch.created_at)
+                   for ch in s.query(SweepChunk).filter_by(sweep_id=sid, state="submitting")]
+    for jname, created in unnamed:
+        try:
+            found = c.jobs_by_name(jname, _utc(created or now()) - dt.timedelta(minutes=5), getpass.getuser())
+            ids += [j for j in found if j not in ids]
+        except GpuhpcError:
+            pass
+    active = c.active_job_ids(ids)
     done = []
     for job in ids:
-        if job in active:
+        if active is None or job in active:         # squeue could not say: cancel it anyway
             try:
                 c.cancel(job)
                 done.append(job)
