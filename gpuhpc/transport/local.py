@@ -5,7 +5,7 @@ import os
 import subprocess
 
 from gpuhpc.errors import TransportError
-from gpuhpc.transport import CommandResult
+from gpuhpc.transport.base import CommandResult
 
 
 class LocalRunner:

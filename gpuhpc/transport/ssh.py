@@ -33,7 +33,7 @@ from typing import Any
 import paramiko
 
 from gpuhpc.errors import TransportError, UserInputError
-from gpuhpc.transport import CommandResult
+from gpuhpc.transport.base import CommandResult
 
 
 def parse_target(target: str, field: str = "GPUHPC_SSH_HOST") -> tuple[str | None, str, int | None]:
