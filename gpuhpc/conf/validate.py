@@ -13,6 +13,7 @@ from gpuhpc.spec.gpus import check_mig_layout, gpu_model
 
 MIN_CPUS_PER_GPU = 2
 DEFAULT_QOS = "normal"   # slurmdbd always has it
+ROOT_ACCOUNT = "root"    # and the account root's jobs run under by default
 
 
 def _seconds(time: str) -> float:
@@ -79,6 +80,18 @@ def _check_nvlink(g: NodeGroup, gf: str, names: list[str], warnings: list[str]) 
             placed[n] = j
     if left := [n for n in names if n not in placed]:
         warnings.append(f"{gf}: {hostlist.compress(left)} in no NVLink domain (left out of topology/block)")
+
+
+def _preempted_by(spec: ClusterSpec, index: int) -> list[str]:
+    """The partitions whose jobs partition ``index`` preempts (preempt/partition_prio): those of a
+    lower PriorityTier on a shared node that are not PreemptMode=OFF."""
+    p = spec.partitions[index]
+    mine = set(resolve_nodes(spec, list(p.nodes), ""))
+    cluster_off = spec.preemption.mode == "OFF"
+    return [o.name for oi, o in enumerate(spec.partitions)
+            if oi != index and o.priority_tier < p.priority_tier
+            and (o.preempt_mode or ("OFF" if cluster_off else "")) != "OFF"
+            and mine & set(resolve_nodes(spec, list(o.nodes), ""))]
 
 
 def validate(spec: ClusterSpec) -> list[str]:
@@ -228,8 +241,14 @@ def validate(spec: ClusterSpec) -> list[str]:
         if p.qos and p.qos not in known_qos:
             raise SpecError(f"unknown QOS {p.qos!r}", field=f"{pf}.qos")
         for li, a in enumerate(p.allow_accounts or []):
-            if a not in acct_names:
+            if a not in acct_names and a != ROOT_ACCOUNT:
                 raise SpecError(f"unknown account {a!r}", field=f"{pf}.allow_accounts[{li}]")
+        if pre.type == "partition_prio" and not (p.allow_accounts or p.allow_qos):
+            victims = _preempted_by(spec, pi)
+            if victims:
+                raise SpecError(f"partition {p.name!r} preempts {', '.join(victims)} and is open to every account",
+                                field=f"{pf}.allow_accounts",
+                                hint="set allow_accounts or allow_qos to those who may preempt others")
         if (p.allow_qos or p.qos) and spec.slurmdbd is None:
             raise SpecError("QOS need slurmdbd accounting", field=f"{pf}.allow_qos")
 
@@ -240,6 +259,19 @@ def validate(spec: ClusterSpec) -> list[str]:
     if pre.type == "none" and pre.mode != "OFF":
         raise SpecError(f"PreemptMode={pre.mode} without a preempt plugin: Slurm refuses this config",
                         field="preemption.mode", hint="set preemption.type: partition_prio or qos, or mode: OFF")
+
+    # ---- isolation: what one user can do to others
+    gpu_groups = [g.name for g in spec.node_groups if g.gpus is not None]
+    constrained = (rt.proctrack == "cgroup" and "cgroup" in rt.task_plugins and "devices" in rt.cgroup_constrain)
+    if gpu_groups and not constrained and not rt.unconstrained_gpus_reason:
+        raise SpecError(f"node groups {', '.join(gpu_groups)} have GPUs, but without proctrack cgroup, task plugin "
+                        "cgroup and cgroup_constrain devices every job can open every GPU of its node",
+                        field="runtime.task_plugins",
+                        hint="use proctrack: cgroup, task_plugins: [affinity, cgroup], or say why in "
+                             "runtime.unconstrained_gpus_reason")
+    if spec.slurmdbd is not None and not any(q.max_submit_jobs_per_user for q in spec.qos):
+        warnings.append("no QOS sets max_submit_jobs_per_user: one user can fill MaxJobCount and stop everyone's "
+                        "submissions")
 
     # ---- topology
     sw_names = [s.name for s in spec.topology.switches]

@@ -131,6 +131,10 @@ class Runtime(_Model):
     # job_container/tmpfs (+ PrologFlags=Contain): every job gets a private /tmp (and the
     # gpuhpc_nvme_scratch role's scratch dir) on the node's local disk, removed when it ends
     job_container: Literal["none", "tmpfs"] = "none"
+    # GPUs without proctrack/cgroup + task/cgroup + cgroup_constrain "devices" leave every
+    # /dev/nvidia* of a node open to any job on it (a job asking for 0 GPUs included): validation
+    # refuses that unless this says why the site accepts it (a test machine without cgroups)
+    unconstrained_gpus_reason: Text | None = None
 
 
 class Controller(_Model):
@@ -329,6 +333,9 @@ class Qos(_Model):
     preempt_mode: PreemptMode | None = None
     grace_time: int | None = Field(default=None, ge=0)
     max_wall: SlurmTime | None = None
+    # MaxSubmitJobsPerUser: pending + running jobs (each array task counts) one user may have
+    # under this QOS; None: no limit (validation warns when no QOS sets one)
+    max_submit_jobs_per_user: int | None = Field(default=None, ge=1)
 
 
 class Account(_Model):
