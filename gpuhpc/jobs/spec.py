@@ -24,7 +24,7 @@ SIGNAL = "USR2"
 DEFAULT_GRACE_S = 60
 DEFAULT_MAX_REQUEUES = 10
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")      # C0, DEL, C1, line/paragraph separators
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")      # partition, account, qos, gpu type
 _NODELIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.&|!*\[\]():-]+$")

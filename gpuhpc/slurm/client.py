@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from gpuhpc.slurm import parsers
 
 
+def _row_tag() -> str:
+    """A random string per Slurm call that frames rows/fields of its output (a job name cannot
+    hold it: it is unknown when the name is set)."""
+    import secrets
+
+    return "\x1e" + secrets.token_hex(12)
+
+
 def _parsers():
     # imported on first use: `gpuhpc submit` needs only parse_sbatch_parsable, and building the
     # parsers' dataclasses costs milliseconds of CLI start-up
@@ -36,8 +44,9 @@ class SlurmClient:
 
     # ------------------------------------------------------------ plumbing
     def run(self, argv: list[str], *, input: str | None = None, check: bool = True,
-            timeout: float | None = None) -> CommandResult:
-        res = self.runner.run(argv, input=input, timeout=timeout or self.timeout)
+            timeout: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
+        res = self.runner.run(argv, input=input, timeout=timeout or self.timeout,
+                              **({"env": env} if env else {}))
         if check and not res.ok:
             raise SlurmError(f"{argv[0]} failed (exit {res.returncode})", argv=argv,
                              stderr=res.stderr or res.stdout, returncode=res.returncode)
@@ -114,20 +123,23 @@ class SlurmClient:
 
     def queue(self, *, user: str | None = None, job_ids: Iterable[str] = ()) -> list[parsers.QueueRow]:
         ids = list(job_ids)
-        res = self.run(cmd.squeue(user=user, job_ids=ids), check=False)
+        tag = _row_tag()
+        res = self.run(cmd.squeue(user=user, job_ids=ids, row_tag=tag), check=False,
+                       env={"SQUEUE_FORMAT": cmd.squeue_format(tag)})
         if not res.ok:
             # squeue exits 1 with "Invalid job id specified" once a job has left the queue
             if ids and "Invalid job id" in (res.stderr + res.stdout):
                 return []
             raise SlurmError("squeue failed", argv=list(res.argv), stderr=res.stderr, returncode=res.returncode)
-        return _parsers().parse_squeue(res.stdout)
+        return _parsers().parse_squeue(res.stdout, row_tag=tag)
 
     def accounting(self, *, job_ids: Iterable[str] = (), user: str | None = None,
                    all_users: bool = False, since: str | None = None, until: str | None = None,
                    duplicates: bool = False, allocations: bool = True) -> list[parsers.AcctRow]:
+        sep = cmd.SEP + _row_tag()
         argv = cmd.sacct(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
-                         duplicates=duplicates, allocations=allocations)
-        return _parsers().parse_sacct(self.run(argv).stdout)
+                         duplicates=duplicates, allocations=allocations, delimiter=sep)
+        return _parsers().parse_sacct(self.run(argv).stdout, sep=sep)
 
     def show_job(self, job_id: str) -> dict[str, str] | None:
         res = self.run(cmd.scontrol_show("job", job_id), check=False)
@@ -222,6 +234,7 @@ class SlurmClient:
                  job_ids: Iterable[str] = ()) -> list[parsers.AcctRow]:
         """Every run of every user's jobs (``sacct --allusers --allocations --duplicates``:
         a requeued job's runs each have their own row) that overlaps ``[since, until)``.
+        Read as ``sacct --json``: what is billed cannot be forged by a job name.
 
         ``job_ids`` are also asked for by id: the time-window query lists a job only once
         slurmdbd has its eligible time, and never lists a job that was cancelled before it
@@ -233,14 +246,14 @@ class SlurmClient:
             return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
         argv = cmd.sacct(since=local(since), until=local(until) if until else None, all_users=True,
-                         allocations=True, duplicates=True, fields=fields)
-        rows = p.parse_sacct(self.run(argv).stdout, fields=fields)
+                         allocations=True, duplicates=True, fields=fields, json=True)
+        rows = p.parse_sacct_json(self.run(argv).stdout)
         seen = {r.array_job_id for r in rows}
         missing = sorted({str(j) for j in job_ids} - seen)
         for i in range(0, len(missing), 200):
             argv = cmd.sacct(job_ids=missing[i:i + 200], all_users=True, allocations=True, duplicates=True,
-                             fields=fields)
-            rows += p.parse_sacct(self.run(argv).stdout, fields=fields)
+                             fields=fields, json=True)
+            rows += p.parse_sacct_json(self.run(argv).stdout)
         return rows
 
     def active_job_ids(self, job_ids: Iterable[str]) -> set[str] | None:

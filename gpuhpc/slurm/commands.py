@@ -1,7 +1,10 @@
 """Pure argv builders for Slurm's command-line tools. Nothing here runs anything.
 
-Delimited output uses the ASCII unit separator (0x1f) so that user-chosen job names
-(which may contain ``|``) never break a row; control characters are rejected upstream.
+A job name can hold any byte but NUL (plain ``sbatch -J`` passes newlines, 0x1f, U+2028), so
+no output that holds one is read line by line: ``squeue`` rows start with a per-call random tag
+given through ``SQUEUE_FORMAT`` (the environment, not the argv other users can read) and end
+with the name; ``sacct`` fields are separated by a per-call random delimiter with the name last;
+billing reads ``sacct --json``. See :mod:`gpuhpc.slurm.parsers`.
 """
 from __future__ import annotations
 
@@ -11,15 +14,16 @@ SEP = "\x1f"
 
 SQUEUE_FIELDS: tuple[tuple[str, str], ...] = (
     ("job_id", "%i"), ("job_id_raw", "%A"), ("array_job_id", "%F"), ("array_task_id", "%K"),
-    ("name", "%j"), ("state", "%T"), ("elapsed", "%M"), ("time_limit", "%l"),
+    ("state", "%T"), ("elapsed", "%M"), ("time_limit", "%l"),
     ("nodes", "%D"), ("tres_per_node", "%b"), ("partition", "%P"), ("user", "%u"),
     ("account", "%a"), ("nodelist", "%N"), ("reason", "%r"), ("qos", "%q"),
+    ("name", "%j"),      # free text: last, read with maxsplit
 )
 
 SACCT_FIELDS: tuple[str, ...] = (
-    "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
+    "JobID", "JobIDRaw", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
     "AllocTRES", "ReqTRES", "Partition", "Account", "User", "NodeList", "ExitCode",
-    "Timelimit", "QOS", "Cluster",
+    "Timelimit", "QOS", "Cluster", "JobName",      # free text last (parsers.parse_sacct)
 )
 # Slurm 22.05's sacct has no "Restarts" field: each requeued run of a job shows up as its own
 # row with ``--duplicates`` (state REQUEUED/PREEMPTED/NODE_FAIL), and ``scontrol show job``
@@ -49,10 +53,19 @@ def sbatch(script_path: str | None = None, *, extra: Sequence[str] = (), parsabl
     return argv
 
 
+def squeue_format(row_tag: str) -> str:
+    """The ``SQUEUE_FORMAT`` for :func:`squeue`: every row starts with ``row_tag`` (random per
+    call, so a job name cannot forge a row) and ends with the job name."""
+    return row_tag + SEP.join(code for _, code in SQUEUE_FIELDS)
+
+
 def squeue(*, user: str | None = None, job_ids: Iterable[str] = (), all_partitions: bool = True,
-           states: str | None = "all") -> list[str]:
-    fmt = SEP.join(code for _, code in SQUEUE_FIELDS)
-    argv = ["squeue", "--noheader", "--array", f"--format={fmt}"]
+           states: str | None = "all", row_tag: str | None = None) -> list[str]:
+    """squeue, one row per job (array task). With ``row_tag`` the format is left to the caller's
+    ``SQUEUE_FORMAT=squeue_format(row_tag)`` (the tag stays out of the argv that ``ps`` shows)."""
+    argv = ["squeue", "--noheader", "--array"]
+    if row_tag is None:
+        argv.append(f"--format={SEP.join(code for _, code in SQUEUE_FIELDS)}")
     if all_partitions:
         argv.append("--all")
     if states:
@@ -68,11 +81,17 @@ def squeue(*, user: str | None = None, job_ids: Iterable[str] = (), all_partitio
 def sacct(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bool = False,
           since: str | None = None, until: str | None = None, allocations: bool = True,
           duplicates: bool = False, fields: Sequence[str] = SACCT_FIELDS,
-          cluster: str | None = None) -> list[str]:
-    """sacct in parsable form. ``duplicates=True`` lists every requeued run of a job
-    (``--duplicates``), which is what billing needs."""
-    argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={SEP}",
-            f"--format={','.join(fields)}"]
+          cluster: str | None = None, delimiter: str = SEP, json: bool = False) -> list[str]:
+    """sacct in parsable form (``delimiter`` between fields: pass a random one per call, see
+    :func:`gpuhpc.slurm.parsers.parse_sacct`), or with ``json=True`` as ``sacct --json``
+    (Slurm 22.05: every field, steps too; names and all free text escaped).
+    ``duplicates=True`` lists every requeued run of a job (``--duplicates``), which is what
+    billing needs."""
+    if json:
+        argv = ["sacct", "--json"]
+    else:
+        argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}",
+                f"--format={','.join(fields)}"]
     if allocations:
         argv.append("--allocations")
     if duplicates:
@@ -150,8 +169,8 @@ def scontrol_reconfigure() -> list[str]:
 # sacct fields for billing (``SlurmClient.job_runs``): every run of every job, no steps.
 # No "Restarts" (Slurm 22.05's sacct has no such field) and no NodeList (long, unused there).
 SACCT_RUN_FIELDS: tuple[str, ...] = (
-    "JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
-    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "QOS", "Cluster", "Timelimit",
+    "JobID", "JobIDRaw", "State", "Elapsed", "ElapsedRaw", "Submit", "Start", "End",
+    "AllocTRES", "ReqTRES", "Partition", "Account", "User", "QOS", "Cluster", "Timelimit", "JobName",
 )
 
 

@@ -1,12 +1,15 @@
 """Pure parsers for Slurm command output. Unit tests feed them recorded output."""
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 
 from gpuhpc.errors import SlurmError
 from gpuhpc.slurm.commands import SACCT_FIELDS, SEP, SQUEUE_FIELDS
 from gpuhpc.slurm.state import SlurmState
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- scontrol --oneliner
@@ -193,15 +196,39 @@ class QueueRow:
     qos: str
 
 
-def parse_squeue(text: str) -> list[QueueRow]:
+def _skip(what: str, row: str) -> None:
+    log.warning("skipped a malformed %s row: %.200r", what, row)
+
+
+def parse_squeue(text: str, row_tag: str | None = None) -> list[QueueRow]:
+    """``squeue`` rows (:data:`~gpuhpc.slurm.commands.SQUEUE_FIELDS`, the name last).
+
+    With ``row_tag`` (what :func:`~gpuhpc.slurm.commands.squeue_format` put first in every row)
+    rows are split on newline + tag, never on a bare newline: a name holding newlines, 0x1f or
+    U+2028 stays one name and cannot add a row. Without it (recorded output) rows are split on
+    newlines. The name is the last field (``maxsplit``); a malformed row is skipped and logged."""
     rows = []
     names = [n for n, _ in SQUEUE_FIELDS]
-    for line in text.splitlines():
+    if row_tag:
+        if text.endswith("\n"):
+            text = text[:-1]
+        chunks = text.split("\n" + row_tag)
+        if chunks and chunks[0].startswith(row_tag):
+            chunks[0] = chunks[0][len(row_tag):]
+        elif chunks and chunks[0]:
+            _skip("squeue", chunks[0])
+            chunks = chunks[1:]
+        else:
+            chunks = chunks[1:]
+    else:
+        chunks = text.split("\n")
+    for line in chunks:
         if not line.strip():
             continue
-        parts = line.split(SEP)
-        if len(parts) != len(names):
-            raise SlurmError(f"unexpected squeue row with {len(parts)} fields: {line!r}")
+        parts = line.split(SEP, len(names) - 1)
+        if len(parts) != len(names) or not parts[1].strip().isdigit():
+            _skip("squeue", line)
+            continue
         d = dict(zip(names, parts))
         rows.append(QueueRow(
             job_id=d["job_id"], job_id_raw=d["job_id_raw"], array_job_id=d["array_job_id"],
@@ -253,15 +280,56 @@ class AcctRow:
         return gpus_from_tres(self.alloc_tres)
 
 
-def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> list[AcctRow]:
+_FREE_TEXT = "JobName"
+
+
+def _sacct_records(text: str, n: int, sep: str, name_last: bool) -> list[list[str]]:
+    """Split ``sacct --parsable2`` output into rows of ``n`` fields. With the free-text field
+    last the output is cut on ``sep`` alone: the token at a row's end is ``name\\nNEXTJOBID``
+    (a job id holds no newline), so a newline in a name never starts a row; only ``sep`` could,
+    and the caller makes it random per call."""
+    if not name_last:
+        out = []
+        for line in text.split("\n"):
+            if line.strip():
+                parts = line.split(sep)
+                if len(parts) == n:
+                    out.append(parts)
+                else:
+                    _skip("sacct", line)
+        return out
+    if text.endswith("\n"):
+        text = text[:-1]
+    if not text.strip():
+        return []
+    tokens = text.split(sep)
+    out, cur = [], [tokens[0]]
+    for i, tok in enumerate(tokens[1:], 1):
+        if len(cur) == n - 1:
+            if i < len(tokens) - 1 and "\n" in tok:
+                name, nxt = tok.rsplit("\n", 1)
+            else:
+                name, nxt = tok, None
+            cur.append(name)
+            out.append(cur)
+            cur = [nxt] if nxt is not None else []
+        else:
+            cur.append(tok)
+    if cur:
+        _skip("sacct", sep.join(cur))
+    return out
+
+
+def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS, sep: str = SEP) -> list[AcctRow]:
+    """``sacct --parsable2 --delimiter=SEP`` rows. With ``JobName`` the last field and a random
+    ``sep`` (:func:`~gpuhpc.slurm.commands.sacct`'s ``delimiter``) a job name cannot forge a
+    row; a malformed row (its JobIDRaw not a number) is skipped and logged."""
     rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split(SEP)
-        if len(parts) != len(fields):
-            raise SlurmError(f"unexpected sacct row with {len(parts)} fields: {line!r}")
+    for parts in _sacct_records(text, len(fields), sep, bool(fields) and fields[-1] == _FREE_TEXT):
         d = dict(zip(fields, parts))
+        if "JobIDRaw" in d and not d["JobIDRaw"].split(".", 1)[0].split("+", 1)[0].isdigit():
+            _skip("sacct", sep.join(parts))
+            continue
         rows.append(AcctRow(
             job_id=d.get("JobID", ""), job_id_raw=d.get("JobIDRaw", ""), name=d.get("JobName", ""),
             state=SlurmState.parse(d.get("State", "")), elapsed_s=_int(d.get("ElapsedRaw")),
@@ -272,6 +340,80 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> list[AcctR
             restarts=_int(d.get("Restarts")), time_limit=d.get("Timelimit", ""), qos=d.get("QOS", ""),
             cluster=d.get("Cluster", ""),
         ))
+    return rows
+
+
+def _sacct_time(epoch) -> str:
+    """An epoch from ``sacct --json`` as text sacct prints it (local time; 0 -> ``Unknown``)."""
+    import datetime as dt
+
+    if not isinstance(epoch, int) or epoch <= 0:
+        return "Unknown"
+    return dt.datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _json_tres(items) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for t in items or ():
+        if not isinstance(t, dict) or not t.get("type"):
+            continue
+        key = f"{t['type']}/{t['name']}" if t.get("name") else str(t["type"])
+        count = t.get("count")
+        if not isinstance(count, int):
+            continue
+        out[key] = f"{count}M" if key == "mem" else str(count)
+    return out
+
+
+def parse_sacct_json(text: str) -> list[AcctRow]:
+    """``sacct --json`` (Slurm 22.05, openapi v0.0.38) -> one :class:`AcctRow` per job (steps
+    are left out), with the text output's forms: ``JobID`` ``123_4``/``123+0``, times as local
+    ``YYYY-MM-DDTHH:MM:SS`` or ``Unknown``, ``Timelimit`` ``HH:MM:SS``, ``mem`` in ``M``. JSON
+    keeps any name one string, so nothing a user names a job can add, drop or change a row.
+    (22.05's JSON exit codes are those of the derived code; billing does not read them.)
+    A record without a numeric job id is skipped and logged."""
+    import json
+
+    from gpuhpc.slurm.durations import format_duration
+
+    try:
+        doc = json.loads(text or "{}")
+    except ValueError as exc:
+        raise SlurmError(f"sacct --json printed no JSON: {exc}") from exc
+    rows = []
+    for j in doc.get("jobs") or ():
+        try:
+            raw = j["job_id"]
+            if not isinstance(raw, int):
+                raise TypeError("job_id")
+            arr, het, tm = j.get("array") or {}, j.get("het") or {}, j.get("time") or {}
+            job_id = str(raw)
+            if arr.get("job_id") and isinstance(arr.get("task_id"), int):
+                job_id = f"{arr['job_id']}_{arr['task_id']}"
+            elif arr.get("job_id") and arr.get("task"):
+                job_id = f"{arr['job_id']}_[{arr['task']}]"
+            elif het.get("job_id") and isinstance(het.get("job_offset"), int):
+                job_id = f"{het['job_id']}+{het['job_offset']}"
+            ec = j.get("exit_code") or {}
+            sig = ((ec.get("signal") or {}).get("signal_id") or 0) if isinstance(ec.get("signal"), dict) else 0
+            limit = tm.get("limit")
+            state = j.get("state") or {}
+            rows.append(AcctRow(
+                job_id=job_id, job_id_raw=str(raw), name=str(j.get("name") or ""),
+                state=SlurmState.parse(str(state.get("current", "")) if isinstance(state, dict) else str(state)),
+                elapsed_s=_int(str(tm.get("elapsed", 0))),
+                submit=_sacct_time(tm.get("submission")), start=_sacct_time(tm.get("start")),
+                end=_sacct_time(tm.get("end")),
+                alloc_tres=_json_tres((j.get("tres") or {}).get("allocated")),
+                req_tres=_json_tres((j.get("tres") or {}).get("requested")),
+                partition=str(j.get("partition") or ""), account=str(j.get("account") or ""),
+                user=str(j.get("user") or ""), nodelist=str(j.get("nodes") or ""),
+                exit_code=f"{ec.get('return_code') or 0}:{sig}", restarts=0,
+                time_limit=format_duration(limit * 60) if isinstance(limit, int) else "UNLIMITED",
+                qos=str(j.get("qos") or ""), cluster=str(j.get("cluster") or ""),
+            ))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            _skip("sacct --json", repr(j)[:200])
     return rows
 
 

@@ -30,8 +30,14 @@ def test_parse_partitions():
     assert parts["gpu-hi"].priority_tier == 10
 
 
+# the field order sacct.txt was recorded with (before the name moved last)
+RECORDED_SACCT_FIELDS = ("JobID", "JobIDRaw", "JobName", "State", "Elapsed", "ElapsedRaw", "Submit", "Start",
+                         "End", "AllocTRES", "ReqTRES", "Partition", "Account", "User", "NodeList", "ExitCode",
+                         "Timelimit", "QOS", "Cluster")
+
+
 def test_parse_sacct_recorded():
-    rows = parsers.parse_sacct((DATA / "sacct.txt").read_text())
+    rows = parsers.parse_sacct((DATA / "sacct.txt").read_text(), fields=RECORDED_SACCT_FIELDS)
     assert rows and rows[0].gpus == {"h100": 2}
     assert rows[0].state.state is JobState.COMPLETED
 
@@ -52,13 +58,91 @@ def test_parse_gres(raw, expected):
     assert parsers.parse_gres(raw) == expected
 
 
+def _squeue_row(job: str, name: str, user: str = "alice", state: str = "RUNNING") -> str:
+    d = {"job_id": job, "job_id_raw": job.split("_")[0], "array_job_id": job.split("_")[0],
+         "array_task_id": job.split("_")[1] if "_" in job else "N/A", "name": name, "state": state,
+         "elapsed": "1:02", "time_limit": "2:00:00", "nodes": "2", "tres_per_node": "gres:gpu:h100:8",
+         "partition": "gpu", "user": user, "account": "proj", "nodelist": "gpu-node[1-2]",
+         "reason": "None", "qos": "normal"}
+    return cmd.SEP.join(d[n] for n, _ in cmd.SQUEUE_FIELDS)
+
+
 def test_squeue_row_with_pipe_in_name():
-    fields = ["12_3", "15", "12", "3", "a|b; rm -rf ~", "RUNNING", "1:02", "2:00:00", "2",
-              "gres:gpu:h100:8", "gpu", "alice", "proj", "gpu-node[1-2]", "None", "normal"]
-    rows = parsers.parse_squeue(cmd.SEP.join(fields) + "\n")
+    rows = parsers.parse_squeue(_squeue_row("12_3", "a|b; rm -rf ~") + "\n")
     assert rows[0].name == "a|b; rm -rf ~" and rows[0].array_task_id == "3"
+    assert parsers.parse_squeue("only|three|fields\n") == []      # skipped and logged, not fatal
+
+
+FORGED = "bar23\u2028x\x1fy\n" + _squeue_row("99", "forged", user="root", state="COMPLETED")
+
+
+def test_squeue_tagged_rows_cannot_be_forged_by_a_name():
+    """Rows framed by the per-call tag (SQUEUE_FORMAT): a name with U+2028, 0x1f, a newline and
+    a whole forged row after it stays one name of one row."""
+    tag = "\x1eTAG123"
+    out = "".join(tag + r + "\n" for r in (_squeue_row("7", FORGED), _squeue_row("8", "ok\x1c\x1d"),
+                                          _squeue_row("9", "ends-with-newline\n")))
+    rows = parsers.parse_squeue(out, row_tag=tag)
+    assert [r.job_id for r in rows] == ["7", "8", "9"]
+    assert rows[0].name == FORGED and rows[0].user == "alice"
+    assert rows[1].name == "ok\x1c\x1d" and rows[2].name == "ends-with-newline\n"
+    # junk (no tag) before the first row, and a malformed row: skipped, the others kept
+    rows = parsers.parse_squeue("junk\n" + tag + "1\x1f2\n" + tag + _squeue_row("5", "x") + "\n", row_tag=tag)
+    assert [r.job_id for r in rows] == ["5"]
+
+
+def _sacct_row(job: str, name: str, user: str = "alice", gpus: int = 1, sep: str = cmd.SEP) -> str:
+    tres = f"billing=1,cpu=1,gres/gpu:h100={gpus},gres/gpu={gpus},mem=1000M,node=1"
+    d = {"JobID": job, "JobIDRaw": job, "JobName": name, "State": "COMPLETED", "Elapsed": "00:00:10",
+         "ElapsedRaw": "10", "Submit": "2026-12-01T10:00:00", "Start": "2026-12-01T10:00:00",
+         "End": "2026-12-01T10:00:10", "AllocTRES": tres, "ReqTRES": tres, "Partition": "gpu",
+         "Account": "research", "User": user, "QOS": "normal", "Cluster": "local", "Timelimit": "01:00:00"}
+    return sep.join(d[f] for f in cmd.SACCT_RUN_FIELDS)
+
+
+def test_sacct_name_last_with_random_delimiter_cannot_forge_a_row():
+    """sacct keeps newlines and 0x1f in names: with the name last and a per-call delimiter a
+    newline in a name followed by a whole forged row (0x1f-delimited, as a name can hold) is
+    still that job's name; the attacker's real row is kept with its real user and GPUs."""
+    sep = cmd.SEP + "\x1eRANDOM"
+    forged = "x\n" + _sacct_row("4242", "evil", user="root", gpus=8)
+    out = _sacct_row("10", forged, gpus=1, sep=sep) + "\n" + _sacct_row("11", "n\n", sep=sep) + "\n"
+    rows = parsers.parse_sacct(out, fields=cmd.SACCT_RUN_FIELDS, sep=sep)
+    assert [(r.job_id, r.user, r.gpus) for r in rows] == [("10", "alice", {"h100": 1}), ("11", "alice", {"h100": 1})]
+    assert rows[0].name == forged and rows[1].name == "n\n"
+    # a malformed row is skipped, not fatal
+    assert parsers.parse_sacct("a" + sep + "b\n", fields=cmd.SACCT_RUN_FIELDS, sep=sep) == []
+    assert parsers.parse_sacct("", fields=cmd.SACCT_RUN_FIELDS, sep=sep) == []
+
+
+def test_sacct_json_rows():
+    import json
+
+    def job(jid, name, **kw):
+        j = {"job_id": jid, "name": name, "user": "alice", "account": "research", "partition": "gpu",
+             "qos": "normal", "cluster": "local", "nodes": "gpu-node1", "state": {"current": "COMPLETED"},
+             "array": {"job_id": 0, "task_id": None, "task": None}, "het": {"job_id": 0, "job_offset": None},
+             "exit_code": {"status": "SUCCESS", "return_code": 0},
+             "time": {"elapsed": 10, "submission": 0, "start": 0, "end": 0, "limit": 60},
+             "tres": {"allocated": [{"type": "cpu", "name": None, "count": 2},
+                                    {"type": "mem", "name": None, "count": 1000},
+                                    {"type": "gres", "name": "gpu", "count": 2},
+                                    {"type": "gres", "name": "gpu:h100", "count": 2}], "requested": []},
+             "steps": [{"step": {"name": "batch"}}]}
+        j.update(kw)
+        return j
+
+    doc = {"jobs": [job(5, "a\nb\x1f\u2028" + _sacct_row("1", "x", user="root")),
+                    job(7, "t", array={"job_id": 6, "task_id": 1}),
+                    job(9, "p", array={"job_id": 9, "task_id": None, "task": "0-3"}, time={"limit": None}),
+                    job("bad", "z"), "junk"]}
+    rows = parsers.parse_sacct_json(json.dumps(doc))
+    assert [(r.job_id, r.job_id_raw) for r in rows] == [("5", "5"), ("6_1", "7"), ("9_[0-3]", "9")]
+    assert rows[0].user == "alice" and rows[0].gpus == {"h100": 2} and rows[0].elapsed_s == 10
+    assert rows[0].alloc_tres["mem"] == "1000M" and rows[0].time_limit == "01:00:00" and rows[0].start == "Unknown"
+    assert rows[2].time_limit == "UNLIMITED"
     with pytest.raises(SlurmError):
-        parsers.parse_squeue("only|three|fields\n")
+        parsers.parse_sacct_json("not json")
 
 
 @pytest.mark.parametrize("raw,state,finished", [
