@@ -25,6 +25,16 @@ def repo_root() -> Path:
 
 
 FIXTURES = REPO / "tests" / "fixtures"
+INTEGRATION = REPO / "tests" / "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The directory decides: everything under tests/integration needs the running cluster or
+    services and is marked ``integration``, so ``-m "not integration"`` is the tier that needs
+    nothing running (scripts/test.sh --fast)."""
+    for item in items:
+        if Path(str(item.path)).is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
