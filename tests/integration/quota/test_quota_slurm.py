@@ -24,6 +24,7 @@ import re
 import subprocess
 import shutil
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -42,8 +43,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
 USER = "gpuhpc-quota-u1"
 # the user runs gpuhpc from this checkout with the system Python 3.11 (the venv's interpreter lives
-# under /root, which other users cannot enter); the venv's site-packages are world-readable
-SITE = next((REPO / ".venv" / "lib").glob("python3.*/site-packages"))
+# under /root, which other users cannot enter); the venv's site-packages are world-readable: the
+# running interpreter's (a venv anywhere, not only the checkout's .venv; read at import, never fails)
+SITE = Path(sysconfig.get_paths()["purelib"])
 BOOT = ("import sys; sys.path[:0] = [sys.argv.pop(1), sys.argv.pop(1)]; sys.argv[0] = 'gpuhpc'; "
         "from gpuhpc.cli.main import main; sys.exit(main())")
 
