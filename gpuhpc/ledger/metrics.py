@@ -10,7 +10,8 @@ One reporting API for two readers:
 
 Appends one JSON line per call to ``$GPUHPC_METRICS_DIR/<cluster>/<job>[_<task>].jsonl``
 (default ``~/.local/share/gpuhpc/metrics``), keyed by ``SLURM_JOB_ID`` (the array job id)
-and ``SLURM_ARRAY_TASK_ID``. ``gpuhpc ledger ingest`` reads these files. No network, no
+and ``SLURM_ARRAY_TASK_ID``. ``gpuhpc ledger ingest`` reads these files, and only a regular
+file owned by the job's user, named after a job accounting knows (see ``ingest_metrics``). No network, no
 database: safe to call from every rank, every step (only numbers are kept).
 """
 from __future__ import annotations

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import pwd
 from decimal import Decimal
 
 import pytest
@@ -137,7 +139,8 @@ def test_metrics_and_cost_report(ledger, tmp_path, monkeypatch):
     metrics.report(samples_per_s=1e9)                      # other ranks do not write
     lines = (tmp_path / "m" / "local" / "800.jsonl").read_text().splitlines()
     assert [json.loads(x)["metrics"] for x in lines] == [{"samples_per_s": 1000.0}, {"samples_per_s": 3000.0}]
-    ingest.ingest_rows(rows(row("800", "COMPLETED", ts(0), ts(60), 3600, partition="gpu-hi")), url=ledger)
+    me = pwd.getpwuid(os.getuid()).pw_name                  # metrics count only from the job user's own files
+    ingest.ingest_rows(rows(row("800", "COMPLETED", ts(0), ts(60), 3600, partition="gpu-hi", user=me)), url=ledger)
     assert ingest.ingest_metrics(tmp_path / "m", url=ledger) == 1
     assert ingest.ingest_metrics(tmp_path / "m", url=ledger) == 1    # idempotent upsert
     rep = reports.cost_report(by="gpu-type", period="day", url=ledger)
@@ -180,3 +183,33 @@ def test_het_job_components_and_duplicate_rows(ledger):
     res = ingest.ingest_rows(data, url=ledger)
     assert res.runs_new == 3
     assert totals(ledger) == (3, Decimal("12.000000") + Decimal("1.071429") + Decimal("12.000000"))
+
+
+def test_metrics_only_from_the_job_users_own_regular_files(ledger, tmp_path, caplog):
+    """A shared metrics directory: a FIFO, a symlink to /dev/zero, an oversized file, a file of
+    a job accounting does not know and a line naming another job are skipped (logged), never
+    block or exhaust memory; the job's own file counts."""
+    me = pwd.getpwuid(os.getuid()).pw_name
+    ingest.ingest_rows(rows(row("900", "COMPLETED", ts(0), ts(60), 3600, user=me),
+                            row("901", "COMPLETED", ts(0), ts(60), 3600, user=me),
+                            row("902", "COMPLETED", ts(0), ts(60), 3600, user=me),
+                            row("903", "COMPLETED", ts(0), ts(60), 3600, user=me)), url=ledger)
+    d = tmp_path / "m" / "local"
+    d.mkdir(parents=True)
+    line = lambda job, v: json.dumps({"cluster": "local", "job_id": job, "array_task_id": None,  # noqa: E731
+                                      "metrics": {"samples_per_s": v}}) + "\n"
+    (d / "900.jsonl").write_text(line("900", 10.0) + line("555", 1e12))   # 555: another job's line, ignored
+    os.mkfifo(d / "901.jsonl")
+    os.symlink("/dev/zero", d / "902.jsonl")
+    with open(d / "903.jsonl", "wb") as f:
+        f.truncate(ingest.METRICS_FILE_MAX_BYTES + 1)
+    (d / "904.jsonl").write_text(line("904", 5.0))                        # no such job in accounting
+    assert ingest.ingest_metrics(tmp_path / "m", url=ledger) == 1
+    from gpuhpc.ledger.orm import JobMetric
+    from sqlalchemy import select
+    from gpuhpc.ledger import db
+    with db.session_scope(ledger) as s:
+        assert [(m.job_id, m.value) for m in s.scalars(select(JobMetric))] == [("900", 10.0)]
+    text = caplog.text
+    assert "901.jsonl: not a regular file" in text and "903.jsonl" in text and "904.jsonl" in text
+    assert "902.jsonl" in text
