@@ -39,7 +39,7 @@ def main(args: list[str], debug: bool) -> int | None:
         return None
     from gpuhpc.transport import default_runner
 
-    from gpuhpc.cli import run_guarded
+    from gpuhpc.cli.main import run_guarded
 
     runner = default_runner()
     if runner.is_local:
@@ -55,12 +55,12 @@ def _forward(runner, args: list[str], debug: bool) -> int:
 
     cwd, env = None, {}
     if args[:2] == ["sweep", "run"]:
-        from gpuhpc.cli.main import input_error
-        from gpuhpc.cli.sweep import sweep
+        from gpuhpc.cli.main import cli, input_error
         from gpuhpc.sweeps.spec import load_file
 
+        run = cli.get_command(None, "sweep").commands["run"]     # by name: cli.sweep imports this module
         try:                                # the command's own options, parsed, nothing run
-            file = sweep.commands["run"].make_context("gpuhpc sweep run", args[2:]).params["file"]
+            file = run.make_context("gpuhpc sweep run", args[2:]).params["file"]
         except click.UsageError as exc:
             raise input_error(exc, "gpuhpc sweep run") from None
         spec = load_file(file)                   # bad input: exit 2 here, nothing sent

@@ -16,8 +16,6 @@ import sys
 
 import click
 
-from gpuhpc.cli import columns, run_guarded
-
 HELP = "GPU Slurm clusters: build them (conf, ansible), use them (submit, jobs, sweeps), pay for them (ledger)."
 
 # Top-level command -> ("module:attribute" under gpuhpc.cli, its one-line help), in the order
@@ -54,8 +52,50 @@ _state = {"debug": False}           # --debug of the command running now (reset 
 
 
 def debugging() -> bool:
-    """Whether ``--debug`` was given (``GPUHPC_DEBUG`` is read by :func:`gpuhpc.cli.run_guarded`)."""
+    """Whether ``--debug`` was given (``GPUHPC_DEBUG`` is read by :func:`run_guarded`)."""
     return _state["debug"]
+
+
+def run_guarded(call, debug=lambda: False) -> int:
+    """Run ``call()`` and map gpuhpc's errors to exit codes: a ``GpuhpcError`` prints one line
+    (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130, any other
+    exception prints one line and returns 1. With ``--debug``/``GPUHPC_DEBUG`` the exception
+    propagates with its traceback. Every command runs under it (:func:`gpuhpc.cli.main.main`)."""
+    import os
+    import sys
+
+    from gpuhpc.errors import GpuhpcError
+
+    try:
+        return call() or 0
+    except GpuhpcError as exc:
+        if debug() or os.environ.get("GPUHPC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {exc.one_line()}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except Exception as exc:        # a bug: one line, the traceback only on request
+        if debug() or os.environ.get("GPUHPC_DEBUG"):
+            raise
+        sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
+        return 1
+
+
+def columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() finds it (``COLUMNS`` first), without
+    importing shutil."""
+    import os
+    import sys
+
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 class LazyGroup(click.Group):

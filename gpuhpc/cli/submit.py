@@ -171,6 +171,6 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from gpuhpc.cli import run_guarded
+    from gpuhpc.cli.main import run_guarded
 
     sys.exit(run_guarded(lambda: run(sys.argv[1:])))

@@ -59,7 +59,7 @@ def rehearse(code: CodeWatch) -> None:
     try:
         with open(os.devnull, "w") as null:
             sys.stdout = sys.stderr = null
-            from gpuhpc.cli import run_guarded
+            from gpuhpc.cli.main import run_guarded
             from gpuhpc.cli.submit import run
 
             run_guarded(lambda: run(["--partition", "p", "--gpus", "1", "--time", "1h", "--name", "n",
