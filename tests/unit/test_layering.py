@@ -39,6 +39,64 @@ def test_import_contracts_are_kept():
     assert "0 broken" in proc.stdout
 
 
+def import_cycles(package: str = "gpuhpc") -> list[list[str]]:
+    """Every set of modules that import one another in a circle (strongly connected components
+    of the module import graph, deferred and TYPE_CHECKING imports included, a package's
+    ``__init__`` a module like any other). no-cycles in pyproject.toml compares siblings only."""
+    import grimp
+
+    sys.path.insert(0, str(REPO))
+    try:
+        graph = grimp.build_graph(package, cache_dir=None)
+    finally:
+        sys.path.remove(str(REPO))
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out = []
+    for root in edges:                      # Tarjan, iterative (no recursion limit)
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = len(index)
+                stack.append(node)
+                on_stack.add(node)
+            for j in range(i, len(edges[node])):
+                nxt = edges[node][j]
+                if nxt not in index:
+                    work += [(node, j + 1), (nxt, 0)]
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        m = stack.pop()
+                        on_stack.discard(m)
+                        comp.append(m)
+                        if m == node:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+    return out
+
+
+def test_no_module_import_cycle():
+    cycles = import_cycles()
+    assert not cycles, ("modules that import one another (a function-level import counts too): move what "
+                        "both need into a module below both (docs/DEVELOPING.md, Rules):\n  "
+                        + "\n  ".join(" <-> ".join(c) for c in cycles))
+
+
 def _looks_like_a_command(text: str) -> bool:
     words = text.split()
     if not words or words[0] not in SLURM_COMMANDS:
