@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
-"""CLI start-up without a command server: ``gpuhpc --help``, ``gpuhpc status ID`` and
-``gpuhpc jobs`` (each a fresh process) against ``python -c pass`` measured in the same run
-(goal: <= 6x each; the ratios are printed, never asserted).
+"""CLI start-up without a command server: ``gpuhpc --help``, ``gpuhpc status ID`` (a live job
+and a finished one) and ``gpuhpc jobs`` (each a fresh process) against ``python -c pass``
+measured in the same run (goal: <= 6x each; the ratios are printed, never asserted), and how
+many Slurm commands each ran (goal: 1 for ``status``; at most one squeue and one sacct for
+``jobs``).
 
     python bench/cli_startup.py [-n 30] [--partition cpu]
 
 ``gpuhpc`` runs the way ``pip install`` leaves it: a console script (the very text pip
 writes, calling ``gpuhpc.cli:entry``) under this interpreter, with bytecode cached, so a
 compiled client or command server on PATH does not change the figure. ``status`` asks about
-a job this script submits held (``--hold``) and cancels by id at the end. The commands run
+a job this script submits held (``--hold``) and cancels by id at the end, and about one it
+submits and lets finish (slurmctld still knows it for MinJobAge); ``status`` of a job slurmctld
+has forgotten (an older one of yours from sacct, if there is one) is shown for information.
+Slurm commands are counted in one extra round through a PATH directory of logging shims
+(``squeue``, ``sacct``, ``scontrol``, ...) that exec the real commands; the timed rounds run
+without them. The commands run
 interleaved, round after round, so that every one sees the same load; the median of each is
 divided by the median of ``python -c pass``. ``submit --dry-run``, ``cluster status`` (a
 typer group that draws rich tables), raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
@@ -21,6 +28,7 @@ import argparse
 import getpass
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +55,46 @@ def _run(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[floa
     return dt, res
 
 
+SLURM = ("squeue", "sacct", "scontrol", "sbatch", "scancel", "sinfo", "sacctmgr", "sstat", "sprio", "sshare")
+
+
+def _shims(tmp: str, env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """An environment whose PATH starts with logging shims of the Slurm commands, and the log
+    file they append their names to."""
+    shim_dir, log = os.path.join(tmp, "slurm-shims"), os.path.join(tmp, "slurm-calls.log")
+    os.makedirs(shim_dir)
+    for name in SLURM:
+        real = shutil.which(name, path=env.get("PATH"))
+        if real is None:
+            continue
+        path = os.path.join(shim_dir, name)
+        with open(path, "w") as fh:
+            fh.write(f'#!/bin/sh\necho {name} >> "$GPUHPC_BENCH_SLURM_LOG"\nexec {real} "$@"\n')
+        os.chmod(path, 0o755)
+    return dict(env, PATH=shim_dir + os.pathsep + env.get("PATH", ""), GPUHPC_BENCH_SLURM_LOG=log), log
+
+
+def _count(argv: list[str], env: dict[str, str], log: str) -> str:
+    """Run ``argv`` once through the shims: "N (squeue 1, sacct 1)"."""
+    open(log, "w").close()
+    _run(argv, env, check=False)
+    with open(log) as fh:
+        calls = fh.read().split()
+    per = {n: calls.count(n) for n in dict.fromkeys(calls)}
+    return f"{len(calls)}" + (f" ({', '.join(f'{n} {c}' for n, c in per.items())})" if per else "")
+
+
+def _old_job(user: str, skip: set[str], env: dict[str, str]) -> str | None:
+    """One of ``user``'s jobs from the last week that slurmctld no longer knows, if any."""
+    res = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID", "-u", user, "-S", "now-7days"],
+                         capture_output=True, text=True, env=env)
+    for job in reversed(res.stdout.split()):
+        if job.isdigit() and job not in skip:
+            if subprocess.run(["scontrol", "show", "job", job], capture_output=True, env=env).returncode != 0:
+                return job
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=30, help="runs of each command (default 30)")
@@ -69,14 +117,25 @@ def main() -> int:
     _, sub = _run([*gpuhpc, "submit", "--partition", args.partition, "--time", "5m", "--hold",
                    "--name", "gpuhpc-bench-startup", "--", "true"], env)
     job_id = sub.stdout.strip().splitlines()[-1]
+    _, sub = _run([*gpuhpc, "submit", "--partition", args.partition, "--time", "5m",
+                   "--name", "gpuhpc-bench-finished", "--", "true"], env)
+    done_id = sub.stdout.strip().splitlines()[-1]
     user = getpass.getuser()
-    listed = len(json.loads(_run([*gpuhpc, "jobs", "--json"], env)[1].stdout))
     try:
+        deadline = time.monotonic() + 120
+        while not json.loads(_run([*gpuhpc, "status", done_id, "--json"], env)[1].stdout)["finished"]:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {done_id} did not finish in 120 s")
+            time.sleep(0.5)
+        listed = len(json.loads(_run([*gpuhpc, "jobs", "--json"], env)[1].stdout))
+        old = _old_job(user, {job_id, done_id}, env)
         variants = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "gpuhpc --help": [*gpuhpc, "--help"],
-            f"gpuhpc status {job_id}": [*gpuhpc, "status", job_id],
+            f"gpuhpc status {job_id} (live)": [*gpuhpc, "status", job_id],
+            f"gpuhpc status {done_id} (finished)": [*gpuhpc, "status", done_id],
             "gpuhpc jobs": [*gpuhpc, "jobs"],
+            **({f"gpuhpc status {old} (forgotten, info)": [*gpuhpc, "status", old]} if old else {}),
             "squeue of the same jobs (info)": ["squeue", "--states=all", f"--user={user}"],
             "gpuhpc jobs --user nobody (info)": [*gpuhpc, "jobs", "--user", "nobody"],
             "gpuhpc submit --dry-run (info)": [*gpuhpc, "submit", "--gpus", "1", "--dry-run", "--", "true"],
@@ -85,6 +144,8 @@ def main() -> int:
         times: dict[str, list[float]] = {k: [] for k in variants}
         for argv in variants.values():         # warm the page cache and the bytecode
             _run(argv, env)
+        shim_env, log = _shims(tmp, env)
+        counts = {k: _count(argv, shim_env, log) if k.startswith("gpuhpc") else "" for k, argv in variants.items()}
         for _ in range(args.n):
             for name, argv in variants.items():
                 times[name].append(_run(argv, env)[0])
@@ -94,11 +155,11 @@ def main() -> int:
     base = statistics.median(times["python -c pass"])
     print(f"CLI start-up, {args.n} runs each, interleaved; ratio = median / median of python -c pass; "
           f"`gpuhpc jobs` listed {listed} jobs")
-    print(f"{'command':<36} {'median ms':>10} {'min ms':>8} {'ratio':>7}")
+    print(f"{'command':<44} {'median ms':>10} {'min ms':>8} {'ratio':>7}  {'goal':<6} Slurm commands")
     for name, ts in times.items():
         med = statistics.median(ts)
-        goal = "" if name == "python -c pass" or "(info)" in name else "  (goal <= 6x)"
-        print(f"{name:<36} {med * 1e3:>10.1f} {min(ts) * 1e3:>8.1f} {med / base:>6.1f}x{goal}")
+        goal = "" if name == "python -c pass" or "info)" in name else "<= 6x"
+        print(f"{name:<44} {med * 1e3:>10.1f} {min(ts) * 1e3:>8.1f} {med / base:>6.1f}x  {goal:<6} {counts[name]}")
     return 0
 
 

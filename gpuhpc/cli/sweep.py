@@ -23,9 +23,17 @@ _STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "r
 
 
 def _sweep(sweep_id: str):
+    """The sweep ``sweep_id``: a malformed id is bad input (exit 2), a well-formed one that no
+    sweep has is a missing thing (exit 1)."""
+    from gpuhpc.errors import GpuhpcError, UserInputError
     from gpuhpc.sweeps.api import Sweep
 
-    return Sweep.load(sweep_id)
+    if not sweep_id.isdigit():
+        raise UserInputError(f"{sweep_id!r} is not a sweep id", field="ID")
+    try:
+        return Sweep.load(sweep_id)
+    except UserInputError as exc:           # "no sweep N"
+        raise GpuhpcError(exc.message) from None
 
 
 def _row_out(r: dict) -> dict:

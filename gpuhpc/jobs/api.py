@@ -360,6 +360,15 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
                             max_requeues=max_requeues, grace=grace, folder=folder, client=client)
 
 
+def _short_time(text: str) -> str:
+    """scontrol's ``00:01:02`` as squeue prints it (``1:02``; ``1:01:02``, ``1-01:01:02`` kept)."""
+    if "-" in text or text.count(":") != 2:
+        return text
+    if text.startswith("00:"):
+        text = text[3:]
+    return text[1:] if len(text) > 4 and text[0] == "0" and text[2] == ":" else text
+
+
 # ---------------------------------------------------------------- the handle
 class Job:
     """A submitted job. ``state`` is a :class:`JobState`; ``slurm_state`` keeps the raw
@@ -408,34 +417,30 @@ class Job:
 
     def status(self) -> dict[str, Any]:
         """:meth:`info` plus ``restarts``, ``finished`` and ``log`` (what ``gpuhpc status``
-        prints), asking Slurm once each: squeue (else sacct) and ``scontrol show job``, the two
-        at the same time (a thread waits for scontrol; the command's time is mostly theirs).
-        Raises GpuhpcError when neither squeue nor sacct knows the job."""
-        import threading
-
-        got: dict[str, Any] = {}
-        client = self.client                    # made here, not by both threads
-
-        def show() -> None:
-            try:
-                got["rec"] = client.show_job(self.job_id)
-            except BaseException as exc:        # re-raised below, in the caller's thread
-                got["exc"] = exc
-
-        scontrol = threading.Thread(target=show, name=f"scontrol-{self.job_id}", daemon=True)
-        scontrol.start()
-        try:
-            info = self.info()
-        finally:
-            scontrol.join()
-        if "exc" in got:
-            raise got["exc"]
-        if info["source"] == "none":
-            raise GpuhpcError(f"job {self.job_id} not found in squeue or sacct")
-        rec = got["rec"]
-        info["restarts"] = self.restarts(rec)
-        info["finished"] = self._done(JobState(info["state"]), rec)
-        info["log"] = self.log_path(rec)
+        prints), asking Slurm one question: slurmctld (``scontrol show job``) while it knows the
+        job, else slurmdbd (one ``sacct --duplicates``: state and restarts from the same rows).
+        Raises GpuhpcError when neither knows the job."""
+        client = self.client
+        rec = client.show_job(self.job_id)
+        if rec:
+            info = self._info_from_record(rec)
+            info["restarts"] = self.restarts(rec)
+            info["finished"] = self._done(JobState(info["state"]), rec)
+            info["log"] = self.log_path(rec)
+        else:
+            runs = [a for a in client.accounting(job_ids=[self.job_id], duplicates=True) if a.job_id == self.job_id]
+            if not runs:
+                raise GpuhpcError(f"job {self.job_id} not found in squeue or sacct")
+            a = runs[-1]
+            info = {"job_id": self.job_id, "name": a.name, "state": a.state.state.value,
+                    "raw_state": a.state.raw, "reason": "", "elapsed_s": a.elapsed_s,
+                    "time_limit": a.time_limit, "nodelist": a.nodelist, "partition": a.partition,
+                    "account": a.account, "user": a.user, "exit_code": a.exit_code,
+                    "gpus": a.gpus, "source": "sacct"}
+            info["restarts"] = len(runs) - 1
+            # slurmctld has forgotten it: no requeue can bring it back
+            info["finished"] = a.state.state.is_finished or a.state.state in (JobState.PREEMPTED, JobState.NODE_FAIL)
+            info["log"] = self._known_log_path()
         if rec and "Minutes" in (rec.get("Reason") or ""):      # held by a budget: in words
             from gpuhpc.ledger import budget
 
@@ -458,6 +463,19 @@ class Job:
             if text:
                 info["budget"] = text
         return info
+
+    def _info_from_record(self, rec: dict[str, str]) -> dict[str, Any]:
+        """:meth:`info`'s fields from the job's ``scontrol show job`` record (times as squeue
+        prints them)."""
+        st = SlurmState.parse(rec.get("JobState", ""))
+        nodes = (rec.get("NumNodes") or "1").split("-")[0]
+        nodelist = rec.get("NodeList", "")
+        return {"job_id": self.job_id, "name": rec.get("JobName", ""), "state": st.state.value, "raw_state": st.raw,
+                "reason": rec.get("Reason", ""), "elapsed": _short_time(rec.get("RunTime", "")),
+                "time_limit": _short_time(rec.get("TimeLimit", "")), "nodes": int(nodes) if nodes.isdigit() else 1,
+                "nodelist": "" if nodelist == "(null)" else nodelist, "partition": rec.get("Partition", ""),
+                "account": rec.get("Account", ""), "user": (rec.get("UserId") or "").split("(", 1)[0],
+                "tres_per_node": rec.get("TresPerNode", "N/A"), "source": "slurmctld"}
 
     @property
     def slurm_state(self) -> SlurmState:
@@ -520,6 +538,11 @@ class Job:
         rec = rec or self.client.show_job(self.job_id)
         if rec and rec.get("StdOut"):
             return rec["StdOut"]
+        return self._known_log_path()
+
+    def _known_log_path(self) -> str | None:
+        """:meth:`log_path` without asking Slurm: the path recorded at submission, else a
+        ``*-<id>.out`` file in the default log dir."""
         if self._log_path:
             return self._log_path
         d = default_log_dir()

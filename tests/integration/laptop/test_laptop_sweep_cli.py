@@ -64,4 +64,4 @@ def test_a_bad_sweep_file_is_refused_before_anything_is_sent(laptop, tmp_path):
     assert "parameters.x" in res.stderr
     assert not laptop.remote.exists()                       # no snapshot, no file, no sweep
     res = laptop.gpuhpc("--cluster", "lab", "sweep", "best", "999999")
-    assert res.returncode == 2 and res.stderr.strip() == "error: ID: no sweep 999999", res.stderr
+    assert res.returncode == 1 and res.stderr.strip() == "error: ID: no sweep 999999", res.stderr

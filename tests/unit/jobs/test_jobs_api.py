@@ -262,11 +262,32 @@ def test_status_asks_slurm_once_per_source():
             calls.append("scontrol")
             return super().show_job(job_id)
 
+        def accounting(self, **kw):
+            calls.append("sacct")
+            return super().accounting(**kw)
+
     job = api.Job("77", client=Counting(queue_rows=[_row("RUNNING")],
-                                         show={"Restarts": "2", "StdOut": "/logs/n-77.out", "Requeue": "1"}))
+                                         show={"JobState": "RUNNING", "Restarts": "2", "StdOut": "/logs/n-77.out",
+                                               "Requeue": "1", "RunTime": "00:01:02"}))
     info = job.status()
     assert info["restarts"] == 2 and info["log"] == "/logs/n-77.out" and info["finished"] is False
-    assert sorted(calls) == ["scontrol", "squeue"]          # (at the same time)
+    assert info["state"] == "RUNNING" and info["elapsed"] == "1:02"
+    assert calls == ["scontrol"]                            # slurmctld knows it: one question
+
+    from types import SimpleNamespace
+
+    class Gone(Counting):                                   # slurmctld forgot it: one sacct, nothing else
+        def accounting(self, **kw):
+            calls.append("sacct")
+            assert kw["duplicates"]
+            run = dict(job_id="77", name="n", elapsed_s=5, time_limit="5:00", nodelist="c1", partition="cpu",
+                       account="a", user="u", exit_code="0:0", gpus=0)
+            return [SimpleNamespace(**run, state=SlurmState.parse(s)) for s in ("REQUEUED", "COMPLETED")]
+
+    calls.clear()
+    info = api.Job("77", client=Gone()).status()
+    assert calls == ["scontrol", "sacct"]
+    assert info["state"] == "COMPLETED" and info["restarts"] == 1 and info["finished"] is True
 
 
 def test_status_of_an_unknown_job_is_an_error():
