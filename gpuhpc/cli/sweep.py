@@ -276,7 +276,8 @@ def _status_cmd(sweep_id: str, watch: bool, interval: float, as_json: bool) -> i
 @sweep.command("wait", short_help="wait for every trial: exit 0 all completed, 1 some failed for good")
 @_id
 @click.option("--timeout", type=float, metavar="S", help="give up after S seconds (exit 124)")
-@click.option("--poll", type=float, default=3.0, show_default=True, help="seconds between checks")
+@click.option("--poll", type=click.FloatRange(min=1.0), default=3.0, show_default=True,
+              help="seconds between checks (at least 1: each check asks slurmctld)")
 def _wait_cmd(sweep_id: str, timeout: float | None, poll: float) -> int:
     """Wait for every trial to finish: exit 0 when all completed, 1 when any failed for good."""
     return wait(sweep_id, timeout, poll)
