@@ -203,7 +203,8 @@ def save_atomic(src: str | os.PathLike[str] | bytes, name: str | None = None, *,
     partial checkpoint. The ``.gpuhpc-latest`` symlink is then switched to it (also by
     rename, after the directory is fsynced), and of the checkpoints saved this way into the
     directory the newest ``keep`` are kept (:func:`keep_count`: ``$GPUHPC_KEEP_CHECKPOINTS``,
-    default 3; 0 keeps all); entries gpuhpc did not save are never removed. Temporaries that
+    default 3; 0 keeps all), and the one this run resumed from; entries gpuhpc did not save are
+    never removed. Temporaries that
     earlier runs of this job left behind are removed too."""
     final, _ = _save(src, name, Path(directory) if directory is not None else checkpoint_dir())
     if update_latest:
@@ -291,9 +292,19 @@ def _record_and_prune(dest_dir: Path, name: str, keep: int) -> None:
         names = []
     names.append(name)
     drop = names[:-keep] if keep and len(names) > keep else []
+    spare = _resumed_from()
+    kept = [n for n in drop if dest_dir / n == spare]
     for old in drop:
-        _remove(dest_dir / old)
-    _write_text(dest_dir / SAVED, "".join(f"{n}\n" for n in names[len(drop):]))
+        if old not in kept:
+            _remove(dest_dir / old)
+    _write_text(dest_dir / SAVED, "".join(f"{n}\n" for n in kept + names[len(drop):]))
+
+
+def _resumed_from() -> Path | None:
+    """The checkpoint this run started from (``$GPUHPC_LATEST_CHECKPOINT``): pruning spares it,
+    the last one known to load, until the next run."""
+    env = os.environ.get("GPUHPC_LATEST_CHECKPOINT")
+    return Path(env) if env else None
 
 
 def clean(directory: str | os.PathLike[str] | None = None, *, earlier_runs_only: bool = False,
@@ -362,8 +373,9 @@ def _prune_steps(base: Path, committed: Path, keep: int) -> None:
         if p.name.startswith("step-") and n.isdigit() and (p / MANIFEST).exists() and (p / _SHARDED).exists():
             steps.append((int(n), p))
     steps.sort()
+    spare = _resumed_from()
     for _, p in steps[:-keep]:
-        if p != committed:
+        if p != committed and p != spare:
             _remove(p)
 
 

@@ -127,6 +127,23 @@ def test_keep_the_newest_n_committed_steps(tmp_path):
     assert ckpt.latest_checkpoint(ck) == ck / "step-00000040"
 
 
+def test_the_checkpoint_this_run_resumed_from_is_kept(tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    ckpt.save_shard(b"s", 20, rank=0, world_size=1, directory=ck, timeout=5)
+    ckpt.save_atomic(b"p", "plain-1", directory=ck)
+    monkeypatch.setenv("GPUHPC_LATEST_CHECKPOINT", str(ck / "step-00000020"))
+    for step in (30, 40, 50, 60):
+        ckpt.save_shard(b"s", step, rank=0, world_size=1, directory=ck, timeout=5, keep=2)
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000020", "step-00000050", "step-00000060"]
+    monkeypatch.setenv("GPUHPC_LATEST_CHECKPOINT", str(ck / "plain-1"))
+    for i in range(2, 5):
+        ckpt.save_atomic(b"p", f"plain-{i}", directory=ck, keep=2)
+    assert sorted(p.name for p in ck.glob("plain-*")) == ["plain-1", "plain-3", "plain-4"]
+    monkeypatch.delenv("GPUHPC_LATEST_CHECKPOINT")                    # the next run: it goes
+    ckpt.save_atomic(b"p", "plain-5", directory=ck, keep=2)
+    assert sorted(p.name for p in ck.glob("plain-*")) == ["plain-4", "plain-5"]
+
+
 def _leftovers(ck, job: str, run: int):
     """What a killed save of job/run leaves: temporaries and an uncommitted step."""
     tag = f".gpuhpc-tmp.{job}.{run}.node1.4242."
