@@ -293,7 +293,7 @@ def _record_and_prune(dest_dir: Path, name: str, keep: int) -> None:
     names.append(name)
     drop = names[:-keep] if keep and len(names) > keep else []
     spare = _resumed_from()
-    kept = [n for n in drop if dest_dir / n == spare]
+    kept = [n for n in drop if (dest_dir / n).resolve() == spare]
     for old in drop:
         if old not in kept:
             _remove(dest_dir / old)
@@ -304,7 +304,7 @@ def _resumed_from() -> Path | None:
     """The checkpoint this run started from (``$GPUHPC_LATEST_CHECKPOINT``): pruning spares it,
     the last one known to load, until the next run."""
     env = os.environ.get("GPUHPC_LATEST_CHECKPOINT")
-    return Path(env) if env else None
+    return Path(env).resolve() if env else None
 
 
 def clean(directory: str | os.PathLike[str] | None = None, *, earlier_runs_only: bool = False,
@@ -375,7 +375,7 @@ def _prune_steps(base: Path, committed: Path, keep: int) -> None:
     steps.sort()
     spare = _resumed_from()
     for _, p in steps[:-keep]:
-        if p != committed and p != spare:
+        if p != committed and p.resolve() != spare:
             _remove(p)
 
 
