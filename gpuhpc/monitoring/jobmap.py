@@ -54,7 +54,13 @@ def assign(node: str, job_id: str, user: str, indexes: list[int], base: str | No
 
 def release(node: str, job_id: str, indexes: list[int] | None = None, base: str | None = None) -> None:
     """Remove the node's mapping files that name ``job_id`` (all of them when ``indexes`` is None)."""
+    from gpuhpc.fsutil import check_root_dir
+
     d = node_dir(node, base)
+    if not os.path.lexists(d):
+        return
+    check_root_dir(base or base_dir(), create=None)     # the Epilog runs as root, as the Prolog
+    check_root_dir(d, create=None)
     current = read(node, base)
     for i, rec in current.items():
         if rec.get("job_id") == str(job_id) and (indexes is None or i in indexes):
@@ -76,8 +82,9 @@ def read(node: str, base: str | None = None) -> dict[int, dict]:
         if not name.isdigit():
             continue
         try:
-            with open(os.path.join(d, name), encoding="utf-8") as fh:
-                rec = json.load(fh)
+            fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with open(fd, encoding="utf-8") as fh:
+                rec = json.loads(fh.read(4096))       # a map file is one short JSON object
         except (OSError, ValueError):
             continue
         if isinstance(rec, dict):
@@ -97,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("jobmap: SLURMD_NODENAME and SLURM_JOB_ID must be set\n")
         return 2
     idx = parse_indexes(env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES"))
-    if args[0] == "prolog":
-        assign(node, job, env.get("SLURM_JOB_USER", ""), idx)
-    else:
-        release(node, job)
+    try:
+        if args[0] == "prolog":
+            assign(node, job, env.get("SLURM_JOB_USER", ""), idx)
+        else:
+            release(node, job)
+    except PermissionError as exc:      # a map directory a user made or can write: not used
+        sys.stderr.write(f"jobmap: {exc}\n")
+        return 1
     return 0
 
 

@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}; IDLE_FOR=${IDLE_FOR:-20s}
+# root runs this and `stop` signals the pids under $D, the Prolog writes $D/jobmap: refuse a $D
+# that another user made or can write (lib.sh), for every subcommand
+. scripts/services/lib.sh
+private_dir "$D" 755
 PY=${PY:-$PWD/.venv/bin/python}
 FIXTURES=$PWD/tests/fixtures   # the real nvidia-smi captures, in the repository
 NODES=(gpu-node1 gpu-node2 mig-node1)

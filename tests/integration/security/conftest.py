@@ -91,3 +91,15 @@ def hostile():
         _root(["sacctmgr", "-i", "delete", "user", f"name={name}", *on_cluster], check=False)
         _root(["userdel", "--remove", name], check=False)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def site_python() -> str:
+    """The gpuhpc install every user can run (``.venv/site``, made by scripts/services/sshd.sh
+    start: this checkout's .venv interpreter is not readable by other users)."""
+    repo = Path(__file__).resolve().parents[3]
+    subprocess.run(["bash", str(repo / "scripts/services/sshd.sh"), "start"], check=True, capture_output=True,
+                   timeout=600)
+    python = repo / ".venv" / "site" / "bin" / "python"
+    assert python.exists(), f"{python} missing (scripts/services/sshd.sh start makes it)"
+    return str(python)
