@@ -6,11 +6,14 @@
 #   export GPUHPC_TEST_PG_URL=$(scripts/services/postgres.sh start | tail -1)
 #   -> postgresql+psycopg://postgres@127.0.0.1:55432/postgres
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 D=${D:-/var/tmp/gpuhpc-pg}; PORT=${PORT:-${PGPORT_TEST:-55432}}
 BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 URL="postgresql+psycopg://postgres@127.0.0.1:$PORT/postgres"
 if [ "$(id -u)" = 0 ]; then AS=(runuser -u postgres --); OWNER=postgres; else AS=(); OWNER=$(id -un); fi
 running() { [ -f "$D/pgdata/PG_VERSION" ] && "${AS[@]}" "$BIN/pg_ctl" -D "$D/pgdata" status >/dev/null 2>&1; }
+# the server's files belong to $OWNER; $D itself is the caller's, 0755, closed to writes by others
+private_dir "$D" 755
 case "${1:-start}" in
 start)
   if ! running; then
