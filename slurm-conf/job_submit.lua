@@ -53,20 +53,85 @@ local function load_snapshot()
     return snap
 end
 
--- "gres:gpu:h100:2", "gres/gpu:2", "gpu:1g.10gb:1" -> type (or nil), count
+local NO_VAL16 = 65534
+local INFINITE16 = 65535
+
+-- a number field of a job: nil when unset (Slurm passes NO_VAL/NO_VAL16 or nothing)
+local function num(v)
+    v = tonumber(v)
+    if v == nil or v <= 0 or v == NO_VAL or v == INFINITE or v == NO_VAL16 or v == INFINITE16 then return nil end
+    return v
+end
+
+-- GPU type (or nil) and count in a GRES/TRES string, in every form Slurm 22.05 takes or prints:
+-- "gres:gpu:h100:2", "gres/gpu:h100:2", "gpu:2", "gpu:h100" (1), "gpu" and "gres:gpu" (1),
+-- "gres/gpu=2", "gres/gpu:h100=2", "gpu:h100:2(S:0-1)", several comma-separated items (summed)
 local function gpus_in(tres)
     if tres == nil or tres == "" then return nil, 0 end
     local total, typ = 0, nil
     for item in tostring(tres):gmatch("[^,]+") do
-        local rest = item:gsub("^gres[:/]", "")
-        local name, a, b = rest:match("^([^:]+):?([^:]*):?([^:]*)$")
+        local rest = item:gsub("^%s+", ""):gsub("^gres[:/]", ""):gsub("%(.*%)$", "")
+        local name, tail = rest:match("^([^:=]+)(.*)$")
         if name == "gpu" then
-            local n = tonumber(b) or tonumber(a) or 1
-            if b ~= "" and tonumber(b) then typ = a elseif a ~= "" and not tonumber(a) then typ = a end
-            total = total + n
+            local t, n
+            local a, b = tail:match("^:([^:=]+)[:=](%d+)$")
+            if a then
+                t, n = a, tonumber(b)
+            else
+                local c = tail:match("^[:=](%d+)$")
+                if c then
+                    n = tonumber(c)
+                else
+                    local d = tail:match("^:([^:=]+)$")
+                    if d then t, n = d, 1 elseif tail == "" then n = 1 end
+                end
+            end
+            if n then
+                total = total + n
+                typ = typ or t
+            end
         end
     end
     return typ, total
+end
+
+-- how many tasks an --array index list makes ("0-99%5", "1,3,5-9:2"); 1 for a plain job
+local function array_tasks(inx)
+    if inx == nil or inx == "" then return 1 end
+    local n = 0
+    for part in tostring(inx):gsub("%%.*$", ""):gmatch("[^,]+") do
+        local a, b, step = part:match("^(%d+)-(%d+):?(%d*)$")
+        if a then
+            step = math.max(tonumber(step) or 1, 1)
+            n = n + math.floor((tonumber(b) - tonumber(a)) / step) + 1
+        elseif part:match("^%d+$") then
+            n = n + 1
+        end
+    end
+    return math.max(n, 1)
+end
+
+-- GPU type and the fewest GPUs a job holds, from every way to ask for them: --gpus (tres_per_job),
+-- --gres/--gpus-per-node (tres_per_node, per node), --gpus-per-socket (tres_per_socket, per
+-- socket of every node), --gpus-per-task (tres_per_task, per task). get(field) reads the job.
+-- The largest of them: Slurm gives the job at least that many (never counted twice).
+local function job_gpus(get)
+    local nodes = num(get("min_nodes")) or 1
+    local best, typ = 0, nil
+    local function consider(t, n)
+        if n > best then best = n end
+        if n > 0 then typ = typ or t end
+    end
+    local t, n = gpus_in(get("tres_per_job"))
+    consider(t, n)
+    t, n = gpus_in(get("tres_per_node"))
+    consider(t, n * nodes)
+    t, n = gpus_in(get("tres_per_socket"))
+    consider(t, n * (num(get("sockets_per_node")) or 1) * nodes)
+    t, n = gpus_in(get("tres_per_task"))
+    local tasks = num(get("num_tasks")) or ((num(get("ntasks_per_node")) or 1) * nodes)
+    consider(t, n * tasks)
+    return typ, best
 end
 
 local function money(currency, v)
@@ -77,25 +142,21 @@ local function money(currency, v)
     return sym .. int .. frac
 end
 
-local function check(job_desc, submit_uid)
+-- the budget message when the job (fields read with get) cannot fit, else nil
+local function check(get)
     local snap = load_snapshot()
     if not snap then return nil end
-    local account = job_desc.account or job_desc.default_account
+    local account = get("account") or get("default_account")
     if account == nil or snap.budgets[account] == nil then return nil end
-    local minutes = job_desc.time_limit
-    if minutes == nil or minutes == NO_VAL or minutes == INFINITE then return nil end
-    local typ, per_node = gpus_in(job_desc.tres_per_node)
-    local nodes = job_desc.min_nodes
-    if nodes == nil or nodes == NO_VAL or nodes == 0 then nodes = 1 end
-    local gpus = per_node * nodes
-    local t2, per_job = gpus_in(job_desc.tres_per_job)
-    gpus = gpus + per_job
-    typ = typ or t2
+    local minutes = num(get("time_limit"))
+    if minutes == nil then return nil end
+    local typ, gpus = job_gpus(get)
+    gpus = gpus * array_tasks(get("array_inx"))
     if gpus <= 0 then return nil end
-    local part = job_desc.partition or "*"
+    local part = get("partition") or "*"
     if part:find(",") then return nil end              -- several partitions: Slurm decides
     local rate = snap.rates[part .. "\t" .. (typ or "*")] or snap.rates["*\t" .. (typ or "*")]
-    local user = job_desc.user_name
+    local user = get("user_name")
     local now = os.time()
     for _, b in ipairs(snap.budgets[account]) do
         if (b.user == "*" or b.user == user) and (b.ends == 0 or b.ends > now) and b.left ~= nil then
@@ -119,7 +180,7 @@ local function check(job_desc, submit_uid)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-    local ok, msg = pcall(check, job_desc, submit_uid)
+    local ok, msg = pcall(check, function(k) return job_desc[k] end)
     if ok and msg then
         slurm.log_user("%s", msg)
         slurm.log_info("gpuhpc budget: refused a job of uid %s: %s", tostring(submit_uid), msg)
@@ -131,7 +192,61 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.SUCCESS
 end
 
+-- the fields that size a job (GPUs x time x tasks) or choose its budget
+local SIZE_FIELDS = { "tres_per_job", "tres_per_node", "tres_per_socket", "tres_per_task", "min_nodes",
+                      "num_tasks", "ntasks_per_node", "sockets_per_node", "time_limit", "account", "partition" }
+
+-- an update (`scontrol update JobId=...`) that makes a pending job bigger is held to the same
+-- budget as a submission: the job as it would be after the update (the update's fields over the
+-- job's own) must fit, unless it is no bigger than it was. An administrator's (uid 0) update is
+-- theirs to make. (Slurm 22.05 shows no log_user message on modify: the user sees an error and
+-- slurmctld's log says why.)
+local function check_modify(job_desc, job_rec, modify_uid)
+    if tonumber(modify_uid) == 0 then return nil end
+    local changed = false
+    for _, k in ipairs(SIZE_FIELDS) do
+        local v = job_desc[k]
+        if v ~= nil and v ~= "" and (type(v) ~= "number" or num(v) ~= nil) then changed = true end
+    end
+    if not changed then return nil end
+    local function get(k)
+        local v = job_desc[k]
+        if v == nil or v == "" or (type(v) == "number" and num(v) == nil) then
+            if k == "user_name" then return job_rec.user_name end
+            return job_rec[k]
+        end
+        return v
+    end
+    local _, before = gpus_in((tostring(job_rec.tres_req_str or ""):match("gres/gpu=%d+")))
+    local typ, after = job_gpus(get)
+    after = math.max(after, before)
+    local old_min, new_min = num(job_rec.time_limit) or 0, num(get("time_limit")) or 0
+    if after * new_min <= before * old_min and get("account") == job_rec.account
+        and get("partition") == job_rec.partition then
+        return nil
+    end
+    -- a pending array's update applies to each of its pending tasks
+    local total = after * (num(job_rec.array_task_cnt) or 1)
+    return check(function(k)
+        if k == "tres_per_job" then                        -- the job's count, as computed above
+            return typ and ("gres:gpu:" .. typ .. ":" .. total) or ("gres:gpu:" .. total)
+        end
+        if k == "tres_per_node" or k == "tres_per_socket" or k == "tres_per_task" or k == "array_inx" then return nil end
+        return get(k)
+    end)
+end
+
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    local ok, msg = pcall(check_modify, job_desc, job_rec, modify_uid)
+    if ok and msg then
+        slurm.log_user("%s", msg)
+        slurm.log_info("gpuhpc budget: refused an update of job %s by uid %s: %s", tostring(job_rec.job_id),
+                       tostring(modify_uid), msg)
+        return slurm.ERROR
+    end
+    if not ok then
+        slurm.log_error("gpuhpc job_submit.lua: %s (update let through)", tostring(msg))
+    end
     return slurm.SUCCESS
 end
 
