@@ -190,6 +190,13 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
                 translated = m.group(0) if m else out.stdout + out.stderr
             if not rows:
                 break
+            # decided: nothing runs any more and the usage Slurm has counted (whole minutes, as its
+            # limit check counts them; it never decays here) leaves less than one job's minute under
+            # GrpTRESMins=4, so no pending job can ever start; a finished job's usage is counted at
+            # the next PriorityCalcPeriod, so until then this stays false
+            if translated and all(r.state.state.value == "PENDING" for r in rows) \
+                    and _used_minutes(client, acct, "gres/gpu") + 1 > 4:
+                break
             time.sleep(2)
         for j in ids:
             client.run(cmd.scancel(j), check=False)
