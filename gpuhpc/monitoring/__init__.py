@@ -4,7 +4,7 @@ catalogue dashboards and rules are checked against (:data:`METRICS`), and per-jo
 efficiency summaries (:mod:`.efficiency`).
 
 Only this package imports ``prometheus_client``; only :mod:`.gpu_exporter` imports ``pynvml``
-(or, with ``GPUHPC_NVML_STANDIN`` set, :mod:`gpuhpc.testing.nvml_standin`).
+(or the pynvml-compatible module ``GPUHPC_NVML_MODULE`` names: the tests' NVML stand-in).
 """
 from __future__ import annotations
 

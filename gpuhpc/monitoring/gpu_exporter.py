@@ -8,11 +8,14 @@ contributes its MIG devices in NVML's MIG index order instead of itself. That is
 
     python -m gpuhpc.monitoring.gpu_exporter --node gpu-node1 --port 9411 [--addr 127.0.0.1]
 
-``GPUHPC_NVML_STANDIN=/path/state.json`` swaps NVML for :mod:`gpuhpc.testing.nvml_standin`.
+NVML comes from ``pynvml`` (nvidia-ml-py). ``GPUHPC_NVML_MODULE`` names another module with the same
+calls to use instead: the local test cluster runs its exporters on the NVML stand-in of the tests
+(``tests/standins/nvml_standin.py``, on ``PYTHONPATH``; not part of this package).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import sys
@@ -24,11 +27,10 @@ _MIG_NAME = re.compile(r"MIG\s+(\S+)")
 
 
 def load_nvml():
-    """pynvml, or the stand-in when ``GPUHPC_NVML_STANDIN`` is set."""
-    if os.environ.get("GPUHPC_NVML_STANDIN"):
-        from gpuhpc.testing import nvml_standin
-
-        return nvml_standin
+    """pynvml, or the pynvml-compatible module ``GPUHPC_NVML_MODULE`` names (a test stand-in)."""
+    name = os.environ.get("GPUHPC_NVML_MODULE")
+    if name:
+        return importlib.import_module(name)
     import pynvml
 
     return pynvml

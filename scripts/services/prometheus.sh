@@ -3,7 +3,8 @@
 #   Debian's prometheus on 127.0.0.1:9090 (its default port), Debian's
 #   prometheus-node-exporter on 127.0.0.1:9100, gpuhpc's Slurm exporter on :9410 and one
 #   gpuhpc GPU exporter per fake GPU node (gpu-node1 :9411, gpu-node2 :9412, mig-node1 :9413)
-#   on the NVML stand-in (state files $D/nvml/<node>.json, built from tests/fixtures/nvidia-smi).
+#   on the NVML stand-in of the tests (tests/standins/nvml_standin.py, not in the gpuhpc package; state
+#   files $D/nvml/<node>.json, built from tests/fixtures/nvidia-smi).
 # The job map the Prolog/Epilog hook writes is $D/jobmap. Scrape and rule interval: $SCRAPE (5s).
 # The rules are the monitoring role's template with `for: $IDLE_FOR` (20s) for the waste alert.
 # `start` on a running set re-renders the rules and config and reloads Prometheus (SIGHUP).
@@ -17,6 +18,7 @@ D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}; ID
 private_dir "$D" 755
 PY=${PY:-$PWD/.venv/bin/python}
 FIXTURES=$PWD/tests/fixtures   # the real nvidia-smi captures, in the repository
+STANDINS=(env "PYTHONPATH=$PWD/tests${PYTHONPATH:+:$PYTHONPATH}")   # tests/standins: import standins.nvml_standin
 NODES=(gpu-node1 gpu-node2 mig-node1)
 alive() { [ -s "$D/$1.pid" ] && kill -0 "$(cat "$D/$1.pid")" 2>/dev/null; }
 launch() {  # name, then the command
@@ -43,7 +45,7 @@ stop_all() {
 case "${1:-start}" in
 start)
   mkdir -p "$D/data" "$D/nvml" "$D/jobmap"
-  "$PY" -m gpuhpc.testing.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
+  "${STANDINS[@]}" "$PY" -m standins.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
   # the rules the monitoring role installs, rendered with its defaults except a short `for:` (IDLE_FOR),
   # so that the waste alert fires within a test; production keeps the role's 10m
   "$PY" - "$D/rules.yml" "$IDLE_FOR" <<'PYEOF'
@@ -72,8 +74,8 @@ PYEOF
   launch slurm-exporter "$PY" -m gpuhpc.monitoring.slurm_exporter --port 9410
   port=9411
   for n in "${NODES[@]}"; do
-    GPUHPC_NVML_STANDIN="$D/nvml/$n.json" GPUHPC_JOBMAP_DIR="$D/jobmap" \
-      launch "gpu-exporter-$n" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
+    GPUHPC_NVML_STANDIN="$D/nvml/$n.json" GPUHPC_JOBMAP_DIR="$D/jobmap" GPUHPC_NVML_MODULE=standins.nvml_standin \
+      launch "gpu-exporter-$n" "${STANDINS[@]}" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
     port=$((port + 1))
   done
   alive prometheus && kill -HUP "$(cat "$D/prometheus.pid")"     # already up: reload rules and config

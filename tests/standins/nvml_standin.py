@@ -1,5 +1,8 @@
 """An NVML stand-in: the subset of ``pynvml`` (nvidia-ml-py) the GPU exporter calls, driven by
 a JSON state file that tests and the local cluster script (``GPUHPC_NVML_STANDIN=/path/state.json``).
+Test machinery, not part of the gpuhpc package: the GPU exporter uses it when
+``GPUHPC_NVML_MODULE=standins.nvml_standin`` and ``tests/`` is on ``PYTHONPATH``
+(scripts/services/prometheus.sh; tests import it as ``standins.nvml_standin``).
 The file is re-read on every :func:`nvmlInit`, so a test changes what a GPU "does" by
 rewriting it between scrapes::
 
@@ -226,7 +229,7 @@ def with_mig_geometry(state: dict, lgip_text: str, gpu_type: str) -> dict:
     return state
 
 def local_cluster_states(fixtures: str) -> dict[str, dict]:
-    """Stand-in states for the local test cluster's nodes, from the shared nvidia-smi captures:
+    """Stand-in states for the local test cluster's nodes, from the nvidia-smi captures (tests/fixtures):
     gpu-node1/2 an 8x H100 SXM box, mig-node1 two H100s split 7x 1g.10gb and 2x 3g.40gb (its
     gres.conf: 7 + 2 MIG instances, in that order)."""
     import copy
@@ -249,13 +252,13 @@ def local_cluster_states(fixtures: str) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpuhpc.testing.nvml_standin local-cluster FIXTURES OUTDIR``: one state file per
+    """``python -m standins.nvml_standin local-cluster FIXTURES OUTDIR``: one state file per
     local node (OUTDIR/<node>.json), existing files kept (a test may be scripting them)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3 or args[0] != "local-cluster":
-        sys.stderr.write("usage: python -m gpuhpc.testing.nvml_standin local-cluster FIXTURES OUTDIR\n")
+        sys.stderr.write("usage: python -m standins.nvml_standin local-cluster FIXTURES OUTDIR\n")
         return 2
     os.makedirs(args[2], exist_ok=True)
     for node, st in local_cluster_states(args[1]).items():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.testing import nvml_standin
+from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 from gpuhpc.monitoring import RECORDED
 from gpuhpc.monitoring.promql import dashboard_exprs, metric_names
 from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.testing import nvml_standin
+from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,11 @@ def test_partition_gpu_counts_match_scontrol(partition):
     client = SlurmClient()
     for attempt in range(5):       # other tests start and end jobs: compare one quiet moment
         total, alloc = _scontrol_gpus(client, partition)
-        time.sleep(6)              # one scrape interval later
+        t0 = time.time()           # a scrape after this moment (the exporter asks Slurm when scraped)
+        deadline = time.monotonic() + 30
+        while not ((ts := query(f'timestamp(gpuhpc_slurm_partition_gpus{{partition="{partition}"}})'))
+                   and min(float(r["value"][1]) for r in ts) > t0) and time.monotonic() < deadline:
+            time.sleep(0.5)
         res = query(f'gpuhpc_slurm_partition_gpus{{partition="{partition}"}}')
         prom_total: dict[str, float] = {}
         prom_alloc: dict[str, float] = {}

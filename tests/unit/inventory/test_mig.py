@@ -13,7 +13,7 @@ from gpuhpc.errors import UserInputError
 from gpuhpc.inventory.mig import fit, placements, plan, plan_from_texts
 from gpuhpc.inventory.smi import GpuInstance, parse_mig_lgi
 from gpuhpc.spec.gpus import gpu_model
-from gpuhpc.testing.nvml_standin import state_from_listing, with_mig_geometry
+from standins.nvml_standin import state_from_listing, with_mig_geometry
 
 REPO = Path(__file__).resolve().parents[3]
 STANDIN = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"

@@ -15,7 +15,7 @@ from gpuhpc.monitoring.gpu_exporter import GpuCollector
 from gpuhpc.monitoring.promql import dashboard_exprs, metric_names
 from gpuhpc.monitoring.slurm_exporter import node_state, samples, tres_gpus
 from gpuhpc.slurm.parsers import parse_nodes
-from gpuhpc.testing import nvml_standin
+from standins import nvml_standin
 
 PKG = Path(__file__).resolve().parents[3] / "gpuhpc" / "monitoring"
 NODE_EXPORTER = {"node_cpu_seconds_total", "node_memory_MemAvailable_bytes"}
@@ -33,6 +33,7 @@ def _scrape(collector) -> dict[str, list]:
 
 @pytest.fixture()
 def states(fixtures_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHPC_NVML_MODULE", "standins.nvml_standin")   # the exporter's NVML: the stand-in
     st = nvml_standin.local_cluster_states(str(fixtures_dir))
     for node, state in st.items():
         nvml_standin.write_state(str(tmp_path / f"{node}.json"), state)
