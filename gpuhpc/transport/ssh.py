@@ -13,7 +13,7 @@ HostName, User, Port, IdentityFile, ProxyJump, UserKnownHostsFile.
 Host keys: an unknown key is refused with its fingerprint and the command that trusts it
 (``gpuhpc cluster trust NAME``, :func:`trust`); a changed key is refused loudly.
 ``GPUHPC_SSH_ACCEPT_NEW=1`` accepts unknown keys for this process only (tests, throwaway
-hosts). One connection (and one SFTP session) per target serves a whole command
+hosts): they are kept in memory, never written to known_hosts. One connection (and one SFTP session) per target serves a whole command
 (:func:`shared_runner`); it is closed at exit.
 """
 from __future__ import annotations
@@ -80,6 +80,24 @@ class _Unknown(Exception):
 class _RaiseUnknown(paramiko.MissingHostKeyPolicy):
     def missing_host_key(self, client, hostname, key):     # noqa: D401 - paramiko's hook
         raise _Unknown(key)
+
+
+# host keys accepted by GPUHPC_SSH_ACCEPT_NEW=1 in this process: kept in memory only, never
+# written to a known_hosts file (paramiko's AutoAddPolicy saves them for good)
+_ACCEPTED: dict[str, paramiko.PKey] = {}
+_accepted_lock = threading.Lock()
+
+
+class _AcceptForThisProcess(paramiko.MissingHostKeyPolicy):
+    """Accept an unknown host key for the rest of this process; another key for the same host
+    later in the process is a changed key."""
+
+    def missing_host_key(self, client, hostname, key):     # noqa: D401 - paramiko's hook
+        with _accepted_lock:
+            seen = _ACCEPTED.setdefault(hostname, key)
+        if (seen.get_name(), seen.asbytes()) != (key.get_name(), key.asbytes()):
+            raise paramiko.BadHostKeyException(hostname, key, seen)
+        client.get_host_keys().add(hostname, key.get_name(), key)     # this client's memory; no save
 
 
 def _ssh_config(path: str | None = None) -> paramiko.SSHConfig | None:
@@ -182,7 +200,7 @@ class SSHRunner:
                 return self._client
             client = paramiko.SSHClient()
             self._load_host_keys(client)
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if self.accept_new else _RaiseUnknown())
+            client.set_missing_host_key_policy(_AcceptForThisProcess() if self.accept_new else _RaiseUnknown())
             try:
                 client.connect(self.host, port=self.port, username=self.user, sock=self._sock(),
                                key_filename=self.key_filename, timeout=self.connect_timeout,
