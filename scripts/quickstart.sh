@@ -33,7 +33,7 @@ gpuhpc ledger price set --gpu-type 3g.40gb --of h100 --fraction 3/7
 gpuhpc ledger price set --gpu-type 1g.10gb --of h100 --fraction 1/7
 gpuhpc ledger price set --partition gpu --multiplier 0.6     # preemptible capacity is cheaper
 gpuhpc ledger account add research >/dev/null 2>&1 || true
-gpuhpc quota set research --gpu-hours 1000 --period month
+gpuhpc quota set research --gpu-hours 1000 --period month && gpuhpc ledger sync-slurm >/dev/null   # Slurm binds it (plain sbatch too)
 gpuhpc ledger price list
 
 say "4/6 sample training job: 2 × H100, checkpoint every 20 steps"
