@@ -7,8 +7,9 @@ nvidia-smi stand-in (first on PATH), whose state starts from the real captures i
 tests/fixtures/nvidia-smi (`nvidia-smi -L` of a 7x 1g.10gb H100, `mig -lgip` of an H100 SXM5):
 apply, re-apply without change (no nvidia-smi mig create/destroy call, changed=0), and a layout
 change that destroys and creates only what differs, regenerates gres.conf and tells the daemons.
-Nothing touches the shared cluster: the spec's conf_dir, the applied record and the NCCL profile
-live under the test's tmp_path.
+Both roles converge once per module, in one play (check, apply, re-apply); the layout change starts
+from that state. Nothing touches the shared cluster: the spec's conf_dir, the applied record and
+the NCCL profile live under the test's tmp directory.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
         "name": "gputest", "controller": {"hosts": ["localhost"]},
         "runtime": {"slurm_user": "root", "conf_dir": str(tmp / "etc"), "state_save_location": str(tmp / "state"),
                     "slurmd_spool_dir": str(tmp / "spool"), "log_dir": str(tmp / "log"), "run_dir": str(tmp / "run"),
-                    "proctrack": "linuxproc", "task_plugins": ["none"]},
+                    "proctrack": "linuxproc", "task_plugins": ["none"],
+                    "unconstrained_gpus_reason": "a test in a temporary root; the GPUs are the nvidia-smi stand-in's"},
         "nccl": {"ib_gid_index": 3, "socket_ifname": "=eth0"},
         "node_groups": [{"name": "mig", "hostname": "mig-node{n}", "count": 1, "sockets": 1, "cores_per_socket": 2,
                          "memory_mb": 1000, "ib_hcas": ["mlx5_0", "mlx5_3", "mlx5_1"],
@@ -52,7 +54,7 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
 class GpuHost:
     """This machine as one GPU node of a small spec, with the nvidia-smi stand-in first on PATH."""
 
-    def __init__(self, tmp: Path, fixtures_dir: Path, *, converged: bool = False) -> None:
+    def __init__(self, tmp: Path, fixtures_dir: Path) -> None:
         self.tmp = tmp
         self.spec = tmp / "spec.yaml"
         self.state = tmp / "smi-state.json"
@@ -65,10 +67,6 @@ class GpuHost:
         gpu1 = json.loads(json.dumps(state["gpus"][0]))
         gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled")
         state["gpus"].append(gpu1)                      # GPU 1: whole, MIG mode off
-        if converged:                                   # GPU 1 as SEVEN wants it, as a run of the role leaves it
-            gpu1.update(mig_mode="Enabled", mig=[
-                {"profile": "3g.40gb", "gi": 1 + k, "ci": 0, "placement": 4 * k, "util": 0, "memory_used": 0,
-                 "memory_total": 40 * 2**30, "uuid": gpu1["uuid"][:-4] + f"{k:04d}"} for k in range(2)])
         self.state.write_text(json.dumps(with_mig_geometry(state, (smi / "mig-lgip-h100-sxm5-80gb-4gpu.txt").read_text(),
                                                            "h100")))
         self.inventory = tmp / "hosts.yml"
@@ -82,12 +80,14 @@ class GpuHost:
     def write_spec(self, layouts: list[list[str]]) -> None:
         self.spec.write_text(yaml.safe_dump(_spec(self.tmp, layouts), sort_keys=False))
 
-    def run(self, role: str, *extra: str) -> tuple[dict[str, int], str, list[list[str]]]:
-        """ansible-playbook with gpuhpc_slurm_common and ``role``; (recap, output, nvidia-smi calls)."""
-        playbook = self.tmp / f"{role}.yml"
+    def run(self, role: str | tuple[str, ...], *extra: str) -> tuple[dict[str, int], str, list[list[str]]]:
+        """ansible-playbook with gpuhpc_slurm_common and ``role`` (or roles, in one play); (recap,
+        output, nvidia-smi calls)."""
+        roles = (role,) if isinstance(role, str) else role
+        playbook = self.tmp / f"{'+'.join(roles)}.yml"
         playbook.write_text(yaml.safe_dump([{
-            "name": f"{role} on this machine", "hosts": "all", "gather_facts": False,
-            "roles": [{"role": "gpuhpc.cluster.gpuhpc_slurm_common"}, {"role": f"gpuhpc.cluster.{role}"}],
+            "name": f"{' and '.join(roles)} on this machine", "hosts": "all", "gather_facts": False,
+            "roles": [{"role": "gpuhpc.cluster.gpuhpc_slurm_common"}, *({"role": f"gpuhpc.cluster.{r}"} for r in roles)],
             # as site.yml ends: the next run's restart-or-reconfigure decision compares with this record
             "tasks": [{"name": "Record the applied Slurm config", "ansible.builtin.include_role": {
                 "name": "gpuhpc.cluster.gpuhpc_slurm_common", "tasks_from": "applied.yml"}, "when": "not ansible_check_mode"}]}]))
@@ -117,37 +117,52 @@ def gpu_host(collection, tmp_path, fixtures_dir) -> GpuHost:
     return host
 
 
-def test_nvidia_gpu_mig_check_apply_and_reapply(gpu_host):
-    h = gpu_host
+@pytest.fixture(scope="module")
+def converged(collection, tmp_path_factory, fixtures_dir) -> dict:
+    """Both roles in one play, converged once for the module: check mode, apply, re-apply. Each run's
+    (recap, output, nvidia-smi calls) and what it left; the tests below assert on them, and the
+    layout change starts from the converged host."""
+    h = GpuHost(tmp_path_factory.mktemp("gpu-roles"), Path(fixtures_dir))
+    h.write_spec(SEVEN)
+    both = (NVIDIA, RDMA)
+    res: dict = {"host": h}
+    res["check"] = h.run(both, "--check", "--diff")
+    res["check_left"] = (h.instances(), (h.tmp / "gpuhpc" / "nccl.env").exists())
+    res["apply"] = h.run(both)
+    res["apply_left"] = (h.instances(), (h.tmp / "gpuhpc" / "nccl.env").read_text(),
+                         render_nccl_profiles(load_spec(h.spec))["nccl-mig.env"])
+    res["reapply"] = h.run(both)
+    res["gres"] = (h.tmp / "etc" / "gres.conf").read_text()
+    return res
+
+
+def test_nvidia_gpu_mig_check_apply_and_reapply(converged):
     # check mode: reports the change, runs no MIG command, writes nothing
-    counts, out, calls = h.run(NVIDIA, "--check", "--diff")
+    counts, out, calls = converged["check"]
     assert counts["failed"] == 0 and counts["changed"] > 0
     assert "GPU 1: MIG mode enabled; create 3g.40gb at 0, 3g.40gb at 4" in out, out[-4000:]
     assert _mig_changes(calls) == []
-    assert h.instances()[1] == []
+    assert converged["check_left"][0][1] == []
     assert "driver, persistence mode, fabric manager and DCGM skipped: no NVIDIA GPU on the PCI bus" in out, out[-4000:]
 
     # apply: GPU 0 already has its 7x 1g.10gb (kept), GPU 1 gets MIG mode and two 3g.40gb
-    counts, out, calls = h.run(NVIDIA)
+    counts, out, calls = converged["apply"]
     assert counts["failed"] == 0
     assert _mig_changes(calls) == [["-i", "1", "-mig", "1"], ["mig", "-i", "1", "-cgi", "3g.40gb:0,3g.40gb:4", "-C"]]
-    assert h.instances() == [[("1g.10gb", s) for s in range(7)], [("3g.40gb", 0), ("3g.40gb", 4)]]
+    assert converged["apply_left"][0] == [[("1g.10gb", s) for s in range(7)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     assert "MIG layout of mig-node1 changed: slurmd" in out, out[-4000:]
 
-    # re-apply: no MIG command at all, nothing changed
-    counts, out, calls = h.run(NVIDIA)
+    # re-apply: the GPUs already have the layout: no MIG command at all, nothing changed
+    counts, out, calls = converged["reapply"]
     assert _mig_changes(calls) == [] and counts == {"changed": 0, "failed": 0}, out[-4000:]
-
-
-def test_nvidia_gpu_mig_layout_change(collection, tmp_path, fixtures_dir):
-    h = GpuHost(tmp_path, Path(fixtures_dir), converged=True)
-    h.write_spec(SEVEN)
-    counts, out, calls = h.run(NVIDIA)                  # the GPUs already have the layout: no MIG command
-    assert counts["failed"] == 0 and _mig_changes(calls) == [], out[-4000:]
     assert "MIG layout of mig-node1 changed" not in out
 
+
+def test_nvidia_gpu_mig_layout_change(converged):
+    """From the converged host (the re-apply above ran no MIG command): a layout change."""
+    h = converged["host"]
     # layout change on GPU 0 only: three 1g.10gb go, one 3g.40gb comes (the other four stay)
-    gres_before = (h.tmp / "etc" / "gres.conf").read_text()
+    gres_before = converged["gres"]
     h.write_spec([["1g.10gb"] * 4 + ["3g.40gb"], ["3g.40gb", "3g.40gb"]])
     counts, out, calls = h.run(NVIDIA)
     assert counts["failed"] == 0
@@ -162,20 +177,19 @@ def test_nvidia_gpu_mig_layout_change(collection, tmp_path, fixtures_dir):
         assert reason in out, out[-4000:]
 
 
-def test_gpudirect_rdma_packages_nccl_profile_and_skips(gpu_host):
-    h = gpu_host
-    counts, out, _ = h.run(RDMA, "--check", "--diff")
+def test_gpudirect_rdma_packages_nccl_profile_and_skips(converged):
+    counts, out, _ = converged["check"]
     assert counts["failed"] == 0 and counts["changed"] > 0
-    assert not (h.tmp / "gpuhpc" / "nccl.env").exists()
-    counts, out, _ = h.run(RDMA)
+    assert converged["check_left"][1] is False          # check mode wrote no NCCL profile
+    counts, out, _ = converged["apply"]
     assert counts["failed"] == 0
     assert ("GPUDirect RDMA (DMA-BUF or nvidia-peermem) skipped: no NVIDIA driver loaded (/proc/driver/nvidia/version), "
             "no RDMA device (/sys/class/infiniband)") in out, out[-4000:]
     # the NCCL profile is the one `gpuhpc conf render` would write for the node group (one template)
-    profile = (h.tmp / "gpuhpc" / "nccl.env").read_text()
-    assert profile == render_nccl_profiles(load_spec(h.spec))["nccl-mig.env"]
+    _, profile, rendered = converged["apply_left"]
+    assert profile == rendered
     assert 'NCCL_IB_HCA="${NCCL_IB_HCA-=mlx5_0:1,mlx5_3:1,mlx5_1:1}"' in profile, profile
-    counts, out, _ = h.run(RDMA)
+    counts, out, _ = converged["reapply"]
     assert counts == {"changed": 0, "failed": 0}, out[-4000:]
 
 
