@@ -330,6 +330,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "slurmctld_parameters": ",".join(ctld_params) or None,
         "slurmd_parameters": ",".join(rt.slurmd_parameters) or None,
         "return_to_service": rt.return_to_service,
+        "enforce_part_limits": rt.enforce_part_limits,
         "min_job_age": rt.min_job_age,
         "max_array_size": rt.max_array_size,
         "max_job_count": rt.max_job_count,

@@ -135,6 +135,9 @@ class Runtime(_Model):
     # /dev/nvidia* of a node open to any job on it (a job asking for 0 GPUs included): validation
     # refuses that unless this says why the site accepts it (a test machine without cgroups)
     unconstrained_gpus_reason: Text | None = None
+    # EnforcePartLimits: ALL refuses at submission a job that breaks a partition's limits (its
+    # AllowAccounts/AllowQos included); NO queues it for ever
+    enforce_part_limits: Literal["NO", "ANY", "ALL"] = "ALL"
 
 
 class Controller(_Model):
