@@ -132,9 +132,14 @@ def _scontrol_gpus(client: SlurmClient, partition: str) -> tuple[dict[str, int],
 @pytest.mark.parametrize("partition", ["gpu", "mig"])
 def test_partition_gpu_counts_match_scontrol(partition):
     client = SlurmClient()
-    for attempt in range(5):       # other tests start and end jobs: compare one quiet moment
+    end = time.monotonic() + 40
+    while time.monotonic() < end:  # other tests start and end jobs: compare one quiet moment
         total, alloc = _scontrol_gpus(client, partition)
-        time.sleep(6)              # one scrape interval later
+        t0 = time.time()           # a scrape after this moment (the exporter asks Slurm when scraped)
+        deadline = time.monotonic() + 30
+        while not ((ts := query(f'timestamp(gpuhpc_slurm_partition_gpus{{partition="{partition}"}})'))
+                   and min(float(r["value"][1]) for r in ts) > t0) and time.monotonic() < deadline:
+            time.sleep(0.5)
         res = query(f'gpuhpc_slurm_partition_gpus{{partition="{partition}"}}')
         prom_total: dict[str, float] = {}
         prom_alloc: dict[str, float] = {}
