@@ -98,8 +98,9 @@ def site_python() -> str:
     """The gpuhpc install every user can run (``.venv/site``, made by scripts/services/sshd.sh
     start: this checkout's .venv interpreter is not readable by other users)."""
     repo = Path(__file__).resolve().parents[3]
+    env = {k: v for k, v in os.environ.items() if k not in ("D", "PORT")}     # the shared sshd's own
     subprocess.run(["bash", str(repo / "scripts/services/sshd.sh"), "start"], check=True, capture_output=True,
-                   timeout=600)
+                   timeout=600, env=env)
     python = repo / ".venv" / "site" / "bin" / "python"
     assert python.exists(), f"{python} missing (scripts/services/sshd.sh start makes it)"
     return str(python)
