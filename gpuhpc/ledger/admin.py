@@ -13,7 +13,7 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gpuhpc.errors import UserInputError
+from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.ledger import db, pricing, quota
 from gpuhpc.ledger.orm import (Account, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier, Quota,
                                QuotaUsage, Reservation, ReservationStatus, User, utcnow)
@@ -98,7 +98,7 @@ def add_user(name: str, account: str, *, default: bool = False, url: str | None 
     with db.session_scope(url) as s:
         acct = _account(s, account)
         if acct is None:
-            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
+            raise GpuhpcError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
         user = _user(s, name)
         if user is None:
             user = User(name=name)
@@ -163,7 +163,7 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
     with db.session_scope(url) as s:
         acct = _account(s, account)
         if acct is None:
-            raise UserInputError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
+            raise GpuhpcError(f"no account {account!r}", hint=f"gpuhpc ledger account add {account}")
         uid = None
         if user:
             u = _user(s, user)
@@ -237,7 +237,7 @@ def quota_status(account: str | None = None, *, url: str | None = None, now: dt.
         if account:
             stmt = stmt.where(Account.name == account)
             if _account(s, account) is None:
-                raise UserInputError(f"no account {account!r}")
+                raise GpuhpcError(f"no account {account!r}")
         for q in list(s.scalars(stmt.with_for_update())):
             b = bucket(s, q, now)
             out.append(QuotaStatus(q.account.name, q.user.name if q.user else None, q.period.value, b.period_start,

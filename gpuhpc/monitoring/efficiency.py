@@ -124,7 +124,7 @@ def job_report(job_id: str, *, client=None, prom: Prometheus | None = None, thre
     prom = prom or Prometheus()
     rows = [r for r in client.accounting(job_ids=[str(job_id)]) if r.job_id == str(job_id)]
     if not rows:
-        raise UserInputError(f"Slurm has no job {job_id}", field="JOBID")
+        raise GpuhpcError(f"JOBID: Slurm has no job {job_id}")       # well-formed, missing: exit 1
     row = rows[-1]
     now = now or dt.datetime.now(dt.timezone.utc)
     start = sacct_time(row.start)

@@ -51,3 +51,25 @@ def test_a_malformed_argument_exits_2_with_one_line(argv, names, tmp_path):
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
     assert names in res.stderr and "Traceback" not in res.stderr
     assert res.stdout == ""
+
+
+# well-formed names of things the ledger (a SQLite file here, nothing running) does not have
+MISSING_IN_LEDGER = [
+    (["quota", "show", "nosuch"], "no account 'nosuch'"),
+    (["ledger", "user", "add", "bob", "--account", "nosuch"], "no account 'nosuch'"),
+    (["sweep", "status", "99999"], "no sweep 99999"),
+]
+
+
+def test_a_missing_thing_in_the_ledger_exits_1_with_one_line(tmp_path):
+    env = {**os.environ, "GPUHPC_DATA_DIR": str(tmp_path)}
+    for k in ("GPUHPC_DEBUG", "GPUHPC_DB_URL", "GPUHPC_LEDGER"):
+        env.pop(k, None)
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "gpuhpc", *argv], capture_output=True,  # noqa: E731
+                                       text=True, timeout=60, env=env, cwd=tmp_path)
+    assert run("db", "upgrade").returncode == 0
+    for argv, says in MISSING_IN_LEDGER:
+        res = run(*argv)
+        assert res.returncode == 1, (argv, res.stderr)
+        assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1, res.stderr
+        assert says in res.stderr and "Traceback" not in res.stderr

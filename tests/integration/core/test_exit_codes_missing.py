@@ -16,6 +16,7 @@ MISSING = [
     (["status", NO_JOB], "not found"),
     (["logs", NO_JOB], "no log file"),
     (["cancel", NO_JOB], "no such job"),
+    (["report", "efficiency", NO_JOB], f"Slurm has no job {NO_JOB}"),
     *[(["sweep", cmd, NO_SWEEP, *extra], f"no sweep {NO_SWEEP}")
       for cmd, extra in (("status", []), ("best", []), ("results", ["--json"]), ("wait", ["--timeout", "1"]),
                          ("resume", []), ("cancel", []), ("report", ["--html", "r.html"]))],

@@ -50,7 +50,7 @@ def test_admin_flow_and_reports(cli_db, capsys, tmp_path):
 
 def test_bad_input_exits_2(cli_db, capsys):
     assert main(["db", "upgrade"]) == 0
-    assert main(["quota", "set", "nosuch", "--gpu-hours", "1"]) == 2
+    assert main(["quota", "set", "nosuch", "--gpu-hours", "1"]) == 1       # well-formed, missing: exit 1
     assert main(["quota", "set", "x"]) == 2
     assert main(["ledger", "price", "set", "--gpu-type", "h100", "--rate", "-3"]) == 2
     assert main(["ledger", "price", "set", "--gpu-type", "h100", "--of", "x", "--fraction", "seven"]) == 2
