@@ -6,6 +6,7 @@ SSH): Slurm's command-line tools are the one backend (PyPI has no pyslurm for Sl
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import posixpath
@@ -234,7 +235,10 @@ class SlurmClient:
                  job_ids: Iterable[str] = ()) -> list[parsers.AcctRow]:
         """Every run of every user's jobs (``sacct --allusers --allocations --duplicates``:
         a requeued job's runs each have their own row) that overlaps ``[since, until)``.
-        Read as ``sacct --json``: what is billed cannot be forged by a job name.
+        What is billed comes from a query without any free-text field (nothing a user names can
+        add, drop or change a row); names come from a second query by job id, the name last with
+        a per-call delimiter. (22.05's ``sacct --json`` silently drops every job after one it
+        cannot serialise, e.g. one whose QOS was deleted: not for billing.)
 
         ``job_ids`` are also asked for by id: the time-window query lists a job only once
         slurmdbd has its eligible time, and never lists a job that was cancelled before it
@@ -245,15 +249,23 @@ class SlurmClient:
         def local(t: dt.datetime) -> str:       # sacct reads times in the host's local zone
             return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
-        argv = cmd.sacct(since=local(since), until=local(until) if until else None, all_users=True,
-                         allocations=True, duplicates=True, fields=fields, json=True)
-        rows = p.parse_sacct_json(self.run(argv).stdout)
+        def runs(**query) -> list[parsers.AcctRow]:
+            billed = tuple(f for f in fields if f != "JobName")
+            rows = p.parse_sacct(self.run(cmd.sacct(fields=billed, all_users=True, allocations=True,
+                                                    duplicates=True, **query)).stdout, fields=billed)
+            if "JobName" in fields and rows:
+                sep = cmd.SEP + _row_tag()
+                names = p.parse_sacct_names(self.run(cmd.sacct(fields=("JobIDRaw", "JobName"), delimiter=sep,
+                                                               all_users=True, allocations=True, duplicates=True,
+                                                               **query)).stdout, sep=sep)
+                rows = [dataclasses.replace(r, name=names.get(r.job_id_raw, "")) for r in rows]
+            return rows
+
+        rows = runs(since=local(since), until=local(until) if until else None)
         seen = {r.array_job_id for r in rows}
         missing = sorted({str(j) for j in job_ids} - seen)
         for i in range(0, len(missing), 200):
-            argv = cmd.sacct(job_ids=missing[i:i + 200], all_users=True, allocations=True, duplicates=True,
-                             fields=fields, json=True)
-            rows += p.parse_sacct_json(self.run(argv).stdout)
+            rows += runs(job_ids=missing[i:i + 200])
         return rows
 
     def active_job_ids(self, job_ids: Iterable[str]) -> set[str] | None:

@@ -4,7 +4,7 @@ A job name can hold any byte but NUL (plain ``sbatch -J`` passes newlines, 0x1f,
 no output that holds one is read line by line: ``squeue`` rows start with a per-call random tag
 given through ``SQUEUE_FORMAT`` (the environment, not the argv other users can read) and end
 with the name; ``sacct`` fields are separated by a per-call random delimiter with the name last;
-billing reads ``sacct --json``. See :mod:`gpuhpc.slurm.parsers`.
+billing reads its fields from a query with no free text at all. See :mod:`gpuhpc.slurm.parsers`.
 """
 from __future__ import annotations
 
@@ -81,17 +81,12 @@ def squeue(*, user: str | None = None, job_ids: Iterable[str] = (), all_partitio
 def sacct(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bool = False,
           since: str | None = None, until: str | None = None, allocations: bool = True,
           duplicates: bool = False, fields: Sequence[str] = SACCT_FIELDS,
-          cluster: str | None = None, delimiter: str = SEP, json: bool = False) -> list[str]:
-    """sacct in parsable form (``delimiter`` between fields: pass a random one per call, see
-    :func:`gpuhpc.slurm.parsers.parse_sacct`), or with ``json=True`` as ``sacct --json``
-    (Slurm 22.05: every field, steps too; names and all free text escaped).
-    ``duplicates=True`` lists every requeued run of a job (``--duplicates``), which is what
-    billing needs."""
-    if json:
-        argv = ["sacct", "--json"]
-    else:
-        argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}",
-                f"--format={','.join(fields)}"]
+          cluster: str | None = None, delimiter: str = SEP) -> list[str]:
+    """sacct in parsable form (``delimiter`` between fields: with a free-text field, pass a
+    random one per call, see :func:`gpuhpc.slurm.parsers.parse_sacct`). ``duplicates=True``
+    lists every requeued run of a job (``--duplicates``), which is what billing needs."""
+    argv = ["sacct", "--noheader", "--parsable2", f"--delimiter={delimiter}",
+            f"--format={','.join(fields)}"]
     if allocations:
         argv.append("--allocations")
     if duplicates:

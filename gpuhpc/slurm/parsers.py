@@ -343,78 +343,16 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS, sep: str = SE
     return rows
 
 
-def _sacct_time(epoch) -> str:
-    """An epoch from ``sacct --json`` as text sacct prints it (local time; 0 -> ``Unknown``)."""
-    import datetime as dt
-
-    if not isinstance(epoch, int) or epoch <= 0:
-        return "Unknown"
-    return dt.datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-def _json_tres(items) -> dict[str, str]:
+def parse_sacct_names(text: str, sep: str) -> dict[str, str]:
+    """``sacct --format=JobIDRaw,JobName --delimiter=SEP`` -> {job id: name} (the first row of
+    an id wins; a malformed row is skipped and logged)."""
     out: dict[str, str] = {}
-    for t in items or ():
-        if not isinstance(t, dict) or not t.get("type"):
-            continue
-        key = f"{t['type']}/{t['name']}" if t.get("name") else str(t["type"])
-        count = t.get("count")
-        if not isinstance(count, int):
-            continue
-        out[key] = f"{count}M" if key == "mem" else str(count)
+    for job, name in _sacct_records(text, 2, sep, True):
+        if job.isdigit():
+            out.setdefault(job, name)
+        else:
+            _skip("sacct", job)
     return out
-
-
-def parse_sacct_json(text: str) -> list[AcctRow]:
-    """``sacct --json`` (Slurm 22.05, openapi v0.0.38) -> one :class:`AcctRow` per job (steps
-    are left out), with the text output's forms: ``JobID`` ``123_4``/``123+0``, times as local
-    ``YYYY-MM-DDTHH:MM:SS`` or ``Unknown``, ``Timelimit`` ``HH:MM:SS``, ``mem`` in ``M``. JSON
-    keeps any name one string, so nothing a user names a job can add, drop or change a row.
-    (22.05's JSON exit codes are those of the derived code; billing does not read them.)
-    A record without a numeric job id is skipped and logged."""
-    import json
-
-    from gpuhpc.slurm.durations import format_duration
-
-    try:
-        doc = json.loads(text or "{}")
-    except ValueError as exc:
-        raise SlurmError(f"sacct --json printed no JSON: {exc}") from exc
-    rows = []
-    for j in doc.get("jobs") or ():
-        try:
-            raw = j["job_id"]
-            if not isinstance(raw, int):
-                raise TypeError("job_id")
-            arr, het, tm = j.get("array") or {}, j.get("het") or {}, j.get("time") or {}
-            job_id = str(raw)
-            if arr.get("job_id") and isinstance(arr.get("task_id"), int):
-                job_id = f"{arr['job_id']}_{arr['task_id']}"
-            elif arr.get("job_id") and arr.get("task"):
-                job_id = f"{arr['job_id']}_[{arr['task']}]"
-            elif het.get("job_id") and isinstance(het.get("job_offset"), int):
-                job_id = f"{het['job_id']}+{het['job_offset']}"
-            ec = j.get("exit_code") or {}
-            sig = ((ec.get("signal") or {}).get("signal_id") or 0) if isinstance(ec.get("signal"), dict) else 0
-            limit = tm.get("limit")
-            state = j.get("state") or {}
-            rows.append(AcctRow(
-                job_id=job_id, job_id_raw=str(raw), name=str(j.get("name") or ""),
-                state=SlurmState.parse(str(state.get("current", "")) if isinstance(state, dict) else str(state)),
-                elapsed_s=_int(str(tm.get("elapsed", 0))),
-                submit=_sacct_time(tm.get("submission")), start=_sacct_time(tm.get("start")),
-                end=_sacct_time(tm.get("end")),
-                alloc_tres=_json_tres((j.get("tres") or {}).get("allocated")),
-                req_tres=_json_tres((j.get("tres") or {}).get("requested")),
-                partition=str(j.get("partition") or ""), account=str(j.get("account") or ""),
-                user=str(j.get("user") or ""), nodelist=str(j.get("nodes") or ""),
-                exit_code=f"{ec.get('return_code') or 0}:{sig}", restarts=0,
-                time_limit=format_duration(limit * 60) if isinstance(limit, int) else "UNLIMITED",
-                qos=str(j.get("qos") or ""), cluster=str(j.get("cluster") or ""),
-            ))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            _skip("sacct --json", repr(j)[:200])
-    return rows
 
 
 def parse_parsable2(text: str, fields: list[str] | tuple[str, ...], sep: str = "|") -> list[dict[str, str]]:

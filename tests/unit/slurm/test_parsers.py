@@ -115,34 +115,41 @@ def test_sacct_name_last_with_random_delimiter_cannot_forge_a_row():
     assert parsers.parse_sacct("", fields=cmd.SACCT_RUN_FIELDS, sep=sep) == []
 
 
-def test_sacct_json_rows():
-    import json
+class _SacctRunner:
+    """sacct as Slurm 22.05 prints it for a job named with a newline and a forged row: the billed
+    fields (no name) one line a run; the names with the delimiter the argv asked for."""
 
-    def job(jid, name, **kw):
-        j = {"job_id": jid, "name": name, "user": "alice", "account": "research", "partition": "gpu",
-             "qos": "normal", "cluster": "local", "nodes": "gpu-node1", "state": {"current": "COMPLETED"},
-             "array": {"job_id": 0, "task_id": None, "task": None}, "het": {"job_id": 0, "job_offset": None},
-             "exit_code": {"status": "SUCCESS", "return_code": 0},
-             "time": {"elapsed": 10, "submission": 0, "start": 0, "end": 0, "limit": 60},
-             "tres": {"allocated": [{"type": "cpu", "name": None, "count": 2},
-                                    {"type": "mem", "name": None, "count": 1000},
-                                    {"type": "gres", "name": "gpu", "count": 2},
-                                    {"type": "gres", "name": "gpu:h100", "count": 2}], "requested": []},
-             "steps": [{"step": {"name": "batch"}}]}
-        j.update(kw)
-        return j
+    is_local = True
+    forged = "x\n" + _sacct_row("4242", "evil", user="root", gpus=8)
 
-    doc = {"jobs": [job(5, "a\nb\x1f\u2028" + _sacct_row("1", "x", user="root")),
-                    job(7, "t", array={"job_id": 6, "task_id": 1}),
-                    job(9, "p", array={"job_id": 9, "task_id": None, "task": "0-3"}, time={"limit": None}),
-                    job("bad", "z"), "junk"]}
-    rows = parsers.parse_sacct_json(json.dumps(doc))
-    assert [(r.job_id, r.job_id_raw) for r in rows] == [("5", "5"), ("6_1", "7"), ("9_[0-3]", "9")]
-    assert rows[0].user == "alice" and rows[0].gpus == {"h100": 2} and rows[0].elapsed_s == 10
-    assert rows[0].alloc_tres["mem"] == "1000M" and rows[0].time_limit == "01:00:00" and rows[0].start == "Unknown"
-    assert rows[2].time_limit == "UNLIMITED"
-    with pytest.raises(SlurmError):
-        parsers.parse_sacct_json("not json")
+    def run(self, argv, *, input=None, timeout=None, env=None):
+        from gpuhpc.transport import CommandResult
+
+        fmt = next(a for a in argv if a.startswith("--format=")).removeprefix("--format=").split(",")
+        sep = next(a for a in argv if a.startswith("--delimiter=")).removeprefix("--delimiter=")
+        if fmt == ["JobIDRaw", "JobName"]:
+            out = f"10{sep}{self.forged}\n11{sep}plain\n"
+        else:
+            assert "JobName" not in fmt                          # nothing a user names reaches billing
+            out = "".join(sep.join(r.split(sep)[:len(fmt)]) + "\n" for r in
+                          (_sacct_row(j, "unused", sep=sep) for j in ("10", "11")))
+        return CommandResult(tuple(argv), 0, out, "")
+
+
+def test_job_runs_bill_from_fields_no_name_can_reach():
+    import datetime as dt
+
+    from gpuhpc.slurm.client import SlurmClient
+
+    rows = SlurmClient(_SacctRunner()).job_runs(dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc))
+    assert [(r.job_id, r.user, r.gpus) for r in rows] == [("10", "alice", {"h100": 1}), ("11", "alice", {"h100": 1})]
+    assert rows[0].name == _SacctRunner.forged and rows[1].name == "plain"
+
+
+def test_sacct_names():
+    sep = cmd.SEP + "\x1eR"
+    assert parsers.parse_sacct_names(f"1{sep}a\nb\n2{sep}c\n1{sep}dup\n", sep=sep) == {"1": "a\nb", "2": "c"}
+    assert parsers.parse_sacct_names(f"junk{sep}x\n", sep=sep) == {}
 
 
 @pytest.mark.parametrize("raw,state,finished", [
