@@ -13,14 +13,25 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- scontrol --oneliner
-_KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
+_KV = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|\Z)", re.S)
 
 
 def parse_oneliner_records(text: str) -> list[dict[str, str]]:
     """``scontrol --oneliner show node|partition|job``: one record a line, ``Key=Value``
-    pairs separated by spaces (values may contain spaces, e.g. ``Reason=Not responding``)."""
+    pairs separated by spaces (values may contain spaces, e.g. ``Reason=Not responding``).
+
+    A record starts a line with the first record's first key (``JobId=``, ``NodeName=``): a
+    newline inside a value (a job name or path from plain ``sbatch``) does not cut a record in
+    two. When a key repeats, the later one wins: Slurm's own fields follow the job name, so a
+    name holding ``Key=Value`` text cannot override them."""
+    text = text.strip()
+    if not text:
+        return []
+    first = text.split("=", 1)[0]
+    lines = re.split(r"\n(?=" + re.escape(first) + "=)", text) if first and not any(c.isspace() for c in first) \
+        else text.split("\n")
     records = []
-    for line in text.splitlines():
+    for line in lines:
         line = line.strip()
         if not line or "=" not in line:
             continue

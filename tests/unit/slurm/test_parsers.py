@@ -178,3 +178,13 @@ def test_builders_are_argv_lists_not_shell():
     argv = cmd.scancel("5; rm -rf ~")
     assert argv == ["scancel", "5; rm -rf ~"]
     assert cmd.sacct(job_ids=["1", "2"], duplicates=True)[-2:] == ["--duplicates", "--jobs=1,2"]
+
+
+def test_oneliner_job_name_with_newline_and_forged_fields():
+    """scontrol --oneliner keeps a plain-sbatch name's newline: the record stays whole and Slurm's
+    own fields (after the name) win over Key=Value text inside it."""
+    text = ("JobId=7 JobName=n\nNodes=gpu-node2 GRES=gpu:h100:8(IDX:0-7) JobState=COMPLETED Restarts=9 "
+            "UserId=alice(1000) JobState=PENDING Restarts=0 NodeList=(null)\nJobId=8 JobName=b JobState=RUNNING\n")
+    recs = parsers.parse_oneliner_records(text)
+    assert [(r["JobId"], r["JobState"], r.get("Restarts")) for r in recs] == [("7", "PENDING", "0"), ("8", "RUNNING", None)]
+    assert recs[0]["UserId"] == "alice(1000)"
