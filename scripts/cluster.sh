@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh build|install|up|down|purge - the local GPU Slurm cluster on this machine, stood up by
+# cluster.sh build|install|up|ensure|down|purge - the local GPU Slurm cluster on this machine, stood up by
 # our Ansible collection (gpuhpc.cluster) exactly as a site installs it:
 #   build    copy ansible/ + slurm-conf/*.j2 into a staging tree, `ansible-galaxy collection build`
 #            -> .ansible/dist/gpuhpc-cluster-<version>.tar.gz (prints the path)
@@ -7,6 +7,10 @@
 #   up       install, then ansible/local/up.yml on the inventory ansible/inventories/local (the spec
 #            rendered for this checkout, test machinery, gpuhpc.cluster.site);
 #            idempotent: a second run reports changed=0 and restarts nothing
+#   ensure   up, unless this checkout's last up is current: the same sources (ansible/, slurm-conf/,
+#            the local spec, the gpuhpc code that renders and checks it), the same files deployed on
+#            this machine (another checkout's up changes them), and slurmctld answers `scontrol ping`
+#            (what scripts/test.sh -k ... runs: seconds instead of a play)
 #   down     stop every daemon (gpuhpc.cluster.teardown); purge also deletes state
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +20,20 @@ export ANSIBLE_CONFIG="$ROOT/ansible/ansible.cfg" PATH="$ROOT/.venv/bin:$PATH"
 export ANSIBLE_COLLECTIONS_PATH="$ROOT/.ansible/collections"
 LOCAL=ansible/inventories/local   # inventory only
 PLAYS=ansible/local               # the local cluster's playbooks and test roles (not in the collection)
+STAMP=$ROOT/.ansible/local/up.stamp   # "sources deployed" hashes after the last successful up of this checkout
+mkdir -p "$ROOT/.ansible/local"
+
+# a hash of what the local cluster is made from (taken before the play: an edit during it counts as new)
+sources() {
+  { git ls-files -z --cached --others --exclude-standard -- ansible slurm-conf examples/clusters/local.yaml \
+      constraints.txt gpuhpc/conf gpuhpc/spec gpuhpc/health gpuhpc/topology gpuhpc/hostlist.py 2>/dev/null \
+      | xargs -0 -r sha256sum 2>/dev/null || true; } | sha256sum | cut -c1-16
+}
+# a hash of what is deployed from it on this machine (another checkout's up changes it)
+deployed() {
+  { sha256sum /etc/slurm/*.conf /etc/slurm/job_submit.lua /etc/gpuhpc/hooks.env /etc/gpuhpc/billing.json 2>/dev/null || true; } \
+    | sha256sum | cut -c1-16
+}
 
 build() {
   local stage="$ROOT/.ansible/build/$$" dist="$ROOT/.ansible/dist"
@@ -59,8 +77,14 @@ case "${1:-up}" in
   up)      case "$ROOT/" in /tmp/*)   # jobs here get a private /tmp (job_container/tmpfs): they could not see the checkout
              echo "cluster.sh: this checkout is under /tmp ($ROOT), which every job on the local cluster sees as its own empty /tmp; clone gpuhpc elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
            esac
-           install && ansible-playbook -i "$LOCAL" "$PLAYS/up.yml" "${@:2}" ;;
-  down)    install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" "${@:2}" ;;
-  purge)   install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
-  *) echo "usage: scripts/cluster.sh build|install|up|down|purge [ansible-playbook args]" >&2; exit 2 ;;
+           src=$(sources)
+           install && ansible-playbook -i "$LOCAL" "$PLAYS/up.yml" "${@:2}" && echo "$src $(deployed)" > "$STAMP" ;;
+  ensure)  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(sources) $(deployed)" ] && timeout 20 scontrol ping 2>/dev/null | grep -q " is UP"; then
+             echo "cluster.sh: the local cluster is up and current (this checkout's last up): nothing to do" >&2
+           else
+             exec bash "$ROOT/scripts/cluster.sh" up "${@:2}"
+           fi ;;
+  down)    rm -f "$STAMP"; install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" "${@:2}" ;;
+  purge)   rm -f "$STAMP"; install && ansible-playbook -i "$LOCAL" "$PLAYS/down.yml" -e gpuhpc_teardown_purge=true "${@:2}" ;;
+  *) echo "usage: scripts/cluster.sh build|install|up|ensure|down|purge [ansible-playbook args]" >&2; exit 2 ;;
 esac
