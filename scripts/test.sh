@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# test.sh - run the whole gpuhpc test suite on this machine (as root), for real:
-#   1. bootstrap (OS packages + .venv)             scripts/bootstrap.sh
-#   2. start PostgreSQL on 127.0.0.1:55432           scripts/services/postgres.sh
-#   3. stand up the local GPU Slurm cluster          scripts/cluster.sh up   (our Ansible roles)
-#   4. pytest tests/unit tests/integration, in two stages (a: features, b: long fault-injection runs)
-#   4b. the multi-host lab, its own stage (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
-#   5. tear the cluster and services down again (also on failure)
-# Extra arguments go to pytest (e.g. scripts/test.sh -k ledger -x).
-# KEEP_UP=1 leaves the cluster and services running afterwards.
+# test.sh [--fast] [pytest args] - run gpuhpc's tests on this machine (as root), for real.
+#
+# No arguments: the whole suite, as .ci/run runs it (README command (b)):
+#   bootstrap   OS packages + .venv                          scripts/bootstrap.sh
+#   services    PostgreSQL 127.0.0.1:55432, S3 :8333, sshd :2222   scripts/services/*.sh
+#   cluster up  the local GPU Slurm cluster (our Ansible collection)   scripts/cluster.sh up
+#   prometheus  Prometheus :9090 and the exporters               scripts/services/prometheus.sh
+#   stage a     tests/unit + tests/integration (features)
+#   stage b     the long fault-injection runs (LONG below)
+#   stage q     README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
+#               and every file under examples/ (tests/integration/core/test_examples.py)
+#   lab         the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
+#   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
+# and at the end each stage's wall time. Every stage runs; the script fails if any did.
+#
+# pytest arguments (e.g. scripts/test.sh -k ledger -x): that selection of tests/unit and
+# tests/integration (not the lab), reusing services and a cluster that are already up and current
+# (scripts/cluster.sh ensure skips the play); at the end it stops only what it started itself
+# (KEEP_UP=1: nothing), so a developer iterates in seconds.
+#
+# --fast [pytest args]: the tier that needs nothing running (no services, no cluster; about two
+# minutes): every test not under tests/integration (-m "not integration"), lint-imports and
+# ansible-lint; bootstrap only makes sure the venv is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every job on the local cluster has a private /tmp (job_container/tmpfs): it could not see a
@@ -26,74 +40,140 @@ esac
 T0=$(date +%s)
 say() { printf '[test %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 unset SLURM_CONF
+MODE=full
+if [ "${1:-}" = --fast ]; then MODE=fast; shift; elif [ $# -gt 0 ]; then MODE=select; fi
 
-bash scripts/bootstrap.sh
+TIMES=()    # "stage seconds [failed]", printed at the end
+FAILED=""   # every stage runs; the script fails at the end if any did
+stage() {   # stage NAME COMMAND...: run one stage, keep its wall time; returns its status
+  local name=$1 t rc=0
+  shift
+  t=$(date +%s)
+  say "$name"
+  "$@" || rc=$?
+  TIMES+=("$(printf '%-12s %6ss%s' "$name" "$(( $(date +%s) - t ))" "$([ "$rc" = 0 ] || echo "   FAILED (exit $rc)")")")
+  return "$rc"
+}
+summary() {
+  echo "[test] wall time per stage:"
+  printf '  %s\n' "${TIMES[@]}"
+  printf '  %-12s %6ss\n' total "$(( $(date +%s) - T0 ))"
+}
+
+stage bootstrap bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one
+# (under /var/tmp: jobs inherit it, and a job's /tmp is its own)
+export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /var/tmp/gpuhpc-test-data.XXXXXX)}
 
+if [ "$MODE" = fast ]; then
+  trap summary EXIT
+  # ansible-lint runs alongside the tests (two cores); its row is the time left waiting for it
+  lint_log=$(mktemp /var/tmp/gpuhpc-ansible-lint.XXXXXX)
+  (cd ansible && exec ansible-lint --offline --profile production -q) >"$lint_log" 2>&1 &
+  lint_pid=$!
+  stage "fast tests" python -m pytest -p no:cacheprovider --timeout=300 --durations=5 -m "not integration" tests "$@" \
+    || FAILED+=" tests"
+  lint_imports() { lint-imports >/dev/null 2>&1 || lint-imports; }
+  stage "lint-imports" lint_imports || FAILED+=" lint-imports"
+  lint_ansible() { local rc=0; wait "$lint_pid" || rc=$?; tail -25 "$lint_log"; rm -f "$lint_log"; return $rc; }
+  stage "ansible-lint" lint_ansible || FAILED+=" ansible-lint"
+  [ -z "$FAILED" ] || { say "failed:$FAILED"; exit 1; }
+  exit 0
+fi
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }   # something listens on 127.0.0.1:PORT
+STARTED=()   # what this run started; a selection run stops only these
 teardown() {
   rc=$?
-  if [ "${KEEP_UP:-0}" != 1 ]; then
-    say "teardown"
-    bash scripts/cluster.sh down >/tmp/gpuhpc-teardown.log 2>&1 || { echo "cluster teardown failed:"; tail -20 /tmp/gpuhpc-teardown.log; }
-    [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true
-    bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true
-    bash scripts/services/s3.sh stop >/dev/null 2>&1 || true
-    bash scripts/services/prometheus.sh stop >/dev/null 2>&1 || true
-    .venv/bin/python -m gpuhpc cmdserver stop >/dev/null 2>&1 || true
+  local t
+  t=$(date +%s)
+  if [ "${KEEP_UP:-0}" != 1 ] && { [ "$MODE" = full ] || [ ${#STARTED[@]} -gt 0 ]; }; then
+    say "teardown${STARTED[*]:+ (what this run started: ${STARTED[*]})}"
+    stops() { [ "$MODE" = full ] || [[ " ${STARTED[*]} " == *" $1 "* ]]; }
+    if stops cluster; then
+      bash scripts/cluster.sh down >/var/tmp/gpuhpc-teardown.log 2>&1 || { echo "cluster teardown failed:"; tail -20 /var/tmp/gpuhpc-teardown.log; }
+    fi
+    stops postgres && { [ -x scripts/services/postgres.sh ] && bash scripts/services/postgres.sh stop >/dev/null 2>&1 || true; }
+    stops sshd && { bash scripts/services/sshd.sh stop >/dev/null 2>&1 || true; }
+    stops s3 && { bash scripts/services/s3.sh stop >/dev/null 2>&1 || true; }
+    stops prometheus && { bash scripts/services/prometheus.sh stop >/dev/null 2>&1 || true; }
+    [ "$MODE" = full ] && { .venv/bin/python -m gpuhpc cmdserver stop >/dev/null 2>&1 || true; }
+    TIMES+=("$(printf '%-12s %6ss' teardown "$(( $(date +%s) - t ))")")
   fi
+  summary
   say "done (exit $rc)"
   exit $rc
 }
 trap teardown EXIT
 
-if [ -x scripts/services/postgres.sh ]; then
-  say "postgresql"
-  export GPUHPC_TEST_PG_URL=$(bash scripts/services/postgres.sh start | tail -1)
+services() {
+  if [ -x scripts/services/postgres.sh ]; then
+    up 55432 || STARTED+=(postgres)
+    GPUHPC_TEST_PG_URL=$(bash scripts/services/postgres.sh start | tail -1) || return 1
+    export GPUHPC_TEST_PG_URL
+  fi
+  # S3 (SeaweedFS) on 127.0.0.1:8333. The whole suite gets a fresh store every run: each test makes
+  # its own bucket (a SeaweedFS collection with its own volumes), and a store kept across runs runs
+  # out of volumes ("No writable volumes"). A selection reuses a running one.
+  if up 8333 && [ "$MODE" = select ]; then
+    say "S3 on 127.0.0.1:8333: up, reused"
+  else
+    STARTED+=(s3)
+    bash scripts/services/s3.sh wipe >/dev/null 2>&1 || true
+    bash scripts/services/s3.sh start >/dev/null || return 1
+  fi
+  # sshd on 127.0.0.1:2222 (SSH transport tests)
+  up 2222 || STARTED+=(sshd)
+  bash scripts/services/sshd.sh start >/dev/null
+}
+stage services services
+
+if [ "$MODE" = full ]; then
+  cluster_up() { bash scripts/cluster.sh up >/var/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /var/tmp/gpuhpc-cluster-up.log; return 1; }; }
+else   # an already up and current cluster is reused as it is
+  cluster_up() {
+    timeout 20 scontrol ping 2>/dev/null | grep -q " is UP" || STARTED+=(cluster)
+    bash scripts/cluster.sh ensure >/var/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /var/tmp/gpuhpc-cluster-up.log; return 1; }
+  }
 fi
-
-say "S3 (SeaweedFS) on 127.0.0.1:8333"
-# a fresh store every run: each test makes its own bucket (a SeaweedFS collection with its own
-# volumes), and a store kept across runs runs out of volumes ("No writable volumes")
-bash scripts/services/s3.sh wipe >/dev/null 2>&1 || true
-bash scripts/services/s3.sh start >/dev/null
-
-say "sshd on 127.0.0.1:2222 (SSH transport tests)"
-bash scripts/services/sshd.sh start >/dev/null
-
-say "cluster up (scripts/cluster.sh up: ansible-galaxy collection build + install, then gpuhpc.cluster.site via ansible/inventories/local)"
-bash scripts/cluster.sh up >/tmp/gpuhpc-cluster-up.log 2>&1 || { tail -60 /tmp/gpuhpc-cluster-up.log; exit 1; }
-grep -A20 "PLAY RECAP" /tmp/gpuhpc-cluster-up.log || true
+# scripts/cluster.sh: ansible-galaxy collection build + install, then ansible/local/up.yml (the spec,
+# test machinery, gpuhpc.cluster.site) on the inventory ansible/inventories/local
+stage "cluster up" cluster_up
+grep -A20 "PLAY RECAP" /var/tmp/gpuhpc-cluster-up.log || tail -1 /var/tmp/gpuhpc-cluster-up.log
 sinfo -N -o '%12N %10P %6t %G'
 
-say "prometheus on 127.0.0.1:9090, node/Slurm/GPU exporters (scripts/services/prometheus.sh)"
-bash scripts/services/prometheus.sh start >/dev/null
+prometheus() {   # node/Slurm/GPU exporters; `start` on a running set re-renders and reloads
+  up 9090 || STARTED+=(prometheus)
+  bash scripts/services/prometheus.sh start >/dev/null
+}
+stage prometheus prometheus
 
-say "pytest"
-# the ledger's default SQLite lives under GPUHPC_DATA_DIR; keep test runs away from a user's real one
-# (under /var/tmp: jobs inherit it, and a job's /tmp is its own)
-export GPUHPC_DATA_DIR=${GPUHPC_DATA_DIR:-$(mktemp -d /var/tmp/gpuhpc-test-data.XXXXXX)}
 # Stages, each well under 30 minutes, all of them run: (a) unit tests and the integration tests
 # of every feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld
-# restarts, budgets binding plain sbatch, the private cluster's restart/reconfigure), (c) the lab.
+# restarts, budgets binding plain sbatch, the private cluster's restart/reconfigure), (q) the
+# README smoke, then the lab.
 LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
       tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
-FAILED=""   # every stage runs; the script fails at the end if any did
+SMOKE=(tests/integration/core/test_examples.py)
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
-if [ $# -eq 0 ]; then
-  say "stage a: unit + integration"
-  "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" || FAILED+=" a"
-  say "stage b: fault-injection runs"
-  "${PYTEST[@]}" "${LONG[@]}" || FAILED+=" b"
+if [ "$MODE" = full ]; then
+  stage "stage a" "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" \
+    || FAILED+=" a"
+  stage "stage b" "${PYTEST[@]}" "${LONG[@]}" || FAILED+=" b"
+  smoke() {   # the quickstart's ledger in a data dir of its own
+    GPUHPC_DATA_DIR=$(mktemp -d /var/tmp/gpuhpc-quickstart-data.XXXXXX) bash scripts/quickstart.sh demo || return 1
+    "${PYTEST[@]}" "${SMOKE[@]}"
+  }
+  stage "stage q" smoke || FAILED+=" q"
+  # its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~8 min;
+  # LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
+  # `python -m pytest -s tests/integration/lab`.
+  if [ "${LAB:-1}" != 0 ]; then
+    stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab || FAILED+=" lab"
+  fi
 else
-  "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@"
-fi
-
-# its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~8 min;
-# LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
-# `python -m pytest -s tests/integration/lab`.
-if [ "${LAB:-1}" != 0 ] && [ $# -eq 0 ]; then   # a selection (-k ...) is for the main suite
-  say "multi-host lab (scripts/lab.sh: 4 hosts, systemd PID 1, gpuhpc.cluster.site over SSH)"
-  python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab "$@" || FAILED+=" lab"
+  stage selection "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@" || FAILED+=" selection"
 fi
 if [ -n "$FAILED" ]; then
   say "failed stages:$FAILED"
