@@ -106,3 +106,11 @@ def test_ledger_ingest_bills_the_real_user_and_resources(hostile, hostile_jobs, 
     (job_id, user, account, gpu_type, gpus, elapsed) = recs[0]
     assert (job_id, user, account, gpu_type, gpus) == (job, hostile.name, "research", "h100", 1)
     assert 0 <= elapsed < 120
+
+
+@pytest.mark.parametrize("name", ["a\u2028b", "a\u2029b", "a\x1fb", "a\nb", "a\x85b", "a\x7f"])
+def test_gpuhpc_submit_refuses_separator_and_control_characters_in_a_name(name):
+    r = _gpuhpc("submit", "--name", name, "-p", "cpu", "-t", "1m", "--", "true")
+    assert r.returncode == 2 and r.stderr.startswith("error: name: control character"), r.stderr
+    assert r.stderr.count("\n") == 1
+    assert not [x for x in SlurmClient().queue(user="root") if x.name == name]      # nothing submitted
