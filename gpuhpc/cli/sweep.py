@@ -129,7 +129,12 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     sw = _sweep(sweep_id)
 
     def snapshot():
-        sw.refresh()
+        from gpuhpc.sweeps.api import DriverGone
+
+        try:                # what the driver wrote while it runs; a refresh when there is none
+            sw.follow()
+        except DriverGone as exc:
+            _echo(f"warning: {exc.one_line()}", err=True)
         info = sw.info()
         rows = engine.trial_rows(sw.id)
         with engine._session(None) as s:

@@ -299,3 +299,8 @@ class SlurmClient:
             ids = {(r.array_job_id or r.job_id).split("_")[0] for r in self.accounting(user=user, since=local)
                    if r.name == name}
         return sorted(i for i in ids if i)
+
+    def node_addresses(self, partition: str | None = None) -> list[str]:
+        """The ``NodeAddr`` of every node (of ``partition``): where a job there would run."""
+        argv = ["sinfo", "--noheader", "--Node", "--format=%o", *([f"--partition={partition}"] if partition else [])]
+        return sorted({line.strip() for line in self.run(argv).stdout.splitlines() if line.strip()})

@@ -20,7 +20,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuhpc.errors import UserInputError
+from gpuhpc.errors import GpuhpcError, UserInputError
+
+
+class DriverGone(GpuhpcError):
+    """The sweep's driver died: nothing submits or follows its trials (exit 1)."""
 
 
 class Sweep:
@@ -57,6 +61,20 @@ class Sweep:
 
         return engine.refresh(self.id, client=self.client, url=self._url)
 
+    def follow(self) -> dict[str, int]:
+        """Trials per state: what the sweep's driver last wrote while it runs (no Slurm query
+        of our own: one refresher per sweep), else a refresh. Raises :class:`DriverGone`
+        (exit 1, with the command that restarts it) when the driver died."""
+        from gpuhpc.sweeps import engine
+
+        info = engine.sweep_info(self.id, url=self._url)
+        if info["driver_job_id"] and info["status"] == "running":
+            gone = engine.driver_gone(self.id, client=self.client, url=self._url)
+            if gone:
+                raise DriverGone(gone)
+            return engine.counts_of(self.id, url=self._url)
+        return self.refresh()
+
     def info(self) -> dict[str, Any]:
         from gpuhpc.sweeps import engine
 
@@ -84,7 +102,7 @@ class Sweep:
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            counts = self.refresh()
+            counts = self.follow()
             info = self.info()
             total = sum(counts.values())
             if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value) and \

@@ -79,7 +79,7 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
 def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.engine.balance`), ask TPE,
     submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
-    from gpuhpc.errors import QuotaExceeded
+    from gpuhpc.errors import QuotaExceeded, SlurmError
     from gpuhpc.sweeps import engine
     from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
 
@@ -100,7 +100,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     waiting = counts.get(TrialState.WAITING.value, 0)
     created = sum(counts.values())
     if waiting and free > 0:
-        queued = sum(counts.get(st.value, 0) for st in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED))
+        queued = engine.queued_now(sid, url)
         plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued,
                                       fresh=_stale(limits, queued))
         n = min(plan.now, plan.chunk)
@@ -110,6 +110,12 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
                 ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
                 if ids:
                     _log(f"submitted {n} trial(s) as {', '.join(ids)}")
+            except SlurmError as exc:
+                if "policy" not in (exc.one_line() + str(getattr(exc, "stderr", ""))).lower():
+                    raise
+                # the user's submit limit moved under us (other jobs): ask afresh next round
+                limits["at"] = -1e9
+                _log(f"slurmctld refused {n} more trial(s) (submit limit); asking the limits again")
             except QuotaExceeded as exc:
                 with engine._session(url) as s:
                     sw2 = s.get(Sweep, sid)

@@ -233,6 +233,11 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     n = spec.n_trials
     first = spec.generate(0, n) if spec.method != "tpe" else []
     root = sweep_root()
+    if spec.method == "tpe" or n > min(plan.now, plan.chunk):
+        check_state_db(db_url(url), lambda: c.node_addresses(_driver_partition(spec, c)))
+    # every check a chunk's job spec makes (grace, env names, the template's options) before
+    # the first row is written: a bad one exits 2 leaving nothing behind
+    _trial_spec(spec, 0, root / "0", 0, 1, 1)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
@@ -258,10 +263,31 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
 
         write_atomic(directory / "fn.pkl", payload)
     if submit:
-        submit_waiting(sid, client=c, url=url, limit=plan.now)
+        try:
+            ids = submit_waiting(sid, client=c, url=url, limit=plan.now)
+        except BaseException:
+            _forget(sid, url, directory)    # Slurm refused the first chunk: no sweep left behind
+            raise
         if spec.method == "tpe" or _n_waiting(sid, url):
             start_driver(sid, client=c, url=url)
     return sid
+
+
+def _forget(sid: int, url: str | None, directory: Path) -> None:
+    """Remove a sweep none of whose chunks reached Slurm (its rows, its directory)."""
+    import shutil
+
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            if tx.one("SELECT count(*) FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL", (sid,))[0]:
+                return
+            tx.q("DELETE FROM sweep_trials WHERE sweep_id = ?", (sid,))
+            tx.q("DELETE FROM sweep_chunks WHERE sweep_id = ?", (sid,))
+            tx.q("DELETE FROM sweeps WHERE id = ?", (sid,))
+    finally:
+        conn.close()
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _n_waiting(sid: int, url: str | None) -> int:
@@ -280,6 +306,17 @@ def _limits(client, spec: SweepSpec, fresh: bool = False):
     if cached is None:
         r = spec.res
         cached = client.submit_limits(getpass.getuser(), r.account, r.qos)
+        if cached.max_submit_jobs is None and r.qos:
+            # slurmctld lists a QOS's per-user limit only once the user has a job in it (then
+            # with the count); before, the count is 0 and the limit is in slurmdbd's record
+            try:
+                got = client.sacctmgr_list("qos", f"name={r.qos}", fields=("MaxSubmitJobsPerUser",))
+            except GpuhpcError:
+                got = []
+            if got and got[0].get("MaxSubmitJobsPerUser", "").isdigit():
+                import dataclasses
+
+                cached = dataclasses.replace(cached, max_submit_jobs=int(got[0]["MaxSubmitJobsPerUser"]))
         try:
             client._gpuhpc_sweep_limits = cached
         except AttributeError:
@@ -385,14 +422,34 @@ def _save_throttles(directory: Path, throttles: dict[int, int]) -> None:
     _write_json(directory / "throttles.json", {str(k): v for k, v in sorted(throttles.items())})
 
 
+def _ended(raw: str | None) -> bool:
+    """Has slurmctld shown this task finished (its raw state), even if accounting has not
+    confirmed it yet (the trial keeps its state until then, but no longer holds a slot)?"""
+    word = (raw or "").split(" ", 1)[0]
+    return word in _STATE and _STATE[word].is_terminal
+
+
 def _live_chunks(tx, sid: int) -> list[tuple[int, str | None, int]]:
     """[(chunk id, array job id, trials of it still queued or running)], oldest first."""
     live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
-    counts = {cid: n for cid, n in tx.q("SELECT chunk_id, count(*) FROM sweep_trials WHERE sweep_id = ? AND state IN "
-                                        "(?, ?, ?) AND chunk_id IS NOT NULL GROUP BY chunk_id", (sid, *live))}
+    counts: dict[int, int] = {}
+    for cid, raw in tx.q("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
+                         "AND chunk_id IS NOT NULL", (sid, *live)):
+        if not _ended(raw):
+            counts[cid] = counts.get(cid, 0) + 1
     return [(cid, job, counts[cid]) for cid, job in tx.q("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
                                                          "AND state != 'failed' ORDER BY number", (sid,))
             if counts.get(cid)]
+
+
+def queued_now(sid: int, url: str | None = None) -> int:
+    """The sweep's trials queued or running in Slurm now (slurmctld's view, as last refreshed)."""
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            return sum(left for _, _, left in _live_chunks(tx, sid))
+    finally:
+        conn.close()
 
 
 def slots_in_use(live: Sequence[tuple[int, str | None, int]], throttles: dict[int, int]) -> int:
@@ -631,6 +688,51 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
 
 
 # ---------------------------------------------------------------- the driver job
+def _driver_partition(spec: SweepSpec, c) -> str | None:
+    if spec.driver_partition is not None:
+        return spec.driver_partition
+    try:
+        names = {p.name for p in c.partitions()}
+    except GpuhpcError:
+        names = set()
+    return "cpu" if "cpu" in names else None
+
+
+def _is_this_host(addr: str) -> bool:
+    import socket
+
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError:
+        return False
+    if ip.startswith("127.") or addr in (socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return ip in socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        return False
+
+
+def check_state_db(url: str, driver_nodes) -> None:
+    """Sweep state must be written by one host, or live in a server database: a driver job on
+    another host writing the same SQLite file as this one (WAL over NFS/Lustre: locks and
+    shared memory do not work there) could corrupt it, and it holds the ledger too. So a
+    sweep whose driver may run on a node other than this host needs PostgreSQL; refused
+    (exit 2) before anything is written. ``driver_nodes``: a callable giving the addresses of
+    the nodes the driver may run on (asked only for SQLite)."""
+    if not url.startswith("sqlite"):
+        return
+    try:
+        others = [a for a in driver_nodes() if not _is_this_host(a)]
+    except GpuhpcError:
+        return                              # Slurm cannot say: sbatch will
+    if others:
+        raise UserInputError(f"this sweep needs its driver job, which may run on {others[0]}, but its state is in "
+                             f"SQLite ({url}), which only one host may write",
+                             field="GPUHPC_DB_URL", hint="use PostgreSQL (gpuhpc db upgrade), or fewer trials than "
+                                                         "parallelism and MaxArraySize allow at once")
+
+
 def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
     """Submit the sweep driver: a requeueable CPU job running ``python -m gpuhpc.sweeps.driver``."""
     from gpuhpc.jobs.api import submit_spec
@@ -642,13 +744,7 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
         directory = Path(sw.directory)
-    partition = spec.driver_partition
-    if partition is None:
-        try:
-            names = {p.name for p in c.partitions()}
-        except GpuhpcError:
-            names = set()
-        partition = "cpu" if "cpu" in names else None
+    partition = _driver_partition(spec, c)
     env = {"GPUHPC_DB_URL": db_url(url)}
     if os.environ.get("GPUHPC_SWEEP_ROOT"):
         env["GPUHPC_SWEEP_ROOT"] = os.environ["GPUHPC_SWEEP_ROOT"]
@@ -829,6 +925,8 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                     st = qst
                 if st is not None and st.is_terminal:
                     new.update(state=st.value, raw_state=(rs[-1].state.raw if rs else (rng or q).state.raw)[:64])
+                elif q is not None:                     # ended for slurmctld; accounting will confirm
+                    new["raw_state"] = q.state.raw[:64]
                 elif q is None:
                     # neither squeue nor sacct shows it finished: keep its state until that has
                     # held for minutes (accounting lags; a failed query never gets here)
@@ -942,6 +1040,44 @@ def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
             except GpuhpcError:
                 pass
     return done
+
+
+# ---------------------------------------------------------------- the driver's heartbeat
+def driver_poll_s() -> float:
+    return float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
+
+
+def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
+    """None while the sweep's driver follows it (or it has none); else what to tell the user,
+    with the command that restarts it. Dead: no heartbeat (the driver writes the sweep's
+    ``updated_at`` every round) for 6 rounds, and squeue, asked only then, does not show its
+    job (pending or running). When squeue cannot say, it is taken for alive."""
+    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
+    with _session(url) as s:
+        sw = s.get(Sweep, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        status, driver, beat = sw.status, sw.driver_job_id, sw.updated_at
+    if status != SweepStatus.RUNNING.value or not driver:
+        return None
+    if beat is not None and (now() - _utc(beat)).total_seconds() < max(15.0, 6 * driver_poll_s()):
+        return None
+    active = _client(client).active_job_ids([driver])
+    if active is None or driver in active:
+        return None
+    return (f"sweep {sid}: its driver (job {driver}) is gone and nothing submits or follows its trials; "
+            f"restart it with: gpuhpc sweep resume {sid}")
+
+
+def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
+    """Trials per state as the database holds them (what the driver last wrote)."""
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            return {st: n for st, n in tx.q("SELECT state, count(*) FROM sweep_trials WHERE sweep_id = ? "
+                                             "GROUP BY state", (sid,))}
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------- reading

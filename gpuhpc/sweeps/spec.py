@@ -161,6 +161,17 @@ class Metric:
     goal: str = "minimize"
 
 
+#: the default cap on a sweep's trials: a grid that multiplies out past it is refused (exit 2)
+#: unless the file raises ``max_trials`` on purpose
+MAX_TRIALS = 10_000
+
+
+def _grid_len(p: "Param") -> int:
+    if p.kind == "int":
+        return int(p.high) - int(p.low) + 1          # type: ignore[arg-type]
+    return len(p.values or ()) if p.kind == "values" else 0
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     """A validated sweep (build it with :meth:`from_mapping` or :func:`load_file`)."""
@@ -183,6 +194,7 @@ class SweepSpec:
     max_queued: int | None = None         # trials queued at once (else from the cluster's limits)
     driver_partition: str | None = None   # the sweep driver's partition (default: cpu, when it exists)
     hold: bool = False                    # submit the arrays held (scontrol release them)
+    max_trials: int = MAX_TRIALS          # a larger sweep is refused unless raised here on purpose
 
     # ------------------------------------------------------------ derived
     @property
@@ -193,7 +205,7 @@ class SweepSpec:
     def n_trials(self) -> int:
         if self.trials is not None:
             return self.trials
-        return len(list(self._grid()))
+        return math.prod(_grid_len(p) for p in self.parameters.values())
 
     def _grid(self):
         names = list(self.parameters)
@@ -251,7 +263,7 @@ class SweepSpec:
                 kw[k] = _choice(v, k, METHODS)
             elif k == "template":
                 kw[k] = _choice(v, k, TEMPLATES)
-            elif k in ("seed", "trials", "parallelism", "max_requeues", "chunk_size", "max_queued"):
+            elif k in ("seed", "trials", "parallelism", "max_requeues", "chunk_size", "max_queued", "max_trials"):
                 kw[k] = _int(v, k)
             elif k == "grace":
                 kw[k] = v if isinstance(v, str) else _int(v, k)
@@ -332,6 +344,13 @@ class SweepSpec:
                 if ph not in self.parameters:
                     raise UserInputError(f"placeholder {{{ph}}} has no parameter of that name", field="command",
                                          hint=f"parameters: {', '.join(self.parameters)}")
+            for ph, context in quoting_contexts(self.command):
+                p = self.parameters[ph]
+                numeric = p.values is None or all(_is_num(v) and not isinstance(v, bool) for v in p.values)
+                if context == "expansion" and not numeric:
+                    raise UserInputError(f"placeholder {{{ph}}} is inside $(...), ${{...}} or backquotes, where "
+                                         f"a text value would run as shell code", field="command",
+                                         hint="move it out (e.g. v={" + ph + "}; ... \"$v\"), or use numbers only")
         if self.method == "tpe":
             try:
                 import optuna  # noqa: F401
@@ -341,11 +360,18 @@ class SweepSpec:
         if self.trials is not None and self.trials < 1:
             raise UserInputError("must be >= 1", field="trials")
         if self.method == "grid":
-            size = len(list(self._grid()))
+            size = math.prod(_grid_len(p) for p in self.parameters.values())
             if self.trials is not None and self.trials > size:
                 raise UserInputError(f"the grid has {size} points, not {self.trials}", field="trials")
         elif self.trials is None:
             raise UserInputError(f"method {self.method} needs a number of trials", field="trials")
+        if self.max_trials < 1:
+            raise UserInputError("must be >= 1", field="max_trials")
+        if self.n_trials > self.max_trials:
+            what = "the grid multiplies out to" if self.method == "grid" and self.trials is None else "the sweep has"
+            raise UserInputError(f"{what} {self.n_trials} trials, more than max_trials ({self.max_trials})",
+                                 field="trials", hint=f"set max_trials: {self.n_trials} in the file if you mean it, "
+                                                      "or fewer values / trials")
         if self.parallelism < 1:
             raise UserInputError(f"must be >= 1, got {self.parallelism}", field="parallelism")
         for name in ("max_requeues",):
@@ -383,6 +409,59 @@ def placeholders(command: str) -> list[str]:
     return out
 
 
+def quoting_contexts(command: str) -> list[tuple[str, str]]:
+    """Each placeholder of ``command`` with the shell context it sits in: ``plain``,
+    ``double`` (inside "..."), ``single`` (inside '...') or ``expansion`` (inside ``$(...)``,
+    ``$((...))``, ``${...}`` or backquotes, where a value would be parsed as shell code again)."""
+    out: list[tuple[str, str]] = []
+    stack = ["plain"]
+    for literal, field_name, _, _ in string.Formatter().parse(command):
+        i = 0
+        while i < len(literal):
+            ch, top = literal[i], stack[-1]
+            if top == "single":
+                if ch == "'":
+                    stack.pop()
+            elif ch == "\\":
+                i += 1
+            elif literal.startswith("$(", i) or literal.startswith("${", i):
+                stack.append("cmd" if literal[i + 1] == "(" else "brace")
+                i += 1
+            elif ch == "`":
+                if top == "tick":
+                    stack.pop()
+                else:
+                    stack.append("tick")
+            elif top == "double":
+                if ch == '"':
+                    stack.pop()
+            elif top == "brace":
+                if ch == "}":
+                    stack.pop()
+            elif ch == "'":
+                stack.append("single")
+            elif ch == '"':
+                stack.append("double")
+            elif ch == "(" and top == "cmd":
+                stack.append("cmd")
+            elif ch == ")" and top == "cmd":
+                stack.pop()
+            i += 1
+        if field_name is not None:
+            inner = any(c in ("cmd", "brace", "tick") for c in stack)
+            out.append((field_name, "expansion" if inner else stack[-1]))
+    return out
+
+
+def _quote_in(text: str, context: str) -> str:
+    """``text`` as one literal word in its shell context (see :func:`quoting_contexts`)."""
+    if context == "double":             # inside "...": only \ $ ` " are special
+        return "".join("\\" + c if c in '\\$`"' else c for c in text)
+    if context == "single":             # inside '...': close, an escaped quote, reopen
+        return text.replace("'", "'\\''")
+    return shlex.quote(text)
+
+
 def format_value(value: Value) -> str:
     """A parameter value as text: floats round-trip (repr), booleans lower-case."""
     if isinstance(value, bool):
@@ -393,11 +472,15 @@ def format_value(value: Value) -> str:
 
 
 def render_command(command: str, params: Mapping[str, Value]) -> str:
+    """``command`` with each placeholder replaced by its value as one literal word, quoted
+    for where it stands: bare (``shlex.quote``), inside "..." or inside '...'. A placeholder
+    inside ``$(...)``/backquotes takes only numbers (:meth:`SweepSpec._check`)."""
+    contexts = iter(quoting_contexts(command))
     pieces = []
     for literal, field_name, _, _ in string.Formatter().parse(command):
         pieces.append(literal)
         if field_name is not None:
-            pieces.append(shlex.quote(format_value(params[field_name])))
+            pieces.append(_quote_in(format_value(params[field_name]), next(contexts)[1]))
     return "".join(pieces)
 
 

@@ -1,0 +1,49 @@
+"""The sweep driver survives errors of any kind (database, OS, Slurm): it retries with a growing
+pause, and after too long it requeues its own job (issue 21, point 5)."""
+from __future__ import annotations
+
+import sqlite3
+
+from gpuhpc.sweeps import driver, engine
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.requeued: list[str] = []
+
+    def requeue(self, job_id: str) -> None:
+        self.requeued.append(job_id)
+
+
+def _setup(monkeypatch, errors: list[BaseException]):
+    client = _Client()
+    monkeypatch.setattr(engine, "_client", lambda *a, **k: client)
+    monkeypatch.setattr(engine, "recover", lambda *a, **k: None)
+    calls = []
+
+    def step(sid, c, url, limits):
+        calls.append(sid)
+        if errors:
+            raise errors.pop(0)
+        return True
+
+    monkeypatch.setattr(driver, "_step", step)
+    monkeypatch.setattr(driver.time, "sleep", lambda s: None)
+    return client, calls
+
+
+def test_database_and_os_errors_are_retried(monkeypatch):
+    client, calls = _setup(monkeypatch, [sqlite3.OperationalError("database is locked"), OSError(28, "No space left"),
+                                         RuntimeError("anything")])
+    assert driver.run(7, poll=0.01) == 0
+    assert len(calls) == 4 and client.requeued == []
+
+
+def test_a_driver_failing_for_too_long_requeues_its_own_job(monkeypatch):
+    client, calls = _setup(monkeypatch, [OSError("disk full")] * 10)
+    monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_GIVE_UP", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert driver.run(7, poll=0.01) == 0
+    assert client.requeued == ["4242"]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert driver.run(7, poll=0.01) == 1            # outside Slurm: exit 1, for whoever runs it
