@@ -28,6 +28,7 @@ import argparse
 import getpass
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,10 +47,19 @@ if __name__ == '__main__':
 """
 
 
+_CPU: list[float] = []        # CPU seconds (user + system) of the last _run's child processes
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _run(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
-    t0 = time.perf_counter()
+    c0, t0 = _cpu(), time.perf_counter()
     res = subprocess.run(argv, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t0
+    _CPU[:] = [_cpu() - c0]
     if check and res.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({res.returncode}): {res.stderr.strip()}")
     return dt, res
@@ -142,6 +152,7 @@ def main() -> int:
             "gpuhpc cluster status (info)": [*gpuhpc, "cluster", "status"],
         }
         times: dict[str, list[float]] = {k: [] for k in variants}
+        cpu: dict[str, list[float]] = {k: [] for k in variants}
         for argv in variants.values():         # warm the page cache and the bytecode
             _run(argv, env)
         shim_env, log = _shims(tmp, env)
@@ -149,17 +160,23 @@ def main() -> int:
         for _ in range(args.n):
             for name, argv in variants.items():
                 times[name].append(_run(argv, env)[0])
+                cpu[name].append(_CPU[0])
     finally:
         _run([*gpuhpc, "cancel", job_id], env, check=False)
 
     base = statistics.median(times["python -c pass"])
+    cbase = statistics.median(cpu["python -c pass"])
     print(f"CLI start-up, {args.n} runs each, interleaved; ratio = median / median of python -c pass; "
           f"`gpuhpc jobs` listed {listed} jobs")
-    print(f"{'command':<44} {'median ms':>10} {'min ms':>8} {'ratio':>7}  {'goal':<6} Slurm commands")
+    print("(cpu: median CPU time of the process and its children, user + system, against python -c pass's: "
+          "what a busy machine's load does not inflate)")
+    print(f"{'command':<44} {'median ms':>10} {'min ms':>8} {'ratio':>7}  {'goal':<6} {'cpu ratio':>9}  Slurm commands")
     for name, ts in times.items():
         med = statistics.median(ts)
         goal = "" if name == "python -c pass" or "info)" in name else "<= 6x"
-        print(f"{name:<44} {med * 1e3:>10.1f} {min(ts) * 1e3:>8.1f} {med / base:>6.1f}x  {goal:<6} {counts[name]}")
+        cratio = statistics.median(cpu[name]) / cbase
+        print(f"{name:<44} {med * 1e3:>10.1f} {min(ts) * 1e3:>8.1f} {med / base:>6.1f}x  {goal:<6} {cratio:>8.1f}x  "
+              f"{counts[name]}")
     return 0
 
 
