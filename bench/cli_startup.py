@@ -18,7 +18,7 @@ Slurm commands are counted in one extra round through a PATH directory of loggin
 without them. The commands run
 interleaved, round after round, so that every one sees the same load; the median of each is
 divided by the median of ``python -c pass``. ``submit --dry-run``, ``cluster status`` (a
-typer group that draws rich tables), raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
+click group that draws rich tables), raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
 time grows with their number, which is printed) and ``gpuhpc jobs`` of a user without jobs
 (``nobody``: start-up and one squeue, no listing) are shown for information.
 """

@@ -16,7 +16,7 @@ import os
 from gpuhpc.cli.main import COMMANDS, cli, main
 
 FAST = ("submit", "jobs", "status", "logs", "cancel")
-HEAVY = ("typer", "rich", "pydantic", "sqlalchemy", "jinja2", "yaml", "boto3", "paramiko")
+HEAVY = ("rich", "pydantic", "sqlalchemy", "jinja2", "yaml", "boto3", "paramiko")
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
