@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "completion": ("completion:completion", "Print the shell completion script: eval \"$(gpuhpc completion bash)\"."),
 }
 
+
 def help_for(name: str) -> str:
     """The one-line help of the top-level command ``name`` (its module passes it to click)."""
     return COMMANDS[name][1]
