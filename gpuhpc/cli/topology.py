@@ -141,3 +141,31 @@ def show(as_json: bool) -> None:
         return
     for r in recs:
         sys.stdout.write(" ".join(f"{k}={v}" for k, v in r.items()) + "\n")
+
+
+@topology.command("audit")
+@click.argument("file", metavar="FABRIC|-")
+@click.option("--json", "as_json", is_flag=True, help="Findings as JSON (kind, message, ports, line).")
+@click.option("--check", is_flag=True, help="Exit 1 when there is any finding (for CI / cron).")
+def audit_cmd(file: str, as_json: bool, check: bool) -> int:
+    """Cabling faults of an ibnetdiscover dump: degraded links, HCAs against the rail pattern,
+    missing or duplicated links, each with its ports."""
+    from gpuhpc.topology.audit import audit
+    from gpuhpc.topology.fabric import analyse
+    from gpuhpc.topology.ibnetdiscover import parse
+
+    text, source = _read_input(file)
+    findings = audit(analyse(parse(text, source)))
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json([f.to_dict() for f in findings])
+    else:
+        for f in findings:
+            sys.stdout.write(f"{f.kind:<10} {f.message}\n")
+    from collections import Counter
+
+    counts = Counter(f.kind for f in findings)
+    sys.stderr.write(f"{len(findings)} finding(s)" + (": " + ", ".join(f"{n} {k}" for k, n in counts.items())
+                                                      if counts else "") + "\n")
+    return 1 if check and findings else 0
