@@ -136,6 +136,11 @@ def test_hostile_values_arrive_literally(sweep_env, sweeps, tmp_path):
     ({"parallelism": -4}, "parallelism"),
     ({"method": "grid", "parameters": {"x": {"values": []}}}, "parameters.x.values"),
     ({"command": "echo {x} {y}"}, "command"),
+    ({"grace": "soon"}, "grace"),                                       # the job's checks, before any row
+    ({"env": {"1BAD": "x"}}, "env.1BAD"),
+    ({"command": "echo \"$(echo {x})\"", "parameters": {"x": {"values": ["a", "b"]}}}, "command"),
+    ({"method": "grid", "trials": None, "command": "echo {p0}",
+      "parameters": {f"p{i}": {"type": "int", "low": 1, "high": 10} for i in range(5)}}, "trials"),   # 100,000
 ])
 def test_bad_files_exit_2_and_submit_nothing(sweep_env, tmp_path, change, field):
     data = {"name": "t-bad", "command": "echo {x}", "parameters": {"x": {"type": "uniform", "low": 0, "high": 1}},
@@ -148,6 +153,24 @@ def test_bad_files_exit_2_and_submit_nothing(sweep_env, tmp_path, change, field)
     assert not (sweep_env / "sweeps").exists()      # nothing written, nothing submitted
     q = SlurmClient().queue(user=None)
     assert not [r for r in q if r.name.startswith("t-bad-")]
+
+
+def test_a_sweep_whose_first_array_slurm_refuses_leaves_nothing_behind(sweep_env, tmp_path):
+    from gpuhpc.sweeps import engine
+
+    f = write_sweep(tmp_path / "r.yaml", name="t-refused", command="echo {x}", method="random", trials=3,
+                    parameters={"x": {"type": "uniform", "low": 0, "high": 1}}, metric={"name": "loss"},
+                    resources={**CPU, "account": "gpuhpc-no-such-account"})
+    res = gpuhpc("sweep", "run", str(f))
+    assert res.returncode == 1 and "sbatch" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    conn = engine._conn(None)
+    try:
+        with conn.transaction() as tx:
+            assert tx.one("SELECT count(*) FROM sweeps", ())[0] == 0        # no "running" sweep left behind
+            assert tx.one("SELECT count(*) FROM sweep_trials", ())[0] == 0
+    finally:
+        conn.close()
+    assert list((sweep_env / "sweeps").iterdir()) == []
 
 
 def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, monkeypatch):
