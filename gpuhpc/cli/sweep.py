@@ -137,7 +137,7 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
             _echo(f"warning: {exc.one_line()}", err=True)
         info = sw.info()
         rows = engine.trial_rows(sw.id)
-        with engine._session(None) as s:
+        with engine.session(None) as s:
             from gpuhpc.sweeps.models import SweepTrial
 
             raws = {t.number: t.job_id_raw for t in s.query(SweepTrial).filter_by(sweep_id=sw.id)}

@@ -67,7 +67,7 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
                 break
     if not new:
         return 0
-    with engine._session(url) as s:
+    with engine.session(url) as s:
         start = (s.query(func.max(SweepTrial.number)).filter_by(sweep_id=sid).scalar() or -1) + 1
         t = engine.now()
         s.execute(insert(SweepTrial), [dict(sweep_id=sid, number=start + i, params=json.dumps(p, sort_keys=True),
@@ -84,7 +84,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
 
     counts = engine.refresh(sid, client=client, url=url)
-    with engine._session(url) as s:
+    with engine.session(url) as s:
         sw = s.get(Sweep, sid)
         status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
         spec = engine.spec_from_json(sw.spec)
@@ -117,7 +117,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
                 limits["at"] = -1e9
                 _log(f"slurmctld refused {n} more trial(s) (submit limit); asking the limits again")
             except QuotaExceeded as exc:
-                with engine._session(url) as s:
+                with engine.session(url) as s:
                     sw2 = s.get(Sweep, sid)
                     sw2.status, sw2.message = SweepStatus.BLOCKED.value, exc.one_line()
                 _log(f"blocked: {exc.one_line()}")
@@ -148,7 +148,7 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
 
     poll = poll if poll is not None else float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
     give_up = float(os.environ.get("GPUHPC_SWEEP_DRIVER_GIVE_UP", "1800"))
-    client = engine._client()
+    client = engine.slurm_client()
     _log(f"sweep {sid}: starting (restart {os.environ.get('SLURM_RESTART_COUNT', '0')})")
     limits: dict = {}
     recovered = False

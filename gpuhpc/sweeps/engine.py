@@ -70,7 +70,8 @@ def sweep_root() -> Path:
     return (data_dir() / "sweeps").absolute()
 
 
-def _client(client=None):
+def slurm_client(client=None):
+    """``client``, else a :class:`~gpuhpc.slurm.client.SlurmClient` of the default runner."""
     if client is not None:
         return client
     from gpuhpc.slurm.client import SlurmClient
@@ -93,7 +94,7 @@ def db_url(url: str | None = None) -> str:
     return url
 
 
-def _session(url: str | None):
+def session(url: str | None):
     """An ORM session (the readers: refresh, resume, cancel, results). The submit path uses
     :func:`_conn` (DB-API, no SQLAlchemy import: ``gpuhpc sweep run`` stays close to sbatch)."""
     from gpuhpc.ledger.db import session_scope
@@ -208,7 +209,7 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     """Record a sweep and its trials, then submit what the cluster allows now (and the driver
     when something is left). Returns the sweep id. Nothing is written or submitted when the
     resources cannot fit (exit 2) or the quota is exceeded (exit 3)."""
-    c = _client(client)
+    c = slurm_client(client)
     from gpuhpc.jobs.spec import check_fits_on
 
     # trials run where the user ran `sweep run`, whoever submits them later (the driver's own
@@ -464,7 +465,7 @@ def balance(sid: int, *, client=None, url: str | None = None) -> int:
     waiting behind their throttle, oldest first (``scontrol update ArrayTaskThrottle``; a
     throttle is only ever raised, and the sum stays at most P). Returns the slots still free,
     for a new chunk (:func:`submit_waiting`)."""
-    c = _client(client)
+    c = slurm_client(client)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
@@ -504,7 +505,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
     again by name (:func:`recover`). No chunk waits for another (no ``afterany`` chain)."""
     from gpuhpc.jobs.api import submit_spec
 
-    c = _client(client)
+    c = slurm_client(client)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
@@ -662,9 +663,9 @@ def _settle_hold(job_name: str, job_id: str | None, url: str | None) -> None:
 def recover(sid: int, *, client=None, url: str | None = None) -> None:
     """A chunk left ``submitting`` (the submitter died between sbatch and the database): find
     its job by name in the queue and attach it, else give its trials back to ``waiting``."""
-    c = _client(client)
+    c = slurm_client(client)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at) for ch in
                  s.query(SweepChunk).filter_by(sweep_id=sid, state="submitting")]
@@ -681,7 +682,7 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
         else:                       # never submitted: its trials wait again
             from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-            with _session(url) as s:
+            with session(url) as s:
                 s.get(SweepChunk, chunk_id).state = "failed"
                 s.query(SweepTrial).filter_by(sweep_id=sid, chunk_id=chunk_id, job_id=None).update(
                     {"state": TrialState.WAITING.value}, synchronize_session=False)
@@ -738,9 +739,9 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
     from gpuhpc.jobs.api import submit_spec
     from gpuhpc.jobs.spec import JobSpec, Resources
 
-    c = _client(client)
+    c = slurm_client(client)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
         directory = Path(sw.directory)
@@ -758,7 +759,7 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
                     checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory))
     job = submit_spec(jspec, client=c)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         s.get(Sweep, sid).driver_job_id = job.job_id
     return job.job_id
 
@@ -862,9 +863,9 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     from its absence (unless neither the queue nor accounting has known it for minutes)."""
     from sqlalchemy import update
 
-    c = _client(client)
+    c = slurm_client(client)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
             raise UserInputError(f"no sweep {sid}", field="ID")
@@ -950,7 +951,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
             updates.append((tid, new))
     all_done = bool(trials) and sum(counts.get(st, 0) for st in terminal) == len(trials)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         t = now()
         for tid, new in updates:
             s.execute(update(SweepTrial).where(SweepTrial.id == tid).values(updated_at=t, **new))
@@ -972,12 +973,12 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     the sweep still needs it. Returns the trial numbers resubmitted."""
     from sqlalchemy import update
 
-    c = _client(client)
+    c = slurm_client(client)
     recover(sid, client=c, url=url)
     refresh(sid, client=c, url=url)
     redo = (TrialState.FAILED.value, TrialState.CANCELLED.value, TrialState.WAITING.value)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
         numbers = [t.number for t in s.query(SweepTrial).filter(SweepTrial.sweep_id == sid,
@@ -1011,9 +1012,9 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
 
 def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
     """Cancel the sweep: its driver first (so nothing new is submitted), then every chunk."""
-    c = _client(client)
+    c = slurm_client(client)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
             raise UserInputError(f"no sweep {sid}", field="ID")
@@ -1053,7 +1054,7 @@ def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
     ``updated_at`` every round) for 6 rounds, and squeue, asked only then, does not show its
     job (pending or running). When squeue cannot say, it is taken for alive."""
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
             raise UserInputError(f"no sweep {sid}", field="ID")
@@ -1062,7 +1063,7 @@ def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
         return None
     if beat is not None and (now() - _utc(beat)).total_seconds() < max(15.0, 6 * driver_poll_s()):
         return None
-    active = _client(client).active_job_ids([driver])
+    active = slurm_client(client).active_job_ids([driver])
     if active is None or driver in active:
         return None
     return (f"sweep {sid}: its driver (job {driver}) is gone and nothing submits or follows its trials; "
@@ -1084,7 +1085,7 @@ def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
 def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
     """One row per trial, in trial order: trial, params, state, metrics, job_id, restarts, gpu_hours."""
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         return [dict(trial=t.number, params=json.loads(t.params), state=t.state,
                      metrics=json.loads(t.metrics) if t.metrics else {}, job_id=t.job_id, restarts=t.restarts,
                      gpu_hours=round(float(t.gpu_hours or 0), 6), objective=t.objective, raw_state=t.raw_state,
@@ -1094,7 +1095,7 @@ def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
 
 def sweep_info(sid: int, *, url: str | None = None) -> dict[str, Any]:
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
-    with _session(url) as s:
+    with session(url) as s:
         sw = s.get(Sweep, sid)
         if sw is None:
             raise UserInputError(f"no sweep {sid}", field="ID")

@@ -142,12 +142,7 @@ def test_the_command_check_sees_what_it_should(tmp_path):
 # ------------------------------------------------------------------ private names stay private
 # (importer, "module.name") -> why it may use another module's private name. Keep each reason
 # true; a stale entry fails.
-PRIVATE_ALLOWED: dict[tuple[str, str], str] = {
-    ("gpuhpc.sweeps.driver", "gpuhpc.sweeps.engine._session"): "the driver is the engine's own loop, "
-    "reworked for issue 20 at the same time: a public name when that lands",
-    ("gpuhpc.sweeps.driver", "gpuhpc.sweeps.engine._client"): "as above",
-    ("gpuhpc.cli.sweep", "gpuhpc.sweeps.engine._session"): "as above (the CLI is rewritten for issue 20 too)",
-}
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:

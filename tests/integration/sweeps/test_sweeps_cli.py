@@ -184,7 +184,7 @@ def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, mo
     assert "2 of the sweep's 10 trials would fit" in res.stderr
     from gpuhpc.sweeps import engine
 
-    with engine._session(None) as s:
+    with engine.session(None) as s:
         from gpuhpc.sweeps.models import Sweep
 
         assert s.query(Sweep).count() == 0

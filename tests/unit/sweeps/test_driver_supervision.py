@@ -17,7 +17,7 @@ class _Client:
 
 def _setup(monkeypatch, errors: list[BaseException]):
     client = _Client()
-    monkeypatch.setattr(engine, "_client", lambda *a, **k: client)
+    monkeypatch.setattr(engine, "slurm_client", lambda *a, **k: client)
     monkeypatch.setattr(engine, "recover", lambda *a, **k: None)
     calls = []
 
