@@ -22,6 +22,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--every", type=int, required=True)
     ap.add_argument("--step-seconds", type=float, default=0.05)
+    ap.add_argument("--slow-runs", type=int, default=0,
+                    help="only runs with a restart count below this wait --step-seconds per step (0: every run); "
+                         "the run after a test's last interruption then ends at once")
     ap.add_argument("--progress", required=True)
     ap.add_argument("--result", required=True)
     args = ap.parse_args()
@@ -34,6 +37,7 @@ def main() -> int:
             state = json.load(fh)
     progress = open(args.progress, "a", buffering=1)
     progress.write(f"start {ckpt.restart_count()} {state['step']}\n")
+    step_seconds = args.step_seconds if not args.slow_runs or ckpt.restart_count() < args.slow_runs else 0.0
 
     def save() -> None:
         local = os.path.join(ckpt.scratch_dir(), f"step-{state['step']:06d}.json")
@@ -42,7 +46,7 @@ def main() -> int:
         ckpt.save_atomic(local)
 
     while state["step"] < args.steps:
-        time.sleep(args.step_seconds)
+        time.sleep(step_seconds)
         n = state["step"] + 1
         state = {"step": n, "value": advance(n, state["value"])}
         progress.write(f"step {n}\n")
