@@ -142,6 +142,20 @@ local function money(currency, v)
     return sym .. int .. frac
 end
 
+-- the time limit Slurm gives a job that asked for none: its partition's DefaultTime, else its
+-- MaxTime (nil when unlimited: then Slurm's own GrpTRESMins with "safe" keeps it from starting)
+local function partition_minutes(part_list, name)
+    if type(part_list) ~= "table" then return nil end
+    local part = name and part_list[name]
+    if part == nil and name == nil then
+        for _, p in pairs(part_list) do
+            if p.flag_default == 1 then part = p break end
+        end
+    end
+    if part == nil then return nil end
+    return num(part.default_time) or num(part.max_time)
+end
+
 -- the budget message when the job (fields read with get) cannot fit, else nil
 local function check(get)
     local snap = load_snapshot()
@@ -180,7 +194,13 @@ local function check(get)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-    local ok, msg = pcall(check, function(k) return job_desc[k] end)
+    local function get(k)
+        if k == "time_limit" and num(job_desc.time_limit) == nil then
+            return partition_minutes(part_list, job_desc.partition)
+        end
+        return job_desc[k]
+    end
+    local ok, msg = pcall(check, get)
     if ok and msg then
         slurm.log_user("%s", msg)
         slurm.log_info("gpuhpc budget: refused a job of uid %s: %s", tostring(submit_uid), msg)

@@ -52,7 +52,8 @@ class Lua:
 
 
 def _table(d: dict) -> str:
-    return "{" + ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in d.items()) + "}"
+    return "{" + ", ".join(f"{k} = {v!r}" if isinstance(v, str) else f"{k} = {v}" for k, v in d.items()
+                           if v is not None) + "}"
 
 
 BASE = {"account": "research", "partition": "gpu", "user_name": USER, "time_limit": 10, "min_nodes": NO_VAL,
@@ -67,9 +68,9 @@ def lua(tmp_path):
     return Lua(tmp_path)
 
 
-def submit(lua: Lua, **fields) -> tuple[str, str]:
+def submit(lua: Lua, parts: str = "{}", **fields) -> tuple[str, str]:
     desc = {**BASE, **fields}
-    return tuple(lua.run(f"_msg = nil; _err = nil; local rc = slurm_job_submit({_table(desc)}, {{}}, 1000); "
+    return tuple(lua.run(f"_msg = nil; _err = nil; local rc = slurm_job_submit({_table(desc)}, {parts}, 1000); "
                          f"return tostring(rc) .. '|' .. tostring(_msg) .. '|' .. tostring(_err)").split("|")[:2])
 
 
@@ -100,6 +101,20 @@ def test_every_gpu_form_is_counted(lua, fields, gpu_hours):
 ])
 def test_jobs_that_fit_pass(lua, fields):
     assert submit(lua, **fields) == ("0", "nil")
+
+
+def test_no_time_limit_takes_the_partitions_default_or_max(lua):
+    """A job without -t gets its partition's DefaultTime (else MaxTime): counted with that."""
+    parts = ("{gpu = {name = 'gpu', default_time = 60, max_time = 4294967295, flag_default = 1}, "
+             "cpu = {name = 'cpu', default_time = 4294967294, max_time = 120, flag_default = 0}}")
+    rc, msg = submit(lua, parts, tres_per_node="gres:gpu:1", time_limit=NO_VAL)
+    assert rc == "-1" and msg.endswith("this job may use 1.00 GPU-hours"), msg
+    rc, msg = submit(lua, parts, tres_per_node="gres:gpu:1", time_limit=NO_VAL, partition=None)   # the default one
+    assert rc == "-1" and msg.endswith("this job may use 1.00 GPU-hours"), msg
+    rc, msg = submit(lua, parts, tres_per_node="gres:gpu:1", time_limit=NO_VAL, partition="cpu")   # MaxTime
+    assert rc == "-1" and msg.endswith("this job may use 2.00 GPU-hours"), msg
+    unlimited = "{gpu = {name = 'gpu', default_time = 4294967294, max_time = 4294967295, flag_default = 1}}"
+    assert submit(lua, unlimited, tres_per_node="gres:gpu:1", time_limit=NO_VAL) == ("0", "nil")
 
 
 JOB_REC = {"job_id": 77, "account": "research", "partition": "gpu", "user_name": USER, "time_limit": 10,
