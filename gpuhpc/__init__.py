@@ -24,6 +24,7 @@ _LAZY = {
     "report": "gpuhpc.ledger.metrics",
     "sweep": "gpuhpc.remote.sweeps",
     "Sweep": "gpuhpc.sweeps.api",
+    "sprint": "gpuhpc.sprints.run",
     "SlurmClient": "gpuhpc.slurm.client",
     "JobState": "gpuhpc.slurm.state",
 }

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node:node_group", "GPU node inventory: gres.conf lines, node sizing checks."),
     "stage": ("stage:stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
     "sweep": ("sweep:sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
+    "sprint": ("sprint:sprint", "Profiling sprint: throughput, utilisation and $/throughput across batch size and placement."),
     "report-metric": ("report_metric:report_metric",
                       "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
     "cmdserver": ("cmdserver:cmdserver",

@@ -1,0 +1,112 @@
+"""Run a sprint as a sweep and collect its figures: ``gpuhpc.sprint(...)`` and ``gpuhpc sprint FILE``.
+
+The sprint is a grid sweep over its axes (:meth:`SprintSpec.sweep_mapping`), run by the sweeps
+engine like any ``gpuhpc sweep run``. Per trial: the throughput is the last value of the
+sprint's metric the trial reported (``gpuhpc.report(samples_per_s=...)``); GPU utilisation and
+CPU use come from the job's efficiency report (the ledger's stored summary, else Prometheus:
+:func:`gpuhpc.monitoring.efficiency.job_report`), else from a ``gpu_util_percent`` the trial
+reported itself; the price per GPU-hour of ``gpu_type`` from the ledger's price book, else the
+file's ``prices``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from gpuhpc.errors import GpuhpcError
+from gpuhpc.sprints.analysis import SprintResult, TrialRecord, analyse
+from gpuhpc.sprints.spec import SprintSpec, check_cost, from_mapping, load_file
+
+
+def price(spec: SprintSpec) -> tuple[Decimal | None, str]:
+    """The price per GPU-hour of the sprint's GPU type and where it came from."""
+    from gpuhpc.monitoring.efficiency import gpu_rate, price_book
+
+    rate = gpu_rate(price_book(), spec.gpu_type, str(spec.resources.get("partition", "")), "",
+                    dt.datetime.now(dt.timezone.utc))
+    if rate is not None:
+        return rate, f"price of {spec.gpu_type} from the ledger: {rate}/GPU-hour"
+    if spec.gpu_type in spec.prices:
+        return spec.prices[spec.gpu_type], (f"no ledger price for {spec.gpu_type}: the sprint file's "
+                                            f"{spec.prices[spec.gpu_type]}/GPU-hour")
+    return None, f"no price for {spec.gpu_type} (ledger or the file's prices): no cost figures"
+
+
+def _figures(job_id: str, client) -> tuple[float | None, str, float | None, float | None]:
+    """(mean GPU util %, its source, CPU busy %, peak GPU memory) from the job's efficiency report."""
+    from gpuhpc.monitoring.efficiency import job_report
+
+    try:
+        rep = job_report(job_id, client=client)
+    except GpuhpcError:
+        return None, "", None, None
+    util = None
+    if rep.devices:
+        util = sum(d.mean_util for d in rep.devices) / len(rep.devices)
+    used = rep.cpu_used_seconds
+    cpu = 100 * used / (rep.cpus * rep.elapsed_s) if used is not None and rep.cpus and rep.elapsed_s else None
+    mem = max((d.peak_mem_bytes for d in rep.devices), default=None)
+    return util, (rep.source if util is not None else ""), cpu, mem
+
+
+def records(spec: SprintSpec, rows: list[dict[str, Any]], rate: Decimal | None, *, client=None,
+            utilisation: bool = True) -> list[TrialRecord]:
+    """The sweep's trial rows as :class:`TrialRecord`s (axes with one value filled in)."""
+    fixed = {a: vals[0] for a, vals in spec.axes.model_dump().items()}
+    out = []
+    for row in rows:
+        metrics = row.get("metrics") or {}
+        config = {**fixed, **{k: v for k, v in row["params"].items() if k in fixed}}
+        thr = metrics.get(spec.metric)
+        rec = TrialRecord(config=config, state=row["state"], throughput=float(thr) if thr is not None else None,
+                          rate=rate, job_id=row.get("job_id") or "", trial=row["trial"])
+        if utilisation and rec.job_id:
+            rec.util_percent, rec.util_source, rec.cpu_percent, rec.memory_bytes = _figures(rec.job_id, client)
+        if rec.util_percent is None and metrics.get("gpu_util_percent") is not None:
+            rec.util_percent, rec.util_source = float(metrics["gpu_util_percent"]), "reported"
+        if rec.cpu_percent is None and metrics.get("cpu_percent") is not None:
+            rec.cpu_percent = float(metrics["cpu_percent"])
+        out.append(rec)
+    return out
+
+
+def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None = 3600, poll: float = 2.0,
+           client=None, url: str | None = None, utilisation: bool = True) -> SprintResult:
+    """Run the sprint (a spec, its mapping, or a sprint file's path), wait for every trial and
+    return its :class:`SprintResult` (table rows, recommendation, bottlenecks)."""
+    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps.api import Sweep
+    from gpuhpc.sweeps.spec import SweepSpec
+
+    if isinstance(spec, str):
+        spec = load_file(spec)
+    elif not isinstance(spec, SprintSpec):
+        spec = from_mapping(dict(spec))
+    rate, note = price(spec)
+    check_cost(spec, rate)
+    sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping())
+    if client is None:
+        from gpuhpc.slurm.client import SlurmClient
+
+        client = SlurmClient()
+    sid = engine.create(sweep_spec, client=client, url=url)
+    handle = Sweep(sid, client=client, url=url)
+    handle.wait(timeout=timeout, poll=poll)
+    res = collect(spec, sid, rate, client=client, url=url, utilisation=utilisation)
+    res.notes.insert(0, note)
+    return res
+
+
+def collect(spec: SprintSpec, sweep_id: int, rate: Decimal | None, *, client=None, url: str | None = None,
+            utilisation: bool = True) -> SprintResult:
+    from gpuhpc.sweeps import engine
+
+    recs = records(spec, engine.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation)
+    res = analyse(spec.name, spec.metric, recs)
+    res.sweep_id = sweep_id
+    res.notes.append("axes reach the command as placeholders; every trial ran with the sprint's resources "
+                     f"({', '.join(f'{k}={v}' for k, v in spec.resources.items())}); cost is the configuration's "
+                     "GPUs x price / throughput")
+    return res

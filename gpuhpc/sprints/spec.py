@@ -1,0 +1,173 @@
+"""Sprint files: a validated :class:`SprintSpec` (pydantic, frozen), and its sweep.
+
+A sprint file (YAML)::
+
+    name: toy
+    command: python examples/sprints/toy_train.py --batch-size {batch_size} --gpus-per-node {gpus_per_node}
+             --nodes {nodes} --placement {placement}
+    axes:
+      batch_size: [32, 64, 128]
+      gpus_per_node: [1, 4]
+      nodes: [1, 2]
+      placement: [one-leaf, spread]
+    gpu_type: h100                  # the price comes from the ledger's price book
+    prices: {h100: 2.50}            # per GPU-hour, used only when the ledger has no price for gpu_type
+    metric: samples_per_s           # what the command reports with gpuhpc.report(samples_per_s=...)
+    budget: {trials: 24, gpu_hours: 10, cost: 25}
+    resources: {partition: cpu, time: 2m}   # one trial's job (a sweep file's resources)
+
+Each axis is a grid parameter of the sweep (``{axis}`` placeholders in ``command``). A sweep's
+trials share one ``resources``; the axes reach the command, which requests or simulates that
+shape. Every bad field raises :class:`UserInputError` (exit 2) naming it.
+"""
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpuhpc.errors import UserInputError
+
+AXES = ("batch_size", "gpus_per_node", "nodes", "placement")
+PLACEMENTS = ("one-leaf", "spread")
+
+
+class Axes(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: tuple[int, ...] = (1,)
+    gpus_per_node: tuple[int, ...] = (1,)
+    nodes: tuple[int, ...] = (1,)
+    placement: tuple[Literal["one-leaf", "spread"], ...] = ("one-leaf",)
+
+    @field_validator("batch_size", "gpus_per_node", "nodes")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("needs at least one value")
+        if any(x < 1 for x in v):
+            raise ValueError("every value must be >= 1")
+        if len(set(v)) != len(v):
+            raise ValueError("values repeat")
+        return v
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trials: int = Field(100, ge=1, le=1000)
+    gpu_hours: float | None = Field(None, gt=0)    # the configurations' GPUs x the trial time limit
+    cost: Decimal | None = Field(None, gt=0)       # the same, priced
+
+
+class SprintSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    command: str = Field(min_length=1)
+    axes: Axes = Axes()
+    gpu_type: str = Field("h100", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    prices: dict[str, Decimal] = {}
+    metric: str = Field("samples_per_s", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    budget: Budget = Budget()
+    resources: dict[str, Any] = {"partition": "cpu", "time": "5m"}
+    parallelism: int = Field(16, ge=1)
+
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, v: dict[str, Decimal]) -> dict[str, Decimal]:
+        if any(p < 0 for p in v.values()):
+            raise ValueError("a price is >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _fits_budget(self) -> "SprintSpec":
+        n = len(self.configurations())
+        if n > self.budget.trials:
+            raise ValueError(f"budget.trials: the axes make {n} configurations, the budget allows "
+                             f"{self.budget.trials}")
+        return self
+
+    def configurations(self) -> list[dict[str, Any]]:
+        import itertools
+
+        names = [a for a in AXES if getattr(self.axes, a)]
+        return [dict(zip(names, combo)) for combo in itertools.product(*(getattr(self.axes, a) for a in names))]
+
+    def trial_seconds(self) -> int:
+        from gpuhpc.jobs.spec import parse_duration
+
+        return parse_duration(self.resources.get("time", "5m"), "resources.time")
+
+    def worst_gpu_hours(self) -> float:
+        """Every configuration's GPUs for the whole trial time limit."""
+        return sum(c["nodes"] * c["gpus_per_node"] for c in self.configurations()) * self.trial_seconds() / 3600
+
+    def sweep_mapping(self) -> dict[str, Any]:
+        """The sweep file this sprint runs as: a grid over the axes, maximising the metric."""
+        used = {a for a in AXES if "{" + a + "}" in self.command}
+        params = {a: {"values": list(getattr(self.axes, a))} for a in AXES if a in used}
+        return {"name": f"sprint-{self.name}", "command": self.command, "parameters": params, "method": "grid",
+                "parallelism": self.parallelism, "resources": dict(self.resources),
+                "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1}
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
+    """Validate ``data`` (exit 2 naming the first bad field)."""
+    if not isinstance(data, dict):
+        raise UserInputError(f"{source} must be a YAML mapping", field="FILE", hint="see examples/sprints/toy.yaml")
+    try:
+        spec = SprintSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        field = _loc(tuple(err["loc"]))
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        if msg.startswith("budget.trials:"):
+            field, msg = "budget.trials", msg.removeprefix("budget.trials: ")
+        raise UserInputError(msg, field=field or None, hint="see docs/sprints.md") from None
+    missing = [a for a in AXES if len(getattr(spec.axes, a)) > 1 and "{" + a + "}" not in spec.command]
+    if missing:
+        raise UserInputError(f"axis {missing[0]} has several values but no {{{missing[0]}}} in command",
+                             field=f"axes.{missing[0]}", hint=f"pass it to the program: --x {{{missing[0]}}}")
+    if spec.budget.gpu_hours is not None and spec.worst_gpu_hours() > spec.budget.gpu_hours + 1e-9:
+        raise UserInputError(f"the configurations may use {spec.worst_gpu_hours():.2f} GPU-hours (their GPUs x the "
+                             f"trial time limit), the budget is {spec.budget.gpu_hours}", field="budget.gpu_hours",
+                             hint="fewer axes values or a shorter resources.time")
+    return spec
+
+
+def load_file(path: str) -> SprintSpec:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise UserInputError(f"{path}: no such file", field="FILE") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{path}: cannot read: {exc}", field="FILE") from None
+    except yaml.YAMLError as exc:
+        raise UserInputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}", field="FILE") from None
+    return from_mapping(data, path)
+
+
+def check_cost(spec: SprintSpec, rate: Decimal | None) -> None:
+    """``budget.cost`` against the worst case at ``rate`` per GPU-hour (exit 2 when over)."""
+    if spec.budget.cost is None or rate is None:
+        return
+    worst = Decimal(str(math.ceil(spec.worst_gpu_hours() * 1e6) / 1e6)) * rate
+    if worst > spec.budget.cost:
+        raise UserInputError(f"the configurations may cost {worst:.2f} (their GPUs x the trial time limit at "
+                             f"{rate}/GPU-hour), the budget is {spec.budget.cost}", field="budget.cost",
+                             hint="fewer axes values or a shorter resources.time")
