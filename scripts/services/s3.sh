@@ -4,9 +4,9 @@
 # generated at the first start into $D (root's, 0700: no other local user can read them):
 # the admin (every bucket; what the S3 tests and `gpuhpc stage` use) and a user who may touch
 # only the bucket $USER_BUCKET (gpuhpc-user), so that one key cannot replace another's
-# checkpoints. The filer's and volume server's HTTP APIs need SeaweedFS' JWTs ($D/security.toml,
-# read from weed's working directory), so they are no way around the S3 identities. Not covered:
-# the internal gRPC ports (loopback only, unauthenticated without mTLS).
+# checkpoints. The internal servers (master, volume, filer: HTTP and gRPC on loopback) are no way
+# around the S3 identities: they want SeaweedFS' JWTs and mutual TLS with a certificate of a CA made
+# here ($D/security.toml, read from weed's working directory; $D/tls), which only root can read.
 # `start` prints the environment the S3 tests and `gpuhpc stage` read (the admin's keys), then
 # the user's (GPUHPC_TEST_S3_USER_*).
 set -euo pipefail
@@ -17,6 +17,18 @@ WEED=${WEED:-$PWD/.venv/bin/weed}
 private_dir "$D" 700
 alive() { [ -s "$D/weed.pid" ] && kill -0 "$(cat "$D/weed.pid")" 2>/dev/null; }
 secret() { head -c 30 /dev/urandom | base64 | tr -dc 'A-Za-z0-9' | cut -c1-32; }
+tls() {  # DIR: a CA, and a server and a client certificate it signed (SeaweedFS checks no host name)
+  local d=$1 c
+  mkdir -p -m 700 "$d"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/ca.key" -out "$d/ca.crt" \
+    -days 3650 -subj "/CN=gpuhpc-test-seaweedfs-ca" 2>/dev/null
+  for c in server client; do
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$d/$c.key" -out "$d/$c.csr" \
+      -subj "/CN=localhost" 2>/dev/null
+    openssl x509 -req -in "$d/$c.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -out "$d/$c.crt" -days 3650 \
+      -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n') 2>/dev/null
+  done
+}
 creds() {
   if [ -s "$D/credentials.env" ]; then . "$D/credentials.env"; return; fi
   # a store started by an older s3.sh: its one identity
@@ -33,8 +45,30 @@ start)
     if [ ! -s "$D/credentials.env" ]; then
       printf 'ACCESS=gpuhpc-admin SECRET=%s USER_ACCESS=gpuhpc-user USER_SECRET=%s\n' "$(secret)" "$(secret)" \
         > "$D/credentials.env"
-      printf '[jwt.signing]\nkey = "%s"\n[jwt.filer_signing]\nkey = "%s"\n[jwt.filer_signing.read]\nkey = "%s"\n' \
-        "$(secret)" "$(secret)" "$(secret)" > "$D/security.toml"
+      tls "$D/tls"
+      T=$D/tls
+      cat > "$D/security.toml" <<EOC
+[jwt.signing]
+key = "$(secret)"
+[jwt.signing.read]
+key = "$(secret)"
+[jwt.filer_signing]
+key = "$(secret)"
+[jwt.filer_signing.read]
+key = "$(secret)"
+[grpc]
+ca = "$T/ca.crt"
+$(for c in master volume filer s3 admin; do printf '[grpc.%s]\ncert = "%s"\nkey = "%s"\n' $c "$T/server.crt" "$T/server.key"; done)
+[grpc.client]
+cert = "$T/client.crt"
+key = "$T/client.key"
+[https.client]
+enabled = true
+cert = "$T/client.crt"
+key = "$T/client.key"
+ca = "$T/ca.crt"
+$(for c in master volume filer; do printf '[https.%s]\ncert = "%s"\nkey = "%s"\nca = "%s"\n' $c "$T/server.crt" "$T/server.key" "$T/ca.crt"; done)
+EOC
     fi
     . "$D/credentials.env"
     cat > "$D/s3.json" <<EOC

@@ -30,6 +30,16 @@ for what, call in (("put", lambda: s3.put_object(Bucket=bucket, Key="ckpt.pkl", 
 """
 
 
+def _weed_ports(endpoint: str) -> list[int]:
+    """The other TCP ports of the weed process that serves ``endpoint``'s port."""
+    s3_port = int(endpoint.rsplit(":", 1)[1])
+    rows = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    pid = next(r.split("pid=", 1)[1].split(",", 1)[0] for r in rows if r.split()[3].endswith(f":{s3_port}"))
+    ports = {int(r.split()[3].rsplit(":", 1)[1]) for r in rows if f"pid={pid}," in r}
+    assert len(ports) > 3, ports
+    return sorted(ports - {s3_port})
+
+
 def test_postgres_wants_a_password_from_everyone(hostile):
     url = make_url(os.environ["GPUHPC_TEST_PG_URL"])     # root's: its password in the URL or root's ~/.pgpass
     ok = subprocess.run(["psql", "-h", url.host, "-p", str(url.port), "-U", url.username, "-d", url.database, "-w",
@@ -67,6 +77,13 @@ def test_a_users_s3_key_cannot_touch_the_admins_bucket(hostile, site_python):
         anon = hostile.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT", "--data", "evil",
                             f"{env['GPUHPC_S3_ENDPOINT_URL']}/{bucket}/ckpt.pkl"])
         assert anon.stdout.strip() in ("401", "403"), anon.stdout
+        # nor around S3: every other port of the same weed (master, volume, filer: HTTP, HTTPS, gRPC)
+        for port in _weed_ports(env["GPUHPC_S3_ENDPOINT_URL"]):
+            for path in (f"/col/delete?collection={bucket}", f"/buckets/{bucket}/ckpt.pkl"):
+                for method in ("GET", "PUT", "DELETE"):
+                    r = hostile.run(["curl", "-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}", "-X", method,
+                                     "--data", "evil", f"http://127.0.0.1:{port}{path}"])
+                    assert not r.stdout.startswith("2"), (port, method, path, r.stdout)
         assert admin.get_object(Bucket=bucket, Key="ckpt.pkl")["Body"].read() == b"good"
         # the user's own bucket works with the user's key: the identity is real, not just closed
         ub = env["GPUHPC_TEST_S3_USER_BUCKET"]
