@@ -151,6 +151,54 @@ def billing_weights(billing: dict[str, Any] | None, partitions: list[dict[str, A
     return out
 
 
+# AuthInfo cred_expire for a cluster with cloud nodes when runtime.cred_expire is not set: a
+# requeued job (a spot reclaim, a node that never booted) may start again only cred_expire + 1 s
+# later; Slurm's 120 s default would add two minutes to every reclaim. 30 s still leaves a job
+# credential time to reach a node that is busy (docs/elastic.md).
+ELASTIC_CRED_EXPIRE = 30
+ELASTIC_SUSPEND_TIME = 300      # SuspendTime when no cloud group sets idle_timeout
+RESUME_TIMEOUT_MARGIN = 30      # ResumeTimeout default: the slowest boot_timeout + this
+
+
+def _power(spec: ClusterSpec) -> dict[str, Any] | None:
+    """Slurm's power-saving block for the ``capacity: cloud`` groups, None without any. Slurm
+    22.05 has one SuspendTime and ResumeTimeout for the cluster: the shortest idle_timeout and
+    the slowest boot (+ a margin). Static nodes are excluded from power saving; ResumeRate and
+    SuspendRate 0 (no limit): the provider, not Slurm, paces launches. ``idle_on_node_suspend``
+    returns a node that was DOWN (a reclaim, a capacity error) to the pool once it is powered down."""
+    cloud = [g for g in spec.node_groups if g.capacity == "cloud"]
+    if not cloud:
+        return None
+    pw = spec.power
+    static = [n for g in spec.node_groups if g.capacity == "static" for n in g.node_names()]
+    boots = [g.boot_timeout for g in cloud if g.boot_timeout is not None]
+    idles = [g.idle_timeout for g in cloud if g.idle_timeout is not None]
+    params = ["idle_on_node_suspend"] + (["cloud_dns"] if pw.cloud_dns else [])
+    prog = lambda name: posixpath.join(pw.programs_dir, name)  # noqa: E731
+    return {
+        "resume_program": prog("gpuhpc-power-resume"),
+        "suspend_program": prog("gpuhpc-power-suspend"),
+        "resume_fail_program": prog("gpuhpc-power-resume-fail"),
+        "suspend_time": min(idles) if idles else ELASTIC_SUSPEND_TIME,
+        "resume_timeout": pw.resume_timeout or (max(boots) + RESUME_TIMEOUT_MARGIN if boots else 300),
+        "suspend_timeout": pw.suspend_timeout,
+        "suspend_exc_nodes": hostlist.compress(static) if static else None,
+        "resume_rate": 0,
+        "suspend_rate": 0,
+        # without resolvable names slurmctld must not fan messages out through nodes (slurm.conf(5), CLOUD)
+        "tree_width": None if pw.cloud_dns else 65533,
+        "slurmctld_parameters": params,
+        # not used by the templates; for gpuhpc power and the gpuhpc_elastic role
+        "state_dir": pw.state_dir,
+        "orphan_grace": pw.orphan_grace,
+        "groups": [{"name": g.name, "nodes": hostlist.compress(g.node_names()), "provider": g.provider,
+                    "market": g.market, "instance_types": list(g.instance_types),
+                    "max_nodes": g.max_nodes or g.count, "boot_timeout": g.boot_timeout,
+                    "idle_timeout": g.idle_timeout, "capacity_cooldown": g.capacity_cooldown,
+                    "price_tier": g.price_tier} for g in cloud],
+    }
+
+
 HOOKS_ENV_FILE = "/etc/gpuhpc/hooks.env"   # the hooks read it (gpuhpc/health/hooks/*; $GPUHPC_HOOKS_ENV)
 
 
@@ -183,7 +231,9 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
     pn = "-%n" if rt.multiple_slurmd else ""
     run = rt.run_dir
     log = rt.log_dir
-    auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={rt.cred_expire}" if rt.cred_expire else "")
+    power = _power(spec)
+    cred_expire = rt.cred_expire or (ELASTIC_CRED_EXPIRE if power else None)
+    auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={cred_expire}" if cred_expire else "")
 
     nodes: list[dict[str, Any]] = []
     node_rows: list[dict[str, Any]] = []
@@ -210,6 +260,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
                 "gres": _gres_string(gpus) or None,
                 "features": ",".join(g.features) or None,
                 "weight": g.weight,
+                "state": "CLOUD" if g.capacity == "cloud" else "UNKNOWN",
             }
             node_rows.append(row)
             # gres.conf: one row per (type, cores) on this node; with AutoDetect=nvml, MIG
@@ -292,6 +343,9 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
     ctld_params = list(rt.slurmctld_parameters)
     if pre.type != "none" and "preempt_send_user_signal" not in ctld_params:
         ctld_params.append("preempt_send_user_signal")
+    for param in (power or {}).get("slurmctld_parameters", []):
+        if param not in ctld_params:
+            ctld_params.append(param)
     switches = [{
         "name": s.name,
         "nodes": hostlist.compress(resolve_nodes(spec, list(s.nodes), "")) if s.nodes else None,
@@ -353,6 +407,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         },
         "job_submit_lua": spec.job_submit_lua,
         "health": _health(spec),
+        "power": power,
         "billing_unit": (billing or {}).get("unit"),
         "node_lines": _merge(node_rows),
         "gres_lines": _merge(gres_rows),

@@ -293,8 +293,31 @@ def validate(spec: ClusterSpec) -> list[str]:
                 raise SpecError("a switch cannot contain itself", field=f"topology.switches[{si}].switches[{ci}]")
     if spec.topology.switches and spec.topology.plugin == "none":
         raise SpecError("switches are listed but topology.plugin is none", field="topology.plugin")
+    _check_power(spec)
     _check_filesystems(spec)
     return warnings
+
+
+def _check_power(spec: ClusterSpec) -> None:
+    """Elastic capacity (docs/elastic.md): Slurm marks a node DOWN when it has not registered
+    ResumeTimeout after its ResumeProgram ran, so a ResumeTimeout below a group's boot time fails
+    every boot; and 22.05 ignores Weight between powered-down nodes, so a partition with cloud
+    nodes holds one price tier only (one partition per tier, ordered by PriorityTier)."""
+    cloud = [(i, g) for i, g in enumerate(spec.node_groups) if g.capacity == "cloud"]
+    rto = spec.power.resume_timeout
+    for i, g in cloud:
+        if rto is not None and g.boot_timeout is not None and rto < g.boot_timeout:
+            raise SpecError(f"resume_timeout {rto}s is shorter than node_groups[{i}] ({g.name}) boot_timeout "
+                            f"{g.boot_timeout}s: every boot would be marked DOWN", field="power.resume_timeout",
+                            hint=f"set it to at least {g.boot_timeout} (or leave it out: slowest boot + 30 s)")
+    tier_of = {n: g.price_tier for _, g in cloud for n in g.node_names()}
+    for pi, p in enumerate(spec.partitions):
+        tiers = sorted({tier_of[n] for n in resolve_nodes(spec, list(p.nodes), f"partitions[{pi}].nodes")
+                        if n in tier_of})
+        if len(tiers) > 1:
+            raise SpecError(f"partition {p.name!r} holds cloud nodes of price tiers {tiers}: Slurm 22.05 ignores "
+                            "Weight between powered-down nodes", field=f"partitions[{pi}].nodes",
+                            hint="one partition per price tier, the cheaper one with the higher priority_tier")
 
 
 def _lnet_net(net: str) -> str:

@@ -265,6 +265,30 @@ class NodeGroup(_Model):
     nvlink_domain: Name | None = None           # the whole group is one domain, with this name
     nvlink_domain_size: int | None = Field(default=None, ge=1)   # consecutive chunks of this many nodes
     nvlink_domains: list[Word] | None = None    # one hostlist per domain (nodes of this group)
+    # elastic capacity (docs/elastic.md): "cloud" nodes are State=CLOUD, powered up by Slurm's
+    # ResumeProgram (`gpuhpc power resume`) when jobs wait and down after idle_timeout
+    capacity: Literal["static", "cloud"] = "static"
+    market: Literal["on_demand", "spot"] = "on_demand"
+    instance_types: list[Word] = []             # in order of preference (the provider falls back along it)
+    max_nodes: int | None = Field(default=None, ge=1)        # at most this many up at once (default: count)
+    boot_timeout: int | None = Field(default=None, ge=1)     # seconds a node takes to boot and register
+    idle_timeout: int | None = Field(default=None, ge=1)     # seconds idle before it is powered down
+    capacity_cooldown: int = Field(default=300, ge=0)        # seconds a pool rests after a capacity error
+    provider: Literal["local", "aws"] | None = None
+    price_tier: int = Field(default=0, ge=0, le=1000)        # lower is cheaper; one partition per tier
+
+    @model_validator(mode="after")
+    def _cloud_fields(self) -> "NodeGroup":
+        if self.capacity == "static":
+            given = [k for k in ("instance_types", "max_nodes", "boot_timeout", "idle_timeout", "provider")
+                     if getattr(self, k) not in (None, [])]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only for capacity: cloud")
+        elif self.provider is None:
+            raise ValueError("a cloud group needs a provider (local or aws)")
+        if self.max_nodes is not None and self.max_nodes > self.count:
+            raise ValueError(f"max_nodes {self.max_nodes} is above count {self.count}")
+        return self
 
     @model_validator(mode="after")
     def _one_nvlink_form(self) -> "NodeGroup":
@@ -306,6 +330,18 @@ class NodeGroup(_Model):
     @property
     def cpus(self) -> int:
         return self.sockets * self.cores_per_socket * self.threads_per_core
+
+
+class Power(_Model):
+    """Slurm's power saving for the ``capacity: cloud`` groups (docs/elastic.md): the programs
+    Slurm runs (wrappers around ``gpuhpc power resume|suspend|resume-fail``), its timeouts, and
+    where ``gpuhpc power`` keeps its launch records."""
+    programs_dir: AbsPath = "/usr/local/sbin"   # gpuhpc-power-resume, -suspend, -resume-fail
+    resume_timeout: int | None = Field(default=None, ge=1)    # default: the slowest boot_timeout + 30
+    suspend_timeout: int = Field(default=30, ge=1)
+    state_dir: AbsPath = "/var/lib/gpuhpc/elastic"
+    cloud_dns: bool = False                    # the cloud nodes' names resolve (else NodeAddr is rendered)
+    orphan_grace: int = Field(default=600, ge=0)   # seconds before the reconciler ends an untracked instance
 
 
 class Partition(_Model):
@@ -503,6 +539,7 @@ class ClusterSpec(_Model):
     # published budget, slurm-conf/job_submit.lua); the roles install the script next to slurm.conf
     job_submit_lua: bool = False
     health: Health | None = None              # None: Slurm runs no health checks, no Prolog/Epilog
+    power: Power = Power()                    # power saving; rendered only with a capacity: cloud group
     node_groups: list[NodeGroup] = Field(min_length=1)
     partitions: list[Partition] = Field(min_length=1)
     qos: list[Qos] = []
