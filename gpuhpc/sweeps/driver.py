@@ -91,8 +91,9 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     if status == SweepStatus.CANCELLED.value:
         _log("cancelled: exiting")
         return True
-    if status != SweepStatus.RUNNING.value:
-        return False
+    if status != SweepStatus.RUNNING.value:         # done (every trial finished), or blocked
+        _log(f"sweep {status}: {json.dumps(counts, sort_keys=True)}; exiting")
+        return True
     free = engine.balance(sid, client=client, url=url)
     if spec.method == "tpe" and free > 0:
         if _tpe_ask(sid, spec, url, free):

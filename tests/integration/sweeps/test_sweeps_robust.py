@@ -89,6 +89,10 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     rows = _all_completed_once(sid, 60, info["directory"])
     assert {r["attempts"] for r in engine.trial_rows(sid)} == {1}, resumed.stdout     # none resubmitted
     assert all(int((flaky / f"{t}.count").read_text()) >= 3 for t in ("squeue", "sacct"))     # each failed
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])     # the real sacct again
+    slurm = SlurmClient()                        # the driver saw the sweep done and ended by itself
+    wait_for(lambda: [r for r in slurm.accounting(job_ids=[info["driver_job_id"]])
+                      if r.state.state.value == "COMPLETED"], 60, "the driver job to complete")
     assert rows
 
 
