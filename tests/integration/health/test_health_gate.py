@@ -17,6 +17,7 @@ import time
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,9 +91,10 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
         job_id = client.submit_script("#!/bin/bash\ntrue\n", extra=[
             "--partition=gpu", "--nodes=2", "--gres=gpu:h100:8", "--time=1", "--job-name=gpuhpc-health-16gpu",
             f"--output={tmp_path}/%j.out"])
-        time.sleep(4)                       # sched_interval=2: the scheduler has looked at it
-        rows = client.queue(job_ids=[job_id])
-        assert rows and rows[0].state.raw == "PENDING", rows
+        # the scheduler has looked at it (squeue's reason is no longer "None") and left it pending
+        rows = wait_for(lambda: (q := client.queue(job_ids=[job_id])) and q[0].reason not in ("", "None") and q,
+                        30, f"the scheduler to look at job {job_id}")
+        assert rows[0].state.raw == "PENDING", rows
         client.cancel(job_id)
         job_id = None
 
