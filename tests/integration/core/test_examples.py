@@ -49,6 +49,10 @@ def test_example_file(path: Path):
             argv = shlex.split(spec.render_command(params))
             scripts = [a for a in argv if a.endswith(".py")]
             assert all((REPO / s).is_file() for s in scripts), (path.name, argv)
+    elif path.suffix in (".yaml", ".yml") and kind == "sprints":
+        from gpuhpc.sprints.spec import load_file as load_sprint
+
+        assert load_sprint(str(path)).configurations()
     elif path.suffix in (".yaml", ".yml"):
         res = gpuhpc("submit", "--file", str(path), "--dry-run")
         assert res.returncode == 0, res.stderr
