@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,13 @@ N = 200
 NODES = ("gpu-node1", "gpu-node2")
 
 
-def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track) -> str | None:
+def _started(directory: Path, job_id_raw: str) -> bool:
+    """Has the trial runner of this task printed its first line (so the job template's signal
+    trap, set before it, is in place)? Elapsed seconds alone do not say so on a loaded host."""
+    return any("gpuhpc: sweep" in p.read_text(errors="replace") for p in directory.glob(f"logs/*-{job_id_raw}.out"))
+
+
+def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track, directory: Path) -> str | None:
     """A short gpu-hi job on all of ``node``'s GPUs, only while the trials hold all of them: it
     must preempt the trials running there (a trial lasts seconds, so asking for fewer GPUs
     would often just wait for one to end). Only trials whose batch script has been running for
@@ -33,6 +40,8 @@ def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track) -> str | N
         return None
     here = [r for r in slurm.queue(job_ids=chunks) if r.state.state.value == "RUNNING" and r.nodelist == node]
     if len(here) < info.gpus_total.get("h100", 8) or any((reported_seconds(r.elapsed) or 0) < 3 for r in here):
+        return None
+    if not all(_started(directory, r.job_id_raw) for r in here):
         return None
     job = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
         "--partition=gpu-hi", f"--nodelist={node}", f"--gres=gpu:h100:{info.gpus_total['h100']}", "--time=1",
@@ -72,7 +81,7 @@ def test_200_trials_survive_preemption_requeues_driver_requeue_and_slurmctld_res
                 requeued.add(job)
         if len(preemptors) < 2 and len(requeued) >= 2 + 4 * len(preemptors):
             for node in rng.sample(NODES, len(NODES)):      # the first node the trials fill
-                job = _preempt(slurm, node, chunks, track)
+                job = _preempt(slurm, node, chunks, track, Path(engine.sweep_info(sid)["directory"]))
                 if job:
                     preemptors.append(job)
                     break
