@@ -9,8 +9,11 @@ touched) with examples/clusters/dgx-h100-pod.yaml as the spec.
 - hardening's nftables networks and nvme_scratch's drives come from the spec;
 - gpuhpc_login installs into a temporary prefix, writes a config.toml that gpuhpc.config reads and the
   ledger ingest timer's units (the timer is not started: systemd is not PID 1 here, said in one line);
-- after a run, --check --diff reports nothing to change (login: a second real run, changed=0); on a
-  fresh host --check says the venv would be built and writes nothing.
+- a second run changes nothing (changed=0); on a fresh host --check says the venv would be built
+  and writes nothing.
+
+The filesystem clients and the login role converge once per module, in one play into one temporary
+root (then the second run); the check-mode tests share one --check --diff play.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ def _run(playbook: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     proc = run_playbook(str(playbook), "localhost,", "-e", "ansible_connection=local",
                         "-e", f"ansible_python_interpreter={sys.executable}",
                         "-e", f"gpuhpc_slurm_common_spec={DGX}", "-e", "gpuhpc_slurm_common_billing_file=''",
-                        *extra, tmp=tmp, timeout=170)
+                        *extra, tmp=tmp, timeout=300)
     return proc
 
 
@@ -76,17 +79,29 @@ def _vault(tmp: Path) -> list[str]:
     return ["-e", f"@{vars_file}", "--vault-password-file", str(password)]
 
 
-def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(collection, tmp_path):
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
+@pytest.fixture(scope="module")
+def converged(collection, tmp_path_factory) -> dict:
+    """gpuhpc_lustre_client, gpuhpc_beegfs_client and gpuhpc_login in one play, into one temporary
+    root, run twice: the first run and the second (which must change nothing), for the module."""
+    tmp = tmp_path_factory.mktemp("fs-login")
+    root, prefix, login = _login_root(tmp)
+    # gpuhpc of this version is already installed in the running venv: the role finds its pinned
+    # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
+    (prefix / "venv").symlink_to(sys.prefix)
     paths = ["-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
              "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab",
              "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs"]
-    play = _playbook(tmp_path, "fs.yml", ("gpuhpc_lustre_client", ""), ("gpuhpc_beegfs_client", ""))
-    vault = _vault(tmp_path)
-
-    first = _run(play, tmp_path, *paths, *vault)
+    play = _playbook(tmp, "fs-login.yml", ("gpuhpc_lustre_client", ""), ("gpuhpc_beegfs_client", ""),
+                     ("gpuhpc_login", ""))
+    vault = _vault(tmp)
+    first = _run(play, tmp, *paths, *login, *vault)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    again = _run(play, tmp, *paths, *login, *vault)
+    return {"tmp": tmp, "root": root, "prefix": prefix, "first": first, "again": again}
+
+
+def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(converged):
+    root, first = converged["root"], converged["first"]
     out = first.stdout
 
     assert (root / "etc" / "lnet.conf").read_text().split("\n", 2)[2] == (
@@ -116,13 +131,14 @@ def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(collectio
         assert auth.read_text() == secret
         assert stat.S_IMODE(auth.stat().st_mode) == 0o400
         assert f"connAuthFile                 = {auth}" in (beegfs / f"beegfs-client-{mount}.conf").read_text()
-        assert secret not in out and secret not in first.stderr
+        for run in (first, converged["again"]):
+            assert secret not in run.stdout and secret not in run.stderr
     assert "beegfs_client: mounts skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
     assert "beegfs_client verify skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
 
-    # what is written now matches: --check --diff reports nothing to change
-    check = _run(play, tmp_path, *paths, *vault, "--check", "--diff")
-    assert check.returncode == 0 and recap(check)["changed"] == 0, check.stdout[-3000:]
+    # what is written now matches: the second run changes nothing
+    again = converged["again"]
+    assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
 
 
 def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_path):
@@ -136,14 +152,26 @@ def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_pat
     assert not (tmp_path / "beegfs").exists()
 
 
-def test_hardening_and_nvme_scratch_take_the_spec(collection, tmp_path):
+@pytest.fixture(scope="module")
+def check_mode(collection, tmp_path_factory) -> dict:
+    """One --check --diff play: the validate phases of gpuhpc_nvme_scratch and gpuhpc_hardening for a
+    DGX node, and gpuhpc_login on a fresh host (an empty temporary root)."""
+    tmp = tmp_path_factory.mktemp("check")
+    root, prefix, login = _login_root(tmp)
+    prefix.rmdir()
+    play = _playbook(tmp, "check.yml",
+                     ("gpuhpc_nvme_scratch", "        tasks_from: validate.yml\n"),
+                     ("gpuhpc_hardening", "        tasks_from: validate.yml\n"),
+                     ("gpuhpc_login", ""))
+    proc = _run(play, tmp, *login, "--check", "--diff", "-e", '{"gpuhpc_slurm_compute_nodes": ["dgx001"]}')
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    return {"root": root, "prefix": prefix, "proc": proc}
+
+
+def test_hardening_and_nvme_scratch_take_the_spec(check_mode):
     """The spec's management network and a DGX node's scratch drives reach the roles (their validate
     phases in check mode: nothing is touched)."""
-    play = _playbook(tmp_path, "spec.yml",
-                     ("gpuhpc_nvme_scratch", "        tasks_from: validate.yml\n"),
-                     ("gpuhpc_hardening", "        tasks_from: validate.yml\n"))
-    proc = _run(play, tmp_path, "--check", "-e", '{"gpuhpc_slurm_compute_nodes": ["dgx001"]}')
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    proc = check_mode["proc"]
     drives = ", ".join(f"/dev/nvme{i}n1" for i in range(2, 10))
     assert f"NVMe assembly skipped: not all of {drives} are block devices on this host; /raid is a directory" in proc.stdout
     assert "(item=10.10.0.0/16)" in proc.stdout
@@ -167,16 +195,9 @@ def _login_root(tmp: Path) -> tuple[Path, Path, list[str]]:
     return root, prefix, args
 
 
-def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_path):
-    root, prefix, args = _login_root(tmp_path)
+def test_login_installs_the_site_config_and_the_ingest_timer(converged):
+    root, prefix, first, tmp_path = converged["root"], converged["prefix"], converged["first"], converged["tmp"]
     db = root / "var" / "lib" / "gpuhpc" / "ledger.db"
-    # gpuhpc of this version is already installed in the running venv: the role finds its pinned
-    # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
-    (prefix / "venv").symlink_to(sys.prefix)
-    play = _playbook(tmp_path, "login.yml", ("gpuhpc_login", ""))
-
-    first = _run(play, tmp_path, *args)
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
     site = root / "etc" / "gpuhpc" / "config.toml"
     env = {"GPUHPC_SITE_CONFIG": str(site)}
     assert config.read_file(str(site), "site") == {
@@ -199,16 +220,12 @@ def test_login_installs_the_site_config_and_the_ingest_timer(collection, tmp_pat
     assert ("ledger timer not started: systemd is not running on this host (no /run/systemd/system); "
             f"the units are in {units}") in first.stdout
 
-    again = _run(play, tmp_path, *args)
+    again = converged["again"]
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
 
 
-def test_login_on_a_fresh_host_in_check_mode_would_build_the_venv(collection, tmp_path):
-    root, prefix, args = _login_root(tmp_path)
-    prefix.rmdir()
-    play = _playbook(tmp_path, "login.yml", ("gpuhpc_login", ""))
-    check = _run(play, tmp_path, *args, "--check", "--diff")
-    assert check.returncode == 0, check.stdout[-3000:]
+def test_login_on_a_fresh_host_in_check_mode_would_build_the_venv(check_mode):
+    root, prefix, check = check_mode["root"], check_mode["prefix"], check_mode["proc"]
     assert _status(check.stdout, "Install gpuhpc into the venv") == "changed", check.stdout[-3000:]
     assert "cluster_name = \"dgxpod\"" in check.stdout                  # the config.toml diff
     assert not prefix.exists() and not (root / "etc" / "gpuhpc").exists()
