@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                       "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
     "cmdserver": ("cmdserver:cmdserver",
                   "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
+    "power": ("power:power", "Elastic capacity: Slurm's resume/suspend programs for cloud nodes, the reconciler."),
     "completion": ("completion:completion", "Print the shell completion script: eval \"$(gpuhpc completion bash)\"."),
 }
 
