@@ -36,12 +36,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node:node_group", "GPU node inventory: gres.conf lines, node sizing checks."),
     "stage": ("stage:stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
     "sweep": ("sweep:sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
+    "placement": ("placement:placement_cmd", "The leaf switches a job spanned against the fewest it could have had."),
     "sprint": ("sprint:sprint", "Profiling sprint: throughput, utilisation and $/throughput across batch size and placement."),
     "report-metric": ("report_metric:report_metric",
                       "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),
     "cmdserver": ("cmdserver:cmdserver",
                   "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
-    "power": ("power:power", "Elastic capacity: Slurm's resume/suspend programs for cloud nodes, the reconciler."),
     "completion": ("completion:completion", "Print the shell completion script: eval \"$(gpuhpc completion bash)\"."),
 }
 

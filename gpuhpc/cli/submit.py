@@ -23,6 +23,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "qos": ("qos", "res"), "mem": ("mem", "res"), "cpus_per_task": ("cpus_per_task", "res"),
     "tasks_per_node": ("tasks_per_node", "res"), "constraint": ("constraint", "res"),
     "nodelist": ("nodelist", "res"), "exclude": ("exclude", "res"), "exclusive": ("exclusive", "res"),
+    "switches": ("switches", "res"),
     "name": ("name", "spec"), "template": ("template", "spec"), "workdir": ("workdir", "spec"),
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
@@ -53,6 +54,8 @@ def _options(f):
         o("--nodelist", "-w"),
         o("--exclude", "-x"),
         o("--exclusive", is_flag=True, flag_value=True, default=None),
+        o("--switches", metavar="N[@TIME]", help="leaf switches at most, waiting up to TIME (default for "
+                                                 "multi-node jobs: the fewest the partition allows @5:00; off: none)"),
         o("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names"),
         o("--name", "-J"),
         o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),

@@ -105,6 +105,7 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
         runner = LocalRunner()
     spec, upload = _prepare_remote(spec, runner)
     spec = _with_staging(spec, runner)
+    spec = with_fewest_switches(spec, c)
     script = render(spec)
     if runner.is_local:
         os.makedirs(spec.log_directory, exist_ok=True)
@@ -121,6 +122,31 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
     job.snapshot = uploaded
     return job
+
+
+def with_fewest_switches(spec: JobSpec, client) -> JobSpec:
+    """A multi-node job without ``switches`` asks Slurm for the fewest leaf switches its
+    partition's nodes allow (``--switches=N@5:00``, from ``scontrol show topology`` and the
+    partition); unchanged when the cluster has no tree topology or Slurm cannot say."""
+    r = spec.resources
+    if r.nodes < 2 or r.switches is not None:
+        return spec
+    import dataclasses
+
+    from gpuhpc.hostlist import expand
+    from gpuhpc.topology.placement import DEFAULT_WAIT, fewest_leaves, leaf_nodes
+
+    try:
+        leaves = leaf_nodes(client.topology())
+        if not leaves:
+            return spec
+        part = next((p for p in client.partitions() if (p.name == r.partition if r.partition else p.default)), None)
+    except (GpuhpcError, AttributeError):
+        return spec
+    best = fewest_leaves(leaves, r.nodes, expand(part.nodes) if part is not None and part.nodes else None)
+    if not best:
+        return spec
+    return dataclasses.replace(spec, resources=dataclasses.replace(r, switches=f"{best}@{DEFAULT_WAIT}"))
 
 
 def _with_staging(spec: JobSpec, runner) -> JobSpec:

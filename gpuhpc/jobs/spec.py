@@ -28,6 +28,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")      # C0, DEL, C1, l
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")      # partition, account, qos, gpu type
 _NODELIST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._,\[\]-]*$")
 _CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.&|!*\[\]():-]+$")
+_SWITCHES_RE = re.compile(r"^(off|[1-9][0-9]{0,3}(@[0-9][0-9:-]{0,15})?)$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 
@@ -125,6 +126,7 @@ class Resources:
     exclude: str | None = None
     exclusive: bool = False
     tasks_per_node: int | None = None
+    switches: str | None = None       # sbatch --switches N[@TIME]; "off": none (multi-node default: the fewest leaves)
 
     def __post_init__(self) -> None:
         self._validate("resources.")
@@ -153,6 +155,9 @@ class Resources:
             _check_re(self.constraint, f"{p}constraint", _CONSTRAINT_RE, "constraint")
         if not isinstance(self.exclusive, bool):
             raise UserInputError("expected true/false", field=f"{p}exclusive")
+        if self.switches is not None and not _SWITCHES_RE.match(str(self.switches)):
+            raise UserInputError(f"{self.switches!r} is not N or N@TIME", field=f"{p}switches",
+                                 hint="e.g. 1@5:00 (one leaf switch, wait up to 5 minutes) or off")
         parse_duration(self.time, f"{p}time")
 
     @property
@@ -458,6 +463,8 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
             opts.append((name, value))
     if r.exclusive:
         opts.append(("exclusive", None))
+    if r.switches and r.switches != "off":
+        opts.append(("switches", r.switches))
     if spec is not None:
         opts.append(("output", spec.output_path))
         opts.append(("open-mode", "append"))          # a requeued run appends to the same log

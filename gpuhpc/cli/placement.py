@@ -1,0 +1,54 @@
+"""``gpuhpc placement JOBID``: the leaf switches a job's nodes spanned against the fewest its
+partition allowed ("1 leaf (best 1)"; "spread: 2 leaves (best 1)")."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from gpuhpc.cli.main import help_for
+
+
+def job_placement(job_id: str, client=None) -> dict:
+    """The job's nodes (scontrol while slurmctld knows it, else sacct), its partition's nodes and
+    the topology -> :class:`gpuhpc.topology.placement.Placement` as a dict."""
+    from gpuhpc.errors import GpuhpcError, UserInputError
+    from gpuhpc.hostlist import expand
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.topology.placement import leaf_nodes, placement
+
+    if not job_id.replace("_", "").isdigit():
+        raise UserInputError(f"not a job id: {job_id!r}", field="JOBID")
+    c = client or SlurmClient()
+    nodelist, partition = "", ""
+    rec = c.show_job(job_id)
+    if rec is not None:
+        nodelist, partition = rec.get("NodeList", ""), rec.get("Partition", "")
+    if not nodelist or nodelist == "(null)":
+        rows = [r for r in c.accounting(job_ids=[job_id]) if r.job_id == job_id]
+        if not rows:
+            raise GpuhpcError(f"JOBID: Slurm has no job {job_id}")
+        nodelist, partition = rows[-1].nodelist, rows[-1].partition
+    if not nodelist or nodelist in ("None assigned", "(null)"):
+        raise GpuhpcError(f"job {job_id} has no nodes yet (pending)")
+    leaves = leaf_nodes(c.topology())
+    if not leaves:
+        raise GpuhpcError("the cluster has no tree topology (scontrol show topology lists no leaf switch)")
+    part = next((p for p in c.partitions() if p.name == partition), None)
+    out = placement(leaves, expand(nodelist), expand(part.nodes) if part is not None and part.nodes else None)
+    return {"job_id": job_id, "partition": partition, **out.to_dict()}
+
+
+@click.command("placement", help=help_for("placement"))
+@click.argument("job_id", metavar="JOBID")
+@click.option("--json", "as_json", is_flag=True, help="nodes, leaves, best, spread as JSON.")
+def placement_cmd(job_id: str, as_json: bool) -> int:
+    res = job_placement(job_id)
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json(res)
+    else:
+        sys.stdout.write(f"job {job_id}: {res['summary']}: {', '.join(res['leaves'])} "
+                         f"({len(res['nodes'])} node(s), partition {res['partition']})\n")
+    return 0

@@ -1,0 +1,76 @@
+"""Where a job landed on the fabric: pure functions over ``scontrol show topology`` records.
+
+* :func:`leaf_nodes`: leaf switch (level 0) -> its nodes;
+* :func:`fewest_leaves`: the fewest leaves that can hold ``n`` of the ``allowed`` nodes (what
+  ``sbatch --switches`` should ask for);
+* :func:`placement`: the leaves a job's nodes span against that best ("1 leaf (best 1)").
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuhpc.hostlist import expand, natural_key
+
+#: how long a multi-node job may wait for the fewest leaves (sbatch --switches=N@TIME)
+DEFAULT_WAIT = "5:00"
+
+
+def leaf_nodes(records: Sequence[Mapping[str, str]]) -> dict[str, set[str]]:
+    """``scontrol show topology`` records -> leaf switch name -> its nodes (leaves: Level 0 or
+    no Switches=)."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        name = r.get("SwitchName")
+        if not name:
+            continue
+        level = r.get("Level", "")
+        if (level == "0" or (not level and not r.get("Switches"))) and r.get("Nodes"):
+            out[name] = set(expand(r["Nodes"]))
+    return out
+
+
+def fewest_leaves(leaves: Mapping[str, set[str]], n: int, allowed: Iterable[str] | None = None) -> int:
+    """The fewest leaves that hold ``n`` nodes among ``allowed`` (all when None); 0 when the
+    topology says nothing (no leaves, or the nodes are under none)."""
+    allow = set(allowed) if allowed is not None else None
+    sizes = sorted((len(v if allow is None else v & allow) for v in leaves.values()), reverse=True)
+    total = 0
+    for i, s in enumerate(sizes, 1):
+        total += s
+        if s and total >= n:
+            return i
+    return 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[str, ...]
+    leaves: tuple[str, ...]        # the leaves the nodes span
+    best: int                      # the fewest the partition allowed (0: unknown)
+    unplaced: tuple[str, ...]      # nodes under no leaf
+
+    @property
+    def spread(self) -> bool:
+        return bool(self.best) and len(self.leaves) > self.best
+
+    def summary(self) -> str:
+        n = len(self.leaves)
+        text = f"{n} lea{'f' if n == 1 else 'ves'} (best {self.best or '?'})"
+        if self.spread:
+            text = f"spread: {text}"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"nodes": list(self.nodes), "leaves": list(self.leaves), "best": self.best,
+                "spread": self.spread, "unplaced": list(self.unplaced), "summary": self.summary()}
+
+
+def placement(leaves: Mapping[str, set[str]], nodes: Iterable[str], allowed: Iterable[str] | None = None) -> Placement:
+    """The leaves ``nodes`` span, against the fewest leaves of ``allowed`` (the job's partition)
+    that could hold as many nodes."""
+    ns = sorted(set(nodes), key=natural_key)
+    spanned = sorted({leaf for leaf, members in leaves.items() if members & set(ns)}, key=natural_key)
+    placed = set().union(*leaves.values()) if leaves else set()
+    return Placement(tuple(ns), tuple(spanned), fewest_leaves(leaves, len(ns), allowed),
+                     tuple(n for n in ns if n not in placed))
