@@ -125,8 +125,11 @@ class SlurmClient:
     def queue(self, *, user: str | None = None, job_ids: Iterable[str] = ()) -> list[parsers.QueueRow]:
         ids = list(job_ids)
         tag = _row_tag()
-        res = self.run(cmd.squeue(user=user, job_ids=ids, row_tag=tag), check=False,
-                       env={"SQUEUE_FORMAT": cmd.squeue_format(tag)})
+        argv, fmt = cmd.squeue(user=user, job_ids=ids, row_tag=tag), cmd.squeue_format(tag)
+        if self.runner.is_local:      # the environment of a local process: readable by its user only
+            res = self.run(argv, check=False, env={"SQUEUE_FORMAT": fmt})
+        else:                         # over SSH an environment is a command line: send it on stdin
+            res = self.run(cmd.env_from_stdin("SQUEUE_FORMAT", argv), check=False, input=fmt + "\n")
         if not res.ok:
             # squeue exits 1 with "Invalid job id specified" once a job has left the queue
             if ids and "Invalid job id" in (res.stderr + res.stdout):

@@ -59,6 +59,12 @@ def squeue_format(row_tag: str) -> str:
     return row_tag + SEP.join(code for _, code in SQUEUE_FIELDS)
 
 
+def env_from_stdin(name: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` run with the environment variable ``name`` set to the first line of stdin: a
+    value (a per-call tag) kept out of every command line ``ps`` shows, on any host."""
+    return ["sh", "-c", f'IFS= read -r {name} && export {name} && exec "$@"', "sh", *argv]
+
+
 def squeue(*, user: str | None = None, job_ids: Iterable[str] = (), all_partitions: bool = True,
            states: str | None = "all", row_tag: str | None = None) -> list[str]:
     """squeue, one row per job (array task). With ``row_tag`` the format is left to the caller's

@@ -188,3 +188,30 @@ def test_oneliner_job_name_with_newline_and_forged_fields():
     recs = parsers.parse_oneliner_records(text)
     assert [(r["JobId"], r["JobState"], r.get("Restarts")) for r in recs] == [("7", "PENDING", "0"), ("8", "RUNNING", None)]
     assert recs[0]["UserId"] == "alice(1000)"
+
+
+def test_squeue_row_tag_stays_out_of_every_argv():
+    """Locally the tag goes in squeue's environment; through a remote runner on stdin: never in a
+    command line another user's ps could read before squeue has asked slurmctld."""
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.transport import CommandResult
+
+    class Runner:
+        def __init__(self, local):
+            self.is_local, self.calls = local, []
+
+        def run(self, argv, *, input=None, timeout=None, env=None):
+            self.calls.append((argv, input, env))
+            fmt = (env or {}).get("SQUEUE_FORMAT") or input.rstrip("\n")
+            tag = fmt[:fmt.index("%")]
+            return CommandResult(tuple(argv), 0, tag + _squeue_row("5", "a\n" + _squeue_row("6", "x")) + "\n", "")
+
+    for local in (True, False):
+        r = Runner(local)
+        rows = SlurmClient(r).queue()
+        assert [x.job_id for x in rows] == ["5"]
+        (argv, inp, env), = r.calls
+        fmt = env["SQUEUE_FORMAT"] if local else inp
+        assert not any(fmt.split("%")[0] in a for a in argv)
+        if not local:
+            assert argv[:2] == ["sh", "-c"] and "squeue" in argv and env is None
