@@ -42,7 +42,7 @@ _REFILL_DELAY = 0.05                 # fork another once every worker has been b
 
 # imported once by the master so that workers start warm; heavy optional stacks (boto3,
 # paramiko) are left to the commands that need them
-PRELOAD = ("gpuhpc.cli", "gpuhpc.cli.main", "gpuhpc.cli.submit", "gpuhpc.cli.jobs", "gpuhpc.cli._args", "gpuhpc.jobs.spec", "gpuhpc.jobs.render",
+PRELOAD = ("gpuhpc.cli", "gpuhpc.cli.main", "gpuhpc.cli.submit", "gpuhpc.cli.jobs", "click", "gpuhpc.jobs.spec", "gpuhpc.jobs.render",
            "gpuhpc.jobs.api", "gpuhpc.jobs.checkpoint", "gpuhpc.ledger.hooks",
            "gpuhpc.slurm.client", "gpuhpc.slurm.parsers", "gpuhpc.slurm.commands", "gpuhpc.slurm.state",
            "gpuhpc.transport.local", "gpuhpc.cluster", "gpuhpc.ledger.db", "gpuhpc.ledger.orm",
