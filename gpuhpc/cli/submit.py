@@ -24,6 +24,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "tasks_per_node": ("tasks_per_node", "res"), "constraint": ("constraint", "res"),
     "nodelist": ("nodelist", "res"), "exclude": ("exclude", "res"), "exclusive": ("exclusive", "res"),
     "switches": ("switches", "res"),
+    "image": ("image", "res"), "mount": ("mounts", "res"), "container_workdir": ("container_workdir", "res"),
     "name": ("name", "spec"), "template": ("template", "spec"), "workdir": ("workdir", "spec"),
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
@@ -56,6 +57,10 @@ def _options(f):
         o("--exclusive", is_flag=True, flag_value=True, default=None),
         o("--switches", metavar="N[@TIME]", help="leaf switches at most, waiting up to TIME (default for "
                                                  "multi-node jobs: the fewest the partition allows @5:00; off: none)"),
+        o("--image", metavar="REF", help="run the program in this container image (pyxis): "
+                                         "REGISTRY#REPO:TAG or REGISTRY#REPO@sha256:DIGEST"),
+        o("--mount", multiple=True, metavar="SRC:DST[:ro]", help="bind mount into the image (repeatable)"),
+        o("--container-workdir", metavar="DIR", help="working directory in the image (default: --workdir)"),
         o("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names"),
         o("--name", "-J"),
         o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),
