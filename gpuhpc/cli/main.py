@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("stage:stage", "Stage data and checkpoints to/from S3 (GPUHPC_S3_ENDPOINT_URL, AWS_* credentials)."),
     "sweep": ("sweep:sweep", "Hyper-parameter sweeps: job arrays that split to fit the cluster, run detached, resume."),
     "placement": ("placement:placement_cmd", "The leaf switches a job spanned against the fewest it could have had."),
+    "profile": ("profile:profile", "A profiled job's traces (one per rank and restart) and the command that opens them."),
     "sprint": ("sprint:sprint", "Profiling sprint: throughput, utilisation and $/throughput across batch size and placement."),
     "report-metric": ("report_metric:report_metric",
                       "Record a metric from inside a job or sweep trial (gpuhpc.report for shells)."),

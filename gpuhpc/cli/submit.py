@@ -23,8 +23,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "qos": ("qos", "res"), "mem": ("mem", "res"), "cpus_per_task": ("cpus_per_task", "res"),
     "tasks_per_node": ("tasks_per_node", "res"), "constraint": ("constraint", "res"),
     "nodelist": ("nodelist", "res"), "exclude": ("exclude", "res"), "exclusive": ("exclusive", "res"),
-    "switches": ("switches", "res"),
-    "image": ("image", "res"), "mount": ("mounts", "res"), "container_workdir": ("container_workdir", "res"),
+    "switches": ("switches", "res"), "profile": ("profile", "spec"), "profile_steps": ("profile_steps", "spec"),
     "name": ("name", "spec"), "template": ("template", "spec"), "workdir": ("workdir", "spec"),
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
@@ -57,10 +56,10 @@ def _options(f):
         o("--exclusive", is_flag=True, flag_value=True, default=None),
         o("--switches", metavar="N[@TIME]", help="leaf switches at most, waiting up to TIME (default for "
                                                  "multi-node jobs: the fewest the partition allows @5:00; off: none)"),
-        o("--image", metavar="REF", help="run the program in this container image (pyxis): "
-                                         "REGISTRY#REPO:TAG or REGISTRY#REPO@sha256:DIGEST"),
-        o("--mount", multiple=True, metavar="SRC:DST[:ro]", help="bind mount into the image (repeatable)"),
-        o("--container-workdir", metavar="DIR", help="working directory in the image (default: --workdir)"),
+        o("--profile", type=click.Choice(("nsys", "torch")), help="trace every rank into <log dir>/profile "
+                                                                  "(gpuhpc profile JOBID lists them)"),
+        o("--profile-steps", metavar="START-STOP", help="the profiled step window (default 10-20; "
+                                                        "gpuhpc.jobs.profile.step(i) in your loop)"),
         o("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names"),
         o("--name", "-J"),
         o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),
@@ -150,9 +149,10 @@ def submit(**params: Any) -> int:
     ns = SimpleNamespace(**{k: (v or None) if isinstance(v, tuple) else v for k, v in params.items()})
     spec = build_spec(ns)
     if ns.dry_run:
+        from gpuhpc.jobs.api import with_profile
         from gpuhpc.jobs.render import render
 
-        sys.stdout.write(render(spec))
+        sys.stdout.write(render(with_profile(spec)))
         return 0
     from gpuhpc.jobs.api import submit_spec
 

@@ -33,6 +33,9 @@ MALFORMED = [
     (["report-metric", "1x", "3"], "NAME"),
     (["cmdserver", "start", "--idle", "0"], "--idle"),
     (["completion", "tcsh"], "tcsh"),
+    (["sprint", "/nonexistent/sprint.yaml"], "FILE"),
+    (["placement", "12x"], "JOBID"),
+    (["profile", "12x"], "JOBID"),
     (["nosuch"], "nosuch"),
 ]
 

@@ -1,0 +1,57 @@
+"""Profiling switches: the wrapped command, one nsys command per rank with distinct names and the
+step window, the spec's checks, trace listing."""
+import pytest
+
+from gpuhpc.errors import UserInputError
+from gpuhpc.jobs import profile
+from gpuhpc.jobs.api import with_profile
+from gpuhpc.jobs.render import render
+from gpuhpc.jobs.spec import JobSpec
+
+
+def test_rank_commands_are_distinct_per_rank_and_restart():
+    names = set()
+    for restart in ("0", "1"):
+        for rank in range(4):
+            env = {"SLURM_JOB_ID": "77", "SLURM_PROCID": str(rank), "SLURM_RESTART_COUNT": restart}
+            argv, extra = profile.rank_command("nsys", "5-9", "/d/profile", ["python", "t.py"], env)
+            assert argv[:4] == ["nsys", "profile", "-o", f"/d/profile/77-r{restart}-rank{rank}"]
+            assert "--capture-range=cudaProfilerApi" in argv and argv[-3:] == ["--", "python", "t.py"]
+            assert extra["GPUHPC_PROFILE_STEPS"] == "5-9"
+            names.add(argv[3])
+    assert len(names) == 8
+    # torchrun workers: RANK wins over SLURM_PROCID (one srun task per node)
+    argv, extra = profile.rank_command("torch", "1-2", "/d", ["python", "t.py"],
+                                       {"SLURM_JOB_ID": "8", "SLURM_PROCID": "0", "RANK": "5"})
+    assert argv == ["python", "t.py"] and extra["GPUHPC_PROFILE_OUTPUT"] == "/d/8-r0-rank5.pt.trace.json"
+
+
+def test_spec_and_rendered_script(tmp_path):
+    spec = JobSpec(command=("python", "train.py"), profile="nsys", profile_steps="3-7", log_dir=str(tmp_path),
+                   template="mpi", resources={"nodes": 2})
+    script = render(with_profile(spec))
+    assert f"-m gpuhpc.jobs.profile --tool nsys --steps 3-7 --dir {tmp_path}/profile -- python train.py" in script
+    assert with_profile(with_profile(spec)) == with_profile(spec)
+    assert with_profile(JobSpec(command=("true",))).command == ("true",)
+
+
+@pytest.mark.parametrize("kw, field", [({"profile": "perf"}, "profile"), ({"profile_steps": "1-2"}, "profile_steps"),
+                                       ({"profile": "nsys", "profile_steps": "9-3"}, "profile_steps")])
+def test_bad_profile_fields(kw, field):
+    with pytest.raises(UserInputError) as exc:
+        JobSpec(command=("true",), **kw)
+    assert exc.value.field == field
+
+
+def test_traces_and_open_commands(tmp_path):
+    for n in ("12-r0-rank0.nsys-rep", "12-r0-rank1.nsys-rep", "12-r1-rank0.pt.trace.json", "123-r0-rank0.nsys-rep"):
+        (tmp_path / n).write_text("x")
+    got = profile.traces(str(tmp_path), "12")
+    assert [p.name for p in got] == ["12-r0-rank0.nsys-rep", "12-r0-rank1.nsys-rep", "12-r1-rank0.pt.trace.json"]
+    assert profile.open_command(got[0]).startswith("nsys-ui ")
+    assert "perfetto" in profile.open_command(got[2])
+
+
+def test_step_is_a_no_op_unprofiled(monkeypatch):
+    monkeypatch.delenv("GPUHPC_PROFILE", raising=False)
+    profile.step(10)          # no torch needed
