@@ -73,6 +73,11 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
             "db_url": (str, "", "the ledger database users' commands use when GPUHPC_DB_URL is unset "
                                 "(a reader role's URL: the file is world-readable)"),
         },
+        # container images (gpuhpc.containers.image.policy_from checks the entries)
+        "containers": {
+            "allowed_registries": (list, [], "registries jobs may pull images from (empty: any)"),
+            "require_digest_partitions": (list, [], "partitions that run only images pinned by digest (* = all)"),
+        },
     },
     "user": {
         "cmdserver": {
@@ -225,7 +230,7 @@ def cluster_profile(name: str, env: Mapping[str, str] | None = None) -> dict[str
 
 
 def _type_name(kind: type) -> str:
-    return {bool: "true or false", int: "an integer", str: "a string"}.get(kind, kind.__name__)
+    return {bool: "true or false", int: "an integer", str: "a string", list: "a list"}.get(kind, kind.__name__)
 
 
 def _value(data: dict[str, dict[str, Any]], scope: str, section: str, key: str) -> Any:

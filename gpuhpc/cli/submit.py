@@ -24,6 +24,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "tasks_per_node": ("tasks_per_node", "res"), "constraint": ("constraint", "res"),
     "nodelist": ("nodelist", "res"), "exclude": ("exclude", "res"), "exclusive": ("exclusive", "res"),
     "switches": ("switches", "res"), "profile": ("profile", "spec"), "profile_steps": ("profile_steps", "spec"),
+    "image": ("image", "res"), "mount": ("mounts", "res"), "container_workdir": ("container_workdir", "res"),
     "name": ("name", "spec"), "template": ("template", "spec"), "workdir": ("workdir", "spec"),
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
@@ -60,6 +61,10 @@ def _options(f):
                                                                   "(gpuhpc profile JOBID lists them)"),
         o("--profile-steps", metavar="START-STOP", help="the profiled step window (default 10-20; "
                                                         "gpuhpc.jobs.profile.step(i) in your loop)"),
+        o("--image", metavar="REF", help="run the program in this container image (pyxis): "
+                                         "REGISTRY#REPO:TAG or REGISTRY#REPO@sha256:DIGEST"),
+        o("--mount", multiple=True, metavar="SRC:DST[:ro]", help="bind mount into the image (repeatable)"),
+        o("--container-workdir", metavar="DIR", help="working directory in the image (default: --workdir)"),
         o("--file", "-f", metavar="JOB.yaml", help="YAML job file with the same option names"),
         o("--name", "-J"),
         o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),

@@ -15,6 +15,7 @@ import getpass
 import os
 import posixpath
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from gpuhpc.errors import GpuhpcError, JobFailed, SlurmError, UserInputError
 from gpuhpc.jobs.spec import (DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, JobSpec, Resources,
                               check_fits_on, check_text, default_log_dir, parse_duration, sbatch_options)
+from gpuhpc.jobs.spec import check_container_policy, container_srun_args
 from gpuhpc.slurm.state import JobState, SlurmState
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
@@ -97,6 +99,7 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
     transaction, :mod:`gpuhpc.sweeps.engine`) and records the job id itself."""
     from gpuhpc.jobs.render import render
 
+    check_container_policy(spec.resources)     # the site's registries and digest pins (exit 2)
     c = _client(client)
     runner = getattr(c, "runner", None)
     if runner is None:                      # a client without one runs here
@@ -317,8 +320,11 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
         'mkdir -p -- "$GPUHPC_SCRATCH"',
         "trap 'rm -rf -- \"$GPUHPC_SCRATCH\"' EXIT",
     ]
-    return {"time": minutes, "signal_delay_s": grace, "job_name": name, "setup": setup,
-            "additional_parameters": additional}
+    params = {"time": minutes, "signal_delay_s": grace, "job_name": name, "setup": setup,
+              "additional_parameters": additional}
+    if resources.image is not None:             # the call's srun step in the image (pyxis)
+        params["srun_args"] = container_srun_args(resources)
+    return params
 
 
 def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
@@ -338,6 +344,14 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
     grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
     if grace_s >= resources.time_s:
         raise UserInputError("grace must be shorter than the time limit", field="grace")
+    if resources.image is not None:
+        check_container_policy(resources)
+        if not resources.image_python:
+            v = sys.version_info
+            raise UserInputError(f"cannot check that image {resources.image} has Python {v.major}.{v.minor} with "
+                                 "cloudpickle and submitit, which a Python function needs to run inside it",
+                                 field="image_python", hint="declare it with Resources(image_python=True), "
+                                 "or submit a command (gpuhpc submit --image) instead")
     folder = folder or os.path.join(default_log_dir(), "submitit", "%j")
     target: Any = fn
     if isinstance(fn, Checkpointable):
@@ -356,7 +370,8 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         job = Job(job_id, client=c, name=name, log_path=call.log)
         job.remote_call = call
         return job
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues,
+                                      python="python3" if resources.image is not None else None)
     executor.update_parameters(**_submitit_params(resources, name, grace_s, None))
     holder: dict[str, Any] = {}
 

@@ -25,13 +25,13 @@ from pathlib import Path
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.fsutil import bundled_dir, write_atomic
-from gpuhpc.jobs.spec import JobSpec, check_text, sbatch_options
+from gpuhpc.jobs.spec import JobSpec, check_text, container_srun_args, sbatch_options
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
 _SENTINEL = re.compile("\x00([a-z_]+)\x00")
 VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "env_lines",
              "checkpoint_dir", "command", "nproc_per_node", "mpi", "python", "collective_timeout",
-             "torchrun_args")
+             "torchrun_args", "container")
 
 
 _BUNDLED_TEMPLATES = bundled_dir("job-templates")
@@ -101,7 +101,19 @@ def context(spec: JobSpec) -> dict[str, str]:
         "python": _q(sys.executable or "python3"),
         "collective_timeout": str(collective_timeout_s(spec.grace_s)),
         "torchrun_args": "--no-python " if _runs_python(spec) else "",
+        **container_context(spec),
     }
+
+
+def container_context(spec: JobSpec) -> dict[str, str]:
+    """``container``: pyxis' options for the program's srun step in the job's image, quoted
+    words with a trailing blank ("" without an image); the single template runs its program
+    in a one-task srun step when they are there. One container name per job (``gpuhpc-JOBID``):
+    every step of the job on a node reuses the imported image instead of unpacking it again."""
+    args = container_srun_args(spec.resources, spec.workdir)
+    if not args:
+        return {"container": ""}
+    return {"container": " ".join(_q(a) for a in args) + ' --container-name="gpuhpc-$SLURM_JOB_ID" '}
 
 
 def _template_path(name: str) -> Path:

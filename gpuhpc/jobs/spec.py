@@ -126,6 +126,11 @@ class Resources:
     exclude: str | None = None
     exclusive: bool = False
     tasks_per_node: int | None = None
+    # a container image for the program's srun step (pyxis; docs/containers.md)
+    image: str | None = None          # REGISTRY#REPO:TAG or REGISTRY#REPO@sha256:DIGEST
+    mounts: tuple[str, ...] = ()      # SRC:DST[:ro]
+    container_workdir: str | None = None    # default: the job's workdir
+    image_python: bool = False        # the image has this Python (major.minor) with cloudpickle and submitit
     switches: str | None = None       # sbatch --switches N[@TIME]; "off": none (multi-node default: the fewest leaves)
 
     def __post_init__(self) -> None:
@@ -159,6 +164,22 @@ class Resources:
             raise UserInputError(f"{self.switches!r} is not N or N@TIME", field=f"{p}switches",
                                  hint="e.g. 1@5:00 (one leaf switch, wait up to 5 minutes) or off")
         parse_duration(self.time, f"{p}time")
+        self._validate_container(p)
+
+    def _validate_container(self, p: str) -> None:
+        from gpuhpc.containers.image import check_container_workdir, check_mounts, parse_ref
+
+        if self.image is not None:
+            parse_ref(self.image, f"{p}image")
+        object.__setattr__(self, "mounts", check_mounts(self.mounts or (), f"{p}mounts"))
+        if self.container_workdir is not None:
+            check_container_workdir(self.container_workdir, f"{p}container_workdir")
+        if not isinstance(self.image_python, bool):
+            raise UserInputError("expected true/false", field=f"{p}image_python")
+        if self.image is None and (self.mounts or self.container_workdir or self.image_python):
+            name = "mounts" if self.mounts else "container_workdir" if self.container_workdir else "image_python"
+            raise UserInputError(f"{name} given without an image", field=f"{p}{name}",
+                                 hint="add --image REGISTRY#REPO:TAG (container.image in a job file)")
 
     @property
     def time_s(self) -> int:
@@ -414,9 +435,12 @@ class JobSpec:
             raise UserInputError("a job file must be a mapping", field="<job file>")
         res_names = [f.name for f in dataclasses.fields(Resources)]
         spec_names = [f.name for f in dataclasses.fields(cls)]
-        _unknown("job", data, [*spec_names, *res_names, "gpus_per_node"], "")
+        _unknown("job", data, [*spec_names, *res_names, "gpus_per_node", "container"], "")
         d = dict(data)
         res = dict(d.pop("resources", None) or {})
+        if d.get("container") is not None:
+            res.update(container_fields(d.pop("container")))
+        d.pop("container", None)
         if "gpus_per_node" in d:
             res["gpus"] = d.pop("gpus_per_node")
         for k in res_names:
@@ -487,3 +511,46 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
         if spec.array:
             opts.append(("array", spec.array))
     return opts
+
+
+# ---------------------------------------------------------------- containers (pyxis)
+CONTAINER_KEYS = {"image": "image", "mounts": "mounts", "workdir": "container_workdir", "python": "image_python"}
+
+
+def container_fields(data: Any, prefix: str = "container.") -> dict[str, Any]:
+    """A job or sweep file's ``container:`` mapping (``image``, ``mounts``, ``workdir``,
+    ``python``) or a bare image reference -> the :class:`Resources` fields."""
+    if isinstance(data, str):
+        data = {"image": data}
+    if not isinstance(data, Mapping):
+        raise UserInputError("expected a mapping (image, mounts, workdir, python) or an image reference",
+                             field=prefix.rstrip("."))
+    _unknown("container", data, list(CONTAINER_KEYS), prefix)
+    if "image" not in data:
+        raise UserInputError("no image given", field=f"{prefix}image", hint="e.g. image: nvcr.io#nvidia/pytorch:24.05-py3")
+    return {CONTAINER_KEYS[k]: v for k, v in data.items()}
+
+
+def container_srun_args(resources: Resources, workdir: str | None = None) -> list[str]:
+    """THE translation of a job's container to pyxis' srun options (argv words, unquoted;
+    ``[]`` without an image). ``--container-name`` comes separately (it holds $SLURM_JOB_ID)."""
+    r = resources
+    if r.image is None:
+        return []
+    args = [f"--container-image={r.image}"]
+    if r.mounts:
+        args.append(f"--container-mounts={','.join(r.mounts)}")
+    wd = r.container_workdir or workdir
+    if wd:
+        args.append(f"--container-workdir={wd}")
+    return args
+
+
+def check_container_policy(resources: Resources) -> None:
+    """Hold the job's image to the site's trust policy (exit 2; before anything is reserved or
+    submitted). No image: nothing to check."""
+    if resources.image is None:
+        return
+    from gpuhpc.containers.image import check_image
+
+    check_image(resources.image, resources.partition, field="image")

@@ -56,9 +56,9 @@ def test_prolog_epilog_off_and_own_program():
     assert ctx["health"]["hooks"] == ["gpuhpc-healthcheck"]
 
 
-def test_local_cluster_runs_the_gate_every_30s_on_any_node():
+def test_local_cluster_runs_the_gate_every_10s_on_any_node():
     h = build_context(load_spec(LOCAL))["health"]
-    assert h["interval"] == 30 and h["node_state"] == "ANY"
+    assert h["interval"] == 10 and h["node_state"] == "ANY"
     assert h["prolog"] == "/usr/local/sbin/gpuhpc-prolog" and h["epilog"] == "/usr/local/sbin/gpuhpc-epilog"
 
 

@@ -1,0 +1,80 @@
+"""The private elastic cluster (elastic_helpers.py) as a package-scoped fixture, and a per-test
+fixture that returns every cloud node to powered-down idle with no fault, cooldown or record."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_helpers import CLOUD, Elastic, _conf, _elastic_config, _wrapper
+from polling import wait_for
+
+
+def _stop_pid_file(path: Path) -> None:
+    try:
+        pid = int(path.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, f"{path.name} to stop")
+
+
+@pytest.fixture(scope="package")
+def elastic_cluster():
+    # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
+    base = Path(tempfile.mkdtemp(prefix="gpuhpc-el-", dir="/var/tmp"))
+    for d in ("state", "spool", "log", "run", "bin", "elastic"):
+        (base / d).mkdir(parents=True)
+    (base / "slurm.conf").write_text(_conf(base))
+    (base / "elastic.json").write_text(json.dumps(_elastic_config(base)))
+    for which in ("resume", "suspend", "resume-fail"):
+        _wrapper(base, which)
+    env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
+    el = Elastic(base)
+    try:
+        subprocess.run(["slurmctld", "-f", str(el.conf)], env=env, check=True, timeout=60)
+        subprocess.run(["slurmd", "-f", str(el.conf), "-N", "el-static1"], env=env, check=True, timeout=60)
+        wait_for(lambda: "IDLE" in el.state("el-static1") and "POWERED_DOWN" in el.state("el-spot1"), 60,
+                 f"the private elastic cluster to come up (logs: {base}/log)")
+        yield el
+    finally:
+        ids = el.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+        for job_id in ids:                       # the private cluster's own jobs, by id
+            el.client.run(["scancel", job_id], check=False)
+        el.client.run(["scontrol", "shutdown"], check=False)
+        _stop_pid_file(base / "run" / "slurmctld.pid")
+        el.provider.terminate([i.id for i in el.provider.instances()])
+        _stop_pid_file(base / "run" / "slurmd-el-static1.pid")
+        if os.environ.get("GPUHPC_KEEP_ELASTIC_LOGS") is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def elastic(elastic_cluster):
+    """The cluster with every cloud node powered down and no fault, cooldown or record left."""
+    el = elastic_cluster
+    el.faults({})
+    cloud = ",".join(n for names in CLOUD.values() for n in names)
+    el.reconcile(now=time.time() + 10**6)          # ends any cooldown, forgets stale records
+
+    def settled() -> bool:
+        states = [n.state for n in el.slurm.nodes(cloud)]
+        bad = [s for s in states if "POWERED_DOWN" not in s or "DOWN+" in s.replace("POWERED_DOWN", "")]
+        if bad:
+            el.slurm.update(cloud, State="RESUME")
+            el.slurm.power_down(cloud)
+        return not bad
+    wait_for(settled, 60, "every cloud node powered down and idle")
+    el.restart_clock()
+    yield el
+    ids = el.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    for job_id in ids:
+        el.client.run(["scancel", job_id], check=False)
+    print("\n".join(["node/job sequence:"] + el.events))

@@ -1,0 +1,108 @@
+"""Elastic capacity on a private controller with the local provider (issue 24, acceptance 1-3, 5,
+6): each scenario records the node and job states it sees, with times, and asserts the sequence.
+The times are printed (pytest -s), never asserted: polling ends each wait as soon as it can."""
+from __future__ import annotations
+
+import time
+
+from elastic_helpers import RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT
+from polling import wait_for
+
+
+def _job_state(el, job_id):
+    return el.job(job_id).get("JobState", "")
+
+
+def test_scale_up_from_zero_and_down_after_idle(elastic):
+    el = elastic
+    assert "POWERED_DOWN" in el.state("el-spot1")
+    job = el.submit("spot", seconds=2)
+    el.mark(f"job {job} submitted to spot (every cloud node powered down)")
+    wait_for(lambda: "POWERING_UP" in el.state("el-spot1") or _job_state(el, job) == "RUNNING", 30, "a resume")
+    el.mark(f"el-spot1 {el.state('el-spot1')}")
+    wait_for(lambda: _job_state(el, job) in ("RUNNING", "COMPLETED"), 60, f"job {job} to run")
+    t_run = el.mark(f"job {job} {_job_state(el, job)} on {el.job(job).get('NodeList')}")
+    assert el.job(job).get("NodeList") == "el-spot1"
+    assert [i.node for i in el.provider.instances()] == ["el-spot1"]
+    assert "gpuhpc instance local-el-spot1" in el.node("el-spot1").comment
+    wait_for(lambda: _job_state(el, job) == "COMPLETED", 60, f"job {job} to complete")
+    el.mark(f"job {job} COMPLETED; el-spot1 {el.state('el-spot1')}")
+    wait_for(lambda: "POWERED_DOWN" in el.state("el-spot1") and not el.provider.instances(),
+             SUSPEND_TIME + SUSPEND_TIMEOUT + 40, "el-spot1 to power down after idle")
+    t_down = el.mark(f"el-spot1 {el.state('el-spot1')}, no instance left")
+    print(f"submit->running {t_run:.1f}s; running->powered down {t_down - t_run:.1f}s "
+          f"(SuspendTime {SUSPEND_TIME}s + SuspendTimeout {SUSPEND_TIMEOUT}s + the job's 2 s)")
+
+
+def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_next_tier(elastic):
+    el = elastic
+    el.faults({"spot": {"mode": "capacity", "code": "InsufficientInstanceCapacity"}})
+    job = el.submit("spot,od", seconds=30)
+    el.mark(f"job {job} submitted to spot,od; the spot pool has no capacity")
+    wait_for(lambda: "DOWN" in el.state("el-spot1").replace("POWERED_DOWN", ""), 30, "el-spot1 DOWN")
+    t_down = el.mark(f"el-spot1 {el.state('el-spot1')}: {el.node('el-spot1').reason}")
+    assert "InsufficientInstanceCapacity" in el.node("el-spot1").reason
+    assert t_down < RESUME_TIMEOUT, "DOWN came from the capacity error, not from ResumeTimeout"
+    wait_for(lambda: "DOWN" in el.state("el-spot2").replace("POWERED_DOWN", ""), 10, "the spot pool to cool down")
+    el.mark(f"el-spot2 {el.state('el-spot2')} (pool cooling down)")
+    wait_for(lambda: _job_state(el, job) == "RUNNING", 90, f"job {job} to run in the next tier")
+    t_run = el.mark(f"job {job} RUNNING on {el.job(job).get('NodeList')} (partition {el.job(job).get('Partition')})")
+    assert el.job(job).get("Partition") == "od" and el.job(job).get("NodeList", "").startswith("el-od")
+    print(f"capacity error -> DOWN {t_down:.1f}s after submit (ResumeTimeout {RESUME_TIMEOUT}s); "
+          f"running in the next tier {t_run:.1f}s after submit")
+    el.client.run(["scancel", job], check=False)
+    # the cooldown ends: the reconciler returns the pool's nodes
+    acts = el.reconcile(now=time.time() + 10**6)
+    assert ("end_cooldown", "spot") in [(a.kind, a.target) for a in acts]
+    wait_for(lambda: all("DOWN" not in el.state(n).replace("POWERED_DOWN", "") for n in ("el-spot1", "el-spot2")),
+             30, "the spot nodes back in the pool after the cooldown")
+    el.mark(f"cooldown over: el-spot1 {el.state('el-spot1')}, el-spot2 {el.state('el-spot2')}")
+
+
+def test_a_pool_that_never_boots_sends_the_job_to_the_next_tier(elastic):
+    el = elastic
+    el.faults({"spot": {"mode": "never_boot"}})
+    job = el.submit("spot,od", seconds=30)
+    el.mark(f"job {job} submitted to spot,od; spot instances never boot")
+    wait_for(lambda: "POWERING_UP" in el.state("el-spot1"), 30, "el-spot1 powering up")
+    el.mark(f"el-spot1 {el.state('el-spot1')}")
+    wait_for(lambda: _job_state(el, job) == "RUNNING" and el.job(job).get("Partition") == "od",
+             RESUME_TIMEOUT + 90, f"job {job} to run in the od tier")
+    t_run = el.mark(f"job {job} RUNNING on {el.job(job).get('NodeList')} (partition od)")
+    assert t_run >= RESUME_TIMEOUT
+    assert "DOWN" in el.state("el-spot1").replace("POWERED_DOWN", "")
+    assert not [i for i in el.provider.instances() if i.node == "el-spot1"], "resume-fail ended the instance"
+    el.mark(f"el-spot1 {el.state('el-spot1')}: {el.node('el-spot1').reason}")
+    el.client.run(["scancel", job], check=False)
+
+
+def test_an_orphan_instance_is_terminated_after_its_grace_never_before(elastic):
+    el = elastic
+    el.faults({"od": {"mode": "never_boot"}})
+    pool = el.config.pool("od")
+    orphan = el.provider.launch(pool, ["el-od2"], "orphan-token-1")[0]   # launched, never recorded
+    el.mark(f"instance {orphan.id} launched, no node record names it (grace {el.config.orphan_grace}s)")
+    born = orphan.launched_at
+    for dt in (0, el.config.orphan_grace / 2, el.config.orphan_grace - 1):
+        acts = el.reconcile(now=born + dt)
+        assert ("terminate", orphan.id) not in [(a.kind, a.target) for a in acts]
+        assert orphan.id in [i.id for i in el.provider.instances()]
+        el.mark(f"reconcile at +{dt:.0f}s: kept")
+    acts = el.reconcile(now=born + el.config.orphan_grace)
+    assert ("terminate", orphan.id) in [(a.kind, a.target) for a in acts]
+    assert orphan.id not in [i.id for i in el.provider.instances()]
+    el.mark(f"reconcile at +{el.config.orphan_grace}s: terminated")
+
+
+def test_static_capacity_before_cloud_and_the_cheaper_tier_before_the_dearer(elastic):
+    el = elastic
+    first = el.submit("od,spot,static", seconds=20)
+    wait_for(lambda: _job_state(el, first) == "RUNNING", 30, f"job {first} to run")
+    el.mark(f"job {first} RUNNING on {el.job(first).get('NodeList')}")
+    assert el.job(first).get("NodeList") == "el-static1"
+    assert all("POWERED_DOWN" in el.state(n) for n in ("el-spot1", "el-od1")), "no cloud node was resumed"
+    second = el.submit("od,spot,static", seconds=2)                  # static is busy now
+    wait_for(lambda: _job_state(el, second) in ("RUNNING", "COMPLETED"), 60, f"job {second} to run")
+    el.mark(f"job {second} {_job_state(el, second)} on {el.job(second).get('NodeList')}")
+    assert el.job(second).get("NodeList") == "el-spot1" and "POWERED_DOWN" in el.state("el-od1")
+    el.client.run(["scancel", first], check=False)

@@ -1,0 +1,69 @@
+"""The site's trust policy ([containers] in the site config): exit 2 at submit, nothing queued."""
+from __future__ import annotations
+
+import pytest
+
+from gpuhpc.cli import submit as cli_submit
+from gpuhpc.containers.image import Policy, check_image, parse_ref, site_policies
+from gpuhpc.errors import UserInputError
+
+DIGEST = "sha256:" + "12" * 32
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    path = tmp_path / "config.toml"
+    path.write_text('[containers]\nallowed_registries = ["nvcr.io", "127.0.0.1:5000"]\n'
+                    'require_digest_partitions = ["gpu-hi"]\n')
+    monkeypatch.setenv("GPUHPC_SITE_CONFIG", str(path))
+    return path
+
+
+def test_policy_rules():
+    p = Policy(("nvcr.io",), ("gpu",))
+    p.check(parse_ref("nvcr.io#nvidia/pytorch:24.05-py3"), "cpu")
+    p.check(parse_ref(f"nvcr.io#nvidia/pytorch@{DIGEST}"), "gpu")
+    with pytest.raises(UserInputError, match="registry docker.io is not allowed"):
+        p.check(parse_ref("ubuntu:22.04"), "cpu")
+    with pytest.raises(UserInputError, match="partition gpu runs only images pinned by digest") as e:
+        p.check(parse_ref("nvcr.io#nvidia/pytorch:24.05-py3"), "gpu")
+    assert "gpuhpc image pin nvcr.io#nvidia/pytorch:24.05-py3" in e.value.hint
+    with pytest.raises(UserInputError, match=r"\(default partition\)"):
+        Policy((), ("*",)).check(parse_ref("a#b:1"), None)
+    Policy().check(parse_ref("anything.example#x:1"), None)          # no rules: anything
+
+
+def test_site_config(site):
+    [policy] = site_policies()
+    assert policy.allowed_registries == ("nvcr.io", "127.0.0.1:5000") and policy.source == str(site)
+    check_image(f"127.0.0.1:5000#gpuhpc/test@{DIGEST}", "gpu-hi")
+    with pytest.raises(UserInputError, match=f"not allowed on this cluster \\(site config {site}\\)"):
+        check_image("quay.io#x/y:1", "gpu")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('[containers]\nallowed_registries = "nvcr.io"\n', "must be a list"),
+    ('[containers]\nallowed_registries = [1]\n', "list of non-empty strings"),
+    ('[containers]\nallowed_registries = ["bad host"]\n', "not a registry"),
+    ('[containers]\npinned = true\n', "unknown key containers.pinned"),
+])
+def test_bad_site_config(tmp_path, monkeypatch, text, words):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    monkeypatch.setenv("GPUHPC_SITE_CONFIG", str(path))
+    with pytest.raises(UserInputError, match=words):
+        check_image("nvcr.io#a/b:1", None)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--image", "quay.io#x/y:1"], "registry quay.io is not allowed"),
+    (["--image", "127.0.0.1:5000#gpuhpc/test:1", "-p", "gpu-hi"], "partition gpu-hi runs only images pinned"),
+])
+def test_cli_refuses_before_anything_runs(site, monkeypatch, argv, words):
+    def no_slurm(*a, **k):
+        raise AssertionError("a refused image must not reach Slurm")
+
+    monkeypatch.setattr("gpuhpc.jobs.api._client", no_slurm)
+    with pytest.raises(UserInputError, match=words) as e:
+        cli_submit.run([*argv, "--", "cat", "/etc/os-release"])
+    assert e.value.exit_code == 2 and str(e.value).startswith("image: ")
