@@ -145,10 +145,15 @@ class Policy:
             raise UserInputError(f"registry {ref.registry} is not allowed on this cluster{where}",
                                  field=field, hint=f"allowed: {', '.join(self.allowed_registries)}")
         req = self.require_digest_partitions
-        part = partition or "(default partition)"
-        if not ref.pinned and ("*" in req or (partition or "") in req):
-            raise UserInputError(f"partition {part} runs only images pinned by digest{where}; {ref} is a tag",
-                                 field=field, hint=f"pin it: gpuhpc image pin {ref}")
+        if ref.pinned or not req:
+            return
+        if partition is None and "*" not in req:       # Slurm's default may be one of them
+            raise UserInputError(f"{ref} is a tag and the default partition may run only images pinned by "
+                                 f"digest (partitions {', '.join(req)}){where}", field=field,
+                                 hint=f"pin it (gpuhpc image pin {ref}) or name the partition (--partition)")
+        if "*" in req or partition in req:
+            raise UserInputError(f"partition {partition or '(default)'} runs only images pinned by digest{where}; "
+                                 f"{ref} is a tag", field=field, hint=f"pin it: gpuhpc image pin {ref}")
 
 
 def _strings(value: Any, name: str, path: str) -> tuple[str, ...]:

@@ -28,8 +28,11 @@ def test_policy_rules():
     with pytest.raises(UserInputError, match="partition gpu runs only images pinned by digest") as e:
         p.check(parse_ref("nvcr.io#nvidia/pytorch:24.05-py3"), "gpu")
     assert "gpuhpc image pin nvcr.io#nvidia/pytorch:24.05-py3" in e.value.hint
-    with pytest.raises(UserInputError, match=r"\(default partition\)"):
+    with pytest.raises(UserInputError, match=r"partition \(default\) runs only"):
         Policy((), ("*",)).check(parse_ref("a#b:1"), None)
+    with pytest.raises(UserInputError, match="the default partition may run only images pinned"):
+        Policy((), ("gpu",)).check(parse_ref("nvcr.io#a/b:1"), None)
+    Policy((), ("gpu",)).check(parse_ref(f"nvcr.io#a/b@{DIGEST}"), None)
     Policy().check(parse_ref("anything.example#x:1"), None)          # no rules: anything
 
 
