@@ -2,7 +2,7 @@
 
 The throwaway user submits, with plain ``sbatch -J`` (any bytes), held jobs named with U+2028 and
 0x1f, and with a newline followed by a whole forged squeue row (0x1f-separated, as the old format
-was); and one short 1-GPU job named with a newline followed by a forged sacct row that claims
+was); and one short job on one MIG slice named with a newline followed by a forged sacct row that claims
 root, 8 × h100 for 10 hours. Then, as root, ``gpuhpc jobs`` and ``gpuhpc status``, the full-cluster
 ``squeue`` the Slurm exporter scrapes, a sweep driver's queue read and ``ledger ingest`` all work,
 show the names as they are, and no forged row appears; the job is charged to its real user with
@@ -44,7 +44,8 @@ def _gpuhpc(*args: str) -> subprocess.CompletedProcess:
 def hostile_jobs(hostile):
     held = {hostile.sbatch("-H", "-p", "cpu", "-t", "1", "-o", "/dev/null", "-J", name, "--wrap", "true"): name
             for name in NAMES}
-    run = hostile.sbatch("-p", "gpu", "--gres=gpu:h100:1", "-t", "1", "-o", "/dev/null", "-J", RUN_NAME,
+    # one MIG slice on mig-node1: the node other tests' H100 sweeps leave free
+    run = hostile.sbatch("-p", "mig", "--gres=gpu:1g.10gb:1", "-t", "1", "-o", "/dev/null", "-J", RUN_NAME,
                          "--wrap", "sleep 2")
     array = hostile.sbatch("-H", "-p", "cpu", "-t", "1", "-o", "/dev/null", "--array=0-2", "-J", NAMES[1],
                            "--wrap", "true")
@@ -90,7 +91,7 @@ def test_ledger_ingest_bills_the_real_user_and_resources(hostile, hostile_jobs, 
         runs = [r for r in client.job_runs(since, job_ids=[job]) if r.job_id == job]
         return runs if runs and runs[-1].state.state.is_finished and runs[-1].end != "Unknown" else None
 
-    runs = wait_for(settled, 180, f"job {job} to finish and reach accounting")
+    runs = wait_for(settled, 300, f"job {job} to finish and reach accounting")
     # sacct kept the newline and 0x1f (slurmdbd cuts a name at 255 bytes); still one row, one name
     assert RUN_NAME.startswith(runs[-1].name) and "\n424243\x1f" in runs[-1].name
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -104,7 +105,7 @@ def test_ledger_ingest_bills_the_real_user_and_resources(hostile, hostile_jobs, 
                 for u in s.query(UsageRecord).filter(UsageRecord.job_id.in_([job, "424243"]))]
     assert len(recs) == 1, recs
     (job_id, user, account, gpu_type, gpus, elapsed) = recs[0]
-    assert (job_id, user, account, gpu_type, gpus) == (job, hostile.name, "research", "h100", 1)
+    assert (job_id, user, account, gpu_type, gpus) == (job, hostile.name, "research", "1g.10gb", 1)
     assert 0 <= elapsed < 120
 
 
