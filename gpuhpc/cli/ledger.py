@@ -462,6 +462,16 @@ def _quota_show_snapshot(account: Optional[str], json_: bool) -> None:
 
 
 # ------------------------------------------------------------------ report
+@report.command("placement")
+@click.option("--period", default="week", show_default=True, help="day, week or month.")
+@click.option("--json", "json_", is_flag=True, help="JSON output.")
+def report_placement(period: str, json_: bool) -> int:
+    """Multi-node jobs spread over more leaf switches than they needed, worst first, with their GPU-hours."""
+    from gpuhpc.cli.placement import placement_report
+
+    return placement_report(period, json_)
+
+
 @report.command("cost")
 @click.option("--by", default="account", show_default=True, help="user, account, partition or gpu-type.")
 @click.option("--period", default="month", show_default=True, help="day, week or month.")

@@ -52,3 +52,41 @@ def placement_cmd(job_id: str, as_json: bool) -> int:
         sys.stdout.write(f"job {job_id}: {res['summary']}: {', '.join(res['leaves'])} "
                          f"({len(res['nodes'])} node(s), partition {res['partition']})\n")
     return 0
+
+
+PERIOD_DAYS = {"day": 1, "week": 7, "month": 30}
+
+
+def placement_report(period: str, as_json: bool, client=None) -> int:
+    """``gpuhpc report placement``: the multi-node jobs of the last day/week/month that were
+    spread over more leaves than their partition needed, worst first, with their GPU-hours."""
+    import datetime as dt
+
+    from gpuhpc.errors import GpuhpcError, UserInputError
+    from gpuhpc.hostlist import expand
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.topology.placement import leaf_nodes, worst_spread
+
+    if period not in PERIOD_DAYS:
+        raise UserInputError(f"unknown period {period!r}", field="--period", hint="day, week or month")
+    c = client or SlurmClient()
+    leaves = leaf_nodes(c.topology())
+    if not leaves:
+        raise GpuhpcError("the cluster has no tree topology (scontrol show topology lists no leaf switch)")
+    parts = {p.name: expand(p.nodes) for p in c.partitions() if p.nodes}
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=PERIOD_DAYS[period])
+    jobs = [{"job_id": r.job_id, "user": r.user, "account": r.account, "partition": r.partition,
+             "nodes": expand(r.nodelist) if r.nodelist and r.nodelist not in ("None assigned", "(null)") else [],
+             "gpu_hours": sum(r.gpus.values()) * r.elapsed_s / 3600}
+            for r in c.accounting(all_users=True, since=since.astimezone().strftime("%Y-%m-%dT%H:%M:%S"))]
+    rows = worst_spread(jobs, leaves, parts)
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json(rows)
+        return 0
+    sys.stdout.write(f"{len(rows)} spread multi-node job(s) since {since:%Y-%m-%d %H:%M} UTC\n")
+    for r in rows:
+        sys.stdout.write(f"{r['job_id']:>10}  {r['user']:<10} {r['partition']:<10} {r['nodes']} nodes  "
+                         f"{r['summary']:<26} {r['gpu_hours']:,.2f} GPU-h\n")
+    return 0

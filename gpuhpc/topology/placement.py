@@ -74,3 +74,22 @@ def placement(leaves: Mapping[str, set[str]], nodes: Iterable[str], allowed: Ite
     placed = set().union(*leaves.values()) if leaves else set()
     return Placement(tuple(ns), tuple(spanned), fewest_leaves(leaves, len(ns), allowed),
                      tuple(n for n in ns if n not in placed))
+
+
+def worst_spread(jobs: Iterable[Mapping], leaves: Mapping[str, set[str]],
+                 partition_nodes: Mapping[str, Iterable[str]]) -> list[dict]:
+    """Multi-node jobs (dicts with job_id, user, account, partition, nodes, gpu_hours) on more
+    leaves than their partition needed, the most extra leaves first, then the most GPU-hours."""
+    out = []
+    for j in jobs:
+        nodes = list(j["nodes"])
+        if len(nodes) < 2:
+            continue
+        p = placement(leaves, nodes, partition_nodes.get(j["partition"]))
+        if not p.spread:
+            continue
+        out.append({"job_id": j["job_id"], "user": j.get("user", ""), "account": j.get("account", ""),
+                    "partition": j["partition"], "nodes": len(nodes), "leaves": len(p.leaves), "best": p.best,
+                    "extra_leaves": len(p.leaves) - p.best, "gpu_hours": round(float(j.get("gpu_hours", 0)), 3),
+                    "summary": p.summary()})
+    return sorted(out, key=lambda r: (-r["extra_leaves"], -r["gpu_hours"], r["job_id"]))

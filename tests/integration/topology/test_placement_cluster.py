@@ -69,3 +69,8 @@ def test_two_node_job_under_one_leaf_and_a_forced_spread(client, tmp_path, monke
     got = _placement_when_running(client, spread)
     assert (len(got["leaves"]), got["best"], got["spread"]) == (2, 1, True)
     assert got["summary"] == "spread: 2 leaves (best 1)"
+
+    report = _gpuhpc("report", "placement", "--period", "day", "--json")
+    assert report.returncode == 0, report.stderr
+    rows = {r["job_id"]: r for r in json.loads(report.stdout)}
+    assert rows[spread]["extra_leaves"] == 1 and one not in rows
