@@ -32,6 +32,8 @@ def elastic_cluster():
     base = Path(tempfile.mkdtemp(prefix="gpuhpc-el-", dir="/var/tmp"))
     for d in ("state", "spool", "log", "run", "bin", "elastic"):
         (base / d).mkdir(parents=True)
+    for n in ["el-static1", *(n for names in CLOUD.values() for n in names)]:
+        (base / "spool" / n).mkdir()
     (base / "slurm.conf").write_text(_conf(base))
     (base / "elastic.json").write_text(json.dumps(_elastic_config(base)))
     for which in ("resume", "suspend", "resume-fail"):
@@ -64,14 +66,19 @@ def elastic(elastic_cluster):
     cloud = ",".join(n for names in CLOUD.values() for n in names)
     el.reconcile(now=time.time() + 10**6)          # ends any cooldown, forgets stale records
 
+    seen: dict[str, str] = {}
+
     def settled() -> bool:
-        states = [n.state for n in el.slurm.nodes(cloud)]
-        bad = [s for s in states if "POWERED_DOWN" not in s or "DOWN+" in s.replace("POWERED_DOWN", "")]
-        if bad:
-            el.slurm.update(cloud, State="RESUME")
-            el.slurm.power_down(cloud)
-        return not bad
-    wait_for(settled, 60, "every cloud node powered down and idle")
+        nodes = el.slurm.nodes(cloud)
+        seen.update({n.name: n.state for n in nodes})
+        down = [n.name for n in nodes if "DOWN" in n.flags]
+        up = [n.name for n in nodes if not n.flags & {"POWERED_DOWN", "POWERING_DOWN", "DOWN"}]
+        if down:
+            el.slurm.resume(",".join(down))
+        if up:
+            el.slurm.power_down(",".join(up))
+        return len(nodes) == 4 and all(n.flags >= {"IDLE", "POWERED_DOWN"} and "DOWN" not in n.flags for n in nodes)
+    wait_for(settled, 60, f"every cloud node powered down and idle (last seen: {seen})")
     el.restart_clock()
     yield el
     ids = el.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()

@@ -51,9 +51,11 @@ def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_nex
     print(f"capacity error -> DOWN {t_down:.1f}s after submit (ResumeTimeout {RESUME_TIMEOUT}s); "
           f"running in the next tier {t_run:.1f}s after submit")
     el.client.run(["scancel", job], check=False)
-    # the cooldown ends: the reconciler returns the pool's nodes
-    acts = el.reconcile(now=time.time() + 10**6)
-    assert ("end_cooldown", "spot") in [(a.kind, a.target) for a in acts]
+    # the cooldown ends (the clock moved on): once Slurm has given up on el-spot1's launch
+    # (ResumeTimeout), the reconciler returns the pool's nodes
+    wait_for(lambda: ("end_cooldown", "spot") in [(a.kind, a.target) for a in el.reconcile(now=time.time() + 10**6)],
+             RESUME_TIMEOUT + 30, "the reconciler to end the spot cooldown")
+    el.mark("reconciler ended the spot cooldown")
     wait_for(lambda: all("DOWN" not in el.state(n).replace("POWERED_DOWN", "") for n in ("el-spot1", "el-spot2")),
              30, "the spot nodes back in the pool after the cooldown")
     el.mark(f"cooldown over: el-spot1 {el.state('el-spot1')}, el-spot2 {el.state('el-spot2')}")

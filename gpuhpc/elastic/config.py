@@ -1,0 +1,92 @@
+"""What ``gpuhpc power`` knows about the cluster: the cloud pools and their settings, read from
+the ``power`` part of the template context (:func:`gpuhpc.conf.context.build_context`), which
+the gpuhpc_elastic role writes as JSON, or straight from a cluster spec (YAML)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuhpc import hostlist
+from gpuhpc.errors import UserInputError
+
+CONFIG_ENV = "GPUHPC_ELASTIC_CONFIG"
+DEFAULT_CONFIG = "/etc/gpuhpc/elastic.json"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One ``capacity: cloud`` node group."""
+    name: str
+    nodes: tuple[str, ...]
+    provider: str
+    market: str = "on_demand"
+    instance_types: tuple[str, ...] = ()
+    max_nodes: int = 0
+    boot_timeout: int | None = None
+    capacity_cooldown: int = 300
+    price_tier: int = 0
+
+
+@dataclass(frozen=True)
+class ElasticConfig:
+    cluster: str
+    pools: tuple[Pool, ...]
+    state_dir: str
+    orphan_grace: int = 600
+    resume_timeout: int = 300
+    provider_settings: dict[str, Any] = field(default_factory=dict)   # e.g. {"aws": {"region": ...}}
+
+    def pool_of(self, node: str) -> Pool | None:
+        for p in self.pools:
+            if node in p.nodes:
+                return p
+        return None
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
+    """From a template context (``gpuhpc conf context SPEC``) or the JSON the role writes (the
+    same keys: ``cluster_name`` and ``power``, plus optional ``providers`` settings)."""
+    power = ctx.get("power")
+    if not power:
+        raise UserInputError("the cluster has no capacity: cloud node group", field="node_groups",
+                             hint="docs/elastic.md")
+    pools = tuple(Pool(name=g["name"], nodes=tuple(hostlist.expand(g["nodes"])), provider=g["provider"],
+                       market=g.get("market", "on_demand"), instance_types=tuple(g.get("instance_types") or ()),
+                       max_nodes=int(g.get("max_nodes") or 0), boot_timeout=g.get("boot_timeout"),
+                       capacity_cooldown=int(g.get("capacity_cooldown", 300)), price_tier=int(g.get("price_tier", 0)))
+                  for g in power["groups"])
+    return ElasticConfig(cluster=ctx["cluster_name"], pools=pools, state_dir=power["state_dir"],
+                         orphan_grace=int(power.get("orphan_grace", 600)),
+                         resume_timeout=int(power.get("resume_timeout", 300)),
+                         provider_settings=dict(ctx.get("providers") or {}))
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> ElasticConfig:
+    """``path``, else ``$GPUHPC_ELASTIC_CONFIG``, else /etc/gpuhpc/elastic.json. A ``.yaml``/``.yml``
+    file is a cluster spec (validated and turned into its context here)."""
+    p = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    if p.suffix in (".yaml", ".yml"):
+        from gpuhpc.conf.context import build_context
+        from gpuhpc.conf.validate import validate
+        from gpuhpc.spec.cluster import load_spec
+
+        spec = load_spec(p)
+        validate(spec)
+        return config_from_context(build_context(spec))
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserInputError(f"no elastic config at {p}", field=CONFIG_ENV,
+                             hint="gpuhpc conf context SPEC > /etc/gpuhpc/elastic.json (the gpuhpc_elastic role)") from None
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"cannot read the elastic config {p}: {exc}", field=CONFIG_ENV) from None
+    return config_from_context(data)

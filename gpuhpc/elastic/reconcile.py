@@ -1,0 +1,193 @@
+"""The reconciler (``gpuhpc power reconcile``, every minute from a timer, as slurm-gcp's
+slurmsync): :func:`decide` is a pure function from (nodes, instances, records, now) to actions;
+:func:`apply` carries them out. It is the only thing that ends instances no node owns.
+
+The decision table (first match per node; orphans per instance):
+
+================================  =====================================================
+what it sees                      what it does
+================================  =====================================================
+an instance of ours that no node  after ``orphan_grace`` from its launch: terminate it
+record names (orphan)             (never before: a launch in flight is not yet recorded)
+a record whose instance is gone   DOWN (its job requeues now), then POWER_DOWN; forget it
+(not listed, or terminated)       (not while the record's launch is younger than the
+                                  pool's boot timeout: the worker may still be at it)
+a record with no instance after   DOWN ("stuck powering up"), POWER_DOWN, forget it
+resume_timeout (launch lost)
+a spot interruption notice        drain and signal the job (checkpoint) first; after
+                                  ``checkpoint_window`` s: DOWN (requeue at once), POWER_DOWN,
+                                  terminate
+a pool whose cooldown ended       its nodes DOWN for that cooldown: back to the pool
+                                  (POWER_DOWN, or RESUME when already powered down);
+                                  not while one of them is still POWERING_UP (Slurm's
+                                  ResumeTimeout and resume-fail come first)
+================================  =====================================================
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gpuhpc import hostlist
+from gpuhpc.elastic.config import ElasticConfig
+from gpuhpc.elastic.providers.base import Instance
+from gpuhpc.elastic.store import State, Store
+from gpuhpc.slurm.power import PowerNode, PowerSlurm
+
+COOLDOWN_REASON = "gpuhpc cooldown"      # the prefix gpuhpc.elastic.worker writes
+CHECKPOINT_WINDOW = 30                   # seconds between the checkpoint signal and DOWN on a reclaim
+CHECKPOINT_SIGNAL = "USR2"               # gpuhpc jobs checkpoint on it (docs/jobs.md)
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str           # terminate | down | power_down | resume | drain | signal | forget | end_cooldown | note_interrupt
+    target: str         # instance id, node name, job id or pool name
+    reason: str = ""
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+
+    def add(self, kind: str, target: str, reason: str = "") -> None:
+        self.actions.append(Action(kind, target, reason))
+
+    def kinds(self, target: str) -> list[str]:
+        return [a.kind for a in self.actions if a.target == target]
+
+
+def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instance], state: State,
+           now: float, jobs_on: dict[str, list[str]] | None = None,
+           checkpoint_window: float = CHECKPOINT_WINDOW) -> list[Action]:
+    """Pure: the actions that bring nodes, instances and records back in line."""
+    d = Decision()
+    jobs_on = jobs_on or {}
+    by_node = {n.name: n for n in nodes}
+    live = {i.id: i for i in instances if i.state != "terminated"}
+    recorded = {r.instance_id for r in state.nodes.values() if r.instance_id}
+
+    # orphans: ours, named by no record
+    for inst in instances:
+        if inst.state == "terminated" or inst.id in recorded:
+            continue
+        age = now - inst.launched_at
+        if age >= config.orphan_grace:
+            d.add("terminate", inst.id, f"orphan for {int(age)}s (grace {config.orphan_grace}s)")
+
+    for name, rec in sorted(state.nodes.items()):
+        pool = config.pool_of(name)
+        boot = (pool.boot_timeout if pool and pool.boot_timeout else config.resume_timeout)
+        node = by_node.get(name)
+        flags = node.flags if node else frozenset()
+        if rec.instance_id is None:
+            if now - rec.requested_at > config.resume_timeout:
+                d.add("down", name, "gpuhpc: stuck powering up (no instance was launched)")
+                d.add("power_down", name)
+                d.add("forget", name)
+            continue
+        inst = live.get(rec.instance_id)
+        if inst is None:
+            if now - (rec.launched_at or rec.requested_at) < min(boot, config.resume_timeout) and "POWERING_UP" in flags:
+                continue                        # just launched: the provider may not list it yet
+            if "POWERED_DOWN" in flags or "POWERING_DOWN" in flags:
+                d.add("forget", name)
+                continue
+            d.add("down", name, f"gpuhpc: instance {rec.instance_id} is gone")
+            d.add("power_down", name)
+            d.add("forget", name)
+            continue
+        if inst.interrupted_at is not None:
+            noticed = state.interrupted.get(name)
+            if noticed is None:
+                d.add("drain", name, f"gpuhpc: spot interruption of {inst.id}")
+                for job in jobs_on.get(name, []):
+                    d.add("signal", job, CHECKPOINT_SIGNAL)
+                d.add("note_interrupt", name)
+            elif now - noticed >= checkpoint_window:
+                d.add("down", name, f"gpuhpc: spot reclaim of {inst.id}")
+                d.add("power_down", name)
+                d.add("terminate", inst.id, "spot reclaim")
+                d.add("forget", name)
+
+    for pool_name, cd in sorted(state.cooldowns.items()):
+        if cd["until"] > now:
+            continue
+        pool = next((p for p in config.pools if p.name == pool_name), None)
+        cooled = [by_node[n] for n in (pool.nodes if pool else ()) if n in by_node
+                  and "DOWN" in by_node[n].flags and by_node[n].reason.startswith(COOLDOWN_REASON)]
+        # Slurm still waits for ResumeTimeout on a node whose launch failed (DOWN does not clear
+        # POWERING_UP) and then runs resume-fail: end the cooldown after that, not before
+        if any("POWERING_UP" in n.flags for n in cooled):
+            continue
+        d.add("end_cooldown", pool_name)
+        for node in cooled:
+            d.add("resume" if "POWERED_DOWN" in node.flags else "power_down", node.name, "cooldown over")
+    return d.actions
+
+
+def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store: Store, providers: dict,
+          now: float) -> None:
+    """Carry out :func:`decide`'s actions: node updates batched per kind and reason, instance ends
+    per provider (``providers``: pool provider name -> Provider), records under the store's lock."""
+    batches: dict[tuple[str, str], list[str]] = {}
+    ends: list[str] = []
+    for a in actions:
+        if a.kind in ("down", "drain", "power_down", "resume"):
+            batches.setdefault((a.kind, a.reason), []).append(a.target)
+        elif a.kind == "signal":
+            slurm.signal_job(a.target, a.reason)
+        elif a.kind == "terminate":
+            ends.append(a.target)
+    order = ("drain", "down", "power_down", "resume")
+    for kind in order:
+        for (k, reason), names in batches.items():
+            if k != kind:
+                continue
+            expr = hostlist.compress(names)
+            if kind == "down":
+                slurm.down(expr, reason)
+            elif kind == "drain":
+                slurm.drain(expr, reason)
+            elif kind == "power_down":
+                slurm.power_down(expr)
+            else:
+                slurm.resume(expr)
+    for provider in providers.values():
+        if ends:
+            provider.terminate(ends)
+    with store.update() as state:
+        for a in actions:
+            if a.kind == "forget":
+                state.nodes.pop(a.target, None)
+                state.interrupted.pop(a.target, None)
+            elif a.kind == "note_interrupt":
+                state.interrupted[a.target] = now
+            elif a.kind == "end_cooldown":
+                state.cooldowns.pop(a.target, None)
+
+
+def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, providers: dict | None = None,
+                   now: float | None = None) -> list[Action]:
+    """One pass: read nodes, instances (every provider the pools use) and records; decide; apply."""
+    from gpuhpc.elastic.providers import provider_for
+
+    slurm = slurm or PowerSlurm()
+    now = time.time() if now is None else now
+    if providers is None:
+        providers = {p.provider: provider_for(p.provider, config) for p in config.pools}
+    store = Store(config.state_dir)
+    cloud_nodes = hostlist.compress([n for p in config.pools for n in p.nodes])
+    nodes = slurm.nodes(cloud_nodes)
+    instances = [i for prov in providers.values() for i in prov.instances()]
+    state = store.read()
+    noticed = {i.id for i in instances if i.interrupted_at}
+    interrupted = [r.node for r in state.nodes.values() if r.instance_id in noticed]
+    jobs_on: dict[str, list[str]] = {}
+    if interrupted:
+        for job, nodelist in slurm.jobs_on(hostlist.compress(interrupted)):
+            for n in hostlist.expand(nodelist):
+                jobs_on.setdefault(n, []).append(job)
+    actions = decide(config, nodes, instances, state, now, jobs_on)
+    apply(config, actions, slurm, store, providers, now)
+    return actions

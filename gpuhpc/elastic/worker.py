@@ -1,0 +1,106 @@
+"""The detached half of the power programs: provider calls and node updates for a plan file
+(``python -m gpuhpc.elastic.worker PLANFILE``, started by :func:`gpuhpc.elastic.power.spawn_worker`).
+
+A launch that fails for capacity (or any provider error) sets its nodes DOWN at once with the
+code, so Slurm requeues the job without waiting for ResumeTimeout, and cools the pool down: its
+other powered-down nodes go DOWN with the same reason until the reconciler ends the cooldown, so
+the requeued job runs in the next price tier."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from gpuhpc import hostlist
+from gpuhpc.elastic.config import ElasticConfig, load_config
+from gpuhpc.elastic.power import Plan
+from gpuhpc.elastic.providers import provider_for
+from gpuhpc.elastic.providers.base import ProviderError
+from gpuhpc.elastic.reconcile import COOLDOWN_REASON
+from gpuhpc.elastic.store import Store
+from gpuhpc.slurm.power import PowerSlurm
+
+log = logging.getLogger("gpuhpc.elastic")
+
+
+
+def cool_down(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name: str, nodes: tuple[str, ...],
+              code: str, now: float) -> None:
+    """Nodes DOWN with ``code`` now; the pool's idle powered-down nodes DOWN until its cooldown ends."""
+    pool = config.pool(pool_name)
+    until = now + pool.capacity_cooldown
+    reason = f"{COOLDOWN_REASON} {code} pool {pool_name} until {time.strftime('%H:%M:%S', time.localtime(until))}"
+    with store.update() as state:
+        earlier = state.cooldowns.get(pool_name)
+        if earlier and earlier["until"] > now:        # already cooling: keep the first cause and end
+            until, code = earlier["until"], earlier["code"]
+            reason = f"{COOLDOWN_REASON} {code} pool {pool_name} until {time.strftime('%H:%M:%S', time.localtime(until))}"
+        state.cooldowns[pool_name] = {"until": until, "code": code, "since": now}
+        for n in nodes:
+            state.nodes.pop(n, None)
+    if nodes:
+        slurm.down(hostlist.compress(nodes), reason)
+    spare = [n.name for n in slurm.nodes(hostlist.compress(pool.nodes))
+             if "POWERED_DOWN" in n.flags and "DOWN" not in n.flags and n.name not in nodes]
+    if spare:
+        slurm.down(hostlist.compress(spare), reason)
+
+
+def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+    pool = config.pool(plan.pool)
+    cooldown = store.read().cooldowns.get(pool.name)
+    if cooldown and cooldown["until"] > now:
+        cool_down(config, slurm, store, pool.name, plan.nodes, f"{cooldown['code']}(cooling)", now)
+        return
+    provider = provider_for(pool.provider, config)
+    try:
+        instances = provider.launch(pool, list(plan.nodes), plan.token)
+    except ProviderError as exc:
+        log.warning("launch %s on %s failed: %s", plan.nodes, pool.name, exc)
+        cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time())
+        return
+    with store.update() as state:
+        for node, inst in zip(plan.nodes, instances):
+            rec = state.nodes.get(node)
+            if rec is not None and rec.token == plan.token:
+                rec.instance_id, rec.launched_at = inst.id, inst.launched_at
+    for node, inst in zip(plan.nodes, instances):
+        fields = {"Comment": f"gpuhpc instance {inst.id} pool {pool.name} type {inst.instance_type}"}
+        if pool.provider != "local" and inst.addr:
+            fields["NodeAddr"] = inst.addr
+        slurm.update(node, **fields)
+
+
+def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+    pool = config.pool(plan.pool)
+    if plan.instance_ids:
+        provider_for(pool.provider, config).terminate(list(plan.instance_ids))
+    if plan.op == "failed":
+        cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)
+
+
+def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None = None) -> None:
+    slurm = slurm or PowerSlurm()
+    store = Store(config.state_dir)
+    for plan in plans:
+        try:
+            (launch if plan.op == "launch" else release)(config, slurm, store, plan, time.time())
+        except Exception:                       # one plan's failure must not stop the others
+            log.exception("plan %s for %s failed", plan.op, plan.nodes)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(message)s")
+    path = Path(argv[0])
+    data = json.loads(path.read_text())
+    config = load_config(data.get("config"))
+    plans = [Plan(**{**p, "nodes": tuple(p["nodes"]), "instance_ids": tuple(p["instance_ids"])}) for p in data["plans"]]
+    run_plans(config, plans)
+    path.unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""Slurm's side of elastic capacity (gpuhpc.elastic, docs/elastic.md): the node updates the power
+programs and the reconciler make, the node and job views they read, and the local provider's
+``slurmd -b -N NAME`` daemons. Pure argv builders first, then :class:`PowerSlurm`, which runs them
+through a :class:`~gpuhpc.slurm.client.SlurmClient`."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.slurm.parsers import parse_oneliner_records
+
+
+# ---------------------------------------------------------------- builders (pure)
+def update_node(nodes: str, **fields: str) -> list[str]:
+    """``scontrol update NodeName=<nodes> Key=Value ...`` (State, Reason, Comment, NodeAddr ...);
+    each pair is one argv element, so no shell sees a reason's spaces."""
+    return ["scontrol", "update", f"NodeName={nodes}", *(f"{k}={v}" for k, v in fields.items())]
+
+
+def show_nodes(nodes: str | None = None) -> list[str]:
+    """``scontrol --oneliner show node [NODES]``."""
+    return ["scontrol", "--oneliner", "show", "node"] + ([nodes] if nodes else [])
+
+
+def jobs_on_nodes(nodes: str) -> list[str]:
+    """``squeue -h -w NODES -o %i|%N``: the jobs running (or completing) on these nodes."""
+    return ["squeue", "--noheader", f"--nodelist={nodes}", "--states=R,CG,CF", "--format=%i|%N"]
+
+
+def slurmd_argv(name: str, conf: str | None = None, slurmd: str | None = None) -> list[str]:
+    """``slurmd -D -b -N NAME [-f CONF]``: one node's daemon in the foreground (its parent keeps
+    the pid), ``-b`` reporting a fresh boot so slurmctld takes the registration at once."""
+    exe = slurmd or shutil.which("slurmd") or "/usr/sbin/slurmd"
+    return [exe, "-D", "-b", "-N", name] + (["-f", conf] if conf else [])
+
+
+@dataclass(frozen=True)
+class PowerNode:
+    """A node as the power programs see it: ``state`` is Slurm's word list (``IDLE+CLOUD+POWERED_DOWN``)."""
+    name: str
+    state: str
+    reason: str = ""
+    comment: str = ""
+
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset(self.state.upper().replace("+", " ").split())
+
+
+def parse_power_nodes(text: str) -> list[PowerNode]:
+    out = []
+    for rec in parse_oneliner_records(text):
+        if "NodeName" in rec:
+            comment, reason = rec.get("Comment", ""), rec.get("Reason", "")
+            out.append(PowerNode(rec["NodeName"], rec.get("State", "UNKNOWN"), "" if reason == "(null)" else reason,
+                                 "" if comment == "(null)" else comment))
+    return out
+
+
+def parse_jobs_on_nodes(text: str) -> list[tuple[str, str]]:
+    """(job id, nodelist) rows of :func:`jobs_on_nodes`."""
+    rows = []
+    for line in text.splitlines():
+        job, sep, nodes = line.strip().partition("|")
+        if sep and job:
+            rows.append((job, nodes))
+    return rows
+
+
+# ---------------------------------------------------------------- runner
+class PowerSlurm:
+    """The node updates of gpuhpc.elastic over one SlurmClient (its runner and ``SLURM_CONF``)."""
+
+    def __init__(self, client: SlurmClient | None = None) -> None:
+        self.client = client or SlurmClient(timeout=10.0)
+
+    def nodes(self, names: str | None = None) -> list[PowerNode]:
+        res = self.client.run(show_nodes(names), check=False)
+        return parse_power_nodes(res.stdout) if res.ok else []
+
+    def update(self, nodes: str, **fields: str) -> bool:
+        return self.client.run(update_node(nodes, **fields), check=False).ok
+
+    def down(self, nodes: str, reason: str) -> bool:
+        return self.update(nodes, State="DOWN", Reason=reason)
+
+    def drain(self, nodes: str, reason: str) -> bool:
+        return self.update(nodes, State="DRAIN", Reason=reason)
+
+    def power_down(self, nodes: str, *, force: bool = True) -> bool:
+        return self.update(nodes, State="POWER_DOWN_FORCE" if force else "POWER_DOWN")
+
+    def resume(self, nodes: str) -> bool:
+        return self.update(nodes, State="RESUME")
+
+    def jobs_on(self, nodes: str) -> list[tuple[str, str]]:
+        res = self.client.run(jobs_on_nodes(nodes), check=False)
+        return parse_jobs_on_nodes(res.stdout) if res.ok else []
+
+    def signal_job(self, job_id: str, signal: str) -> bool:
+        self.client.cancel(job_id, signal=signal)
+        return True
+
+
+def spawn_slurmd(name: str, *, conf: str | None = None, log: str = os.devnull) -> int:
+    """Start ``slurmd -D -b -N NAME`` detached from the caller (its own session, no inherited
+    pipes, so a power program returns at once); returns its pid."""
+    conf = conf or os.environ.get("SLURM_CONF")
+    env = {**os.environ, **({"SLURM_CONF": conf} if conf else {})}
+    env.pop("SLURM_RESUME_FILE", None)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(slurmd_argv(name, conf), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, close_fds=True, env=env)
+    return proc.pid

@@ -1,0 +1,90 @@
+"""``gpuhpc power resume|suspend|resume-fail``: SLURM_RESUME_FILE parsing, one launch per job
+(all or nothing), idempotency, the records they keep; nothing runs (the worker is not spawned)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuhpc.elastic.config import ElasticConfig, Pool, config_from_context, load_config
+from gpuhpc.elastic.power import release_plans, resume_plans, run_program
+from gpuhpc.elastic.resumefile import Launch, parse_resume_file, plan_launches
+from gpuhpc.elastic.store import Store
+from gpuhpc.errors import UserInputError
+
+RESUME = json.dumps({
+    "all_nodes_resume": "spot[01-03],od01",
+    "jobs": [
+        {"job_id": 140814, "nodes_alloc": "spot[01-03]", "nodes_resume": "spot[01,03]", "features": "",
+         "partition": "spot", "oversubscribe": "OK", "reservation": None, "extra": "later Slurm"},
+        {"job_id": 140815, "nodes_alloc": "od01", "nodes_resume": "od01", "partition": "ondemand"},
+    ]})
+
+
+def config(tmp_path, **kw) -> ElasticConfig:
+    pools = (Pool("spot", ("spot01", "spot02", "spot03"), "local", market="spot", capacity_cooldown=60),
+             Pool("od", ("od01", "od02"), "local", price_tier=2))
+    return ElasticConfig(cluster="c", pools=pools, state_dir=str(tmp_path / "state"), **kw)
+
+
+def test_the_resume_file_maps_jobs_to_the_nodes_to_resume():
+    assert parse_resume_file(RESUME) == [("140814", ("spot01", "spot03")), ("140815", ("od01",))]
+    assert parse_resume_file(None) == parse_resume_file("") == parse_resume_file("{not json") == []
+
+
+def test_one_launch_per_job_then_one_per_node_without_a_job():
+    launches = plan_launches(["spot01", "spot03", "od01", "od02"], RESUME)
+    assert launches == [Launch(("spot01", "spot03"), "140814"), Launch(("od01",), "140815"), Launch(("od02",))]
+    assert plan_launches(["spot02"], None) == [Launch(("spot02",))]
+
+
+def test_resume_records_nodes_and_a_second_call_launches_nothing(tmp_path):
+    cfg = config(tmp_path)
+    store = Store(cfg.state_dir)
+    plans = resume_plans(cfg, ["spot01", "spot03", "od01", "gpu-node1"], RESUME, store, now=1000.0)
+    assert [(p.op, p.pool, p.nodes, p.job_id) for p in plans] == [
+        ("launch", "spot", ("spot01", "spot03"), "140814"), ("launch", "od", ("od01",), "140815")]
+    assert plans[0].token != plans[1].token and plans[0].token.startswith("c-140814-")
+    state = store.read()
+    assert sorted(state.nodes) == ["od01", "spot01", "spot03"]        # not gpu-node1: no cloud pool
+    assert state.nodes["spot01"].token == state.nodes["spot03"].token == plans[0].token
+    assert resume_plans(cfg, ["spot01", "spot03"], RESUME, store, now=1010.0) == []   # slurmctld ran it again
+    again = resume_plans(cfg, ["spot01"], None, store, now=1000.0 + cfg.resume_timeout + 1)  # long after: a new boot
+    assert [p.nodes for p in again] == [("spot01",)]
+
+
+def test_suspend_forgets_the_nodes_and_ends_their_instances(tmp_path):
+    cfg = config(tmp_path)
+    store = Store(cfg.state_dir)
+    resume_plans(cfg, ["spot01", "spot02"], None, store, now=1.0)
+    with store.update() as state:
+        state.nodes["spot01"].instance_id = "i-1"
+    plans = release_plans(cfg, ["spot01", "spot02"], store, now=2.0, failed=False)
+    assert [(p.op, p.nodes, p.instance_ids) for p in plans] == [("terminate", ("spot01", "spot02"), ("i-1",))]
+    assert store.read().nodes == {}
+    failed = release_plans(cfg, ["od01"], store, now=3.0, failed=True)
+    assert failed[0].op == "failed" and "ResumeTimeout" in failed[0].reason
+
+
+def test_run_program_reads_slurm_resume_file(tmp_path, monkeypatch):
+    cfg = config(tmp_path)
+    f = tmp_path / "resume.json"
+    f.write_text(RESUME)
+    monkeypatch.setenv("SLURM_RESUME_FILE", str(f))
+    plans = run_program("resume", "spot[01,03],od01", cfg, None, spawn=False, now=5.0)
+    assert [p.job_id for p in plans] == ["140814", "140815"]
+    with pytest.raises(UserInputError):
+        run_program("resume", "spot[01", cfg, None, spawn=False)
+
+
+def test_config_from_the_example_spec(tmp_path):
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[3] / "examples" / "clusters" / "elastic.yaml")
+    assert [p.name for p in cfg.pools] == ["spot", "ondemand"] and cfg.pool_of("spot16").market == "spot"
+    assert cfg.pool("spot").instance_types == ("p5.48xlarge", "p5e.48xlarge") and cfg.resume_timeout == 450
+    with pytest.raises(UserInputError) as exc:
+        config_from_context({"cluster_name": "x", "power": None})
+    assert exc.value.exit_code == 2
+    with pytest.raises(UserInputError):
+        load_config(tmp_path / "missing.json")
