@@ -10,7 +10,7 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 [ "$(id -u)" = 0 ] || { echo "bootstrap.sh must run as root (it installs Debian packages)" >&2; exit 1; }
 
 pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
-      postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates iproute2 util-linux bc
+      postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates openssl iproute2 util-linux bc
       prometheus prometheus-node-exporter chromium
       rdma-core infiniband-diags perftest   # what gpuhpc_gpudirect_rdma installs (its test then runs changed=0)
       debootstrap)   # the multi-host lab's image (scripts/lab.sh bake)
