@@ -260,10 +260,10 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         assert q.state.state.value == "RUNNING", q                                     # untouched
         del weights
         w = int(rate * 1_000_000)
-        # two GPU types, 20 s each
-        a = client.submit_script("#!/bin/bash\nsleep 20\n", extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1",
+        # two GPU types, 5 s each (the billing weights are per allocated TRES, whatever the length)
+        a = client.submit_script("#!/bin/bash\nsleep 5\n", extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1",
                                                                    "-t", "1", "-o", "/dev/null"])
-        b = client.submit_script("#!/bin/bash\nsleep 20\n", extra=["-A", acct, "-p", "mig", "--gres=gpu:1g.10gb:1",
+        b = client.submit_script("#!/bin/bash\nsleep 5\n", extra=["-A", acct, "-p", "mig", "--gres=gpu:1g.10gb:1",
                                                                    "-t", "1", "-o", "/dev/null"])
         jobs += [a, b]
         wait_for(lambda: _done(client, [a, b]), 150, "the two GPU jobs to finish")
