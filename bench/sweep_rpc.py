@@ -129,6 +129,9 @@ def main() -> int:
     ap.add_argument("--poll", default="10", help="the driver's poll (GPUHPC_SWEEP_DRIVER_POLL)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)       # progress as it comes, even into a file
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # a timeout still cancels our jobs
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tmp = tempfile.mkdtemp(prefix="gpuhpc-sweep-rpc-", dir="/var/tmp")
     env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""), GPUHPC_LEDGER="off",

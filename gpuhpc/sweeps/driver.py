@@ -163,6 +163,10 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
             if _step(sid, client, url, limits):
                 return 0
             failing_since, pause = None, poll
+            if engine.draining(sid, url):
+                # an array is in its last wave with trials waiting for its slots: hand each
+                # freed slot on within a couple of seconds, not a whole poll later
+                pause = min(poll, 2.0)
         except Exception as exc:       # slurmctld restarting, database gone, disk full...: again
             from gpuhpc.errors import GpuhpcError
 

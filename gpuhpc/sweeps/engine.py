@@ -453,6 +453,27 @@ def queued_now(sid: int, url: str | None = None) -> int:
         conn.close()
 
 
+def draining(sid: int, url: str | None = None) -> bool:
+    """Trials wait while an array of the sweep runs its last wave (no task of it pending): its
+    slots free up one by one, and each should go to a waiting trial soon."""
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            if not tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
+                          (sid, TrialState.WAITING.value))[0]:
+                return False
+            states: dict[int, set[str]] = {}
+            for cid, state, raw in tx.q("SELECT chunk_id, state, raw_state FROM sweep_trials WHERE sweep_id = ? AND "
+                                        "state IN (?, ?, ?) AND chunk_id IS NOT NULL",
+                                        (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
+                                         TrialState.REQUEUED.value)):
+                if not _ended(raw):
+                    states.setdefault(cid, set()).add(state)
+            return any(st == {TrialState.RUNNING.value} for st in states.values())
+    finally:
+        conn.close()
+
+
 def slots_in_use(live: Sequence[tuple[int, str | None, int]], throttles: dict[int, int]) -> int:
     """How many trials the sweep's arrays may run now: each array's ``%N``, or fewer when it
     has fewer trials left (a chunk whose throttle is unknown counts all its trials)."""
@@ -817,6 +838,7 @@ def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
 #: was until this mark is older than _GONE_AFTER (accounting confirms a state, or it never will)
 _GONE = "gone from the queue"
 _GONE_AFTER = 300.0
+_CONFIRM_AFTER = 30.0
 _metric_cache: dict[str, tuple[int, dict[str, float]]] = {}
 
 
@@ -887,17 +909,33 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     queue = _queue_by_task(c, live_jobs) if live_jobs else {}
     acct: list[Any] | None = []
     if queue is not None:
-        asked = []
+        # sacct (slurmdbd) is asked about the tasks that left the queue at once, and about those
+        # slurmctld shows finished in one batch once the first of them has waited _CONFIRM_AFTER
+        # (or nothing is left running): their slots are free already (raw_state), only the
+        # confirmation, restarts and GPU-hours wait
+        asked, urgent, running = [], False, False
         for t in trials:
             job = live(t)
-            q = queue.get((job, t[4])) if job else None
-            if job and (q is None or _STATE.get(q.state.state.value, TrialState.PENDING).is_terminal):
+            if not job:
+                continue
+            q = queue.get((job, t[4]))
+            if q is None:
                 asked.append(f"{job}_{t[4]}")
-        try:
-            for i in range(0, len(asked), 200):
-                acct += c.accounting(job_ids=asked[i:i + 200], duplicates=True)
-        except GpuhpcError:
-            acct = None
+                urgent = True
+            elif _STATE.get(q.state.state.value, TrialState.PENDING).is_terminal:
+                asked.append(f"{job}_{t[4]}")
+                urgent = urgent or (_ended(t[9]) and t[10] is not None
+                                    and (now() - _utc(t[10])).total_seconds() >= _CONFIRM_AFTER)
+            else:
+                running = True
+        if asked and (urgent or not running):
+            try:
+                for i in range(0, len(asked), 200):
+                    acct += c.accounting(job_ids=asked[i:i + 200], duplicates=True)
+            except GpuhpcError:
+                acct = None
+        elif asked:
+            acct = None                         # not asked this round
     runs, ranges = _runs_by_task(acct or [])
     updates = []
     counts: dict[str, int] = {}
@@ -911,7 +949,10 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
             if q is not None and not qst.is_terminal:
                 new.update(state=(TrialState.PENDING if qst is TrialState.REQUEUED else qst).value,
                            raw_state=q.state.raw[:64])
-            elif acct is not None:
+            elif acct is None:                  # accounting not asked (or failed): slurmctld's view
+                if q is not None:
+                    new["raw_state"] = q.state.raw[:64]
+            else:
                 rs = runs.get((job, task))
                 rng = ranges.get((job, task))
                 st = None
