@@ -16,7 +16,8 @@
 # replace them (FORCE_GLIBC=1; glibc 2.36 has no strlcpy: libbsd's string.h and libbsd.so);
 # pyxis builds against Debian's libslurm-dev unchanged. As root, `make setcap` gives enroot's
 # helpers the capabilities image import needs as an ordinary user (--no-setcap: not).
-# Missing build packages (PACKAGES) are installed with apt-get when run as root.
+# Missing packages (PACKAGES: the build's and enroot's run-time tools) are installed with apt-get
+# when run as root.
 #
 # Installs: PREFIX/bin/enroot*, PREFIX/lib/enroot, SYSCONFDIR/enroot (default PREFIX/etc),
 # PREFIX/share/enroot, PREFIX/lib/slurm/spank_pyxis.so, PREFIX/share/pyxis/pyxis.conf (the
@@ -30,7 +31,8 @@ SOURCES=(
   "enroot $ENROOT_VERSION 817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3 417e3fd63b9de725e09f7eaab2200f67992a6ab77b31a372583324019137b06f https://github.com/NVIDIA/enroot/archive/refs/tags/v$ENROOT_VERSION.tar.gz"
   "pyxis $PYXIS_VERSION 063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681 462f8425fbbad073a8d2242885fe55ee19d2fe618266edbd091eb3babc854152 https://github.com/NVIDIA/pyxis/archive/refs/tags/v$PYXIS_VERSION.tar.gz"
 )
-PACKAGES=(make gcc makeself linux-libc-dev libbsd-dev libslurm-dev libcap2-bin curl ca-certificates)
+PACKAGES=(make gcc makeself linux-libc-dev libbsd-dev libslurm-dev libcap2-bin curl ca-certificates
+          jq squashfs-tools parallel zstd pigz)   # the last line: what enroot runs (image import)
 
 prefix=/usr/local sysconfdir= setcap=auto force=0
 while [ $# -gt 0 ]; do

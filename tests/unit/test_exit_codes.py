@@ -35,6 +35,7 @@ MALFORMED = [
     (["completion", "tcsh"], "tcsh"),
     (["sprint", "/nonexistent/sprint.yaml"], "FILE"),
     (["placement", "12x"], "JOBID"),
+    (["image", "pin", "nvcr.io/nvidia/pytorch:24.05-py3"], "REF"),
     (["profile", "12x"], "JOBID"),
     (["nosuch"], "nosuch"),
 ]
