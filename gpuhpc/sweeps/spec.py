@@ -386,6 +386,9 @@ class SweepSpec:
         if "array" in self.resources:
             raise UserInputError("a sweep makes its own arrays", field="resources.array")
         Resources.from_mapping(self.resources)          # the job file's keys and checks
+        if self.resources.get("image") is not None:     # the trial runner is gpuhpc's Python on the host
+            raise UserInputError("sweeps do not run in a container image yet", field="resources.image",
+                                 hint="drop image (docs/containers.md)")
         for k, v in self.env.items():
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:

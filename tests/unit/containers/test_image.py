@@ -73,3 +73,12 @@ def test_job_file_container_section():
         JobSpec.from_mapping({"command": ["true"], "container": {"imag": "a#b"}})
     with pytest.raises(UserInputError, match="container.image"):
         JobSpec.from_mapping({"command": ["true"], "container": {"mounts": ["/a:/b"]}})
+
+
+def test_a_sweep_in_an_image_is_refused_for_now():
+    from gpuhpc.sweeps.spec import SweepSpec
+
+    with pytest.raises(UserInputError, match="resources.image: sweeps do not run in a container image yet"):
+        SweepSpec.from_mapping({"name": "s", "command": "python t.py --lr {lr}", "metric": {"name": "loss"},
+                                "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
+                                "resources": {"image": "a#b:1"}})
