@@ -358,6 +358,9 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         target = _SubmititCallable(fn, max_requeues)
     c = _client(client)
     if not c.runner.is_local:
+        if resources.image is not None:      # the pickled call runs with the cluster's Python, checked on the host
+            raise UserInputError("a Python function in a container image cannot be submitted over SSH yet",
+                                 field="image", hint="submit a command (gpuhpc submit --image) instead")
         # submitit runs sbatch itself, locally: over SSH gpuhpc does its local half
         # (gpuhpc.jobs.remote) and submitit runs the call on the cluster as it does here
         from gpuhpc.jobs import remote

@@ -89,3 +89,12 @@ def test_submitit_step_runs_in_the_image():
     params = _submitit_params(Resources(image=IMAGE, mounts=("/a:/a",), image_python=True), "f", 60, None)
     assert params["srun_args"] == [f"--container-image={IMAGE}", "--container-mounts=/a:/a"]
     assert "srun_args" not in _submitit_params(Resources(), "f", 60, None)
+
+
+def test_python_function_in_an_image_over_ssh_is_refused(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("GPUHPC_SITE_CONFIG", str(tmp_path / "none.toml"))
+    remote = SimpleNamespace(runner=SimpleNamespace(is_local=False))
+    with pytest.raises(UserInputError, match="image: a Python function in a container image cannot be submitted over SSH"):
+        submit(print, resources=Resources(image=IMAGE, image_python=True), client=remote)
