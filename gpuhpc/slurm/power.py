@@ -101,8 +101,8 @@ class PowerSlurm:
         return parse_jobs_on_nodes(res.stdout) if res.ok else []
 
     def signal_job(self, job_id: str, signal: str) -> bool:
-        self.client.cancel(job_id, signal=signal)
-        return True
+        """``scancel --signal=SIG --full JOB``: the batch shell too, not only the job's steps."""
+        return self.client.run(["scancel", f"--signal={signal}", "--full", str(job_id)], check=False).ok
 
 
 def spawn_slurmd(name: str, *, conf: str | None = None, log: str = os.devnull) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_helpers import CLOUD, Elastic, _conf, _elastic_config, _wrapper
+from elastic_helpers import CLOUD, Elastic, _conf, _elastic_config, _wrapper, ports_free
 from polling import wait_for
 
 
@@ -28,6 +28,8 @@ def _stop_pid_file(path: Path) -> None:
 
 @pytest.fixture(scope="package")
 def elastic_cluster():
+    busy = ports_free()
+    assert not busy, f"ports {busy} of the private elastic cluster are in use (another private cluster?)"
     # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
     base = Path(tempfile.mkdtemp(prefix="gpuhpc-el-", dir="/var/tmp"))
     for d in ("state", "spool", "log", "run", "bin", "elastic"):
@@ -85,3 +87,8 @@ def elastic(elastic_cluster):
     for job_id in ids:
         el.client.run(["scancel", job_id], check=False)
     print("\n".join(["node/job sequence:"] + el.events))
+    runs = el.program_durations()
+    if runs:
+        worst = max(runs, key=lambda r: r[1])
+        print(f"power programs so far: {len(runs)}, slowest {worst[1]:.2f}s ({worst[0]}); "
+              f"slowest scontrol show node while polling: {getattr(el, 'slowest_command', 0.0):.2f}s")

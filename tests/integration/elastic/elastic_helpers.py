@@ -29,7 +29,7 @@ from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "gpuhpcel"
-CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 16957, 16958, 17361    # unlike every other private cluster's (grep before reuse)
 SUSPEND_TIME, SUSPEND_TIMEOUT, RESUME_TIMEOUT, ORPHAN_GRACE = 6, 5, 30, 20
 CLOUD = {"spot": ["el-spot1", "el-spot2"], "od": ["el-od1", "el-od2"]}
 
@@ -106,14 +106,32 @@ def _elastic_config(base: Path) -> dict:
                                             "orphan_grace": ORPHAN_GRACE, "resume_timeout": RESUME_TIMEOUT}}
 
 
+def ports_free() -> list[int]:
+    """The ports this cluster needs that something else already listens on."""
+    import socket
+
+    busy = []
+    for port in (CTLD_PORT, SLURMD_PORT, *range(NODE_PORT, NODE_PORT + 5)):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
 def _wrapper(base: Path, which: str) -> None:
     path = base / "bin" / f"gpuhpc-power-{which}"
     path.write_text(f"""#!/bin/sh
 # slurmctld runs this with a bare environment
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF={base}/slurm.conf GPUHPC_ELASTIC_CONFIG={base}/elastic.json PYTHONPATH={REPO}
-echo "$(date +%s.%N) {which} $*" >> {base}/log/power.log
-exec {sys.executable} -m gpuhpc power {which} "$@" >> {base}/log/power.log 2>&1
+start=$(date +%s.%N)
+{sys.executable} -m gpuhpc power {which} "$@" >> {base}/log/power.log 2>&1
+rc=$?
+echo "program {which} $* started $start ended $(date +%s.%N) rc $rc" >> {base}/log/power.log
+exit $rc
 """)
     path.chmod(0o755)
 
@@ -143,8 +161,20 @@ class Elastic:
         self.events = []
 
     def state(self, node: str) -> str:
+        t = time.monotonic()
         nodes = self.slurm.nodes(node)
+        self.slowest_command = max(getattr(self, "slowest_command", 0.0), time.monotonic() - t)
         return nodes[0].state if nodes else ""
+
+    def program_durations(self) -> list[tuple[str, float]]:
+        """(program and nodes, seconds) of every power program Slurm ran, from the wrappers' log."""
+        out = []
+        for line in (self.base / "log" / "power.log").read_text().splitlines() if (self.base / "log" / "power.log").exists() else []:
+            words = line.split()
+            if words[:1] == ["program"] and "started" in words and "ended" in words:
+                start, end = float(words[words.index("started") + 1]), float(words[words.index("ended") + 1])
+                out.append((" ".join(words[1:words.index("started")]), end - start))
+        return out
 
     def node(self, node: str):
         nodes = self.slurm.nodes(node)

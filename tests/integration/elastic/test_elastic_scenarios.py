@@ -108,3 +108,47 @@ def test_static_capacity_before_cloud_and_the_cheaper_tier_before_the_dearer(ela
     el.mark(f"job {second} {_job_state(el, second)} on {el.job(second).get('NodeList')}")
     assert el.job(second).get("NodeList") == "el-spot1" and "POWERED_DOWN" in el.state("el-od1")
     el.client.run(["scancel", first], check=False)
+
+
+CHECKPOINT_EVERY = 5          # the job saves its counter every 5 steps of 1 s
+
+
+def test_a_spot_reclaim_requeues_the_job_which_resumes_from_its_checkpoint(elastic, tmp_path):
+    el = elastic
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log"
+    script = f"""#!/bin/bash
+n=$(cat {ckpt} 2>/dev/null || echo 0)
+echo "start $n restart ${{SLURM_RESTART_COUNT:-0}} on $SLURMD_NODENAME" >> {log}
+trap 'echo $n > {ckpt}; echo "usr2 $n" >> {log}' USR2
+while [ $n -lt 60 ]; do
+  n=$((n + 1)); [ $((n % {CHECKPOINT_EVERY})) -eq 0 ] && echo $n > {ckpt}; sleep 1
+done
+echo "done $n" >> {log}
+"""
+    job = el.client.submit_script(script, extra=["--partition=spot", "--job-name=gpuhpc-test-elastic-reclaim",
+                                                 "--output=/dev/null", "--time=10", "--requeue"])
+    el.mark(f"job {job} submitted to spot (checkpoint every {CHECKPOINT_EVERY} steps)")
+    wait_for(lambda: log.exists() and "start" in log.read_text(), 90, f"job {job} to start")
+    node = el.job(job).get("NodeList")
+    el.mark(f"job {job} running on {node}")
+    wait_for(lambda: ckpt.exists() and int(ckpt.read_text() or 0) >= CHECKPOINT_EVERY, 30, "a first checkpoint")
+    inst = next(i for i in el.provider.instances() if i.node == node)
+    el.provider.interrupt(inst.id)
+    el.mark(f"spot interruption notice for {inst.id}")
+    first = el.reconcile()
+    assert [a.kind for a in first if a.target in (node, job)] == ["drain", "signal", "note_interrupt"], first
+    wait_for(lambda: "usr2" in log.read_text(), 20, "the job to checkpoint on USR2")
+    saved = int(log.read_text().split("usr2 ")[-1].split()[0])
+    t_reclaim = el.mark(f"{node} {el.state(node)}; job checkpointed at step {saved}")
+    later = el.reconcile(now=time.time() + 31)                  # the checkpoint window has passed
+    assert [(a.kind, a.target) for a in later if a.target in (node, inst.id)] == [
+        ("down", node), ("power_down", node), ("terminate", inst.id), ("forget", node)], later
+    el.mark(f"{node} DOWN, instance terminated")
+    starts = lambda: [line for line in log.read_text().splitlines() if line.startswith("start ")]  # noqa: E731
+    wait_for(lambda: len(starts()) >= 2, RESUME_TIMEOUT + 90, f"job {job} to restart")
+    t_back = el.mark(f"job {job} restarted: {starts()[-1]}")
+    restart_at = int(starts()[-1].split()[1])
+    assert restart_at >= saved - CHECKPOINT_EVERY and restart_at == saved, log.read_text()
+    print(f"reclaim -> running again {t_back - t_reclaim:.1f}s (cred_expire + boot + Slurm's registration lag); "
+          f"lost {saved - restart_at} steps (checkpoint interval {CHECKPOINT_EVERY})")
+    el.client.run(["scancel", job], check=False)

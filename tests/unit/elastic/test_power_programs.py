@@ -88,3 +88,12 @@ def test_config_from_the_example_spec(tmp_path):
     assert exc.value.exit_code == 2
     with pytest.raises(UserInputError):
         load_config(tmp_path / "missing.json")
+
+
+def test_the_cli_refuses_a_missing_config_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "power", "resume", "spot01", "--config",
+                          str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "GPUHPC_ELASTIC_CONFIG" in res.stderr, res.stderr
