@@ -1,131 +1,34 @@
 """A job in an image on a real Slurm with pyxis and enroot (issue 23's first acceptance point, on a
-private controller): enroot and pyxis built by scripts/build-containers.sh into the test's own
-prefix, the local registry's image (scripts/services/registry.sh) pinned by digest, a private
-one-node controller (own ports, state and logs under the test's dir, no accounting; a few
-seconds) whose plugstack.conf loads pyxis. Never the shared cluster's plugstack: every job of
-every user there would load it. ``srun --container-image=…@sha256:…`` and
-``gpuhpc submit --image …@sha256:…`` both print the image's /etc/os-release."""
+private controller, pyxis_cluster.py): the local registry's image (scripts/services/registry.sh)
+pinned by digest; ``srun --container-image=…@sha256:…`` and ``gpuhpc submit --image …@sha256:…``
+both print the image's /etc/os-release, and a file written to a mount is there."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from pyxis_cluster import logs, pyxis_cluster, registry_image
 
-from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.transport.local import LocalRunner
 from polling import wait_for
-
-ROOT = Path(__file__).resolve().parents[3]
-NAME = "gpuhpcpyxis"
-CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331
-
-
-def _conf(base: Path, auth_info: str) -> str:
-    return f"""ClusterName={NAME}
-SlurmctldHost=localhost
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={CTLD_PORT}
-SlurmdPort={SLURMD_PORT}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo={auth_info}
-StateSaveLocation={base}/state
-SlurmdSpoolDir={base}/spool/%n
-SlurmctldPidFile={base}/run/slurmctld.pid
-SlurmdPidFile={base}/run/slurmd-%n.pid
-SlurmctldLogFile={base}/log/slurmctld.log
-SlurmdLogFile={base}/log/slurmd-%n.log
-PlugStackConfig={base}/plugstack.conf
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-ReturnToService=2
-SchedulerParameters=batch_sched_delay=0,sched_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-AccountingStorageType=accounting_storage/none
-JobAcctGatherType=jobacct_gather/none
-NodeName=pyx-node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={NODE_PORT} CPUs=2 RealMemory=1000 State=UNKNOWN
-PartitionName=pyx Nodes=pyx-node1 Default=YES MaxTime=INFINITE State=UP
-"""
-
-
-def _logs(base: Path) -> str:
-    """The private cluster's logs' last lines, for a failure's message (the dir is removed)."""
-    return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:])
-                     for f in sorted((base / "log").glob("*.log")))
-
-
-def _stop(base: Path) -> None:
-    for name in ("slurmd-pyx-node1.pid", "slurmctld.pid"):
-        try:
-            pid = int((base / "run" / name).read_text())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
-        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, f"{name} to stop")
 
 
 @pytest.fixture
-def pyxis_cluster():
-    # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
-    base = Path(tempfile.mkdtemp(prefix="gpuhpc-pyx-", dir="/var/tmp"))
-    prefix = base / "p"
-    build = subprocess.run(["bash", str(ROOT / "scripts/build-containers.sh"), "--prefix", str(prefix)],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stderr
-    # pyxis hands enroot only PATH: its settings are in its enroot.conf (per-node runtime dirs)
-    with open(prefix / "etc" / "enroot" / "enroot.conf", "a") as fh:
-        fh.write(f"ENROOT_RUNTIME_PATH {base}/enroot/run/$(id -u)\nENROOT_CACHE_PATH {base}/enroot/cache/$(id -u)\n"
-                 f"ENROOT_DATA_PATH {base}/enroot/data/$(id -u)\nENROOT_TEMP_PATH {base}/enroot/tmp\n"
-                 "ENROOT_ALLOW_HTTP yes\nENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates\n")
-    for d in ("state", "spool", "log", "run", "enroot/tmp"):
-        (base / d).mkdir(parents=True)
-    # container_scope=global: pyxis' job epilog (scope job) looks for enroot on
-    # /usr/local/bin:/usr/bin:/bin only, and this enroot is in the test's prefix
-    (base / "plugstack.conf").write_text(
-        f"required {prefix}/lib/slurm/spank_pyxis.so runtime_path={base}/pyxis container_scope=global\n")
-    shared = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30,
-                            check=True).stdout
-    auth = next((line.split("=", 1)[1].strip() for line in shared.splitlines()
-                 if line.startswith("AuthInfo")), "(null)")
-    conf = base / "slurm.conf"
-    conf.write_text(_conf(base, auth.replace("(null)", "")))
-    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{prefix}/bin:{os.environ['PATH']}"}
-    client = SlurmClient(LocalRunner(env={"SLURM_CONF": str(conf)}))
-    try:
-        subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=60)
-        subprocess.run(["slurmd", "-f", str(conf), "-N", "pyx-node1"], env=env, check=True, timeout=60)
-        wait_for(lambda: "idle" in client.run(["sinfo", "-h", "-o", "%t"], check=False).stdout, 60,
-                 "the private pyxis cluster's node to be idle")
-        yield client, env, base
-    finally:
-        for job_id in client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
-            client.run(["scancel", job_id], check=False)
-        client.run(["scontrol", "shutdown"], check=False)
-        _stop(base)
-        shutil.rmtree(base, ignore_errors=True)
+def cluster():
+    with pyxis_cluster() as c:
+        yield c
 
 
-def test_a_job_runs_in_the_pinned_image(pyxis_cluster, tmp_path):
-    client, env, base = pyxis_cluster
-    started = subprocess.run(["bash", str(ROOT / "scripts/services/registry.sh"), "start"], capture_output=True,
-                             text=True, timeout=300)
-    assert started.returncode == 0, started.stderr
-    image = started.stdout.strip().splitlines()[-1]           # 127.0.0.1:PORT#gpuhpc/test@sha256:…
+def test_a_job_runs_in_the_pinned_image(cluster, tmp_path):
+    client, env, base = cluster
+    image = registry_image()
     assert "@sha256:" in image
 
     res = subprocess.run(["srun", "--partition=pyx", "--time=5", f"--container-image={image}", "cat", "/etc/os-release"], env=env,
                          capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, f"{res.stderr}\n{_logs(base)}"
+    assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
     assert "ID=gpuhpc-test" in res.stdout
 
     out = tmp_path / "out"
@@ -138,8 +41,8 @@ def test_a_job_runs_in_the_pinned_image(pyxis_cluster, tmp_path):
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)
     wait_for(lambda: not client.run(["squeue", "-h", "-j", job["job_id"], "-o", "%i"], check=False).stdout.strip(),
-             120, f"job {job['job_id']} to end\n{_logs(base)}")
-    assert Path(job["log"]).exists(), f"{job['log']} missing\n{_logs(base)}"
+             120, f"job {job['job_id']} to end\n{logs(base)}")
+    assert Path(job["log"]).exists(), f"{job['log']} missing\n{logs(base)}"
     log = Path(job["log"]).read_text()
     assert 'PRETTY_NAME="gpuhpc test image 1 (busybox)"' in log, log
     assert (out / "os-release").read_text().startswith('NAME="gpuhpc test image"')
