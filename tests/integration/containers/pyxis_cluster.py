@@ -95,8 +95,13 @@ def pyxis_cluster() -> Iterator[tuple[SlurmClient, dict, Path]]:
         fh.write(f"ENROOT_RUNTIME_PATH {base}/enroot/run/$(id -u)\nENROOT_CACHE_PATH {base}/enroot/cache/$(id -u)\n"
                  f"ENROOT_DATA_PATH {base}/enroot/data/$(id -u)\nENROOT_TEMP_PATH {base}/enroot/tmp\n"
                  f"ENROOT_ALLOW_HTTP yes\nENROOT_SQUASH_OPTIONS {SQUASH_OPTIONS}\n")
-    for d in ("state", "spool", "log", "run", "enroot/tmp"):
-        (base / d).mkdir(parents=True)
+    enroot_dirs = ("enroot", "enroot/tmp", "enroot/run", "enroot/cache", "enroot/data")
+    for d in ("state", "spool", "log", "run", *enroot_dirs):
+        (base / d).mkdir(parents=True, exist_ok=True)
+    # ordinary users' jobs: enroot makes their directories (per uid) in these
+    base.chmod(0o755)
+    for d in enroot_dirs:
+        (base / d).chmod(0o1777)
     # container_scope=global: pyxis' job epilog (scope job) looks for enroot on
     # /usr/local/bin:/usr/bin:/bin only, and this enroot is in the test's prefix
     (base / "plugstack.conf").write_text(

@@ -5,8 +5,13 @@ both print the image's /etc/os-release, and a file written to a mount is there."
 from __future__ import annotations
 
 import json
+import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,10 +20,22 @@ from pyxis_cluster import logs, pyxis_cluster, registry_image
 from polling import wait_for
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def cluster():
     with pyxis_cluster() as c:
         yield c
+
+
+@pytest.fixture
+def user():
+    """A throwaway Unix user (removed afterwards)."""
+    name = f"gpuhpc-ctr-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", "--user-group", name], check=True,
+                   capture_output=True, timeout=60)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", "--remove", name], capture_output=True, timeout=60)
 
 
 def test_a_job_runs_in_the_pinned_image(cluster, tmp_path):
@@ -46,3 +63,22 @@ def test_a_job_runs_in_the_pinned_image(cluster, tmp_path):
     log = Path(job["log"]).read_text()
     assert 'PRETTY_NAME="gpuhpc test image 1 (busybox)"' in log, log
     assert (out / "os-release").read_text().startswith('NAME="gpuhpc test image"')
+
+
+def test_an_ordinary_user_runs_as_itself_and_owns_what_it_writes_to_a_mount(cluster, user):
+    client, env, base = cluster
+    image = registry_image()
+    pw = pwd.getpwnam(user)
+    out = Path(tempfile.mkdtemp(prefix="gpuhpc-ctr-out-", dir="/var/tmp"))
+    try:
+        os.chown(out, pw.pw_uid, pw.pw_gid)
+        res = subprocess.run(["runuser", "-u", user, "--", "env", f"SLURM_CONF={env['SLURM_CONF']}",
+                              f"PATH={env['PATH']}", "srun", "--partition=pyx", "--time=5",
+                              f"--container-image={image}", f"--container-mounts={out}:/out",
+                              "sh", "-c", "id -u; touch /out/written"], capture_output=True, text=True, timeout=180,
+                             cwd="/var/tmp")
+        assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+        assert res.stdout.split()[0] == str(pw.pw_uid)               # the user's uid inside, not root
+        assert (out / "written").stat().st_uid == pw.pw_uid
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
