@@ -10,6 +10,10 @@
 #   stage b     the long fault-injection runs (LONG below)
 #   stage q     README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
 #               and every file under examples/ (tests/integration/core/test_examples.py)
+#   stage c     containers built from third-party source archives (enroot, pyxis): only where a
+#               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
+#               the one place outside the repository the suite may read); without one it is skipped
+#               and says so
 #   lab         the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
 #   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
 # and at the end each stage's wall time. Every stage runs; the script fails if any did.
@@ -34,6 +38,10 @@ case "$PWD/" in
     rm -rf "$dest" && mkdir -p "$dest"
     git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -C "$dest" -xf -
     cp -a .git "$dest/.git"
+    # the copy has no ../shared beside it: keep the source-archive mirror (stage c) where it was
+    if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
+      GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
+    fi
     exec bash "$dest/scripts/test.sh" "$@"
     ;;
 esac
@@ -156,9 +164,14 @@ stage prometheus prometheus
 LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
       tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
 SMOKE=(tests/integration/core/test_examples.py)
+# the tests that build enroot and pyxis from their source archives (docs/containers.md)
+VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py)
+if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
+  GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
+fi
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
 if [ "$MODE" = full ]; then
-  stage "stage a" "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" \
+  stage "stage a" "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
     || FAILED+=" a"
   stage "stage b" "${PYTEST[@]}" "${LONG[@]}" || FAILED+=" b"
   smoke() {   # the quickstart's ledger in a data dir of its own
@@ -166,6 +179,11 @@ if [ "$MODE" = full ]; then
     "${PYTEST[@]}" "${SMOKE[@]}"
   }
   stage "stage q" smoke || FAILED+=" q"
+  if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
+    stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}" || FAILED+=" c"
+  else
+    say "stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
+  fi
   # its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~8 min;
   # LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
   # `python -m pytest -s tests/integration/lab`.
