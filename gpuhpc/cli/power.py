@@ -17,9 +17,11 @@ def power() -> None:
 
 
 def _program(which: str, hostlist: str, config_path: str | None) -> int:
+    from gpuhpc import hostlist as hl
     from gpuhpc.elastic.config import load_config
     from gpuhpc.elastic.power import run_program
 
+    hl.expand(hostlist, field="HOSTLIST")           # a malformed hostlist is refused before anything is read
     config = load_config(config_path)
     for plan in run_program(which, hostlist, config, config_path):
         click.echo(f"{plan.op} {plan.pool} {','.join(plan.nodes)}" + (f" job {plan.job_id}" if plan.job_id else ""),

@@ -37,6 +37,7 @@ MALFORMED = [
     (["placement", "12x"], "JOBID"),
     (["image", "pin", "nvcr.io/nvidia/pytorch:24.05-py3"], "REF"),
     (["profile", "12x"], "JOBID"),
+    (["power", "resume", "spot[01"], "HOSTLIST"),
     (["nosuch"], "nosuch"),
 ]
 
