@@ -4,7 +4,8 @@ hosts. Its registry is one JSON file per instance under ``<state_dir>/local``.
 
 Fault injection for tests and demos: ``<state_dir>/local-faults.json`` maps a pool to
 ``{"mode": "capacity", "code": "InsufficientInstanceCapacity"}`` (the launch fails at once) or
-``{"mode": "never_boot"}`` (the instance exists, its slurmd never starts)."""
+``{"mode": "never_boot"}`` (the instance exists, its slurmd never starts) or
+``{"mode": "slow_boot", "seconds": 2}`` (an emulated boot time before slurmd starts)."""
 from __future__ import annotations
 
 import json
@@ -89,6 +90,8 @@ class LocalProvider:
             if path.exists():                                   # the same launch again: idempotent
                 out.append(self._instance(json.loads(path.read_text())))
                 continue
+            if fault.get("mode") == "slow_boot":               # an emulated boot time (bench/elastic.py)
+                time.sleep(float(fault.get("seconds", 2)))
             pid = None if fault.get("mode") == "never_boot" else spawn_slurmd(node)
             rec = {"id": iid, "pid": pid, "launched_at": time.time(), "market": pool.market,
                    "tags": {TAG_CLUSTER: self.config.cluster, TAG_NODE: node, TAG_POOL: pool.name, TAG_TOKEN: token}}

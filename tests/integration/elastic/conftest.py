@@ -2,62 +2,21 @@
 fixture that returns every cloud node to powered-down idle with no fault, cooldown or record."""
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
-from elastic_helpers import CLOUD, Elastic, _conf, _elastic_config, _wrapper, ports_free
+from elastic_helpers import CLOUD, start_cluster, stop_cluster
 from polling import wait_for
-
-
-def _stop_pid_file(path: Path) -> None:
-    try:
-        pid = int(path.read_text())
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
-        return
-    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, f"{path.name} to stop")
 
 
 @pytest.fixture(scope="package")
 def elastic_cluster():
-    busy = ports_free()
-    assert not busy, f"ports {busy} of the private elastic cluster are in use (another private cluster?)"
-    # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
-    base = Path(tempfile.mkdtemp(prefix="gpuhpc-el-", dir="/var/tmp"))
-    for d in ("state", "spool", "log", "run", "bin", "elastic"):
-        (base / d).mkdir(parents=True)
-    for n in ["el-static1", *(n for names in CLOUD.values() for n in names)]:
-        (base / "spool" / n).mkdir()
-    (base / "slurm.conf").write_text(_conf(base))
-    (base / "elastic.json").write_text(json.dumps(_elastic_config(base)))
-    for which in ("resume", "suspend", "resume-fail"):
-        _wrapper(base, which)
-    env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
-    el = Elastic(base)
+    el = start_cluster()
     try:
-        subprocess.run(["slurmctld", "-f", str(el.conf)], env=env, check=True, timeout=60)
-        subprocess.run(["slurmd", "-f", str(el.conf), "-N", "el-static1"], env=env, check=True, timeout=60)
-        wait_for(lambda: "IDLE" in el.state("el-static1") and "POWERED_DOWN" in el.state("el-spot1"), 60,
-                 f"the private elastic cluster to come up (logs: {base}/log)")
         yield el
     finally:
-        ids = el.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
-        for job_id in ids:                       # the private cluster's own jobs, by id
-            el.client.run(["scancel", job_id], check=False)
-        el.client.run(["scontrol", "shutdown"], check=False)
-        _stop_pid_file(base / "run" / "slurmctld.pid")
-        el.provider.terminate([i.id for i in el.provider.instances()])
-        _stop_pid_file(base / "run" / "slurmd-el-static1.pid")
-        if os.environ.get("GPUHPC_KEEP_ELASTIC_LOGS") is None:
-            shutil.rmtree(base, ignore_errors=True)
+        stop_cluster(el)
 
 
 @pytest.fixture

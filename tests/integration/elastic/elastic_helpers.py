@@ -196,3 +196,52 @@ class Elastic:
         return reconcile_once(self.config, self.slurm, {"local": self.provider}, now=now)
 
 
+def _stop_pid_file(path: Path) -> None:
+    try:
+        pid = int(path.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, f"{path.name} to stop")
+
+
+def start_cluster() -> Elastic:
+    """Write the config under a new /var/tmp directory, start slurmctld and the static node's
+    slurmd, wait until the cluster answers (the cloud nodes powered down)."""
+    busy = ports_free()
+    assert not busy, f"ports {busy} of the private elastic cluster are in use (another private cluster?)"
+    # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
+    base = Path(tempfile.mkdtemp(prefix="gpuhpc-el-", dir="/var/tmp"))
+    for d in ("state", "spool", "log", "run", "bin", "elastic"):
+        (base / d).mkdir(parents=True)
+    for n in ["el-static1", *(n for names in CLOUD.values() for n in names)]:
+        (base / "spool" / n).mkdir()
+    (base / "slurm.conf").write_text(_conf(base))
+    (base / "elastic.json").write_text(json.dumps(_elastic_config(base)))
+    for which in ("resume", "suspend", "resume-fail"):
+        _wrapper(base, which)
+    env = {**os.environ, "SLURM_CONF": str(base / "slurm.conf")}
+    el = Elastic(base)
+    try:
+        subprocess.run(["slurmctld", "-f", str(el.conf)], env=env, check=True, timeout=60)
+        subprocess.run(["slurmd", "-f", str(el.conf), "-N", "el-static1"], env=env, check=True, timeout=60)
+        wait_for(lambda: "IDLE" in el.state("el-static1") and "POWERED_DOWN" in el.state("el-spot1"), 60,
+                 f"the private elastic cluster to come up (logs: {base}/log)")
+    except BaseException:
+        stop_cluster(el)
+        raise
+    return el
+
+
+def stop_cluster(el: Elastic) -> None:
+    """Cancel the private cluster's jobs (by id), stop its daemons and instances, remove its
+    directory (kept with GPUHPC_KEEP_ELASTIC_LOGS)."""
+    ids = el.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+    for job_id in ids:
+        el.client.run(["scancel", job_id], check=False)
+    el.client.run(["scontrol", "shutdown"], check=False)
+    _stop_pid_file(el.base / "run" / "slurmctld.pid")
+    el.provider.terminate([i.id for i in el.provider.instances()])
+    _stop_pid_file(el.base / "run" / "slurmd-el-static1.pid")
+    if os.environ.get("GPUHPC_KEEP_ELASTIC_LOGS") is None:
+        shutil.rmtree(el.base, ignore_errors=True)

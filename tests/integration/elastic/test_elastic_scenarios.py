@@ -18,7 +18,7 @@ def test_scale_up_from_zero_and_down_after_idle(elastic):
     assert "POWERED_DOWN" in el.state("el-spot1")
     job = el.submit("spot", seconds=2)
     el.mark(f"job {job} submitted to spot (every cloud node powered down)")
-    wait_for(lambda: "POWERING_UP" in el.state("el-spot1") or _job_state(el, job) == "RUNNING", 30, "a resume")
+    wait_for(lambda: "POWERED_DOWN" not in el.state("el-spot1"), 30, "el-spot1 to power up")
     el.mark(f"el-spot1 {el.state('el-spot1')}")
     wait_for(lambda: _job_state(el, job) in ("RUNNING", "COMPLETED"), 60, f"job {job} to run")
     t_run = el.mark(f"job {job} {_job_state(el, job)} on {el.job(job).get('NodeList')}")
