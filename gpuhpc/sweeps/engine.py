@@ -838,7 +838,7 @@ def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
 #: was until this mark is older than _GONE_AFTER (accounting confirms a state, or it never will)
 _GONE = "gone from the queue"
 _GONE_AFTER = 300.0
-_CONFIRM_AFTER = 30.0
+_CONFIRM_AFTER = 15.0
 _metric_cache: dict[str, tuple[int, dict[str, float]]] = {}
 
 
@@ -1046,7 +1046,12 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         submit_waiting(sid, client=c, url=url, limit=plan.now)
     if _n_waiting(sid, url) or (spec.method == "tpe" and created < n_trials):
         start_driver(sid, client=c, url=url)
-    elif not numbers:
+        return sorted(numbers)
+    if driver:                  # nothing left for a driver: `wait` and `status` refresh themselves
+        from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
+        with session(url) as s:
+            s.get(Sweep, sid).driver_job_id = None
+    if not numbers:
         refresh(sid, client=c, url=url)            # DONE again when every trial is finished
     return sorted(numbers)
 

@@ -77,27 +77,31 @@ def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: Slur
     from gpuhpc.sweeps.api import Sweep
 
     sw = Sweep(sid)
+    trials = Path(_sweep_info(sid)["directory"]) / "trials"
     deadline = time.monotonic() + 240
-    while sum(1 for r in sw.rows() if r["state"] == "completed") < 6:
+    while len(list(trials.glob("*/metrics.jsonl"))) < 6:     # 6 trials done (before accounting says so)
         assert time.monotonic() < deadline, sw.rows()
-        time.sleep(2)
-    for c in _sweep_info(sid)["chunks"]:            # "half of the sweep": everything still queued or running
-        slurm.cancel(c["job_id"])
+        time.sleep(0.5)
+    # "half of the sweep": the driver (so that nothing submits the rest), then every array
+    slurm.cancel(_sweep_info(sid)["driver_job_id"])
+    for c in _sweep_info(sid)["chunks"]:
+        if c["job_id"]:
+            slurm.cancel(c["job_id"])
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "120", timeout=200)
-    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert res.returncode == 1, (res.stdout, res.stderr)             # trials cancelled, or the driver gone
     before = {r["trial"]: r for r in sw.rows()}
     done = {t for t, r in before.items() if r["state"] == "completed"}
-    assert 6 <= len(done) < 40
-    assert all(r["state"] == "cancelled" for t, r in before.items() if t not in done)
+    assert 4 <= len(done) < 40          # one that had just reported may have been cancelled on its way out
+    assert all(r["state"] in ("cancelled", "waiting") for t, r in before.items() if t not in done)
     n_chunks = len(_sweep_info(sid)["chunks"])
     res = gpuhpc("sweep", "resume", str(sid), "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["resubmitted"] == sorted(set(range(40)) - done)
-    chunks = _sweep_info(sid)["chunks"]
-    new = chunks[n_chunks:]
-    assert sum(c["n_tasks"] for c in new) == 40 - len(done)     # only the missing ones: count the jobs
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", timeout=500)
     assert res.returncode == 0, (res.stdout, res.stderr)
+    chunks = _sweep_info(sid)["chunks"]
+    new = [c for c in chunks[n_chunks:] if c["job_id"]]
+    assert sum(c["n_tasks"] for c in new) == 40 - len(done)     # only the missing ones: count the jobs
     after = {r["trial"]: r for r in results(sid)}
     for t, r in after.items():
         assert r["state"] == "completed" and r["metrics"]["loss"] == 3.0 * t
