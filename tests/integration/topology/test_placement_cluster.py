@@ -70,7 +70,15 @@ def test_two_node_job_under_one_leaf_and_a_forced_spread(client, tmp_path, monke
     assert (len(got["leaves"]), got["best"], got["spread"]) == (2, 1, True)
     assert got["summary"] == "spread: 2 leaves (best 1)"
 
-    report = _gpuhpc("report", "placement", "--period", "day", "--json")
-    assert report.returncode == 0, report.stderr
-    rows = {r["job_id"]: r for r in json.loads(report.stdout)}
+    # the report reads accounting: slurmdbd learns a job's nodes from slurmctld a moment after
+    # it starts (later on a busy controller), so poll until the spread job is there
+    deadline = time.monotonic() + 60
+    while True:
+        report = _gpuhpc("report", "placement", "--period", "day", "--json")
+        assert report.returncode == 0, report.stderr
+        rows = {r["job_id"]: r for r in json.loads(report.stdout)}
+        if spread in rows or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert spread in rows, f"job {spread} not in the placement report after 60 s: {sorted(rows)}"
     assert rows[spread]["extra_leaves"] == 1 and one not in rows
