@@ -38,7 +38,7 @@ case "$PWD/" in
     rm -rf "$dest" && mkdir -p "$dest"
     git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -C "$dest" -xf -
     cp -a .git "$dest/.git"
-    # the copy has no ../shared beside it: keep the source-archive mirror (stage c) where it was
+    # the copy has no ../shared/vendor beside it: keep that source-archive mirror (stage c) as it was
     if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
       GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
     fi
