@@ -148,18 +148,9 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
 
 
 def load_file(path: str) -> SprintSpec:
-    import yaml
+    from gpuhpc.sweeps.spec import read_yaml
 
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise UserInputError(f"{path}: no such file", field="FILE") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserInputError(f"{path}: cannot read: {exc}", field="FILE") from None
-    except yaml.YAMLError as exc:
-        raise UserInputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}", field="FILE") from None
-    return from_mapping(data, path)
+    return from_mapping(read_yaml(path), path)
 
 
 def check_cost(spec: SprintSpec, rate: Decimal | None) -> None:

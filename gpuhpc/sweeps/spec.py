@@ -487,19 +487,25 @@ def render_command(command: str, params: Mapping[str, Value]) -> str:
     return "".join(pieces)
 
 
-def load_file(path: str, *, overrides: Mapping[str, Any] | None = None) -> SweepSpec:
-    """Read and validate a YAML sweep file (exit 2 on any problem)."""
+def read_yaml(path: str) -> Any:
+    """The parsed YAML of a user's file (a sweep or sprint file); a missing, unreadable or
+    malformed file is bad input naming FILE (exit 2)."""
     import yaml
 
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            return yaml.safe_load(fh)
     except FileNotFoundError:
         raise UserInputError(f"{path}: no such file", field="FILE") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path}: cannot read: {exc}", field="FILE") from None
     except yaml.YAMLError as exc:
         raise UserInputError(f"{path}: not valid YAML: {' '.join(str(exc).split())}", field="FILE") from None
+
+
+def load_file(path: str, *, overrides: Mapping[str, Any] | None = None) -> SweepSpec:
+    """Read and validate a YAML sweep file (exit 2 on any problem)."""
+    data = read_yaml(path)
     if isinstance(data, Mapping) and overrides:
         data = {**data, **overrides}
     return SweepSpec.from_mapping(data)
