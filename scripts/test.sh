@@ -6,15 +6,20 @@
 #   services    PostgreSQL 127.0.0.1:55432, S3 :8333, sshd :2222   scripts/services/*.sh
 #   cluster up  the local GPU Slurm cluster (our Ansible collection)   scripts/cluster.sh up
 #   prometheus  Prometheus :9090 and the exporters               scripts/services/prometheus.sh
-#   stage a     tests/unit + tests/integration (features)
-#   stage b     the long fault-injection runs (LONG below)
-#   stage q     README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
+#   then two streams at once:
+#   shared-cluster stream, serial:
+#     stage a   the integration tests of every feature on the local cluster
+#     stage b   the long fault-injection runs (LONG below)
+#     stage q   README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
 #               and every file under examples/ (tests/integration/core/test_examples.py)
-#   stage c     containers built from third-party source archives (enroot, pyxis): only where a
+#   beside it, what never touches the local cluster (output printed when the streams have ended):
+#     stage i   tests/unit and the integration tests marked `isolated` (own private slurmctld,
+#               roles into scratch roots, services only)
+#     stage c   containers built from third-party source archives (enroot, pyxis): only where a
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
 #               and says so
-#   lab         the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
+#     lab       the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
 #   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
 # and at the end each stage's wall time. Every stage runs; the script fails if any did.
 #
@@ -95,6 +100,10 @@ STARTED=()   # what this run started; a selection run stops only these
 teardown() {
   rc=$?
   local t
+  if [ -n "${ISOLATED_PID:-}" ] && kill -0 "$ISOLATED_PID" 2>/dev/null; then   # interrupted: stop stage i/c/lab
+    pkill -TERM -P "$ISOLATED_PID" 2>/dev/null || true
+    kill "$ISOLATED_PID" 2>/dev/null || true
+  fi
   t=$(date +%s)
   if [ "${KEEP_UP:-0}" != 1 ] && { [ "$MODE" = full ] || [ ${#STARTED[@]} -gt 0 ]; }; then
     say "teardown${STARTED[*]:+ (what this run started: ${STARTED[*]})}"
@@ -157,10 +166,15 @@ prometheus() {   # node/Slurm/GPU exporters; `start` on a running set re-renders
 }
 stage prometheus prometheus
 
-# Stages, each well under 30 minutes, all of them run: (a) unit tests and the integration tests
-# of every feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld
-# restarts, budgets binding plain sbatch, the private cluster's restart/reconfigure), (q) the
-# README smoke, then the lab.
+# Two streams run at once (the suite mostly waits on Slurm, so they share the two cores well):
+# - the shared-cluster stream, serial, on the local cluster: (a) the integration tests of every
+#   feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld restarts, budgets
+#   binding plain sbatch, reconfiguring the cluster), (q) the README smoke;
+# - beside it, what never touches that cluster: (i) the unit tests and the integration tests marked
+#   `isolated` (their own private slurmctld, Ansible roles into scratch roots, services only), then
+#   (c) enroot/pyxis from source archives, and the lab (own namespaces, own hosts).
+# Every test is in exactly one stream: `-m "not isolated"` here, `-m "not integration or isolated"`
+# there. A background stage's output is printed when it ends, whole, under its name.
 LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
       tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
 SMOKE=(tests/integration/core/test_examples.py)
@@ -171,25 +185,55 @@ if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
 fi
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
 if [ "$MODE" = full ]; then
-  stage "stage a" "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
+  RUNDIR=$(mktemp -d /var/tmp/gpuhpc-test-run.XXXXXX)
+  isolated_stream() {   # stage i, then c, then the lab; each stage's time and status into $RUNDIR
+    # temporary files and the default ledger of their own, apart from the other stream's
+    export TMPDIR=/var/tmp/gpuhpc-pytest-isolated GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/isolated"
+    mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
+    bg_stage() {   # bg_stage NAME COMMAND...
+      local name=$1 t rc=0
+      shift
+      t=$(date +%s)
+      echo "[test] $name: started at +$(( t - T0 ))s"
+      "$@" || rc=$?
+      printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t ))" "$rc" >>"$RUNDIR/stages"
+    }
+    bg_stage "stage i" "${PYTEST[@]}" -m "not integration or isolated" tests/unit tests/integration \
+      --ignore=tests/integration/lab "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+    if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
+      bg_stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}"
+    else
+      echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
+    fi
+    # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
+    # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
+    if [ "${LAB:-1}" != 0 ]; then
+      bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab
+    fi
+  }
+  say "stages i, c and lab start beside the shared-cluster stream (their output: at the end)"
+  isolated_stream >"$RUNDIR/isolated.log" 2>&1 &
+  ISOLATED_PID=$!
+  stage "stage a" "${PYTEST[@]}" -m "not isolated" tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
     || FAILED+=" a"
-  stage "stage b" "${PYTEST[@]}" "${LONG[@]}" || FAILED+=" b"
+  stage "stage b" "${PYTEST[@]}" -m "not isolated" "${LONG[@]}" || FAILED+=" b"
   smoke() {   # the quickstart's ledger in a data dir of its own
     GPUHPC_DATA_DIR=$(mktemp -d /var/tmp/gpuhpc-quickstart-data.XXXXXX) bash scripts/quickstart.sh demo || return 1
     "${PYTEST[@]}" "${SMOKE[@]}"
   }
   stage "stage q" smoke || FAILED+=" q"
-  if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
-    stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}" || FAILED+=" c"
-  else
-    say "stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
-  fi
-  # its own stage: four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh, ~8 min;
-  # LAB=0 skips it). It touches nothing of the local cluster above; run it alone with
-  # `python -m pytest -s tests/integration/lab`.
-  if [ "${LAB:-1}" != 0 ]; then
-    stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab || FAILED+=" lab"
-  fi
+  t=$(date +%s)
+  say "waiting for stages i, c and lab"
+  wait "$ISOLATED_PID" || true
+  echo "================ stages i, c, lab (run beside the shared-cluster stream) ================"
+  cat "$RUNDIR/isolated.log"
+  echo "================ end of stages i, c, lab ================"
+  while IFS=$'\t' read -r name secs rc; do
+    TIMES+=("$(printf '%-12s %6ss%s' "$name" "$secs" "$([ "$rc" = 0 ] || echo "   FAILED (exit $rc)")")  (beside)")
+    [ "$rc" = 0 ] || FAILED+=" ${name#stage }"
+  done <"$RUNDIR/stages"
+  TIMES+=("$(printf '%-12s %6ss' "(waited)" "$(( $(date +%s) - t ))")")
+  rm -rf "$RUNDIR"
 else
   stage selection "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@" || FAILED+=" selection"
 fi
