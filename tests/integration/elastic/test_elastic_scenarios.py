@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from elastic_helpers import RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT
 from polling import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]       # a private controller only
 
 
 def _job_state(el, job_id):

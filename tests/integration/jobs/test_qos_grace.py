@@ -1,7 +1,7 @@
 """A preempt/qos preemption gives the program the QOS's grace time (issue 21, point 11).
 
 Slurm allows one PreemptType per cluster and the shared one uses preempt/partition_prio, so this
-test stands up a private one-node controller (own ports, state and logs under the test's dir,
+test stands up a private one-node controller (tests/private_slurm.py: own ports, state and logs,
 PreemptType=preempt/qos, the shared munged and slurmdbd; no Ansible, a few seconds) with a
 partition whose GraceTime is 0 and a QOS `…-low` with GraceTime=40 that `…-high` preempts. A
 gpuhpc job in the low QOS is preempted by a high one: its deadline is the QOS's 40 s (Slurm's
@@ -12,91 +12,33 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.transport.local import LocalRunner
 from jobs_helpers import gpuhpc
 from polling import wait_for
+from private_slurm import PrivateSlurm
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 NAME = "gpuhpcqos"
 LOW, HIGH, QOS_GRACE = f"{NAME}-low", f"{NAME}-high", 40
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16927, 16928, 17321
 
 
-def _shared_config() -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30, check=True).stdout
-    return {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in out.splitlines()) if v}
-
-
-def _conf(base: Path, shared: dict[str, str]) -> str:
-    return f"""ClusterName={NAME}
-SlurmctldHost=localhost
-SlurmUser=root
-SlurmdUser=root
-SlurmctldPort={CTLD_PORT}
-SlurmdPort={SLURMD_PORT}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo={shared.get("AuthInfo", "(null)").replace("(null)", "")}
-StateSaveLocation={base}/state
-SlurmdSpoolDir={base}/spool/%n
-SlurmctldPidFile={base}/run/slurmctld.pid
-SlurmdPidFile={base}/run/slurmd-%n.pid
-SlurmctldLogFile={base}/log/slurmctld.log
-SlurmdLogFile={base}/log/slurmd-%n.log
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-ReturnToService=2
-SlurmdParameters=config_overrides
-SlurmctldParameters=preempt_send_user_signal
-SchedulerParameters=batch_sched_delay=0,sched_interval=2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-PreemptType=preempt/qos
-PreemptMode=REQUEUE
-JobRequeue=1
-KillWait=5
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost={shared["AccountingStorageHost"]}
-AccountingStoragePort={shared["AccountingStoragePort"]}
-JobAcctGatherType=jobacct_gather/none
-NodeName=qos-node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={NODE_PORT} CPUs=1 RealMemory=1000 State=UNKNOWN
-PartitionName=qos Nodes=qos-node1 Default=YES GraceTime=0 PreemptMode=REQUEUE MaxTime=INFINITE State=UP
-"""
-
-
-def _stop(base: Path) -> None:
-    for name in ("slurmd-qos-node1.pid", "slurmctld.pid"):
-        try:
-            pid = int((base / "run" / name).read_text())
-            os.kill(pid, signal.SIGTERM)
-        except (OSError, ValueError):
-            continue
-        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 30, f"{name} to stop")
-
-
 @pytest.fixture
 def qos_cluster():
-    # short: slurmstepd's socket lives in the spool dir, and a Unix socket path has 108 bytes
-    base = Path(tempfile.mkdtemp(prefix="gpuhpc-qos-", dir="/var/tmp"))
-    for d in ("state", "spool", "log", "run"):
-        (base / d).mkdir(parents=True)
-    conf = base / "slurm.conf"
-    conf.write_text(_conf(base, _shared_config()))
-    env = {**os.environ, "SLURM_CONF": str(conf)}
+    cluster = PrivateSlurm(
+        NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), {"qos-node1": "CPUs=1 RealMemory=1000 State=UNKNOWN"},
+        ["PartitionName=qos Nodes=qos-node1 Default=YES GraceTime=0 PreemptMode=REQUEUE MaxTime=INFINITE State=UP"],
+        extra={"SlurmdParameters": "config_overrides", "SlurmctldParameters": "preempt_send_user_signal",
+               "PreemptType": "preempt/qos", "PreemptMode": "REQUEUE", "JobRequeue": "1", "KillWait": "5"},
+        accounting=True)
 
     def sacctmgr(*args: str, check: bool = True) -> None:
-        subprocess.run(["sacctmgr", "-i", *args], env=env, capture_output=True, text=True, timeout=60, check=check)
+        subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60, check=check)
 
     def forget() -> None:
         sacctmgr("delete", "user", "root", f"account={NAME}", f"cluster={NAME}", check=False)
@@ -111,26 +53,15 @@ def qos_cluster():
         sacctmgr("add", "qos", HIGH, f"Preempt={LOW}")
         sacctmgr("add", "account", NAME, f"cluster={NAME}")
         sacctmgr("add", "user", "root", f"account={NAME}", f"cluster={NAME}", f"qos=normal,{LOW},{HIGH}")
-        subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=60)
-        subprocess.run(["slurmd", "-f", str(conf), "-N", "qos-node1"], env=env, check=True, timeout=60)
-        client = SlurmClient(LocalRunner(env={"SLURM_CONF": str(conf)}))
-        wait_for(lambda: "idle" in client.run(["sinfo", "-h", "-o", "%t"], check=False).stdout, 60,
-                 "the private preempt/qos cluster's node to be idle")
-        yield client, env
+        with cluster.start():
+            try:
+                yield cluster.client, cluster.env
+            finally:
+                # a job the database still counts as running keeps the cluster from being deleted
+                cluster.cancel_all(wait=60)
+                sacctmgr("list", "runawayjobs", f"cluster={NAME}", check=False)
     finally:
-        client = SlurmClient(LocalRunner(env={"SLURM_CONF": str(conf)}))
-        ids = client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
-        for job_id in ids:                       # the private cluster's own jobs, by id
-            client.run(["scancel", job_id], check=False)
-        if ids:
-            wait_for(lambda: not client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split(), 60,
-                     "the private cluster's jobs to end")
-        # a job the database still counts as running keeps the cluster from being deleted
-        sacctmgr("list", "runawayjobs", f"cluster={NAME}", check=False)
-        client.run(["scontrol", "shutdown"], check=False)
-        _stop(base)
         forget()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_qos_preemption_gives_the_program_the_qos_grace_time(qos_cluster, jobs_env, tmp_path):

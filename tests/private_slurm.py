@@ -1,0 +1,244 @@
+"""A private Slurm controller for tests: the one builder (COMMON rule: do not write another).
+
+Its own slurmctld and one ``slurmd -N NAME`` per node, each on its own port, with state, spool,
+pid files and logs under one new directory in /var/tmp (short: slurmstepd's socket lives in the
+spool dir and a Unix socket path has 108 bytes); the shared munged (``AuthInfo`` copied from the
+shared cluster's slurm.conf), no accounting unless asked. It never touches the shared cluster, so a
+test built on it is marked ``isolated`` (it runs beside the shared-cluster stream).
+
+API::
+
+    from private_slurm import PrivateSlurm
+
+    cluster = PrivateSlurm(
+        "gpuhpcx",                      # ClusterName; also the directory prefix gpuhpc-x-...
+        ports=(16990, 16991, 17390),    # SlurmctldPort, SlurmdPort, first node port (node i: +i)
+        nodes={"x-node1": "CPUs=1 RealMemory=500 State=UNKNOWN"},   # name -> the rest of its line
+        partitions=["PartitionName=x Nodes=x-node1 Default=YES MaxTime=INFINITE State=UP"],
+        extra={"PreemptType": "preempt/qos", "TaskPlugin": None},   # add/override; None drops a key;
+                                        # "{base}" in a value is the cluster's directory
+        accounting=False,               # True: the shared slurmdbd (AccountingStorageHost/Port)
+        start=None,                     # nodes whose slurmd starts (default: every non-CLOUD node)
+        extra_dirs=("elastic",),        # more directories made under .base
+        on_stop=None,                   # called with .base once the daemons are stopped, before removal
+    )
+    with cluster:                       # start(); stop() on exit, even after a failure
+        cluster.client                  # SlurmClient on the private cluster (timeout 20 s)
+        cluster.env                     # os.environ + SLURM_CONF: for subprocess / gpuhpc
+        cluster.slurm_env               # {"SLURM_CONF": ...}
+        cluster.base, cluster.conf      # the directory and its slurm.conf
+        cluster.node_port("x-node1")
+        cluster.start_slurmd("x-node1"); cluster.stop_slurmd("x-node1")
+        cluster.logs()                  # the logs' last lines, for a failure message
+
+``start(ready=...)`` writes the config (``before_start(base)`` may add files first, e.g. power
+programs), refuses when one of its ports is taken (pick free ones: grep the tree for the ports in
+use; each test file has its own), starts the daemons and waits until every started node is idle
+(or ``ready()`` is true). ``stop()`` cancels the cluster's own jobs by id, shuts the controller
+down, stops every slurmd it started (pid files), and removes the directory (kept when
+``GPUHPC_KEEP_PRIVATE_SLURM`` is set: the logs are then under ``base/log``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.transport.local import LocalRunner
+from polling import wait_for
+
+
+def shared_conf_values() -> dict[str, str]:
+    """``Key=value`` lines of the shared cluster's slurm.conf (``$SLURM_CONF``, else
+    /etc/slurm/slurm.conf), read from the file: a private cluster starts even while the shared
+    slurmctld is restarting."""
+    path = Path(os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.split("#", 1)[0].strip().partition("=")
+        if sep and " " not in key and key not in ("NodeName", "PartitionName", "NodeSet"):
+            values[key] = value.strip()
+    return values
+
+
+def busy_ports(ports: Iterable[int]) -> list[int]:
+    """The ports of ``ports`` that something already listens on."""
+    busy = []
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (an unreaped child of this test is gone too)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _stop_pid(path: Path, timeout: float = 30) -> None:
+    try:
+        pid = int(path.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    wait_for(lambda: _gone(pid), timeout, f"{path.name} ({pid}) to stop", interval=0.1)
+
+
+class PrivateSlurm:
+    """A private controller and its nodes (see the module docstring)."""
+
+    def __init__(self, name: str, ports: tuple[int, int, int], nodes: dict[str, str], partitions: list[str],
+                 extra: dict[str, str | None] | None = None, accounting: bool = False,
+                 start: list[str] | None = None, extra_dirs: Iterable[str] = (), timeout: float = 20,
+                 on_stop: Callable[[Path], None] | None = None) -> None:
+        self.name = name
+        self.ctld_port, self.slurmd_port, self.first_node_port = ports
+        self.nodes = dict(nodes)
+        self.partitions = list(partitions)
+        self.extra = dict(extra or {})
+        self.accounting = accounting
+        self.start_nodes = start if start is not None else [n for n, a in nodes.items() if "State=CLOUD" not in a]
+        self.extra_dirs = tuple(extra_dirs)
+        self.timeout = timeout
+        self.on_stop = on_stop
+        self.base: Path | None = None
+        self.conf: Path | None = None
+        self.env: dict[str, str] = {}
+        self.slurm_env: dict[str, str] = {}
+        self.client: SlurmClient | None = None
+
+    # --- configuration -------------------------------------------------------------------
+    def ports(self) -> list[int]:
+        return [self.ctld_port, self.slurmd_port, *(self.node_port(n) for n in self.nodes)]
+
+    def node_port(self, node: str) -> int:
+        return self.first_node_port + list(self.nodes).index(node)
+
+    def settings(self, base: Path) -> dict[str, str]:
+        """The slurm.conf keys (before ``extra``)."""
+        shared = shared_conf_values()
+        out = {
+            "ClusterName": self.name, "SlurmctldHost": "localhost", "SlurmUser": "root", "SlurmdUser": "root",
+            "SlurmctldPort": str(self.ctld_port), "SlurmdPort": str(self.slurmd_port),
+            "AuthType": "auth/munge", "CredType": "cred/munge", "AuthInfo": shared.get("AuthInfo", ""),
+            "StateSaveLocation": f"{base}/state", "SlurmdSpoolDir": f"{base}/spool/%n",
+            "SlurmctldPidFile": f"{base}/run/slurmctld.pid", "SlurmdPidFile": f"{base}/run/slurmd-%n.pid",
+            "SlurmctldLogFile": f"{base}/log/slurmctld.log", "SlurmdLogFile": f"{base}/log/slurmd-%n.log",
+            "MailProg": "/bin/true", "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
+            "ReturnToService": "2", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2",
+            "SelectType": "select/cons_tres", "SelectTypeParameters": "CR_Core",
+            "AccountingStorageType": "accounting_storage/none", "JobAcctGatherType": "jobacct_gather/none",
+        }
+        if self.accounting:
+            out["AccountingStorageType"] = "accounting_storage/slurmdbd"
+            out["AccountingStorageHost"] = shared.get("AccountingStorageHost", "localhost")
+            out["AccountingStoragePort"] = shared.get("AccountingStoragePort", "6819")
+        return out
+
+    def render(self, base: Path) -> str:
+        settings = self.settings(base)
+        for key, value in self.extra.items():
+            if value is None:
+                settings.pop(key, None)
+            else:
+                settings[key] = value.replace("{base}", str(base))
+        lines = [f"{k}={v}" for k, v in settings.items()]
+        lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.node_port(n)} {attrs}".rstrip()
+                  for n, attrs in self.nodes.items()]
+        return "\n".join(lines + self.partitions) + "\n"
+
+    # --- life cycle ----------------------------------------------------------------------
+    def start(self, ready: Callable[[], object] | None = None, before_start: Callable[[Path], None] | None = None,
+              timeout: float = 60) -> PrivateSlurm:
+        busy = busy_ports(self.ports())
+        assert not busy, f"ports {busy} of the private cluster {self.name} are in use (another private cluster?)"
+        prefix = self.name.removeprefix("gpuhpc")[:6] or "slurm"
+        self.base = base = Path(tempfile.mkdtemp(prefix=f"gpuhpc-{prefix}-", dir="/var/tmp"))
+        for d in ("state", "spool", "log", "run", *self.extra_dirs):
+            (base / d).mkdir(parents=True, exist_ok=True)
+        for n in self.nodes:
+            (base / "spool" / n).mkdir()
+        self.conf = base / "slurm.conf"
+        self.conf.write_text(self.render(base))
+        self.slurm_env = {"SLURM_CONF": str(self.conf)}
+        self.env = {**os.environ, **self.slurm_env}
+        self.client = SlurmClient(LocalRunner(env=self.slurm_env), timeout=self.timeout)
+        try:
+            if before_start:
+                before_start(base)
+            subprocess.run(["slurmctld", "-f", str(self.conf)], env=self.env, check=True, timeout=60)
+            for n in self.start_nodes:
+                self.start_slurmd(n)
+            wait_for(ready or self._started_nodes_idle, timeout,
+                     f"the private cluster {self.name} to come up (logs: {base}/log)", interval=0.2)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _started_nodes_idle(self) -> bool:
+        if not self.start_nodes:
+            return self.client.run(["scontrol", "ping"], check=False).returncode == 0
+        out = self.client.run(["sinfo", "-h", "-N", "-o", "%N %t", "-n", ",".join(self.start_nodes)],
+                              check=False).stdout.split("\n")
+        idle = {line.split()[0] for line in out if line.strip() and line.split()[1].startswith("idle")}
+        return idle >= set(self.start_nodes)
+
+    def start_slurmd(self, node: str, *args: str) -> None:
+        subprocess.run(["slurmd", "-f", str(self.conf), "-N", node, *args], env=self.env, check=True, timeout=60)
+
+    def stop_slurmd(self, node: str) -> None:
+        _stop_pid(self.base / "run" / f"slurmd-{node}.pid")
+
+    def job_ids(self) -> list[str]:
+        return self.client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+
+    def cancel_all(self, wait: float = 0) -> None:
+        """Cancel the private cluster's own jobs, by id; wait up to ``wait`` s for them to end."""
+        ids = self.job_ids()
+        for job_id in ids:
+            self.client.run(["scancel", job_id], check=False)
+        if ids and wait:
+            wait_for(lambda: not self.job_ids(), wait, f"the private cluster {self.name}'s jobs to end")
+
+    def stop(self) -> None:
+        if self.base is None:
+            return
+        if self.client is not None:
+            self.cancel_all()
+            self.client.run(["scontrol", "shutdown"], check=False)
+        _stop_pid(self.base / "run" / "slurmctld.pid")
+        for pid_file in sorted((self.base / "run").glob("slurmd-*.pid")):
+            _stop_pid(pid_file)
+        if self.on_stop is not None:
+            self.on_stop(self.base)
+        if os.environ.get("GPUHPC_KEEP_PRIVATE_SLURM") is None:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def logs(self, lines: int = 15) -> str:
+        """The private cluster's logs' last lines, for a failure's message."""
+        if self.base is None:
+            return ""
+        return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+                         for f in sorted((self.base / "log").glob("*.log")))
+
+    def __enter__(self) -> PrivateSlurm:
+        if self.base is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
