@@ -125,10 +125,10 @@ def _ledger_url(url: str | None) -> str | None:
 
 
 # ---------------------------------------------------------------- quota
-def _request(spec: SweepSpec, n: int, cluster: str, name: str | None = None):
+def _request(spec: SweepSpec, n: int, cluster: str, name: str | None = None, res=None):
     from gpuhpc.ledger import hooks
 
-    r = spec.res
+    r = res or spec.res
     return hooks.ChargeRequest(cluster=cluster, user=getpass.getuser(), account=r.account, partition=r.partition,
                                qos=r.qos, gpu_type=r.gpu_type, gpus=r.total_gpus, time_limit_s=r.time_s,
                                array_size=n, job_name=name or spec.name)
@@ -239,6 +239,8 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     # every check a chunk's job spec makes (grace, env names, the template's options) before
     # the first row is written: a bad one exits 2 leaving nothing behind
     _trial_spec(spec, 0, root / "0", 0, 1, 1)
+    if spec.resources_by:       # per-trial resources: every shape fits and makes a valid job
+        check_shapes(spec, [spec.resources_for(p) for p in first], c, root)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
@@ -395,7 +397,46 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
     return Plan(max(0, room), max(1, chunk), limits)
 
 
-def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int):
+def check_shapes(spec: SweepSpec, shapes: Sequence[dict[str, Any]], client, root: Path) -> None:
+    """Each distinct per-trial ``resources`` (``resources_by``) fits the cluster's nodes (one
+    ``scontrol show node``) and makes a valid chunk job; else exit 2, nothing written."""
+    from gpuhpc.jobs.spec import Resources, check_fits
+
+    distinct = {json.dumps(s, sort_keys=True): s for s in shapes}
+    res = [Resources.from_mapping(s) for s in distinct.values()]
+    if any(r.gpus for r in res):
+        try:
+            nodes = client.nodes()
+        except GpuhpcError:
+            nodes = None
+        for r in res:
+            if nodes is not None and r.gpus:
+                check_fits(r, nodes)
+    for r in res:
+        _trial_spec(spec, 0, root / "0", 0, 1, 1, res=r)
+
+
+def _shape_groups(spec: SweepSpec, waiting: list, size: int) -> tuple[list[list], list]:
+    """``waiting`` [(number, params json)] in groups of at most ``size`` trials of one shape
+    (:meth:`SweepSpec.resources_for`), and each group's Resources (None: the sweep's own)."""
+    if not spec.resources_by:
+        plain = [waiting[i:i + size] for i in range(0, len(waiting), size)]
+        return plain, [None] * len(plain)
+    from gpuhpc.jobs.spec import Resources
+
+    by: dict[str, list] = {}
+    for row in waiting:
+        p = row[1] if isinstance(row[1], dict) else json.loads(row[1])
+        by.setdefault(json.dumps(spec.resources_for(p), sort_keys=True), []).append(row)
+    groups, res = [], []
+    for key, rows in by.items():
+        for i in range(0, len(rows), size):
+            groups.append(rows[i:i + size])
+            res.append(Resources.from_mapping(json.loads(key)))
+    return groups, res
+
+
+def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int, res=None):
     """The JobSpec of one chunk: the ``single`` template (checkpoint → requeue → resume) around
     ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%T`` (``T``: the sweep's
     free slots when it was submitted; raised later by :func:`balance`)."""
@@ -405,7 +446,7 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
     env.update({"GPUHPC_SWEEP_ID": str(sid)})
     return JobSpec(
         command=(sys.executable, "-m", "gpuhpc.sweeps.trial", str(directory), str(number)),
-        resources=spec.res, name=f"{spec.name}-s{sid}-c{number}", template=spec.template, env=env,
+        resources=res or spec.res, name=f"{spec.name}-s{sid}-c{number}", template=spec.template, env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
         array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold)
@@ -553,17 +594,17 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             waiting = waiting[:max(0, limit)]
         plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
         groups, throttle_of = [], []
-        for i in range(0, len(waiting), plan_chunk):
+        shaped, res_of = _shape_groups(spec, waiting, plan_chunk)
+        for group in shaped:
             if free <= 0:
                 break
-            group = waiting[i:i + plan_chunk]
             groups.append(group)
             throttle_of.append(min(free, len(group)))
             free -= throttle_of[-1]
         if not groups:
             return []
         here = _reserves_here(url)
-        chunks = _record_chunks(conn, sid, next_number, groups,
+        chunks = _record_chunks(conn, sid, next_number, groups, res_of=res_of,
                                 spec=spec, name=name, cluster=(cluster or "default") if here else None)
         os.makedirs(directory / "logs", exist_ok=True)
         for number, _, rows, _ in chunks:
@@ -571,8 +612,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         done: list[tuple[int, str, list, int | None]] = []
         try:
             for k, (number, chunk_id, rows, rid) in enumerate(chunks):
-                job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), throttle_of[k]), client=c,
-                                  reserve=not here)
+                job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), throttle_of[k],
+                                              res=res_of[k]), client=c, reserve=not here)
                 done.append((chunk_id, job.job_id, rows, rid))
                 throttles[chunk_id] = min(throttle_of[k], len(rows))
         except BaseException:
@@ -599,7 +640,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
 
 
 def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: SweepSpec, name: str,
-                   cluster: str | None) -> list[tuple[int, int, list, int | None]]:
+                   cluster: str | None, res_of: Sequence[Any] = ()) -> list[tuple[int, int, list, int | None]]:
     """Record ``groups`` as chunks ``first``, ``first``+1, ... (``submitting``) and claim their
     trials, in one transaction; with a ``cluster`` each chunk's worst case is also held in the
     ledger there (:func:`gpuhpc.ledger.quota.reserve_in`, the one quota decision; over quota:
@@ -626,8 +667,8 @@ def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: Swee
                 break
             rid = None
             if cluster is not None:
-                rid = quota.reserve_in(tx, _request(spec, len(rows), cluster, f"{name}-s{sid}-c{first + k}"),
-                                       at, conn.url).id
+                rid = quota.reserve_in(tx, _request(spec, len(rows), cluster, f"{name}-s{sid}-c{first + k}",
+                                                    res_of[k] if k < len(res_of) else None), at, conn.url).id
             out.append((first + k, chunk_id, rows, rid))
     return out
 

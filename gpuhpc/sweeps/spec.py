@@ -195,11 +195,23 @@ class SweepSpec:
     driver_partition: str | None = None   # the sweep driver's partition (default: cpu, when it exists)
     hold: bool = False                    # submit the arrays held (scontrol release them)
     max_trials: int = MAX_TRIALS          # a larger sweep is refused unless raised here on purpose
+    # per-trial resources: [{when: {param: value, ...}, resources: {...}}, ...]; a trial's job is
+    # ``resources`` updated by every rule whose ``when`` its parameters match, in order
+    # (:meth:`resources_for`); trials of one shape share an array (gpuhpc sprint uses it)
+    resources_by: tuple[dict[str, Any], ...] = ()
 
     # ------------------------------------------------------------ derived
     @property
     def res(self) -> Resources:
         return Resources.from_mapping(self.resources)
+
+    def resources_for(self, params: Mapping[str, Value]) -> dict[str, Any]:
+        """The resources (a job file's keys) of the trial with these parameters."""
+        out = dict(self.resources)
+        for rule in self.resources_by:
+            if all(p in params and format_value(params[p]) == format_value(v) for p, v in rule["when"].items()):
+                out.update(rule["resources"])
+        return out
 
     @property
     def n_trials(self) -> int:
@@ -273,6 +285,8 @@ class SweepSpec:
                 kw[k] = v
             elif k == "resources":
                 kw[k] = dict(_mapping(v, k))
+            elif k == "resources_by":
+                kw[k] = _resource_rules(v)
             elif k == "env":
                 kw[k] = {str(ek): (str(ev) if _is_num(ev) else _str(ev, f"env.{ek}"))
                          for ek, ev in _mapping(v, k).items()}
@@ -285,6 +299,7 @@ class SweepSpec:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["parameters"] = {k: p.to_dict() for k, p in self.parameters.items()}
         out["metric"] = {"name": self.metric.name, "goal": self.metric.goal}
+        out["resources_by"] = [dict(r) for r in self.resources_by]
         return out
 
     def _check(self, *, python: bool) -> None:
@@ -386,6 +401,21 @@ class SweepSpec:
         if "array" in self.resources:
             raise UserInputError("a sweep makes its own arrays", field="resources.array")
         Resources.from_mapping(self.resources)          # the job file's keys and checks
+        for i, rule in enumerate(self.resources_by):
+            f = f"resources_by[{i}]"
+            for p, v in rule["when"].items():
+                if p not in self.parameters:
+                    raise UserInputError(f"{p!r} is not a parameter", field=f"{f}.when.{p}",
+                                         hint=f"parameters: {', '.join(self.parameters)}")
+            for key in ("array", "image"):
+                if key in rule["resources"]:
+                    raise UserInputError(f"{key} is not a per-trial resource", field=f"{f}.resources.{key}")
+            try:
+                Resources.from_mapping({**self.resources, **rule["resources"]}, prefix=f"{f}.resources.")
+            except UserInputError as exc:       # a bad value: its field under this rule
+                if not (exc.field or "").startswith("resources."):
+                    raise
+                raise UserInputError(exc.message.split(": ", 1)[-1], field=f"{f}.{exc.field}", hint=exc.hint) from None
         if self.resources.get("image") is not None:     # the trial runner is gpuhpc's Python on the host
             raise UserInputError("sweeps do not run in a container image yet", field="resources.image",
                                  hint="drop image (docs/containers.md)")
@@ -393,6 +423,23 @@ class SweepSpec:
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:
             Resources(partition=self.driver_partition)
+
+
+def _resource_rules(v: Any) -> tuple[dict[str, Any], ...]:
+    """``resources_by``: a list of ``{when: {param: value}, resources: {...}}``."""
+    if not isinstance(v, (list, tuple)):
+        raise UserInputError("expected a list of {when: {...}, resources: {...}}", field="resources_by")
+    out = []
+    for i, rule in enumerate(v):
+        f = f"resources_by[{i}]"
+        rule = _mapping(rule, f)
+        bad = [k for k in rule if k not in ("when", "resources")]
+        if bad:
+            raise UserInputError("unknown field (valid: when, resources)", field=f"{f}.{bad[0]}")
+        when = dict(_mapping(rule.get("when", {}), f"{f}.when"))
+        res = dict(_mapping(rule.get("resources", {}), f"{f}.resources"))
+        out.append({"when": when, "resources": res})
+    return tuple(out)
 
 
 def placeholders(command: str) -> list[str]:

@@ -1,0 +1,54 @@
+"""Per-trial resources: a sweep's ``resources_by`` (the hook a sprint's GPUs-per-node / nodes /
+placement axes use) and the sprint's shapes: each configuration its own Slurm request."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuhpc.errors import UserInputError
+from gpuhpc.sweeps import engine
+from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
+
+BASE = {"name": "s", "command": "run --bs {bs}", "method": "grid", "template": "mpi", "metric": {"name": "thr", "goal": "maximize"},
+        "parameters": {"bs": [1, 2], "nodes": [1, 2]}, "resources": {"partition": "all", "time": "2m"}}
+
+
+def _spec(**kw) -> SweepSpec:
+    return SweepSpec.from_mapping({**BASE, **kw})
+
+
+def test_resources_by_updates_each_trial_and_survives_the_json_round_trip():
+    spec = _spec(resources_by=[{"when": {"nodes": 2}, "resources": {"nodes": 2, "gpus": 4}}])
+    assert spec.resources_for({"bs": 1, "nodes": 1}) == {"partition": "all", "time": "2m"}
+    assert spec.resources_for({"bs": 1, "nodes": 2}) == {"partition": "all", "time": "1m", "nodes": 2, "gpus": 4}
+    again = spec_from_json(spec_json(spec))
+    assert again.resources_for({"bs": 2, "nodes": 2})["gpus"] == 4
+
+
+def test_trials_of_one_shape_share_an_array_and_each_array_gets_its_resources():
+    spec = _spec(resources_by=[{"when": {"nodes": n}, "resources": {"nodes": n}} for n in (1, 2)])
+    waiting = [(i, json.dumps(p)) for i, p in enumerate(spec.generate())]
+    groups, res = engine._shape_groups(spec, waiting, 51)
+    assert [[n for n, _ in g] for g in groups] == [[0, 2], [1, 3]]
+    assert [r.nodes for r in res] == [1, 2]
+    job = engine._trial_spec(spec, 1, engine.Path("/x"), 0, 2, 2, res=res[1])
+    assert job.resources.nodes == 2 and job.resources.partition == "all"
+    groups, res = engine._shape_groups(spec, waiting, 1)            # chunks still cut at the array size
+    assert len(groups) == 4 and [r.nodes for r in res] == [1, 1, 2, 2]
+    plain = _spec()
+    groups, res = engine._shape_groups(plain, waiting, 3)
+    assert [len(g) for g in groups] == [3, 1] and res == [None, None]
+
+
+@pytest.mark.parametrize("rules, field", [
+    ("x", "resources_by"),
+    ([{"when": {"lr": 1}, "resources": {}}], "resources_by[0].when.lr"),
+    ([{"when": {}, "resources": {"gpus": -1}}], "resources_by[0].resources.gpus"),
+    ([{"when": {}, "resources": {"array": "0-3"}}], "resources_by[0].resources.array"),
+    ([{"if": {}}], "resources_by[0].if"),
+])
+def test_bad_resources_by_names_the_field(rules, field):
+    with pytest.raises(UserInputError) as exc:
+        _spec(resources_by=rules)
+    assert exc.value.field == field
