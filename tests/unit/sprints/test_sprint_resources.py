@@ -21,7 +21,7 @@ def _spec(**kw) -> SweepSpec:
 def test_resources_by_updates_each_trial_and_survives_the_json_round_trip():
     spec = _spec(resources_by=[{"when": {"nodes": 2}, "resources": {"nodes": 2, "gpus": 4}}])
     assert spec.resources_for({"bs": 1, "nodes": 1}) == {"partition": "all", "time": "2m"}
-    assert spec.resources_for({"bs": 1, "nodes": 2}) == {"partition": "all", "time": "1m", "nodes": 2, "gpus": 4}
+    assert spec.resources_for({"bs": 1, "nodes": 2}) == {"partition": "all", "time": "2m", "nodes": 2, "gpus": 4}
     again = spec_from_json(spec_json(spec))
     assert again.resources_for({"bs": 2, "nodes": 2})["gpus"] == 4
 
