@@ -29,7 +29,7 @@ from polling import wait_for
 
 from .conftest import REPO, ansible_env, recap, run_playbook
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 EXAMPLES = REPO / "examples" / "clusters"
 LOCAL_ROLES = REPO / "ansible" / "local" / "roles"   # the local cluster's test machinery

@@ -29,7 +29,7 @@ from gpuhpc import config
 
 from .conftest import REPO, recap, run_playbook
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 DGX = REPO / "examples" / "clusters" / "dgx-h100-pod.yaml"
 SECRETS = {"vault_beegfs_home_connauth": "home-connauth-8f2c1d", "vault_beegfs_scratch_connauth": "scratch-connauth-77ab90"}

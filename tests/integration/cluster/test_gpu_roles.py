@@ -29,7 +29,7 @@ from standins.nvml_standin import state_from_listing, with_mig_geometry
 
 from .conftest import REPO, ansible_env, recap
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 STANDIN = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
 SEVEN = [["1g.10gb"] * 7, ["3g.40gb", "3g.40gb"]]
