@@ -23,8 +23,11 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
 
     monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
     progress = tmp_path / "progress.log"
+    actions = ["preempt", "requeue", "time_limit"]
+    # the runs before the last interruption step slowly (STEPS leaves room for the time limit's
+    # signal, up to slurmctld's next ~30 s check); the last run counts the remaining steps at once
     job = gpuhpc.submit(
-        Counter(), STEPS, STEP_S, str(progress),
+        Counter(), STEPS, STEP_S, str(progress), len(actions),
         resources=gpuhpc.Resources(partition="gpu", gpus=8, gpu_type="h100", nodelist=NODE, time="15m"),
         name="gpuhpc-test-pycall", grace=60, max_requeues=5)
     track(job.job_id)
@@ -38,7 +41,7 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
             return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= n
         return check
 
-    for i, action in enumerate(["preempt", "requeue", "time_limit"]):
+    for i, action in enumerate(actions):
         wait_for(progressed(20, i + 1), 90, f"job {job.job_id} running before {action}")
         before = slurm.restarts(job.job_id)
         if action == "preempt":
