@@ -72,6 +72,26 @@ def records(spec: SprintSpec, rows: list[dict[str, Any]], rate: Decimal | None, 
     return out
 
 
+def rules(spec: SprintSpec, client) -> list[dict[str, Any]]:
+    """Each configuration's own Slurm request (:mod:`gpuhpc.sprints.shapes`); the topology and
+    the nodes are asked only when a multi-node configuration is to be spread across leaves."""
+    from gpuhpc.sprints.shapes import resource_rules
+
+    if not spec.request:
+        return []
+    configs = spec.configurations()
+    kw: dict[str, Any] = {"gpu_type": spec.resources.get("gpu_type"), "partition": spec.resources.get("partition")}
+    if any(c["nodes"] > 1 and c["placement"] == "spread" for c in configs):
+        from gpuhpc.topology.placement import leaf_nodes
+
+        kw["leaves"] = leaf_nodes(client.topology())
+        try:
+            kw["nodes"] = client.nodes()
+        except GpuhpcError:
+            kw["nodes"] = None
+    return resource_rules(configs, spec.swept_axes(), **kw)
+
+
 def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None = 3600, poll: float = 2.0,
            client=None, url: str | None = None, utilisation: bool = True) -> SprintResult:
     """Run the sprint (a spec, its mapping, or a sprint file's path), wait for every trial and
@@ -86,11 +106,11 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
         spec = from_mapping(dict(spec))
     rate, note = price(spec)
     check_cost(spec, rate)
-    sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping())
     if client is None:
         from gpuhpc.slurm.client import SlurmClient
 
         client = SlurmClient()
+    sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping(rules(spec, client)))
     sid = engine.create(sweep_spec, client=client, url=url)
     handle = Sweep(sid, client=client, url=url)
     handle.wait(timeout=timeout, poll=poll)
@@ -106,7 +126,11 @@ def collect(spec: SprintSpec, sweep_id: int, rate: Decimal | None, *, client=Non
     recs = records(spec, engine.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation)
     res = analyse(spec.name, spec.metric, recs)
     res.sweep_id = sweep_id
-    res.notes.append("axes reach the command as placeholders; every trial ran with the sprint's resources "
-                     f"({', '.join(f'{k}={v}' for k, v in spec.resources.items())}); cost is the configuration's "
-                     "GPUs x price / throughput")
+    base = ", ".join(f"{k}={v}" for k, v in spec.resources.items())
+    if spec.request:
+        res.notes.append(f"each configuration ran as its own Slurm request (GPUs per node, nodes, placement) on "
+                         f"top of the sprint's resources ({base}); cost is the configuration's GPUs x price / throughput")
+    else:
+        res.notes.append(f"request: false: the axes reach only the command; every trial ran with the sprint's "
+                         f"resources ({base}); cost is the configuration's GPUs x price / throughput")
     return res

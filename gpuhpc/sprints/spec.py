@@ -14,11 +14,15 @@ A sprint file (YAML)::
     prices: {h100: 2.50}            # per GPU-hour, used only when the ledger has no price for gpu_type
     metric: samples_per_s           # what the command reports with gpuhpc.report(samples_per_s=...)
     budget: {trials: 24, gpu_hours: 10, cost: 25}
-    resources: {partition: cpu, time: 2m}   # one trial's job (a sweep file's resources)
+    resources: {partition: gpu, time: 2m}   # every trial's job (a sweep file's resources)
+    template: torchrun              # how a trial starts its ranks (default: single, torchrun when nodes > 1)
 
-Each axis is a grid parameter of the sweep (``{axis}`` placeholders in ``command``). A sweep's
-trials share one ``resources``; the axes reach the command, which requests or simulates that
-shape. Every bad field raises :class:`UserInputError` (exit 2) naming it.
+Each axis is a grid parameter of the sweep. ``batch_size`` reaches the command as
+``{batch_size}``; GPUs per node, nodes and placement are each configuration's own Slurm request
+(:mod:`gpuhpc.sprints.shapes`, the sweep's per-trial ``resources_by``), and may appear as
+placeholders too. ``request: false`` keeps the old way: one ``resources`` for every trial, the
+axes reach only the command (which simulates that shape). Every bad field raises
+:class:`UserInputError` (exit 2) naming it.
 """
 from __future__ import annotations
 
@@ -74,6 +78,8 @@ class SprintSpec(BaseModel):
     budget: Budget = Budget()
     resources: dict[str, Any] = {"partition": "cpu", "time": "5m"}
     parallelism: int = Field(16, ge=1)
+    request: bool = True            # GPUs per node / nodes / placement as real Slurm requests
+    template: Literal["single", "torchrun", "deepspeed", "mpi"] | None = None
 
     @field_validator("prices")
     @classmethod
@@ -105,13 +111,26 @@ class SprintSpec(BaseModel):
         """Every configuration's GPUs for the whole trial time limit."""
         return sum(c["nodes"] * c["gpus_per_node"] for c in self.configurations()) * self.trial_seconds() / 3600
 
-    def sweep_mapping(self) -> dict[str, Any]:
-        """The sweep file this sprint runs as: a grid over the axes, maximising the metric."""
-        used = {a for a in AXES if "{" + a + "}" in self.command}
-        params = {a: {"values": list(getattr(self.axes, a))} for a in AXES if a in used}
-        return {"name": f"sprint-{self.name}", "command": self.command, "parameters": params, "method": "grid",
-                "parallelism": self.parallelism, "resources": dict(self.resources),
-                "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1}
+    def swept_axes(self) -> list[str]:
+        """The axes that are sweep parameters: those with several values, and any in ``command``."""
+        return [a for a in AXES if "{" + a + "}" in self.command or len(getattr(self.axes, a)) > 1]
+
+    def sweep_template(self) -> str:
+        if self.template:
+            return self.template
+        return "torchrun" if self.request and max(self.axes.nodes) > 1 else "single"
+
+    def sweep_mapping(self, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The sweep file this sprint runs as: a grid over the axes, maximising the metric;
+        ``rules``: each configuration's own resources (:func:`gpuhpc.sprints.shapes.resource_rules`)."""
+        axes = self.swept_axes() if self.request else [a for a in AXES if "{" + a + "}" in self.command]
+        params = {a: {"values": list(getattr(self.axes, a))} for a in axes}
+        out = {"name": f"sprint-{self.name}", "command": self.command, "parameters": params, "method": "grid",
+               "parallelism": self.parallelism, "resources": dict(self.resources), "template": self.sweep_template(),
+               "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1}
+        if rules:
+            out["resources_by"] = rules
+        return out
 
 
 def _loc(loc: tuple) -> str:
@@ -136,7 +155,8 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
         if msg.startswith("budget.trials:"):
             field, msg = "budget.trials", msg.removeprefix("budget.trials: ")
         raise UserInputError(msg, field=field or None, hint="see docs/sprints.md") from None
-    missing = [a for a in AXES if len(getattr(spec.axes, a)) > 1 and "{" + a + "}" not in spec.command]
+    needs = ["batch_size"] if spec.request else list(AXES)        # the others are each trial's own request
+    missing = [a for a in needs if len(getattr(spec.axes, a)) > 1 and "{" + a + "}" not in spec.command]
     if missing:
         raise UserInputError(f"axis {missing[0]} has several values but no {{{missing[0]}}} in command",
                              field=f"axes.{missing[0]}", hint=f"pass it to the program: --x {{{missing[0]}}}")

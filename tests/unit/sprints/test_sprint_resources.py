@@ -52,3 +52,48 @@ def test_bad_resources_by_names_the_field(rules, field):
     with pytest.raises(UserInputError) as exc:
         _spec(resources_by=rules)
     assert exc.value.field == field
+
+
+# ---------------------------------------------------------------- the sprint's shapes
+class Node:
+    def __init__(self, name, gpus, partitions=("all",)):
+        self.name, self.gpus_total, self.partitions = name, ({"h100": gpus} if gpus else {}), partitions
+
+
+LEAVES = {"leaf1": {"gpu-node1", "mig-node1"}, "leaf2": {"gpu-node2", "cpu-node1"}}
+NODES = [Node("gpu-node1", 8), Node("mig-node1", 9), Node("gpu-node2", 8), Node("cpu-node1", 0)]
+
+
+def test_each_configuration_is_its_own_request():
+    from gpuhpc.sprints.shapes import shape
+
+    assert shape({"gpus_per_node": 4, "nodes": 1, "placement": "spread"}) == {"nodes": 1, "gpus": 4}
+    assert shape({"gpus_per_node": 4, "nodes": 2, "placement": "one-leaf"}) == {"nodes": 2, "gpus": 4}
+    got = shape({"gpus_per_node": 4, "nodes": 2, "placement": "spread"}, leaves=LEAVES, nodes=NODES, partition="all")
+    assert got == {"nodes": 2, "gpus": 4, "nodelist": "gpu-node1,gpu-node2", "switches": "off"}
+    with pytest.raises(UserInputError) as exc:      # leaf2's only GPU node has 8
+        shape({"gpus_per_node": 9, "nodes": 2, "placement": "spread"}, leaves=LEAVES, nodes=NODES, partition="all")
+    assert exc.value.field == "axes.placement"
+    with pytest.raises(UserInputError):
+        shape({"gpus_per_node": 1, "nodes": 2, "placement": "spread"}, leaves={})
+
+
+def test_sprint_file_runs_as_a_sweep_with_one_rule_per_shape():
+    from gpuhpc.sprints.shapes import resource_rules
+    from gpuhpc.sprints.spec import from_mapping
+
+    spec = from_mapping({"name": "t", "command": "python x.py --bs {batch_size}", "template": "mpi",
+                         "axes": {"batch_size": [32, 64], "gpus_per_node": [1, 4], "nodes": [1, 2],
+                                  "placement": ["one-leaf", "spread"]},
+                         "resources": {"partition": "all", "time": "2m"}})
+    rules = resource_rules(spec.configurations(), spec.swept_axes(), leaves=LEAVES, nodes=NODES, partition="all")
+    assert len(rules) == 8
+    sweep = SweepSpec.from_mapping(spec.sweep_mapping(rules))
+    assert set(sweep.parameters) == {"batch_size", "gpus_per_node", "nodes", "placement"}
+    shapes = {json.dumps(sweep.resources_for(p), sort_keys=True) for p in sweep.generate()}
+    assert len(shapes) == 6            # one node: the same request whatever the placement
+    r = sweep.resources_for({"batch_size": 32, "gpus_per_node": 4, "nodes": 2, "placement": "spread"})
+    assert (r["nodes"], r["gpus"], r["nodelist"], r["switches"]) == (2, 4, "gpu-node1,gpu-node2", "off")
+    assert from_mapping({**spec.model_dump(mode="json"), "template": None}).sweep_template() == "torchrun"
+    plain = from_mapping({"name": "t", "command": "x {nodes}", "axes": {"nodes": [1, 2]}, "request": False})
+    assert "nodes" in plain.sweep_mapping()["parameters"] and plain.sweep_template() == "single"

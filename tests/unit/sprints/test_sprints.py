@@ -75,7 +75,9 @@ def test_sprint_file_becomes_a_grid_sweep():
 @pytest.mark.parametrize("over, field", [
     ({"axes": {"batch_size": [0]}}, "axes.batch_size"),
     ({"axes": {"placement": ["one-leaf", "nowhere"]}}, "axes.placement[1]"),
-    ({"axes": {"nodes": [1, 2]}}, "axes.nodes"),                     # no {nodes} in the command
+    ({"axes": {"nodes": [1, 2]}, "request": False}, "axes.nodes"),   # no {nodes} in the command
+    ({"axes": {"batch_size": [1, 2]}, "command": "x"}, "axes.batch_size"),
+    ({"template": "slurm"}, "template"),
     ({"budget": {"trials": 2}}, "budget.trials"),
     ({"budget": {"gpu_hours": 0.01}}, "budget.gpu_hours"),
     ({"colour": "red"}, "colour"),
