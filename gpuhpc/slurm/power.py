@@ -115,3 +115,30 @@ def spawn_slurmd(name: str, *, conf: str | None = None, log: str = os.devnull) -
         proc = subprocess.Popen(slurmd_argv(name, conf), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True, close_fds=True, env=env)
     return proc.pid
+
+
+def stepd_pids(node: str, proc: str = "/proc") -> list[int]:
+    """The slurmstepd processes of node ``node`` on this host (the local provider's reclaim): each
+    listens on ``<SlurmdSpoolDir>/<node>_<job>.<step>``, found in ``/proc/net/unix`` and matched to
+    the process holding that socket. slurmstepd leads its own session, away from its slurmd."""
+    inodes = set()
+    try:
+        for line in open(f"{proc}/net/unix").read().splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and os.path.basename(parts[7]).startswith(f"{node}_"):
+                inodes.add(f"socket:[{parts[6]}]")
+    except OSError:
+        return []
+    pids = []
+    for d in os.listdir(proc):
+        if not d.isdigit():
+            continue
+        try:
+            if not open(f"{proc}/{d}/comm").read().startswith("slurmstepd"):
+                continue
+            if any(os.readlink(f"{proc}/{d}/fd/{fd}") in inodes for fd in os.listdir(f"{proc}/{d}/fd")):
+                pids.append(int(d))
+        except OSError:
+            continue
+    return pids
+

@@ -8,6 +8,7 @@ Fault injection for tests and demos: ``<state_dir>/local-faults.json`` maps a po
 ``{"mode": "slow_boot", "seconds": 2}`` (an emulated boot time before slurmd starts)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 from gpuhpc.elastic.config import ElasticConfig, Pool
 from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_POOL, TAG_TOKEN, CapacityError, Instance)
 from gpuhpc.fsutil import write_atomic
-from gpuhpc.slurm.power import spawn_slurmd
+from gpuhpc.slurm.power import spawn_slurmd, stepd_pids
 
 
 def _alive(pid: int | None) -> bool:
@@ -47,6 +48,24 @@ def _stop(pid: int | None, wait: float = 3.0) -> None:
         deadline = time.monotonic() + grace
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    """``roots`` and every process below them (from /proc's parent pids)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        try:
+            ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(") ", 1)[1].split()[1]) if d.isdigit() else None
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid is not None:
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
 
 
 class LocalProvider:
@@ -120,3 +139,26 @@ class LocalProvider:
         rec = json.loads(path.read_text())
         rec["interrupted_at"] = at if at is not None else time.time()
         write_atomic(path, json.dumps(rec), mode=0o600)
+
+    def reclaim(self, instance_id: str) -> list[int]:
+        """Stand in for a spot reclaim with no notice: the machine is gone at once. SIGKILL the
+        node's slurmstepds and their jobs first, then its slurmd (a kill that left slurmstepd alive
+        would end the job FAILED instead of requeued). The record stays: the instance now lists as
+        terminated, and the reconciler finds the node's instance gone. Returns the pids killed."""
+        rec = json.loads((self.dir / f"{instance_id}.json").read_text())
+        node = rec["tags"][TAG_NODE]
+        killed = []
+        for pid in _descendants(stepd_pids(node)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        pid = rec.get("pid")
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+                killed.append(pid)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return killed
+

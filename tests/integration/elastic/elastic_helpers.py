@@ -84,6 +84,8 @@ class Elastic:
         self.provider = LocalProvider(self.config)
         self.t0 = time.monotonic()
         self.events: list[str] = []
+        auth = next((line[len("AuthInfo="):] for line in self.conf.read_text().splitlines() if line.startswith("AuthInfo=")), "")
+        self.cred_expire = int(dict(kv.partition("=")[::2] for kv in auth.split(",")).get("cred_expire") or 120)
 
     def mark(self, what: str) -> float:
         t = time.monotonic() - self.t0
