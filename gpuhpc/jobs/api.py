@@ -285,11 +285,30 @@ class _SubmititCallable:
         if self.fn.checkpoint(*args, **kwargs) is False:
             return None
         if restart_count() >= self.max_requeues:
-            print(f"gpuhpc: not requeueing: already requeued {restart_count()} times "
-                  f"(max {self.max_requeues})", flush=True)
+            # as the script templates: unfinished work is a failure, FAILED with exit code 75
+            print(f"gpuhpc: requeue cap reached: already requeued {restart_count()} times "
+                  f"(max_requeues {self.max_requeues}), not requeueing; the program stopped early, so the job "
+                  f"ends FAILED with exit code {os.EX_TEMPFAIL}", flush=True)
             _forbid_requeue()
+            _exit_code_at_exit(os.EX_TEMPFAIL)
             return None
         return DelayedSubmission(self, *args, **kwargs)
+
+
+def _exit_code_at_exit(code: int) -> None:
+    """Make this process exit with ``code`` once submitit has recorded the call's end (its
+    UncompletedJobError result, which ``job.result()`` raises) and the interpreter exits."""
+    import atexit
+
+    def _exit() -> None:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+    atexit.register(_exit)
 
 
 def _forbid_requeue() -> None:

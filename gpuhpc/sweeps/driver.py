@@ -16,6 +16,10 @@ import sys
 import time
 
 
+# a fatal error (one the loop does not retry) requeues the driver's job, this many times at most
+MAX_FATAL_REQUEUES = 10
+
+
 def _log(msg: str) -> None:
     sys.stderr.write(f"gpuhpc sweep driver[{time.strftime('%H:%M:%S')}]: {msg}\n")
     sys.stderr.flush()
@@ -182,11 +186,15 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
         time.sleep(pause)
 
 
-def _give_up(client, msg: str) -> int:
+def _give_up(client, msg: str, why: str = "failing for too long") -> int:
     job = os.environ.get("SLURM_JOB_ID")
-    _log(f"failing for too long ({msg[:200]}): {'requeueing job ' + job if job else 'exiting'}")
+    _log(f"{why} ({msg[:200]}): {'requeueing job ' + job if job else 'exiting'}")
     if job:
         try:
+            if client is None:
+                from gpuhpc.sweeps import engine
+
+                client = engine.slurm_client()
             client.requeue(job)
             return 0
         except Exception as exc:       # the requeue failed too: the job ends, `sweep wait` says so
@@ -199,7 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or not args[0].isdigit():
         sys.stderr.write("usage: python -m gpuhpc.sweeps.driver SWEEP_ID\n")
         return 2
-    return run(int(args[0]))
+    try:
+        return run(int(args[0]))
+    except Exception as exc:            # fatal: outside the loop's retries (start-up, a bug)
+        if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= MAX_FATAL_REQUEUES:
+            _log(f"fatal error after {MAX_FATAL_REQUEUES} requeues, exiting: {type(exc).__name__}: {exc}")
+            return 1                    # `sweep wait` and `status` then say how to restart it
+        return _give_up(None, f"{type(exc).__name__}: {exc}", "fatal error")
 
 
 if __name__ == "__main__":

@@ -47,3 +47,17 @@ def test_a_driver_failing_for_too_long_requeues_its_own_job(monkeypatch):
     assert client.requeued == ["4242"]
     monkeypatch.delenv("SLURM_JOB_ID")
     assert driver.run(7, poll=0.01) == 1            # outside Slurm: exit 1, for whoever runs it
+
+
+def test_a_fatal_error_outside_the_loop_requeues_the_driver_a_few_times(monkeypatch):
+    client = _Client()
+    monkeypatch.setattr(engine, "slurm_client", lambda *a, **k: client)
+
+    def run(sid):
+        raise RuntimeError("cannot start")
+
+    monkeypatch.setattr(driver, "run", run)
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    assert driver.main(["7"]) == 0 and client.requeued == ["4243"]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(driver.MAX_FATAL_REQUEUES))
+    assert driver.main(["7"]) == 1 and client.requeued == ["4243"]     # then it ends: `sweep wait` says so

@@ -1,0 +1,212 @@
+"""The sweep driver is supervised (issue 21, point 5): a PostgreSQL restart under its sweep
+state and a full disk under its SQLite state file are retried with a growing pause, and the same
+driver job finishes the sweep once the fault is gone. (Requeueing itself after
+``GPUHPC_SWEEP_DRIVER_GIVE_UP`` of nothing but errors is tests/unit/sweeps/
+test_driver_supervision.py: here a requeue would cost the cluster's 10 s ``cred_expire`` and more.)
+A Python callable stopped at its requeue cap ends FAILED with exit 75 and a ``requeue cap
+reached`` line, as a script job does (docs/jobs.md).
+
+Each case is a real sweep on the local cluster with state on a server or file system of the
+test's own (a private PostgreSQL on a free port, a small tmpfs), so a fault disturbs no other
+test. The wait on a sweep whose driver was killed is test_sweeps_robust's last test."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
+from sweeps_helpers import PY, run_sweep, write_sweep
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+CPU = {"partition": "cpu", "time": "5m"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def private_pg(sweep_env, monkeypatch):
+    """A PostgreSQL server of the test's own (scripts/services/postgres.sh with its own data
+    dir, free port and password file) at head as the gpuhpc database: restarting it disturbs
+    no other test. Yields (url, pg) where ``pg("stop")``/``pg("start")`` drive the server."""
+    from gpuhpc.ledger import db
+
+    # not under pytest's 0700 base: the server runs as the postgres user and must reach it
+    d = Path(tempfile.mkdtemp(prefix="gpuhpc-pg-"))
+    env = {**os.environ, "D": str(d), "PORT": str(_free_port()), "PGPASSFILE": str(d / "pgpass")}
+
+    def pg(cmd: str) -> str:
+        res = subprocess.run(["bash", str(ROOT / "scripts/services/postgres.sh"), cmd], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (cmd, res.stdout, res.stderr)
+        return res.stdout
+
+    try:
+        url = pg("start").strip().splitlines()[-1]
+        db.upgrade(url)
+        monkeypatch.setenv("GPUHPC_DB_URL", url)
+        yield url, pg
+        db.get_engine(url).dispose()
+    finally:
+        pg("wipe")
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MiB tmpfs of the test's own, unmounted after."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "gpuhpc-test-small", str(mnt)],
+                   check=True, timeout=30)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False, timeout=30)
+
+
+def _fill(mnt: Path) -> Path:
+    """Write a file until the file system is full (ENOSPC); returns it."""
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12):
+            block = b"\1" * size
+            while True:
+                try:
+                    os.write(fd, block)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+    finally:
+        os.close(fd)
+    assert shutil.disk_usage(mnt).free < 1 << 12
+    return filler
+
+
+def _sweep(tmp_path: Path, name: str) -> int:
+    """4 quick trials in arrays of 2 at parallelism 2: `sweep run` submits the first array and
+    the driver job the second."""
+    f = write_sweep(tmp_path / f"{name}.yaml", name=name, method="grid",
+                    command=f"{PY} -m gpuhpc report-metric loss {{x}}",
+                    parameters={"x": {"type": "int", "low": 0, "high": 3}}, parallelism=2, chunk_size=2,
+                    resources=CPU, metric={"name": "loss", "goal": "minimize"})
+    return run_sweep(f)
+
+
+def _driver_log(sid: int):
+    from gpuhpc.sweeps import engine
+
+    logs = Path(engine.sweep_info(sid)["directory"]) / "logs"
+    return lambda: "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*driver*")))
+
+
+def _finishes(sid: int, log) -> None:
+    from gpuhpc.sweeps.api import Sweep
+
+    assert Sweep(sid).wait(timeout=180, poll=0.5), log()
+    rows = Sweep(sid).rows(refresh=False)
+    assert [(r["state"], r["metrics"].get("loss")) for r in rows] == [("completed", float(x)) for x in range(4)], rows
+
+
+def _done(log_text: str) -> bool:
+    """The driver saw the sweep done and exited by itself (either of its two ways)."""
+    return "sweep done: " in log_text or "all 4 trials finished" in log_text
+
+
+def test_the_driver_retries_through_a_postgresql_restart(private_pg, sweeps, slurm: SlurmClient, tmp_path,
+                                                         monkeypatch):
+    """PostgreSQL stops under a running driver (its connections cut) and starts again: the
+    driver logs the error, retries after a pause and finishes the sweep, in the same job run."""
+    url, pg = private_pg
+    monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")
+    sid = _sweep(tmp_path, "t-pg")
+    sweeps(sid)
+    from gpuhpc.sweeps import engine
+
+    driver = engine.sweep_info(sid)["driver_job_id"]
+    log = _driver_log(sid)
+    wait_for(lambda: f"sweep {sid}: starting" in log(), 60, f"driver job {driver} to start")
+    pg("stop")
+    try:
+        wait_for(lambda: "retrying in" in log(), 60, "the driver to log the lost database and retry")
+    finally:
+        pg("start")
+    _finishes(sid, log)
+    text = log()
+    assert "OperationalError" in text and _done(text[text.index("retrying in"):]), text
+    assert slurm.restarts(driver) == 0, text          # retried in place, not requeued
+
+
+def test_the_driver_retries_through_a_full_disk(sweep_env, small_fs, sweeps, slurm: SlurmClient, tmp_path,
+                                               monkeypatch):
+    """The SQLite state file's file system fills up under a running driver: its rounds fail
+    ("database or disk is full") and are retried with a growing pause; once space is freed the
+    driver finishes the sweep, in the same job run, and the state file is intact."""
+    monkeypatch.setenv("GPUHPC_DB_URL", f"sqlite:///{small_fs / 'gpuhpc.db'}")
+    monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")
+    sid = _sweep(tmp_path, "t-full")
+    sweeps(sid)
+    from gpuhpc.sweeps import engine
+
+    driver = engine.sweep_info(sid)["driver_job_id"]
+    log = _driver_log(sid)
+    wait_for(lambda: f"sweep {sid}: starting" in log(), 60, f"driver job {driver} to start")
+    filler = _fill(small_fs)
+    try:
+        wait_for(lambda: "disk is full" in log(), 60, "the driver to meet the full disk")
+    finally:
+        filler.unlink()
+    _finishes(sid, log)
+    text = log()
+    assert "retrying in" in text and _done(text[text.index("disk is full"):]), text
+    assert slurm.restarts(driver) == 0, text          # retried in place, not requeued
+    import sqlite3
+
+    con = sqlite3.connect(small_fs / "gpuhpc.db")
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        con.close()
+
+
+def test_a_python_callable_stopped_at_its_requeue_cap_ends_failed_75(sweep_env, slurm: SlurmClient, tmp_path,
+                                                                    monkeypatch):
+    """gpuhpc.submit(Checkpointable, max_requeues=0) through submitit: the first warning
+    (SIGUSR2, as a preemption or the time limit sends it) finds the cap reached, so the job is
+    not requeued and ends FAILED with exit code 75 and a `requeue cap reached` line, never
+    COMPLETED, as a script job at its cap does; job.result() raises."""
+    import gpuhpc
+    from sweeps_lib import Objective
+
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv("GPUHPC_TRIAL_DIR", str(tmp_path))          # where Objective writes its progress
+    job = gpuhpc.submit(Objective(steps=3000, step_s=0.1), 1, name="gpuhpc-test-pycap75", max_requeues=0,
+                        resources=gpuhpc.Resources(partition="cpu", time="10m"), grace=30)
+    try:
+        progress = tmp_path / "progress"
+        wait_for(lambda: progress.exists() and "step 1\n" in progress.read_text(), 90, f"job {job.job_id} to run")
+        slurm.run(["scancel", "--signal=USR2", job.job_id])
+        wait_for(job.done, 60, f"job {job.job_id} to end at its requeue cap")
+        rec = slurm.show_job(job.job_id) or {}
+        log = job.logs()
+        assert (rec.get("JobState"), rec.get("ExitCode"), rec.get("Restarts")) == ("FAILED", "75:0", "0"), (rec, log)
+        assert "gpuhpc: requeue cap reached: already requeued 0 times" in log, log
+        with pytest.raises(Exception, match="requeue"):
+            job.result(timeout=30)
+    finally:
+        slurm.cancel(job.job_id)
