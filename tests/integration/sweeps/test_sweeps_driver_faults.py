@@ -196,7 +196,7 @@ def test_a_python_callable_stopped_at_its_requeue_cap_ends_failed_75(sweep_env, 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     monkeypatch.setenv("GPUHPC_TRIAL_DIR", str(tmp_path))          # where Objective writes its progress
     job = gpuhpc.submit(Objective(steps=3000, step_s=0.1), 1, name="gpuhpc-test-pycap75", max_requeues=0,
-                        resources=gpuhpc.Resources(partition="cpu", time="10m"), grace=30)
+                        resources=gpuhpc.Resources(partition="cpu", time="15m"), grace=30)
     try:
         progress = tmp_path / "progress"
         wait_for(lambda: progress.exists() and "step 1\n" in progress.read_text(), 90, f"job {job.job_id} to run")
