@@ -14,6 +14,7 @@ API::
         "gpuhpcx",                      # ClusterName; also the directory prefix gpuhpc-x-...
         ports=(16990, 16991, 17390),    # SlurmctldPort, SlurmdPort, first node port (node i: +i)
         nodes={"x-node1": "CPUs=1 RealMemory=500 State=UNKNOWN"},   # name -> the rest of its line
+                                        # (NodeHostname=localhost NodeAddr=127.0.0.1 unless it sets NodeAddr)
         partitions=["PartitionName=x Nodes=x-node1 Default=YES MaxTime=INFINITE State=UP"],
         extra={"PreemptType": "preempt/qos", "TaskPlugin": None},   # add/override; None drops a key;
                                         # "{base}" in a value is the cluster's directory
@@ -33,7 +34,8 @@ API::
 
 ``start(ready=...)`` writes the config (``before_start(base)`` may add files first, e.g. power
 programs), refuses when one of its ports is taken (pick free ones: grep the tree for the ports in
-use; each test file has its own), starts the daemons and waits until every started node is idle
+use; each test file has its own; ``GPUHPC_PRIVATE_SLURM_PORT_OFFSET=N`` moves them all by N to run a
+second copy beside a running one), starts the daemons and waits until every started node is idle
 (or ``ready()`` is true). ``stop()`` cancels the cluster's own jobs by id, shuts the controller
 down, stops every slurmd it started (pid files), and removes the directory (kept when
 ``GPUHPC_KEEP_PRIVATE_SLURM`` is set: the logs are then under ``base/log``).
@@ -105,7 +107,9 @@ class PrivateSlurm:
                  start: list[str] | None = None, extra_dirs: Iterable[str] = (), timeout: float = 20,
                  on_stop: Callable[[Path], None] | None = None) -> None:
         self.name = name
-        self.ctld_port, self.slurmd_port, self.first_node_port = ports
+        # a second copy of the same tests beside a running one (a developer's run beside CI's)
+        offset = int(os.environ.get("GPUHPC_PRIVATE_SLURM_PORT_OFFSET") or 0)
+        self.ctld_port, self.slurmd_port, self.first_node_port = (p + offset for p in ports)
         self.nodes = dict(nodes)
         self.partitions = list(partitions)
         self.extra = dict(extra or {})
@@ -156,8 +160,8 @@ class PrivateSlurm:
             else:
                 settings[key] = value.replace("{base}", str(base))
         lines = [f"{k}={v}" for k, v in settings.items()]
-        lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.node_port(n)} {attrs}".rstrip()
-                  for n, attrs in self.nodes.items()]
+        lines += [f"NodeName={n} {'' if 'NodeAddr=' in attrs else 'NodeHostname=localhost NodeAddr=127.0.0.1 '}"
+                  f"Port={self.node_port(n)} {attrs}".rstrip() for n, attrs in self.nodes.items()]
         return "\n".join(lines + self.partitions) + "\n"
 
     # --- life cycle ----------------------------------------------------------------------

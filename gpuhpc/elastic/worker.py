@@ -68,7 +68,7 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
                 rec.instance_id, rec.launched_at = inst.id, inst.launched_at
     for node, inst in zip(plan.nodes, instances):
         fields = {"Comment": f"gpuhpc instance {inst.id} pool {pool.name} type {inst.instance_type}"}
-        if pool.provider != "local" and inst.addr:
+        if inst.addr:                       # cloud names need not resolve (docs/elastic.md)
             fields["NodeAddr"] = inst.addr
         slurm.update(node, **fields)
 

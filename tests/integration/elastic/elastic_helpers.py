@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
 from gpuhpc.elastic.config import load_config
 from gpuhpc.elastic.providers.local import LocalProvider
 from gpuhpc.elastic.reconcile import reconcile_once
-from gpuhpc.slurm.power import PowerSlurm
+from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.slurm.parsers import parse_oneliner_records
+from gpuhpc.slurm.power import PowerSlurm, show_nodes
+from gpuhpc.transport.local import LocalRunner
 from private_slurm import PrivateSlurm
 
 REPO = Path(__file__).resolve().parents[3]
 NAME = "gpuhpcel"
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16957, 16958, 17361    # unlike every other private cluster's (grep before reuse)
 SUSPEND_TIME, SUSPEND_TIMEOUT, RESUME_TIMEOUT, ORPHAN_GRACE = 6, 5, 30, 20
-CLOUD = {"spot": ["el-spot1", "el-spot2"], "od": ["el-od1", "el-od2"]}
+CLOUD = {"spot": ["el-spot1", "el-spot2"], "od": ["el-od1", "el-od2"], "dns": ["el-dns1"]}
+UNRESOLVED = "el-dns1"        # no NodeAddr in slurm.conf and a name no resolver knows (the provider sets NodeAddr)
 
 
 EXTRA = {
@@ -40,9 +45,11 @@ EXTRA = {
 def _private_slurm() -> PrivateSlurm:
     nodes = {"el-static1": "CPUs=1 RealMemory=500 State=UNKNOWN"}
     nodes.update({n: "CPUs=1 RealMemory=500 State=CLOUD" for names in CLOUD.values() for n in names})
+    nodes[UNRESOLVED] = f"NodeAddr={UNRESOLVED} NodeHostname={UNRESOLVED} " + nodes[UNRESOLVED]
     partitions = ["PartitionName=static Nodes=el-static1 PriorityTier=30 MaxTime=INFINITE State=UP",
                   "PartitionName=spot Nodes=el-spot[1-2] PriorityTier=20 MaxTime=INFINITE State=UP",
-                  "PartitionName=od Nodes=el-od[1-2] PriorityTier=10 MaxTime=INFINITE State=UP"]
+                  "PartitionName=od Nodes=el-od[1-2] PriorityTier=10 MaxTime=INFINITE State=UP",
+                  f"PartitionName=dns Nodes={UNRESOLVED} MaxTime=INFINITE State=UP"]
     return PrivateSlurm(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), nodes, partitions, extra=dict(EXTRA),
                         extra_dirs=("bin", "elastic"))
 
@@ -70,6 +77,53 @@ exit $rc
     path.chmod(0o755)
 
 
+SLOW = 2.0        # acceptance 7: no Slurm command slower than this during any scenario
+
+
+class TimedRunner(LocalRunner):
+    """A LocalRunner that keeps the slowest duration of each Slurm command it ran."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        super().__init__(env=env)
+        self.slowest: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def run(self, argv, **kw):
+        t = time.monotonic()
+        try:
+            return super().run(argv, **kw)
+        finally:
+            key = " ".join(argv[:2]) if argv[0] == "scontrol" else argv[0]
+            with self.lock:
+                self.slowest[key] = max(self.slowest.get(key, 0.0), time.monotonic() - t)
+
+
+class Prober:
+    """A thread that runs squeue, sinfo and scontrol ping in turn (0.5 s apart) while a scenario
+    runs, as users and their tools do: a blocked power-save thread or an unresolvable node name
+    would show here as a slow command."""
+
+    def __init__(self, client: SlurmClient) -> None:
+        self.client = client
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        argvs = (["squeue", "-h"], ["sinfo", "-h"], ["scontrol", "ping"])
+        i = 0
+        while not self.stop_event.wait(0.5):
+            self.client.run(argvs[i % 3], check=False)
+            i += 1
+
+    def __enter__(self) -> Prober:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self.thread.join(30)
+
+
 class Elastic:
     """The private cluster, its client, the elastic config and helpers the scenarios share."""
 
@@ -78,7 +132,8 @@ class Elastic:
         self.base = base = cluster.base
         self.conf = cluster.conf
         self.env = cluster.slurm_env
-        self.client = cluster.client
+        self.runner = TimedRunner(self.env)
+        self.client = SlurmClient(self.runner, timeout=20)
         self.slurm = PowerSlurm(self.client)
         self.config = load_config(base / "elastic.json")
         self.provider = LocalProvider(self.config)
@@ -98,10 +153,12 @@ class Elastic:
         self.events = []
 
     def state(self, node: str) -> str:
-        t = time.monotonic()
         nodes = self.slurm.nodes(node)
-        self.slowest_command = max(getattr(self, "slowest_command", 0.0), time.monotonic() - t)
         return nodes[0].state if nodes else ""
+
+    def node_addr(self, node: str) -> str:
+        recs = parse_oneliner_records(self.client.run(show_nodes(node), check=False).stdout)
+        return recs[0].get("NodeAddr", "") if recs else ""
 
     def program_durations(self) -> list[tuple[str, float]]:
         """(program and nodes, seconds) of every power program Slurm ran, from the wrappers' log."""
