@@ -28,6 +28,7 @@ class Pool:
     boot_timeout: int | None = None
     capacity_cooldown: int = 300
     price_tier: int = 0
+    restart_budget: int = 3       # reclaims a job may be requeued after; the next one holds it
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ElasticConfig:
     state_dir: str
     orphan_grace: int = 600
     resume_timeout: int = 300
+    protect_after: int = 3        # boot failures in a row that put a pool in protected mode
     provider_settings: dict[str, Any] = field(default_factory=dict)   # e.g. {"aws": {"region": ...}}
 
     def pool_of(self, node: str) -> Pool | None:
@@ -62,11 +64,13 @@ def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
     pools = tuple(Pool(name=g["name"], nodes=tuple(hostlist.expand(g["nodes"])), provider=g["provider"],
                        market=g.get("market", "on_demand"), instance_types=tuple(g.get("instance_types") or ()),
                        max_nodes=int(g.get("max_nodes") or 0), boot_timeout=g.get("boot_timeout"),
-                       capacity_cooldown=int(g.get("capacity_cooldown", 300)), price_tier=int(g.get("price_tier", 0)))
+                       capacity_cooldown=int(g.get("capacity_cooldown", 300)), price_tier=int(g.get("price_tier", 0)),
+                       restart_budget=int(g.get("restart_budget", 3)))
                   for g in power["groups"])
     return ElasticConfig(cluster=ctx["cluster_name"], pools=pools, state_dir=power["state_dir"],
                          orphan_grace=int(power.get("orphan_grace", 600)),
                          resume_timeout=int(power.get("resume_timeout", 300)),
+                         protect_after=int(power.get("protect_after", 3)),
                          provider_settings=dict(ctx.get("providers") or {}))
 
 

@@ -17,6 +17,9 @@ resume_timeout (launch lost)
 a spot interruption notice        drain and signal the job (checkpoint) first; after
                                   ``checkpoint_window`` s: DOWN (requeue at once), POWER_DOWN,
                                   terminate
+a job on a node set DOWN above    hold it (``Priority=0``, the reason in its AdminComment) when
+that has been requeued its pool's it was already requeued ``restart_budget`` times: requeued
+``restart_budget`` times          once more it would loop, not run
 a pool whose cooldown ended       its nodes DOWN for that cooldown: back to the pool
                                   (POWER_DOWN, or RESUME when already powered down);
                                   not while one of them is still POWERING_UP (Slurm's
@@ -41,7 +44,8 @@ CHECKPOINT_SIGNAL = "USR2"               # gpuhpc jobs checkpoint on it (docs/jo
 
 @dataclass(frozen=True)
 class Action:
-    kind: str           # terminate | down | power_down | resume | drain | signal | forget | end_cooldown | note_interrupt
+    kind: str           # terminate | down | power_down | resume | drain | signal | forget | end_cooldown |
+                        # note_interrupt | hold
     target: str         # instance id, node name, job id or pool name
     reason: str = ""
 
@@ -59,10 +63,20 @@ class Decision:
 
 def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instance], state: State,
            now: float, jobs_on: dict[str, list[str]] | None = None,
-           checkpoint_window: float = CHECKPOINT_WINDOW) -> list[Action]:
-    """Pure: the actions that bring nodes, instances and records back in line."""
+           checkpoint_window: float = CHECKPOINT_WINDOW, restarts: dict[str, int] | None = None) -> list[Action]:
+    """Pure: the actions that bring nodes, instances and records back in line. ``jobs_on``: the
+    jobs on each node whose instance is gone or interrupted; ``restarts``: their requeue counts."""
     d = Decision()
     jobs_on = jobs_on or {}
+    restarts = restarts or {}
+
+    def budget(name: str, why: str) -> None:
+        pool = config.pool_of(name)
+        for job in jobs_on.get(name, []):
+            spent = restarts.get(job, 0)
+            if pool is not None and spent >= pool.restart_budget:
+                d.add("hold", job, f"gpuhpc: restart budget {pool.restart_budget} spent ({spent} requeues, "
+                                   f"then {why} of {name}); scontrol release {job} runs it again")
     by_node = {n.name: n for n in nodes}
     live = {i.id: i for i in instances if i.state != "terminated"}
     recorded = {r.instance_id for r in state.nodes.values() if r.instance_id}
@@ -96,6 +110,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
             d.add("down", name, f"gpuhpc: instance {rec.instance_id} is gone")
             d.add("power_down", name)
             d.add("forget", name)
+            budget(name, f"the loss of {rec.instance_id}")
             continue
         if inst.interrupted_at is not None:
             noticed = state.interrupted.get(name)
@@ -109,6 +124,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
                 d.add("power_down", name)
                 d.add("terminate", inst.id, "spot reclaim")
                 d.add("forget", name)
+                budget(name, f"the spot reclaim of {inst.id}")
 
     for pool_name, cd in sorted(state.cooldowns.items()):
         if cd["until"] > now:
@@ -153,6 +169,12 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
                 slurm.power_down(expr)
             else:
                 slurm.resume(expr)
+    for a in actions:
+        if a.kind == "hold":      # after DOWN: the job was requeued; it may be COMPLETING a moment
+            for _ in range(20):
+                if slurm.hold_job(a.target, a.reason):
+                    break
+                time.sleep(0.25)
     for provider in providers.values():
         if ends:
             provider.terminate(ends)
@@ -181,13 +203,18 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     nodes = slurm.nodes(cloud_nodes)
     instances = [i for prov in providers.values() for i in prov.instances()]
     state = store.read()
+    live = {i.id for i in instances if i.state != "terminated"}
     noticed = {i.id for i in instances if i.interrupted_at}
-    interrupted = [r.node for r in state.nodes.values() if r.instance_id in noticed]
+    # the nodes whose jobs matter: an interruption notice, or the instance gone
+    watched = [r.node for r in state.nodes.values()
+               if r.instance_id and (r.instance_id in noticed or r.instance_id not in live)]
     jobs_on: dict[str, list[str]] = {}
-    if interrupted:
-        for job, nodelist in slurm.jobs_on(hostlist.compress(interrupted)):
+    if watched:
+        for job, nodelist in slurm.jobs_on(hostlist.compress(watched)):
             for n in hostlist.expand(nodelist):
-                jobs_on.setdefault(n, []).append(job)
-    actions = decide(config, nodes, instances, state, now, jobs_on)
+                if n in watched:
+                    jobs_on.setdefault(n, []).append(job)
+    restarts = {job: slurm.restarts(job) for jobs in jobs_on.values() for job in jobs}
+    actions = decide(config, nodes, instances, state, now, jobs_on, restarts=restarts)
     apply(config, actions, slurm, store, providers, now)
     return actions

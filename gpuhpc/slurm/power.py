@@ -30,6 +30,11 @@ def jobs_on_nodes(nodes: str) -> list[str]:
     return ["squeue", "--noheader", f"--nodelist={nodes}", "--states=R,CG,CF", "--format=%i|%N"]
 
 
+def hold_job(job_id: str, note: str) -> list[str]:
+    """``scontrol update JobId=JOB Priority=0 AdminComment=NOTE``: an admin hold with the reason."""
+    return ["scontrol", "update", f"JobId={job_id}", "Priority=0", f"AdminComment={note}"]
+
+
 def slurmd_argv(name: str, conf: str | None = None, slurmd: str | None = None) -> list[str]:
     """``slurmd -D -b -N NAME [-f CONF]``: one node's daemon in the foreground (its parent keeps
     the pid), ``-b`` reporting a fresh boot so slurmctld takes the registration at once."""
@@ -99,6 +104,16 @@ class PowerSlurm:
     def jobs_on(self, nodes: str) -> list[tuple[str, str]]:
         res = self.client.run(jobs_on_nodes(nodes), check=False)
         return parse_jobs_on_nodes(res.stdout) if res.ok else []
+
+    def restarts(self, job_id: str) -> int:
+        """``Restarts=`` of a job slurmctld knows (0 when it does not)."""
+        rec = self.client.show_job(job_id) or {}
+        return int(rec["Restarts"]) if rec.get("Restarts", "").isdigit() else 0
+
+    def hold_job(self, job_id: str, note: str) -> bool:
+        """Hold a (requeued) job, ``Priority=0`` (Reason ``JobHeldAdmin``), with ``note`` as its
+        AdminComment, which users cannot change."""
+        return self.client.run(hold_job(job_id, note), check=False).ok
 
     def signal_job(self, job_id: str, signal: str) -> bool:
         """``scancel --signal=SIG --full JOB``: the batch shell too, not only the job's steps."""

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 NAME = "gpuhpcel"
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16957, 16958, 17361    # unlike every other private cluster's (grep before reuse)
 SUSPEND_TIME, SUSPEND_TIMEOUT, RESUME_TIMEOUT, ORPHAN_GRACE = 6, 5, 30, 20
+RESTART_BUDGET = 1            # a job is requeued after one reclaim; the second holds it
 CLOUD = {"spot": ["el-spot1", "el-spot2"], "od": ["el-od1", "el-od2"], "dns": ["el-dns1"]}
 UNRESOLVED = "el-dns1"        # no NodeAddr in slurm.conf and a name no resolver knows (the provider sets NodeAddr)
 
@@ -57,7 +58,8 @@ def _private_slurm() -> PrivateSlurm:
 def _elastic_config(base: Path) -> dict:
     groups = [{"name": pool, "nodes": ",".join(names), "provider": "local", "market": "spot" if pool == "spot" else "on_demand",
                "instance_types": [], "max_nodes": 2, "boot_timeout": 20, "capacity_cooldown": 600,
-               "price_tier": 1 if pool == "spot" else 2} for pool, names in CLOUD.items()]
+               "price_tier": 1 if pool == "spot" else 2, "restart_budget": RESTART_BUDGET}
+              for pool, names in CLOUD.items()]
     return {"cluster_name": NAME, "power": {"groups": groups, "state_dir": str(base / "elastic"),
                                             "orphan_grace": ORPHAN_GRACE, "resume_timeout": RESUME_TIMEOUT}}
 

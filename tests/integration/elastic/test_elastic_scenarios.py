@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from elastic_helpers import RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT, UNRESOLVED
+from elastic_helpers import RESTART_BUDGET, RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT, UNRESOLVED
 from polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]       # a private controller only
@@ -124,11 +124,13 @@ def test_static_capacity_before_cloud_and_the_cheaper_tier_before_the_dearer(ela
 CHECKPOINT_EVERY = 5          # the job saves its counter every 5 steps of 1 s
 
 
-def test_a_spot_reclaim_requeues_the_job_which_resumes_from_its_checkpoint(elastic, tmp_path):
-    """A real reclaim: the interruption notice (drain, USR2: the job checkpoints), then the machine
-    is gone (its slurmstepd and job killed first, then slurmd). The reconciler finds the instance
-    gone: DOWN (the job requeues at once), POWER_DOWN. The job resumes from its checkpoint, having
-    lost at most one interval, and runs again within cred_expire + 35 s of the kill."""
+def test_a_spot_reclaim_requeues_the_job_which_resumes_from_its_checkpoint_until_its_restart_budget(elastic, tmp_path):
+    """Acceptance 4 and 8. A real reclaim: the interruption notice (drain, USR2: the job
+    checkpoints), then the machine is gone (its slurmstepd and job killed first, then slurmd). The
+    reconciler finds the instance gone: DOWN (the job requeues at once), POWER_DOWN. The job resumes
+    from its checkpoint, having lost at most one interval, and runs again within cred_expire + 35 s
+    of the kill. A second reclaim, with no notice, spends its restart budget (1): held, the reason
+    in its AdminComment, not looped."""
     el = elastic
     ckpt, log, progress = tmp_path / "ckpt", tmp_path / "log", tmp_path / "progress"
     script = f"""#!/bin/bash
@@ -171,4 +173,15 @@ echo "done $n" >> {log}
     assert at_kill - CHECKPOINT_EVERY <= restart_at <= at_kill and restart_at >= saved, log.read_text()
     print(f"reclaim (kill) -> running again {t_back - t_kill:.1f}s (bound cred_expire {el.cred_expire} + 35 s); "
           f"lost {at_kill - restart_at} steps (checkpoint interval {CHECKPOINT_EVERY})")
+
+    node = el.job(job).get("NodeList")
+    inst = next(i for i in el.provider.instances() if i.node == node)
+    el.provider.reclaim(inst.id)                            # no notice this time
+    el.mark(f"instance {inst.id} on {node} reclaimed with no notice (restart budget {RESTART_BUDGET} spent)")
+    acts = wait_for(lambda: [(a.kind, a.target) for a in el.reconcile() if a.target in (node, job)], 20,
+                    "the reconciler to find the second instance gone")
+    assert acts == [("down", node), ("power_down", node), ("forget", node), ("hold", job)], acts
+    rec = wait_for(lambda: (r := el.job(job)).get("Reason") == "JobHeldAdmin" and r, 10, f"job {job} held")
+    el.mark(f"job {job} {rec.get('JobState')} ({rec.get('Reason')}): {rec.get('AdminComment')}")
+    assert rec.get("JobState") == "PENDING" and f"restart budget {RESTART_BUDGET} spent" in rec.get("AdminComment", "")
     el.client.run(["scancel", job], check=False)
