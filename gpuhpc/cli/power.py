@@ -70,3 +70,21 @@ def reconcile(config_path: str | None, as_json: bool) -> int:
         for a in actions:
             click.echo(f"{a.kind} {a.target}" + (f" ({a.reason})" if a.reason else ""))
     return 0
+
+
+@power.command("unprotect")
+@click.argument("pool")
+@_CONFIG
+def unprotect(pool: str, config_path: str | None) -> int:
+    """Return a protected pool (boot failures in a row) to service: its nodes back, its count reset."""
+    from gpuhpc.elastic.config import load_config
+    from gpuhpc.elastic.reconcile import unprotect as _unprotect
+    from gpuhpc.errors import UserInputError
+
+    config = load_config(config_path)
+    if pool not in [p.name for p in config.pools]:
+        raise UserInputError(f"no cloud pool {pool!r}", field="POOL",
+                             hint="one of: " + ", ".join(p.name for p in config.pools))
+    nodes = _unprotect(config, pool)
+    click.echo(f"pool {pool} unprotected" + (f"; nodes returned: {','.join(nodes)}" if nodes else ""), err=True)
+    return 0

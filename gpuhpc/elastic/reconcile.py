@@ -20,6 +20,10 @@ a spot interruption notice        drain and signal the job (checkpoint) first; a
 a job on a node set DOWN above    hold it (``Priority=0``, the reason in its AdminComment) when
 that has been requeued its pool's it was already requeued ``restart_budget`` times: requeued
 ``restart_budget`` times          once more it would loop, not run
+a pool with boot failures counted reset the count (``boot_ok``): a node of it is up
+and a node of it up (registered)
+a protected pool (protect_after   nothing: its nodes stay DOWN and its cooldown does not end
+boot failures in a row)           until ``gpuhpc power unprotect POOL`` (:func:`unprotect`)
 a pool whose cooldown ended       its nodes DOWN for that cooldown: back to the pool
                                   (POWER_DOWN, or RESUME when already powered down);
                                   not while one of them is still POWERING_UP (Slurm's
@@ -38,6 +42,7 @@ from gpuhpc.elastic.store import State, Store
 from gpuhpc.slurm.power import PowerNode, PowerSlurm
 
 COOLDOWN_REASON = "gpuhpc cooldown"      # the prefix gpuhpc.elastic.worker writes
+PROTECTED_REASON = "gpuhpc protected"    # a pool after protect_after boot failures in a row
 CHECKPOINT_WINDOW = 30                   # seconds between the checkpoint signal and DOWN on a reclaim
 CHECKPOINT_SIGNAL = "USR2"               # gpuhpc jobs checkpoint on it (docs/jobs.md)
 
@@ -45,7 +50,7 @@ CHECKPOINT_SIGNAL = "USR2"               # gpuhpc jobs checkpoint on it (docs/jo
 @dataclass(frozen=True)
 class Action:
     kind: str           # terminate | down | power_down | resume | drain | signal | forget | end_cooldown |
-                        # note_interrupt | hold
+                        # note_interrupt | hold | boot_ok
     target: str         # instance id, node name, job id or pool name
     reason: str = ""
 
@@ -126,8 +131,16 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
                 d.add("forget", name)
                 budget(name, f"the spot reclaim of {inst.id}")
 
+    for pool_name in sorted(state.boot_failures):
+        pool = next((p for p in config.pools if p.name == pool_name), None)
+        if pool is None or pool_name in state.protected or not state.boot_failures[pool_name]:
+            continue
+        if any(state.nodes.get(n) is not None and state.nodes[n].instance_id in live and n in by_node
+               and not by_node[n].flags & {"POWERING_UP", "POWERED_DOWN", "DOWN", "NOT_RESPONDING"} for n in pool.nodes):
+            d.add("boot_ok", pool_name)
+
     for pool_name, cd in sorted(state.cooldowns.items()):
-        if cd["until"] > now:
+        if cd["until"] > now or pool_name in state.protected:
             continue
         pool = next((p for p in config.pools if p.name == pool_name), None)
         cooled = [by_node[n] for n in (pool.nodes if pool else ()) if n in by_node
@@ -187,6 +200,8 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
                 state.interrupted[a.target] = now
             elif a.kind == "end_cooldown":
                 state.cooldowns.pop(a.target, None)
+            elif a.kind == "boot_ok":
+                state.boot_failures.pop(a.target, None)
 
 
 def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, providers: dict | None = None,
@@ -218,3 +233,22 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     actions = decide(config, nodes, instances, state, now, jobs_on, restarts=restarts)
     apply(config, actions, slurm, store, providers, now)
     return actions
+
+
+def unprotect(config: ElasticConfig, pool_name: str, slurm: PowerSlurm | None = None) -> list[str]:
+    """``gpuhpc power unprotect POOL``: forget the pool's boot failures, protection and cooldown,
+    and return its nodes that protection or the cooldown set DOWN. Returns those nodes."""
+    pool = config.pool(pool_name)
+    slurm = slurm or PowerSlurm()
+    with Store(config.state_dir).update() as state:
+        state.protected.pop(pool_name, None)
+        state.boot_failures.pop(pool_name, None)
+        state.cooldowns.pop(pool_name, None)
+    nodes = [n for n in slurm.nodes(hostlist.compress(pool.nodes))
+             if "DOWN" in n.flags and n.reason.startswith((PROTECTED_REASON, COOLDOWN_REASON))]
+    for kind in ("resume", "power_down"):
+        names = [n.name for n in nodes if ("POWERED_DOWN" in n.flags) == (kind == "resume")]
+        if names:
+            (slurm.resume if kind == "resume" else slurm.power_down)(hostlist.compress(names))
+    return [n.name for n in nodes]
+

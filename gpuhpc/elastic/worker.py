@@ -18,7 +18,7 @@ from gpuhpc.elastic.config import ElasticConfig, load_config
 from gpuhpc.elastic.power import Plan
 from gpuhpc.elastic.providers import provider_for
 from gpuhpc.elastic.providers.base import ProviderError
-from gpuhpc.elastic.reconcile import COOLDOWN_REASON
+from gpuhpc.elastic.reconcile import COOLDOWN_REASON, PROTECTED_REASON
 from gpuhpc.elastic.store import Store
 from gpuhpc.slurm.power import PowerSlurm
 
@@ -48,8 +48,37 @@ def cool_down(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name:
         slurm.down(hostlist.compress(spare), reason)
 
 
+def protect(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name: str, nodes: tuple[str, ...],
+            now: float) -> bool:
+    """Count a boot failure of ``pool_name``; at ``config.protect_after`` in a row the pool is
+    protected: every node of it that is not running a job goes DOWN with a reason naming the way
+    out, and nothing launches there until ``gpuhpc power unprotect POOL`` (a cooldown's end does
+    not return it). Returns whether the pool is protected."""
+    pool = config.pool(pool_name)
+    with store.update() as state:
+        n = state.boot_failures.get(pool_name, 0) + 1
+        state.boot_failures[pool_name] = n
+        if n < config.protect_after:
+            return False
+        state.protected.setdefault(pool_name, {"since": now, "failures": n})
+    reason = (f"{PROTECTED_REASON} pool {pool_name}: {n} boot failures in a row; "
+              f"gpuhpc power unprotect {pool_name}")
+    down = [x.name for x in slurm.nodes(hostlist.compress(pool.nodes))
+            if not x.flags & {"ALLOCATED", "MIXED", "COMPLETING"} or x.name in nodes]
+    if down:
+        slurm.down(hostlist.compress(down), reason)
+    log.warning("pool %s protected after %d boot failures in a row", pool_name, n)
+    return True
+
+
 def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
     pool = config.pool(plan.pool)
+    if pool.name in store.read().protected:
+        slurm.down(hostlist.compress(plan.nodes), f"{PROTECTED_REASON} pool {pool.name}; gpuhpc power unprotect {pool.name}")
+        with store.update() as state:
+            for n in plan.nodes:
+                state.nodes.pop(n, None)
+        return
     cooldown = store.read().cooldowns.get(pool.name)
     if cooldown and cooldown["until"] > now:
         cool_down(config, slurm, store, pool.name, plan.nodes, f"{cooldown['code']}(cooling)", now)
@@ -79,6 +108,7 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
         provider_for(pool.provider, config).terminate(list(plan.instance_ids))
     if plan.op == "failed":
         cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)
+        protect(config, slurm, store, pool.name, plan.nodes, now)
 
 
 def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None = None) -> None:

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from elastic_helpers import CLOUD, SLOW, Prober, start_cluster, stop_cluster
+from gpuhpc.elastic.reconcile import unprotect
 from polling import wait_for
 
 
@@ -27,7 +28,9 @@ def elastic(elastic_cluster):
     el = elastic_cluster
     el.faults({})
     cloud = ",".join(n for names in CLOUD.values() for n in names)
-    el.reconcile(now=time.time() + 10**6)          # ends any cooldown, forgets stale records
+    for pool in el.config.pools:                   # no protection, boot failure count or cooldown left
+        unprotect(el.config, pool.name, el.slurm)
+    el.reconcile(now=time.time() + 10**6)          # forgets stale records
 
     seen: dict[str, str] = {}
 

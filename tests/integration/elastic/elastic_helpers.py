@@ -29,6 +29,7 @@ NAME = "gpuhpcel"
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16957, 16958, 17361    # unlike every other private cluster's (grep before reuse)
 SUSPEND_TIME, SUSPEND_TIMEOUT, RESUME_TIMEOUT, ORPHAN_GRACE = 6, 5, 30, 20
 RESTART_BUDGET = 1            # a job is requeued after one reclaim; the second holds it
+# protect_after 1: the pool that never boots (its one scenario) is protected at its first failure
 CLOUD = {"spot": ["el-spot1", "el-spot2"], "od": ["el-od1", "el-od2"], "dns": ["el-dns1"]}
 UNRESOLVED = "el-dns1"        # no NodeAddr in slurm.conf and a name no resolver knows (the provider sets NodeAddr)
 
@@ -60,7 +61,7 @@ def _elastic_config(base: Path) -> dict:
                "instance_types": [], "max_nodes": 2, "boot_timeout": 20, "capacity_cooldown": 600,
                "price_tier": 1 if pool == "spot" else 2, "restart_budget": RESTART_BUDGET}
               for pool, names in CLOUD.items()]
-    return {"cluster_name": NAME, "power": {"groups": groups, "state_dir": str(base / "elastic"),
+    return {"cluster_name": NAME, "power": {"groups": groups, "state_dir": str(base / "elastic"), "protect_after": 1,
                                             "orphan_grace": ORPHAN_GRACE, "resume_timeout": RESUME_TIMEOUT}}
 
 

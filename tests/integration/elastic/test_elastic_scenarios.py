@@ -3,6 +3,9 @@ is checked around every scenario by the ``elastic`` fixture): each scenario reco
 The times are printed (pytest -s), never asserted: polling ends each wait as soon as it can."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -72,7 +75,7 @@ def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_nex
     el.mark(f"cooldown over: el-spot1 {el.state('el-spot1')}, el-spot2 {el.state('el-spot2')}")
 
 
-def test_a_pool_that_never_boots_sends_the_job_to_the_next_tier(elastic):
+def test_a_pool_that_never_boots_sends_the_job_to_the_next_tier_and_is_protected(elastic):
     el = elastic
     el.faults({"spot": {"mode": "never_boot"}})
     job = el.submit("spot,od", seconds=30)
@@ -87,6 +90,18 @@ def test_a_pool_that_never_boots_sends_the_job_to_the_next_tier(elastic):
     assert not [i for i in el.provider.instances() if i.node == "el-spot1"], "resume-fail ended the instance"
     el.mark(f"el-spot1 {el.state('el-spot1')}: {el.node('el-spot1').reason}")
     el.client.run(["scancel", job], check=False)
+    # protect_after 1 here: the pool is protected; the end of its cooldown does not return it
+    assert all(el.node(n).reason.startswith("gpuhpc protected pool spot") for n in ("el-spot1", "el-spot2")), \
+        [el.node(n).reason for n in ("el-spot1", "el-spot2")]
+    wait_for(lambda: "POWERING_UP" not in el.state("el-spot1"), 30, "el-spot1 to leave POWERING_UP")
+    assert "end_cooldown" not in [a.kind for a in el.reconcile(now=time.time() + 10**6)]
+    assert el.node("el-spot2").reason.startswith("gpuhpc protected")
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "power", "unprotect", "spot"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, **el.env, "GPUHPC_ELASTIC_CONFIG": str(el.base / "elastic.json")})
+    assert res.returncode == 0 and "pool spot unprotected" in res.stderr, res.stderr
+    wait_for(lambda: all("DOWN" not in el.state(n).replace("POWERED_DOWN", "") for n in ("el-spot1", "el-spot2")),
+             30, "the spot nodes back after gpuhpc power unprotect")
+    el.mark(f"gpuhpc power unprotect spot: el-spot1 {el.state('el-spot1')}, el-spot2 {el.state('el-spot2')}")
 
 
 def test_an_orphan_instance_is_terminated_after_its_grace_never_before(elastic):

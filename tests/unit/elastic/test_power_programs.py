@@ -97,3 +97,55 @@ def test_the_cli_refuses_a_missing_config_in_one_line(tmp_path):
     res = subprocess.run([sys.executable, "-m", "gpuhpc", "power", "resume", "spot01", "--config",
                           str(tmp_path / "none.json")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "GPUHPC_ELASTIC_CONFIG" in res.stderr, res.stderr
+
+
+class _Slurm:
+    """PowerSlurm's node calls, recorded (the worker's side of protected mode)."""
+
+    def __init__(self, nodes):
+        self.node_list, self.calls = nodes, []
+
+    def nodes(self, names=None):
+        return self.node_list
+
+    def down(self, nodes, reason):
+        self.calls.append(("down", nodes, reason))
+        return True
+
+    def resume(self, nodes):
+        self.calls.append(("resume", nodes))
+        return True
+
+    def power_down(self, nodes, force=True):
+        self.calls.append(("power_down", nodes))
+        return True
+
+
+def test_repeated_boot_failures_protect_the_pool_until_unprotect(tmp_path):
+    from gpuhpc.elastic.config import ElasticConfig, Pool
+    from gpuhpc.elastic.reconcile import unprotect
+    from gpuhpc.elastic.store import Store
+    from gpuhpc.elastic.worker import launch, protect
+    from gpuhpc.slurm.power import PowerNode
+
+    cfg = ElasticConfig(cluster="c", state_dir=str(tmp_path), protect_after=3,
+                        pools=(Pool("spot", ("s1", "s2"), "local", market="spot"),))
+    slurm = _Slurm([PowerNode("s1", "IDLE+CLOUD+POWERED_DOWN"), PowerNode("s2", "ALLOCATED+CLOUD")])
+    store = Store(tmp_path)
+    assert not protect(cfg, slurm, store, "spot", ("s1",), 1.0)
+    assert not protect(cfg, slurm, store, "spot", ("s1",), 2.0)
+    assert slurm.calls == []
+    assert protect(cfg, slurm, store, "spot", ("s1",), 3.0)
+    (kind, nodes, reason), = slurm.calls
+    assert (kind, nodes) == ("down", "s1") and "3 boot failures in a row" in reason       # s2 runs a job
+    assert "gpuhpc power unprotect spot" in reason and store.read().protected["spot"]["failures"] == 3
+    # a launch into the protected pool sets its nodes DOWN and launches nothing
+    from gpuhpc.elastic.power import Plan
+
+    slurm.calls.clear()
+    launch(cfg, slurm, store, Plan("launch", "spot", ("s1",), "tok"), 4.0)
+    assert [c[0] for c in slurm.calls] == ["down"] and not (tmp_path / "local").exists()
+    slurm.node_list = [PowerNode("s1", "IDLE+CLOUD+DOWN+POWERED_DOWN", reason)]
+    slurm.calls.clear()
+    assert unprotect(cfg, "spot", slurm) == ["s1"] and slurm.calls == [("resume", "s1")]
+    assert not store.read().protected and not store.read().boot_failures

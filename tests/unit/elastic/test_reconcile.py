@@ -117,3 +117,27 @@ def test_scontrol_node_records_and_squeue_rows_parse():
     assert nodes[0].flags == {"IDLE", "CLOUD", "POWERED_DOWN"} and nodes[0].reason.startswith("gpuhpc cooldown X pool spot until 10:00:00")
     assert nodes[0].comment == "" and nodes[1].comment == "gpuhpc instance i-2 pool spot type local" and nodes[1].reason == ""
     assert parse_jobs_on_nodes("12|s[1-2]\n\n13|s3\n") == [("12", "s[1-2]"), ("13", "s3")]
+
+
+def test_a_job_past_its_restart_budget_is_held_when_its_node_goes_down():
+    budget = CFG.pool("spot").restart_budget
+    gone = ([node("s1", "ALLOCATED+CLOUD")], [], [rec("s1", "i-1")])
+    state = State(nodes={"s1": rec("s1", "i-1")})
+    under = decide(CFG, *gone[:2], state, NOW, {"s1": ["77"]}, restarts={"77": budget - 1})
+    assert [a.kind for a in under] == ["down", "power_down", "forget"]
+    spent = decide(CFG, *gone[:2], state, NOW, {"s1": ["77"]}, restarts={"77": budget})
+    assert [(a.kind, a.target) for a in spent][-1] == ("hold", "77")
+    assert f"restart budget {budget} spent" in spent[-1].reason and "scontrol release 77" in spent[-1].reason
+
+
+def test_a_good_boot_resets_the_boot_failures_and_a_protected_pool_keeps_its_cooldown():
+    up = [node("s1", "ALLOCATED+CLOUD")]
+    state = State(nodes={"s1": rec("s1", "i-1")}, boot_failures={"spot": 2})
+    assert [(a.kind, a.target) for a in decide(CFG, up, [inst("i-1", "s1")], state, NOW)] == [("boot_ok", "spot")]
+    booting = [node("s1", "ALLOCATED+CLOUD+POWERING_UP")]
+    assert decide(CFG, booting, [inst("i-1", "s1")], state, NOW) == []
+    cooled = [node("s2", "IDLE+CLOUD+DOWN+POWERED_DOWN", "gpuhpc cooldown boot-timeout pool spot until 1")]
+    over = {"spot": {"until": NOW - 1, "code": "boot-timeout"}}
+    assert [a.kind for a in decide(CFG, cooled, [], State(cooldowns=over), NOW)] == ["end_cooldown", "resume"]
+    protected = State(cooldowns=over, protected={"spot": {"since": 0, "failures": 3}}, boot_failures={"spot": 3})
+    assert decide(CFG, cooled, [], protected, NOW) == []
