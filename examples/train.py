@@ -135,6 +135,8 @@ def main() -> int:
     ap.add_argument("--fail-rank", type=int, default=-1, help="(tests) this rank dies in the save of --fail-at")
     ap.add_argument("--fail-at", type=int, default=-1)
     ap.add_argument("--stop-save-seconds", type=float, default=0, help="(tests) a slow save when stopping")
+    ap.add_argument("--slow-runs", type=int, default=0,
+                    help="(tests) only runs restarted fewer times than this wait --step-seconds (0: every run)")
     args = ap.parse_args()
 
     coord.coordinator().install()                   # SIGUSR2/SIGTERM -> a stop request
@@ -168,8 +170,9 @@ def main() -> int:
         ckpt.save_shard(json.dumps(state).encode(), n)
         note(f"saved {n} {time.time():.3f}")
 
+    step_seconds = args.step_seconds if not args.slow_runs or ckpt.restart_count() < args.slow_runs else 0.0
     while state["step"] < args.steps:
-        time.sleep(args.step_seconds)               # the "forward/backward pass"
+        time.sleep(step_seconds)                    # the "forward/backward pass"
         n = state["step"] + 1
         total = allreduce(n, state["local"])
         state = {"step": n, "local": advance(n, (state["local"] + total) % M)}

@@ -19,19 +19,21 @@ NODES, GPUS = 2, 4
 WORLD = NODES * GPUS
 # the chaos test's five interruptions use 220-340 steps before the time limit; the time limit's
 # signal comes at slurmctld's next periodic check (up to ~30 s: 600 steps; 448 seen): 1000 leaves
-# room for both, the rest is the last run's work
+# room for both, the rest is the last run's work (at once: submit's slow_runs)
 STEPS, EVERY, STEP_S = 1000, 20, 0.05
 PREEMPT_NODE = "gpu-node2"
 
 
 def submit(name: str, progress: Path, result: Path, *extra: str, steps: int = STEPS, opts=(),
-           partition: str = "gpu") -> str:
+           partition: str = "gpu", slow_runs: int = 0) -> str:
+    """``slow_runs``: only runs restarted fewer times than this wait STEP_S per step (0: every run),
+    so the run after a test's last interruption counts its remaining steps at once."""
     res = gpuhpc("submit", "--template", "torchrun", "--nodes", str(NODES), "--gpus", str(GPUS),
                  "--gpu-type", "h100", "--partition", partition, "--nodelist", "gpu-node[1-2]", "--time", "15m",
                  "--name", name, "--json", *opts, "--",
                  sys.executable, "-u", str(EXAMPLE), "--steps", str(steps), "--ckpt-every", str(EVERY),
                  "--step-seconds", str(STEP_S), "--backend", "tcp", "--progress", str(progress),
-                 "--result", str(result), *extra,
+                 "--result", str(result), "--slow-runs", str(slow_runs), *extra,
                  env={"GPUHPC_TORCHRUN": str(HERE / "fake_torchrun.py")})
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)["job_id"]

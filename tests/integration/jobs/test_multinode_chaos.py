@@ -20,7 +20,9 @@ pytestmark = pytest.mark.integration
 
 def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path, slurm, track):
     progress, result = tmp_path / "progress", tmp_path / "result.json"
-    job_id = submit("gpuhpc-test-multinode", progress, result, opts=("--grace", "60", "--max-requeues", "8"))
+    actions = ["preempt", "preempt", "requeue", "preempt", "time_limit"]
+    job_id = submit("gpuhpc-test-multinode", progress, result, opts=("--grace", "60", "--max-requeues", "8"),
+                    slow_runs=len(actions))
     track(job_id)
     ck_dir = jobs_env / "checkpoints" / job_id
     watcher = LatestWatcher(ck_dir)
@@ -34,7 +36,6 @@ def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path,
             return all(len(r) == run and r[-1]["last"] - r[-1]["resume"] >= 2 * EVERY for r in per_rank_runs)
         return check
 
-    actions = ["preempt", "preempt", "requeue", "preempt", "time_limit"]
     for i, action in enumerate(actions):
         wait_for(running_and_progressed(i + 1), 150, f"job {job_id} running again before {action} #{i}")
         interrupt(slurm, job_id, action, node=PREEMPT_NODE, gres=preemptor_gres(slurm), track=track)

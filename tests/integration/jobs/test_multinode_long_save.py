@@ -1,10 +1,11 @@
 """Issue 15's "long save" on the real cluster: a 2-node x 4-rank torchrun job on the
 gpu-grace partition (GraceTime=300, the DGX example's) is preempted by a gpu-hi job; every rank
-then takes 30 s to write its shard, longer than the job's own --grace of 20 s, which once meant a
-requeue 10 s after the signal: now the template's deadline is the preemption time + the
+then takes 12 s to write its shard, longer than the job's own --grace of 5 s, which once meant a
+requeue a few seconds after the signal: now the template's deadline is the preemption time + the
 partition's GraceTime, so the save completes (all shards, the manifest, `latest` moved) before
 the job is requeued, nothing is killed, and the next run resumes from that checkpoint.
-(The save only has to outlast --grace for that; 30 s instead of 90 s keeps the test short.)"""
+(The save only has to outlast --grace for that; 12 s instead of 90 s keeps the test short, and
+the run after the requeue counts its remaining steps at once.)"""
 from __future__ import annotations
 
 import datetime as dt
@@ -21,7 +22,7 @@ from polling import wait_for
 pytestmark = pytest.mark.integration
 
 PARTITION, GRACE_TIME = "gpu-grace", 300
-SAVE_S, GRACE = 30, 20        # the save outlasts the job's --grace; GraceTime allows it
+SAVE_S, GRACE = 12, 5         # the save outlasts the job's --grace; GraceTime allows it
 STEPS = 6 * EVERY
 
 
@@ -38,7 +39,7 @@ def test_a_save_longer_than_grace_after_a_preemption_with_grace_time_300_complet
 
     progress, result = tmp_path / "progress", tmp_path / "result.json"
     job_id = submit("gpuhpc-test-long-save", progress, result, "--stop-save-seconds", str(SAVE_S), steps=STEPS,
-                    partition=PARTITION, opts=("--max-requeues", "2", "--grace", str(GRACE),
+                    partition=PARTITION, slow_runs=1, opts=("--max-requeues", "2", "--grace", str(GRACE),
                                                        # keep every checkpoint: the stop step's is checked at the end
                                                        "--env", "GPUHPC_KEEP_CHECKPOINTS=0"))
     track(job_id)
