@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from gpuhpc.ledger import admin, db
 from gpuhpc.ledger.orm import Charge, Reservation, UsageRecord
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 HERE = Path(__file__).parent
 WORKER = HERE / "ledger_workers.py"

@@ -13,7 +13,7 @@ from gpuhpc.ledger.orm import Charge, UsageRecord
 from gpuhpc.slurm.commands import SACCT_RUN_FIELDS, SEP
 from gpuhpc.slurm.parsers import parse_sacct
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 START = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0) - dt.timedelta(hours=2)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import make_url
 from gpuhpc.errors import LedgerError
 from gpuhpc.ledger import admin, db
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 
 def _psql(url: str, sql: str) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from gpuhpc.monitoring import summaries
 from gpuhpc.monitoring.efficiency import advise
 from gpuhpc.monitoring.usage import JobEfficiency, summarize
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 T0 = dt.datetime(2026, 11, 20, 10, 0, tzinfo=dt.timezone.utc)
 
 

@@ -16,6 +16,9 @@ from gpuhpc.errors import StagingError
 from gpuhpc.staging.cache import NodeCache
 from gpuhpc.staging.s3 import MB, S3Stager, S3Url
 
+# the S3 server only, never the shared cluster: runs beside it
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
+
 REPO = Path(__file__).resolve().parents[3]
 
 
