@@ -115,7 +115,15 @@ def _start(tool: str):
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     prof = torch.profiler.profile(activities=acts)
     prof.__enter__()
+    import atexit
+
+    atexit.register(_stop_at_exit, tool)       # a program that ends inside the window still writes it
     return prof
+
+
+def _stop_at_exit(tool: str) -> None:
+    if _state.get("on") is not None:
+        _stop(tool, _state.pop("on"))
 
 
 def _stop(tool: str, handle) -> None:

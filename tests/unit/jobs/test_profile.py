@@ -55,3 +55,53 @@ def test_traces_and_open_commands(tmp_path):
 def test_step_is_a_no_op_unprofiled(monkeypatch):
     monkeypatch.delenv("GPUHPC_PROFILE", raising=False)
     profile.step(10)          # no torch needed
+
+
+def test_torch_profile_renders_one_wrapped_rank_per_worker(tmp_path, capsys):
+    spec = JobSpec(command=("python", "train.py"), profile="torch", profile_steps="2-4", log_dir=str(tmp_path),
+                   template="torchrun", resources={"nodes": 2, "gpus": 4})
+    script = render(with_profile(spec))
+    assert f"-m gpuhpc.jobs.profile --tool torch --steps 2-4 --dir {tmp_path}/profile -- python train.py" in script
+    outs = set()
+    for rank in range(8):        # torchrun's workers: RANK 0..7 over 2 nodes x 4 GPUs
+        env = {"SLURM_JOB_ID": "31", "SLURM_PROCID": str(rank // 4), "RANK": str(rank)}
+        argv, extra = profile.rank_command("torch", "2-4", f"{tmp_path}/profile", ["python", "train.py"], env)
+        assert argv == ["python", "train.py"] and extra["GPUHPC_PROFILE"] == "torch"
+        outs.add(extra["GPUHPC_PROFILE_OUTPUT"])
+    assert outs == {f"{tmp_path}/profile/31-r0-rank{r}.pt.trace.json" for r in range(8)}
+    assert profile.main(["--tool", "torch", "--steps", "2-4", "--dir", "/d", "--print", "--", "python", "t.py"]) == 0
+    assert "GPUHPC_PROFILE_OUTPUT=/d/" in capsys.readouterr().out
+
+
+TORCH_LOOP = """
+from gpuhpc.jobs import profile
+import torch
+x = torch.ones(64, 64)
+for i in range({steps}):
+    profile.step(i)
+    x = (x @ x).clamp(max=1.0)
+"""
+
+
+@pytest.mark.parametrize("steps", [6, 3])          # the whole window, and a program that ends inside it
+def test_torch_profiler_writes_one_trace_per_rank(tmp_path, steps):
+    """The runtime path: each rank's ``torch.profiler`` writes its own Chrome trace."""
+    pytest.importorskip("torch", reason="torch is not installed here: the torch profiler's runtime path (one trace "
+                                        "per rank) runs only where torch is; the rendered path is tested above")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, SLURM_JOB_ID="55", RANK=str(rank))
+        env.pop("SLURM_RESTART_COUNT", None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "gpuhpc.jobs.profile", "--tool", "torch", "--steps", "1-4",
+                                       "--dir", str(tmp_path), "--", sys.executable, "-c",
+                                       TORCH_LOOP.format(steps=steps)], env=env))
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    got = [p.name for p in profile.traces(str(tmp_path), "55")]
+    assert got == ["55-r0-rank0.pt.trace.json", "55-r0-rank1.pt.trace.json"]
+    for name in got:
+        assert json.loads((tmp_path / name).read_text())["traceEvents"]
