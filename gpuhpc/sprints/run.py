@@ -54,34 +54,41 @@ def _figures(job_id: str, client) -> tuple[float | None, str, float | None, floa
 def records(spec: SprintSpec, rows: list[dict[str, Any]], rate: Decimal | None, *, client=None,
             utilisation: bool = True) -> list[TrialRecord]:
     """The sweep's trial rows as :class:`TrialRecord`s (axes with one value filled in)."""
-    fixed = {a: vals[0] for a, vals in spec.axes.model_dump().items()}
     out = []
     for row in rows:
         metrics = row.get("metrics") or {}
-        config = {**fixed, **{k: v for k, v in row["params"].items() if k in fixed}}
         thr = metrics.get(spec.metric)
-        rec = TrialRecord(config=config, state=row["state"], throughput=float(thr) if thr is not None else None,
-                          rate=rate, job_id=row.get("job_id") or "", trial=row["trial"])
-        if utilisation and rec.job_id:
-            rec.util_percent, rec.util_source, rec.cpu_percent, rec.memory_bytes = _figures(rec.job_id, client)
+        out.append(TrialRecord(config=spec.config_of(row["params"]), state=row["state"],
+                               throughput=float(thr) if thr is not None else None, rate=rate,
+                               job_id=row.get("job_id") or "", trial=row["trial"]))
+    if utilisation:         # each report is a sacct and a Prometheus round trip: a few at once
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            figures = list(pool.map(lambda r: _figures(r.job_id, client) if r.job_id else None, out))
+        for rec, fig in zip(out, figures):
+            if fig is not None:
+                rec.util_percent, rec.util_source, rec.cpu_percent, rec.memory_bytes = fig
+    for rec, row in zip(out, rows):
+        metrics = row.get("metrics") or {}
         if rec.util_percent is None and metrics.get("gpu_util_percent") is not None:
             rec.util_percent, rec.util_source = float(metrics["gpu_util_percent"]), "reported"
         if rec.cpu_percent is None and metrics.get("cpu_percent") is not None:
             rec.cpu_percent = float(metrics["cpu_percent"])
-        out.append(rec)
     return out
 
 
 def rules(spec: SprintSpec, client) -> list[dict[str, Any]]:
     """Each configuration's own Slurm request (:mod:`gpuhpc.sprints.shapes`); the topology and
-    the nodes are asked only when a multi-node configuration is to be spread across leaves."""
+    the nodes are asked only when there is a multi-node configuration (pinned to its placement)."""
     from gpuhpc.sprints.shapes import resource_rules
 
     if not spec.request:
         return []
     configs = spec.configurations()
-    kw: dict[str, Any] = {"gpu_type": spec.resources.get("gpu_type"), "partition": spec.resources.get("partition")}
-    if any(c["nodes"] > 1 and c["placement"] == "spread" for c in configs):
+    kw: dict[str, Any] = {"gpu_type": spec.resources.get("gpu_type"), "partition": spec.resources.get("partition"),
+                          "multi_node_template": spec.template_for(2) if spec.template == "single" else None}
+    if any(c["nodes"] > 1 for c in configs):
         from gpuhpc.topology.placement import leaf_nodes
 
         kw["leaves"] = leaf_nodes(client.topology())
@@ -89,7 +96,7 @@ def rules(spec: SprintSpec, client) -> list[dict[str, Any]]:
             kw["nodes"] = client.nodes()
         except GpuhpcError:
             kw["nodes"] = None
-    return resource_rules(configs, spec.swept_axes(), **kw)
+    return resource_rules(configs, spec.params_of, **kw)
 
 
 def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None = 3600, poll: float = 2.0,

@@ -4,15 +4,20 @@ Pure functions over what Slurm says (topology, partition, nodes); no I/O here.
 
 * ``gpus_per_node`` -> ``gpus`` (GPUs per node, of ``resources.gpu_type`` when the file sets one);
 * ``nodes`` -> ``nodes``;
-* ``placement: one-leaf`` -> nothing more: a multi-node job asks for the fewest leaf switches its
-  partition allows (``--switches=N@5:00``, :func:`gpuhpc.jobs.api.with_fewest_switches`);
+* ``placement: one-leaf`` -> ``--switches=1`` and a node list of ``nodes`` nodes under one leaf
+  (the leaf with the most nodes of the partition with the GPUs);
 * ``placement: spread`` -> ``--switches`` off and a node list with one node under each of
-  ``nodes`` different leaves (nodes of the partition with the GPUs), so the job really spans leaves;
+  ``nodes`` different leaves;
 * a one-node configuration is the same request whatever its placement.
+
+A multi-node configuration is pinned to nodes that realise its placement, so what a trial
+measures is the placement it names: ``--switches=N@TIME`` alone lets Slurm take any placement
+after ``max_switch_wait`` on a busy cluster. The price: such a trial waits for those nodes.
+Without a tree topology (no leaves), one-leaf asks nothing more and spread is refused.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuhpc.errors import UserInputError
@@ -49,29 +54,48 @@ def shape(config: Mapping[str, Any], *, gpu_type: str | None = None, leaves: Map
     out: dict[str, Any] = {"nodes": n}
     if g:
         out["gpus"] = g
-    if n > 1 and config.get("placement") == "spread":
-        if not leaves:
+    if n < 2:
+        return out
+    spread = config.get("placement") == "spread"
+    if not leaves:
+        if spread:
             raise UserInputError("placement spread needs a tree topology (scontrol show topology lists no leaf "
                                  "switch)", field="axes.placement", hint="drop spread, or configure the fabric's leaves")
-        pool = [x for x in (nodes or []) if not partition or partition in getattr(x, "partitions", ())]
-        eligible = [x.name for x in pool if _gpus(x, gpu_type) >= g] if nodes is not None else \
-            [name for v in leaves.values() for name in v]
-        picked = spread_nodelist(leaves, n, eligible)
-        if picked is None:
-            where = f"partition {partition}" if partition else "the cluster"
-            raise UserInputError(f"placement spread over {n} nodes needs {n} leaf switches with a node of "
-                                 f"{g} GPU(s) in {where}; there are fewer", field="axes.placement",
-                                 hint="fewer nodes, or drop spread")
-        out.update({"nodelist": picked, "switches": "off"})
+        return out
+    pool = [x for x in (nodes or []) if not partition or partition in getattr(x, "partitions", ())]
+    eligible = [x.name for x in pool if _gpus(x, gpu_type) >= g] if nodes is not None else \
+        [name for v in leaves.values() for name in v]
+    picked = spread_nodelist(leaves, n, eligible) if spread else one_leaf_nodelist(leaves, n, eligible)
+    if picked is None:
+        where = f"partition {partition}" if partition else "the cluster"
+        need = f"{n} leaf switches with a node" if spread else f"a leaf switch with {n} nodes"
+        raise UserInputError(f"placement {config.get('placement')} over {n} nodes needs {need} of {g} GPU(s) in "
+                             f"{where}; there is none", field="axes.placement", hint="fewer nodes or GPUs per node")
+    out.update({"nodelist": picked, "switches": "off" if spread else "1"})
     return out
 
 
-def resource_rules(configs: Sequence[Mapping[str, Any]], axes: Sequence[str], **kw: Any) -> list[dict[str, Any]]:
+def one_leaf_nodelist(leaves: Mapping[str, set[str]], n: int, eligible: Iterable[str]) -> str | None:
+    """``n`` eligible nodes under the leaf that has the most (the first such leaf in natural
+    order), as a comma list; None when no leaf has ``n``."""
+    ok = set(eligible)
+    best = max(sorted(leaves, key=natural_key), key=lambda leaf: len(leaves[leaf] & ok), default=None)
+    if best is None or len(leaves[best] & ok) < n:
+        return None
+    return ",".join(sorted(leaves[best] & ok, key=natural_key)[:n])
+
+
+def resource_rules(configs: Sequence[Mapping[str, Any]], params_of: Callable[[Mapping[str, Any]], dict[str, Any]], *,
+                   multi_node_template: str | None = None, **kw: Any) -> list[dict[str, Any]]:
     """The sweep's ``resources_by``: one rule per distinct (GPUs per node, nodes, placement) of
-    ``configs``, matching on the resource ``axes`` that are sweep parameters."""
+    ``configs``, matching on the sweep parameters (``params_of`` a configuration) other than the
+    batch size; a multi-node one starts with ``multi_node_template`` when given."""
     rules: dict[tuple, dict[str, Any]] = {}
     for c in configs:
         key = tuple(c.get(a) for a in RESOURCE_AXES)
         if key not in rules:
-            rules[key] = {"when": {a: c[a] for a in RESOURCE_AXES if a in axes}, "resources": shape(c, **kw)}
+            when = {k: v for k, v in params_of(c).items() if k != "batch_size"}
+            rules[key] = {"when": when, "resources": shape(c, **kw)}
+            if multi_node_template and int(c.get("nodes", 1)) > 1:
+                rules[key]["template"] = multi_node_template
     return list(rules.values())

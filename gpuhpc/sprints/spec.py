@@ -15,7 +15,8 @@ A sprint file (YAML)::
     metric: samples_per_s           # what the command reports with gpuhpc.report(samples_per_s=...)
     budget: {trials: 24, gpu_hours: 10, cost: 25}
     resources: {partition: gpu, time: 2m}   # every trial's job (a sweep file's resources)
-    template: torchrun              # how a trial starts its ranks (default: single, torchrun when nodes > 1)
+    template: single                # how a trial starts (default single: one process)
+    multi_node_template: torchrun   # ... and a multi-node configuration when template is single (default)
 
 Each axis is a grid parameter of the sweep. ``batch_size`` reaches the command as
 ``{batch_size}``; GPUs per node, nodes and placement are each configuration's own Slurm request
@@ -79,7 +80,8 @@ class SprintSpec(BaseModel):
     resources: dict[str, Any] = {"partition": "cpu", "time": "5m"}
     parallelism: int = Field(16, ge=1)
     request: bool = True            # GPUs per node / nodes / placement as real Slurm requests
-    template: Literal["single", "torchrun", "deepspeed", "mpi"] | None = None
+    template: Literal["single", "torchrun", "deepspeed", "mpi"] = "single"
+    multi_node_template: Literal["torchrun", "deepspeed", "mpi"] = "torchrun"
 
     @field_validator("prices")
     @classmethod
@@ -96,11 +98,38 @@ class SprintSpec(BaseModel):
                              f"{self.budget.trials}")
         return self
 
+    @property
+    def folds_layout(self) -> bool:
+        """One node has no placement: with real requests and neither ``{nodes}`` nor
+        ``{placement}`` in the command, nodes and placement are one sweep parameter ``layout``
+        (``1n``, ``2n-one-leaf``, ``2n-spread``) without the one-node repeats."""
+        return (self.request and len(self.axes.placement) > 1 and 1 in self.axes.nodes
+                and "{nodes}" not in self.command and "{placement}" not in self.command)
+
     def configurations(self) -> list[dict[str, Any]]:
         import itertools
 
         names = [a for a in AXES if getattr(self.axes, a)]
-        return [dict(zip(names, combo)) for combo in itertools.product(*(getattr(self.axes, a) for a in names))]
+        out = [dict(zip(names, combo)) for combo in itertools.product(*(getattr(self.axes, a) for a in names))]
+        if self.folds_layout:
+            out = [c for c in out if c["nodes"] > 1 or c["placement"] == self.axes.placement[0]]
+        return out
+
+    def params_of(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A configuration's sweep parameters (:meth:`sweep_mapping`)."""
+        out = {a: config[a] for a in self.sweep_axes()}
+        if self.folds_layout:
+            out[LAYOUT] = layout_of(config)
+        return out
+
+    def config_of(self, params: dict[str, Any]) -> dict[str, Any]:
+        """A trial's configuration from its sweep parameters (axes with one value filled in)."""
+        out = {a: vals[0] for a, vals in self.axes.model_dump().items()}
+        out.update({k: v for k, v in params.items() if k in out})
+        if LAYOUT in params:
+            n, _, placement = str(params[LAYOUT]).partition("n")
+            out["nodes"], out["placement"] = int(n), placement.lstrip("-") or self.axes.placement[0]
+        return out
 
     def trial_seconds(self) -> int:
         from gpuhpc.jobs.spec import parse_duration
@@ -115,22 +144,35 @@ class SprintSpec(BaseModel):
         """The axes that are sweep parameters: those with several values, and any in ``command``."""
         return [a for a in AXES if "{" + a + "}" in self.command or len(getattr(self.axes, a)) > 1]
 
-    def sweep_template(self) -> str:
-        if self.template:
-            return self.template
-        return "torchrun" if self.request and max(self.axes.nodes) > 1 else "single"
+    def sweep_axes(self) -> list[str]:
+        """The axes that are sweep parameters of their own (not folded into ``layout``)."""
+        axes = self.swept_axes() if self.request else [a for a in AXES if "{" + a + "}" in self.command]
+        return [a for a in axes if not (self.folds_layout and a in ("nodes", "placement"))]
+
+    def template_for(self, nodes: int) -> str:
+        """How a configuration of ``nodes`` nodes starts (``single`` runs on one node only)."""
+        return self.multi_node_template if nodes > 1 and self.template == "single" else self.template
 
     def sweep_mapping(self, rules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The sweep file this sprint runs as: a grid over the axes, maximising the metric;
         ``rules``: each configuration's own resources (:func:`gpuhpc.sprints.shapes.resource_rules`)."""
-        axes = self.swept_axes() if self.request else [a for a in AXES if "{" + a + "}" in self.command]
-        params = {a: {"values": list(getattr(self.axes, a))} for a in axes}
+        params: dict[str, Any] = {a: {"values": list(getattr(self.axes, a))} for a in self.sweep_axes()}
+        if self.folds_layout:
+            params[LAYOUT] = {"values": list(dict.fromkeys(layout_of(c) for c in self.configurations()))}
         out = {"name": f"sprint-{self.name}", "command": self.command, "parameters": params, "method": "grid",
-               "parallelism": self.parallelism, "resources": dict(self.resources), "template": self.sweep_template(),
+               "parallelism": self.parallelism, "resources": dict(self.resources), "template": self.template,
                "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1}
         if rules:
             out["resources_by"] = rules
         return out
+
+
+LAYOUT = "layout"
+
+
+def layout_of(config: dict[str, Any]) -> str:
+    """``1n`` (one node: no placement), ``2n-one-leaf``, ``2n-spread``..."""
+    return f"{config['nodes']}n" if config["nodes"] == 1 else f"{config['nodes']}n-{config['placement']}"
 
 
 def _loc(loc: tuple) -> str:

@@ -240,7 +240,7 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     # the first row is written: a bad one exits 2 leaving nothing behind
     _trial_spec(spec, 0, root / "0", 0, 1, 1)
     if spec.resources_by:       # per-trial resources: every shape fits and makes a valid job
-        check_shapes(spec, [spec.resources_for(p) for p in first], c, root)
+        check_shapes(spec, [(spec.resources_for(p), spec.template_for(p)) for p in first], c, root)
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
@@ -397,28 +397,29 @@ def plan_submission(spec: SweepSpec, client, *, len_waiting: int, queued_by_swee
     return Plan(max(0, room), max(1, chunk), limits)
 
 
-def check_shapes(spec: SweepSpec, shapes: Sequence[dict[str, Any]], client, root: Path) -> None:
-    """Each distinct per-trial ``resources`` (``resources_by``) fits the cluster's nodes (one
-    ``scontrol show node``) and makes a valid chunk job; else exit 2, nothing written."""
+def check_shapes(spec: SweepSpec, shapes: Sequence[tuple[dict[str, Any], str]], client, root: Path) -> None:
+    """Each distinct per-trial (resources, template) (``resources_by``) fits the cluster's nodes
+    (one ``scontrol show node``) and makes a valid chunk job; else exit 2, nothing written."""
     from gpuhpc.jobs.spec import Resources, check_fits
 
     distinct = {json.dumps(s, sort_keys=True): s for s in shapes}
-    res = [Resources.from_mapping(s) for s in distinct.values()]
-    if any(r.gpus for r in res):
+    res = [(Resources.from_mapping(r), t) for r, t in distinct.values()]
+    if any(r.gpus for r, _ in res):
         try:
             nodes = client.nodes()
         except GpuhpcError:
             nodes = None
-        for r in res:
+        for r, _ in res:
             if nodes is not None and r.gpus:
                 check_fits(r, nodes)
-    for r in res:
-        _trial_spec(spec, 0, root / "0", 0, 1, 1, res=r)
+    for r, t in res:
+        _trial_spec(spec, 0, root / "0", 0, 1, 1, res=r, template=t)
 
 
 def _shape_groups(spec: SweepSpec, waiting: list, size: int) -> tuple[list[list], list]:
     """``waiting`` [(number, params json)] in groups of at most ``size`` trials of one shape
-    (:meth:`SweepSpec.resources_for`), and each group's Resources (None: the sweep's own)."""
+    (:meth:`SweepSpec.resources_for`, :meth:`SweepSpec.template_for`), and each group's
+    (Resources, template) (None: the sweep's own)."""
     if not spec.resources_by:
         plain = [waiting[i:i + size] for i in range(0, len(waiting), size)]
         return plain, [None] * len(plain)
@@ -427,16 +428,18 @@ def _shape_groups(spec: SweepSpec, waiting: list, size: int) -> tuple[list[list]
     by: dict[str, list] = {}
     for row in waiting:
         p = row[1] if isinstance(row[1], dict) else json.loads(row[1])
-        by.setdefault(json.dumps(spec.resources_for(p), sort_keys=True), []).append(row)
-    groups, res = [], []
+        by.setdefault(json.dumps([spec.resources_for(p), spec.template_for(p)], sort_keys=True), []).append(row)
+    groups, shapes = [], []
     for key, rows in by.items():
+        res, template = json.loads(key)
         for i in range(0, len(rows), size):
             groups.append(rows[i:i + size])
-            res.append(Resources.from_mapping(json.loads(key)))
-    return groups, res
+            shapes.append((Resources.from_mapping(res), template))
+    return groups, shapes
 
 
-def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int, res=None):
+def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int, res=None,
+                template: str | None = None):
     """The JobSpec of one chunk: the ``single`` template (checkpoint → requeue → resume) around
     ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%T`` (``T``: the sweep's
     free slots when it was submitted; raised later by :func:`balance`)."""
@@ -446,7 +449,8 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
     env.update({"GPUHPC_SWEEP_ID": str(sid)})
     return JobSpec(
         command=(sys.executable, "-m", "gpuhpc.sweeps.trial", str(directory), str(number)),
-        resources=res or spec.res, name=f"{spec.name}-s{sid}-c{number}", template=spec.template, env=env,
+        resources=res or spec.res, name=f"{spec.name}-s{sid}-c{number}", template=template or spec.template,
+        env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
         array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold)
@@ -594,7 +598,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             waiting = waiting[:max(0, limit)]
         plan_chunk = min(_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
         groups, throttle_of = [], []
-        shaped, res_of = _shape_groups(spec, waiting, plan_chunk)
+        shaped, shape_of = _shape_groups(spec, waiting, plan_chunk)
+        res_of = [s[0] if s else None for s in shape_of]
         for group in shaped:
             if free <= 0:
                 break
@@ -613,7 +618,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         try:
             for k, (number, chunk_id, rows, rid) in enumerate(chunks):
                 job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), throttle_of[k],
-                                              res=res_of[k]), client=c, reserve=not here)
+                                              res=res_of[k], template=shape_of[k][1] if shape_of[k] else None),
+                                  client=c, reserve=not here)
                 done.append((chunk_id, job.job_id, rows, rid))
                 throttles[chunk_id] = min(throttle_of[k], len(rows))
         except BaseException:

@@ -195,9 +195,10 @@ class SweepSpec:
     driver_partition: str | None = None   # the sweep driver's partition (default: cpu, when it exists)
     hold: bool = False                    # submit the arrays held (scontrol release them)
     max_trials: int = MAX_TRIALS          # a larger sweep is refused unless raised here on purpose
-    # per-trial resources: [{when: {param: value, ...}, resources: {...}}, ...]; a trial's job is
-    # ``resources`` updated by every rule whose ``when`` its parameters match, in order
-    # (:meth:`resources_for`); trials of one shape share an array (gpuhpc sprint uses it)
+    # per-trial resources: [{when: {param: value, ...}, resources: {...}, template: T}, ...]; a
+    # trial's job is ``resources`` updated by every rule whose ``when`` its parameters match, in
+    # order (:meth:`resources_for`; the last matching ``template`` wins); trials of one shape share
+    # an array (gpuhpc sprint uses it)
     resources_by: tuple[dict[str, Any], ...] = ()
 
     # ------------------------------------------------------------ derived
@@ -211,6 +212,15 @@ class SweepSpec:
         for rule in self.resources_by:
             if all(p in params and format_value(params[p]) == format_value(v) for p, v in rule["when"].items()):
                 out.update(rule["resources"])
+        return out
+
+    def template_for(self, params: Mapping[str, Value]) -> str:
+        """The job template of the trial with these parameters (``resources_by``, else ``template``)."""
+        out = self.template
+        for rule in self.resources_by:
+            if rule.get("template") and all(p in params and format_value(params[p]) == format_value(v)
+                                            for p, v in rule["when"].items()):
+                out = rule["template"]
         return out
 
     @property
@@ -433,12 +443,14 @@ def _resource_rules(v: Any) -> tuple[dict[str, Any], ...]:
     for i, rule in enumerate(v):
         f = f"resources_by[{i}]"
         rule = _mapping(rule, f)
-        bad = [k for k in rule if k not in ("when", "resources")]
+        bad = [k for k in rule if k not in ("when", "resources", "template")]
         if bad:
-            raise UserInputError("unknown field (valid: when, resources)", field=f"{f}.{bad[0]}")
+            raise UserInputError("unknown field (valid: when, resources, template)", field=f"{f}.{bad[0]}")
         when = dict(_mapping(rule.get("when", {}), f"{f}.when"))
         res = dict(_mapping(rule.get("resources", {}), f"{f}.resources"))
         out.append({"when": when, "resources": res})
+        if rule.get("template") is not None:
+            out[-1]["template"] = _choice(rule["template"], f"{f}.template", TEMPLATES)
     return tuple(out)
 
 

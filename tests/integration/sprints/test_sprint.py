@@ -1,6 +1,7 @@
 """`gpuhpc sprint examples/sprints/toy.yaml` on the local cluster: 16 configurations run as a
-sweep, the best $/throughput is found, and the HTML report renders its table and charts in
-headless Chromium."""
+sweep, each its own Slurm request (GPUs per node, nodes, one leaf or spread: the toy reports the
+shape it got), the best $/throughput is found, and the HTML report renders its table and charts
+in headless Chromium."""
 from __future__ import annotations
 
 import json
@@ -41,9 +42,6 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
     spec = load_file(str(REPO / "examples" / "sprints" / "toy.yaml"))
     configs = spec.configurations()
     assert len(configs) >= 12
-    # the toy's model, priced: the configuration the sprint must recommend
-    expected = min(range(len(configs)), key=lambda i: (configs[i]["nodes"] * configs[i]["gpus_per_node"]
-                                                       / model(**configs[i])[0], -model(**configs[i])[0], i))
     page = tmp_path / "sprint.html"
     proc = subprocess.run([sys.executable, "-m", "gpuhpc", "sprint", "examples/sprints/toy.yaml", "--json",
                            "--html", str(page), "--timeout", "240"],
@@ -57,6 +55,19 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
             _cancel_sweep(sid)
     rows = res["rows"]
     assert len(rows) == len(configs) and all(r["state"] == "completed" for r in rows)
+    # every configuration was its own request: the shape each trial's job really had
+    from gpuhpc.sweeps import engine
+
+    seen = {t["trial"]: t["metrics"] for t in engine.trial_rows(res["sweep_id"])}
+    for r in rows:
+        got = seen[r["trial"]]
+        assert (got["alloc_nodes"], got["alloc_gpus_per_node"]) == (r["nodes"], r["gpus_per_node"]), (r, got)
+        assert got["alloc_leaves"] == (2 if r["nodes"] == 2 and r["placement"] == "spread" else 1), (r, got)
+    # the toy's model, priced: the configuration the sprint must recommend
+    expected = min(rows, key=lambda r: (r["gpus"] / model(r["batch_size"], r["gpus_per_node"], r["nodes"],
+                                                          r["placement"])[0],
+                                        -model(r["batch_size"], r["gpus_per_node"], r["nodes"], r["placement"])[0],
+                                        r["trial"]))["trial"]
     assert res["recommended"]["trial"] == expected
     assert all(r["usd_per_million"] and r["gpu_util_percent"] is not None for r in rows)
     assert {b["bottleneck"] for b in res["bottlenecks"]} >= {"communication", "input"}

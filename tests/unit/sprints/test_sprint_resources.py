@@ -31,11 +31,11 @@ def test_trials_of_one_shape_share_an_array_and_each_array_gets_its_resources():
     waiting = [(i, json.dumps(p)) for i, p in enumerate(spec.generate())]
     groups, res = engine._shape_groups(spec, waiting, 51)
     assert [[n for n, _ in g] for g in groups] == [[0, 2], [1, 3]]
-    assert [r.nodes for r in res] == [1, 2]
-    job = engine._trial_spec(spec, 1, engine.Path("/x"), 0, 2, 2, res=res[1])
-    assert job.resources.nodes == 2 and job.resources.partition == "all"
+    assert [(r.nodes, t) for r, t in res] == [(1, "mpi"), (2, "mpi")]
+    job = engine._trial_spec(spec, 1, engine.Path("/x"), 0, 2, 2, res=res[1][0], template="torchrun")
+    assert job.resources.nodes == 2 and job.resources.partition == "all" and job.template == "torchrun"
     groups, res = engine._shape_groups(spec, waiting, 1)            # chunks still cut at the array size
-    assert len(groups) == 4 and [r.nodes for r in res] == [1, 1, 2, 2]
+    assert len(groups) == 4 and [r.nodes for r, _ in res] == [1, 1, 2, 2]
     plain = _spec()
     groups, res = engine._shape_groups(plain, waiting, 3)
     assert [len(g) for g in groups] == [3, 1] and res == [None, None]
@@ -47,6 +47,7 @@ def test_trials_of_one_shape_share_an_array_and_each_array_gets_its_resources():
     ([{"when": {}, "resources": {"gpus": -1}}], "resources_by[0].resources.gpus"),
     ([{"when": {}, "resources": {"array": "0-3"}}], "resources_by[0].resources.array"),
     ([{"if": {}}], "resources_by[0].if"),
+    ([{"when": {}, "template": "slurm"}], "resources_by[0].template"),
 ])
 def test_bad_resources_by_names_the_field(rules, field):
     with pytest.raises(UserInputError) as exc:
@@ -68,7 +69,12 @@ def test_each_configuration_is_its_own_request():
     from gpuhpc.sprints.shapes import shape
 
     assert shape({"gpus_per_node": 4, "nodes": 1, "placement": "spread"}) == {"nodes": 1, "gpus": 4}
-    assert shape({"gpus_per_node": 4, "nodes": 2, "placement": "one-leaf"}) == {"nodes": 2, "gpus": 4}
+    assert shape({"gpus_per_node": 4, "nodes": 2, "placement": "one-leaf"}) == {"nodes": 2, "gpus": 4}   # no tree
+    got = shape({"gpus_per_node": 4, "nodes": 2, "placement": "one-leaf"}, leaves=LEAVES, nodes=NODES, partition="all")
+    assert got == {"nodes": 2, "gpus": 4, "nodelist": "gpu-node1,mig-node1", "switches": "1"}
+    with pytest.raises(UserInputError) as exc:      # leaf2 has one GPU node, leaf1 two
+        shape({"gpus_per_node": 1, "nodes": 3, "placement": "one-leaf"}, leaves=LEAVES, nodes=NODES, partition="all")
+    assert "a leaf switch with 3 nodes" in str(exc.value)
     got = shape({"gpus_per_node": 4, "nodes": 2, "placement": "spread"}, leaves=LEAVES, nodes=NODES, partition="all")
     assert got == {"nodes": 2, "gpus": 4, "nodelist": "gpu-node1,gpu-node2", "switches": "off"}
     with pytest.raises(UserInputError) as exc:      # leaf2's only GPU node has 8
@@ -82,18 +88,27 @@ def test_sprint_file_runs_as_a_sweep_with_one_rule_per_shape():
     from gpuhpc.sprints.shapes import resource_rules
     from gpuhpc.sprints.spec import from_mapping
 
-    spec = from_mapping({"name": "t", "command": "python x.py --bs {batch_size}", "template": "mpi",
+    spec = from_mapping({"name": "t", "command": "python x.py --bs {batch_size}", "multi_node_template": "mpi",
                          "axes": {"batch_size": [32, 64], "gpus_per_node": [1, 4], "nodes": [1, 2],
                                   "placement": ["one-leaf", "spread"]},
                          "resources": {"partition": "all", "time": "2m"}})
-    rules = resource_rules(spec.configurations(), spec.swept_axes(), leaves=LEAVES, nodes=NODES, partition="all")
-    assert len(rules) == 8
+    configs = spec.configurations()
+    assert len(configs) == 12          # one node has no placement: 2 batches x 2 GPU counts x 3 layouts
+    rules = resource_rules(configs, spec.params_of, leaves=LEAVES, nodes=NODES, partition="all",
+                           multi_node_template="mpi")
+    assert len(rules) == 6
     sweep = SweepSpec.from_mapping(spec.sweep_mapping(rules))
-    assert set(sweep.parameters) == {"batch_size", "gpus_per_node", "nodes", "placement"}
-    shapes = {json.dumps(sweep.resources_for(p), sort_keys=True) for p in sweep.generate()}
-    assert len(shapes) == 6            # one node: the same request whatever the placement
-    r = sweep.resources_for({"batch_size": 32, "gpus_per_node": 4, "nodes": 2, "placement": "spread"})
+    assert set(sweep.parameters) == {"batch_size", "gpus_per_node", "layout"}
+    trials = sweep.generate()
+    assert [spec.config_of(p) for p in trials] == configs
+    r = sweep.resources_for({"batch_size": 32, "gpus_per_node": 4, "layout": "2n-spread"})
     assert (r["nodes"], r["gpus"], r["nodelist"], r["switches"]) == (2, 4, "gpu-node1,gpu-node2", "off")
-    assert from_mapping({**spec.model_dump(mode="json"), "template": None}).sweep_template() == "torchrun"
+    one = {"batch_size": 32, "gpus_per_node": 4, "layout": "1n"}
+    assert (sweep.template_for(one), sweep.template_for({**one, "layout": "2n-one-leaf"})) == ("single", "mpi")
+    groups, shapes_of = engine._shape_groups(sweep, [(i, json.dumps(p)) for i, p in enumerate(trials)], 51)
+    assert len(groups) == 6 and {t for _, t in shapes_of} == {"single", "mpi"}
+    # {nodes} or {placement} in the command: the full grid, each axis a parameter
+    full = from_mapping({**spec.model_dump(mode="json"), "command": "x {batch_size} {placement}"})
+    assert len(full.configurations()) == 16 and "layout" not in full.sweep_mapping()["parameters"]
     plain = from_mapping({"name": "t", "command": "x {nodes}", "axes": {"nodes": [1, 2]}, "request": False})
-    assert "nodes" in plain.sweep_mapping()["parameters"] and plain.sweep_template() == "single"
+    assert "nodes" in plain.sweep_mapping()["parameters"] and plain.sweep_mapping()["template"] == "single"
