@@ -106,21 +106,26 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     created = sum(counts.values())
     if waiting and free > 0:
         queued = engine.queued_now(sid, url)
-        plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued,
-                                      fresh=_stale(limits, queued))
-        n = min(plan.now, plan.chunk)
-        if n > 0:
+        fresh = _stale(limits, queued)
+        for attempt in (1, 2):
+            plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued, fresh=fresh)
+            n = min(plan.now, plan.chunk)
+            if n <= 0:
+                break
             try:
                 engine.check_quota(spec, n, cluster or "default", url)
                 ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
                 if ids:
                     _log(f"submitted {n} trial(s) as {', '.join(ids)}")
+                break
             except SlurmError as exc:
                 if "policy" not in (exc.one_line() + str(getattr(exc, "stderr", ""))).lower():
                     raise
-                # the user's submit limit moved under us (other jobs): ask afresh next round
-                limits["at"] = -1e9
-                _log(f"slurmctld refused {n} more trial(s) (submit limit); asking the limits again")
+                # the user's submit limit moved under us (other jobs, or a task that ended between
+                # our refresh and slurmctld's count): ask afresh and try again now, not a round later
+                limits["at"], fresh = (time.monotonic() if attempt == 1 else -1e9), True
+                _log(f"slurmctld refused {n} more trial(s) (submit limit); "
+                     f"{'asking the limits again' if attempt == 1 else 'again next round'}")
             except QuotaExceeded as exc:
                 with engine.session(url) as s:
                     sw2 = s.get(Sweep, sid)

@@ -475,13 +475,23 @@ def _ended(raw: str | None) -> bool:
     return word in _STATE and _STATE[word].is_terminal
 
 
-def _live_chunks(tx, sid: int) -> list[tuple[int, str | None, int]]:
-    """[(chunk id, array job id, trials of it still queued or running)], oldest first."""
+def _trial_over(raw: str | None) -> bool:
+    """Has this task's trial stopped running (:func:`_ended`, or COMPLETING: the batch script
+    has exited and only Slurm's epilog runs on)? Its parallelism slot is free: a sweep runs P
+    trials at once, not P epilogs, and a busy node's epilog can take seconds per task."""
+    return _ended(raw) or (raw or "").split(" ", 1)[0] == "COMPLETING"
+
+
+def _live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | None, int]]:
+    """[(chunk id, array job id, trials of it still queued or running)], oldest first. With
+    ``slots``, a task in COMPLETING no longer counts (:func:`_trial_over`: the parallelism
+    slots); without, it does (slurmctld counts it against MaxSubmitJobs until it is gone)."""
     live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
+    over = _trial_over if slots else _ended
     counts: dict[int, int] = {}
     for cid, raw in tx.q("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
                          "AND chunk_id IS NOT NULL", (sid, *live)):
-        if not _ended(raw):
+        if not over(raw):
             counts[cid] = counts.get(cid, 0) + 1
     return [(cid, job, counts[cid]) for cid, job in tx.q("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
                                                          "AND state != 'failed' ORDER BY number", (sid,))
@@ -536,7 +546,7 @@ def balance(sid: int, *, client=None, url: str | None = None) -> int:
     try:
         with conn.transaction() as tx:
             spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
-            live = _live_chunks(tx, sid)
+            live = _live_chunks(tx, sid, slots=True)
     finally:
         conn.close()
     spec, directory = spec_from_json(spec_text), Path(directory)
@@ -583,7 +593,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
                                                "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
             last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
                           (sid,))
-            live = _live_chunks(tx, sid)
+            live = _live_chunks(tx, sid, slots=True)
         if status == SweepStatus.CANCELLED.value:
             return []
         spec = spec_from_json(spec_text)
