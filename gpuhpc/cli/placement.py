@@ -1,5 +1,6 @@
-"""``gpuhpc placement JOBID``: the leaf switches a job's nodes spanned against the fewest its
-partition allowed ("1 leaf (best 1)"; "spread: 2 leaves (best 1)")."""
+"""``gpuhpc placement JOBID``: the leaf switches (and NVLink domains) a job's nodes spanned
+against the fewest its partition allowed ("1 leaf (best 1)"; "spread: 2 leaves (best 1)";
+"1 leaf (best 1); 2 NVLink domains (best 1)")."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,7 @@ def job_placement(job_id: str, client=None) -> dict:
     from gpuhpc.errors import GpuhpcError, UserInputError
     from gpuhpc.hostlist import expand
     from gpuhpc.slurm.client import SlurmClient
-    from gpuhpc.topology.placement import leaf_nodes, placement
+    from gpuhpc.topology.placement import leaf_nodes, nvlink_domains, placement
 
     if not job_id.replace("_", "").isdigit():
         raise UserInputError(f"not a job id: {job_id!r}", field="JOBID")
@@ -31,11 +32,18 @@ def job_placement(job_id: str, client=None) -> dict:
         nodelist, partition = rows[-1].nodelist, rows[-1].partition
     if not nodelist or nodelist in ("None assigned", "(null)"):
         raise GpuhpcError(f"job {job_id} has no nodes yet (pending)")
-    leaves = leaf_nodes(c.topology())
-    if not leaves:
-        raise GpuhpcError("the cluster has no tree topology (scontrol show topology lists no leaf switch)")
+    records = c.topology()
+    leaves = leaf_nodes(records)
+    try:
+        domains = nvlink_domains({n.name: n.features for n in c.nodes()}, records)
+    except GpuhpcError:
+        domains = nvlink_domains({}, records)
+    if not leaves and not domains:
+        raise GpuhpcError("the cluster has no tree topology (scontrol show topology lists no leaf switch) "
+                          "and no NVLink domains (no node has an nvl-<domain> feature)")
     part = next((p for p in c.partitions() if p.name == partition), None)
-    out = placement(leaves, expand(nodelist), expand(part.nodes) if part is not None and part.nodes else None)
+    out = placement(leaves, expand(nodelist), expand(part.nodes) if part is not None and part.nodes else None,
+                    domains)
     return {"job_id": job_id, "partition": partition, **out.to_dict()}
 
 
@@ -49,7 +57,8 @@ def placement_cmd(job_id: str, as_json: bool) -> int:
 
         print_json(res)
     else:
-        sys.stdout.write(f"job {job_id}: {res['summary']}: {', '.join(res['leaves'])} "
+        where = ", ".join(res["leaves"] + [f"NVLink {d}" for d in res["nvlink_domains"]])
+        sys.stdout.write(f"job {job_id}: {res['summary']}: {where} "
                          f"({len(res['nodes'])} node(s), partition {res['partition']})\n")
     return 0
 

@@ -34,3 +34,47 @@ def test_worst_spread_ranks_extra_leaves_then_gpu_hours():
             {"job_id": "4", "partition": "gpu", "nodes": ["gpu-node1", "gpu-node2"], "gpu_hours": 50},
             {"job_id": "5", "partition": "all", "nodes": ["gpu-node1"], "gpu_hours": 70}]
     assert [(r["job_id"], r["extra_leaves"]) for r in worst_spread(jobs, leaves, parts)] == [("3", 1), ("2", 1)]
+
+
+def test_nvlink_domains_from_features_else_blocks_and_in_the_placement():
+    from gpuhpc.topology.placement import nvlink_domains, nvlink_feature
+
+    feats = {"gpu-node1": ("h100", nvlink_feature("nvl1")), "mig-node1": ("nvl-nvl1",),
+             "gpu-node2": ("nvl-nvl2",), "cpu-node1": ()}
+    domains = nvlink_domains(feats, [{"BlockName": "b1", "Nodes": "cpu-node1"}])
+    assert domains == {"nvl1": {"gpu-node1", "mig-node1"}, "nvl2": {"gpu-node2"}}        # features win
+    assert nvlink_domains({}, [{"BlockName": "b1", "BlockIndex": "0", "Nodes": "gpu-node[1-2]"}]) == \
+        {"b1": {"gpu-node1", "gpu-node2"}}                                                 # topology/block (23.11+)
+    leaves = leaf_nodes(TOPO)
+    p = placement(leaves, ["gpu-node1", "mig-node1"], domains=domains)
+    assert p.summary() == "1 leaf (best 1); 1 NVLink domain (best 1)" and not p.domain_spread
+    p = placement(leaves, ["gpu-node1", "gpu-node2"], domains=domains)
+    assert p.domain_spread and p.summary() == "spread: 2 leaves (best 1); spread: 2 NVLink domains (best 1)"
+    assert p.to_dict()["nvlink_domains"] == ["nvl1", "nvl2"] and p.to_dict()["best_nvlink_domains"] == 1
+    p = placement({}, ["gpu-node1", "gpu-node2"], domains=domains)
+    assert p.summary() == "spread: 2 NVLink domains (best 1)"
+    assert placement(leaves, ["gpu-node1"]).to_dict()["nvlink_domains"] == []              # none known
+
+
+def test_job_placement_reports_nvlink_domains_from_node_features():
+    from types import SimpleNamespace as NS
+
+    from gpuhpc.cli.placement import job_placement
+
+    class Client:
+        def show_job(self, job_id):
+            return {"NodeList": "gpu-node[1-2]", "Partition": "all"}
+
+        def topology(self):
+            return TOPO
+
+        def nodes(self):
+            return [NS(name="gpu-node1", features=("h100", "nvl-a")), NS(name="mig-node1", features=("nvl-a",)),
+                    NS(name="gpu-node2", features=("h100", "nvl-b")), NS(name="cpu-node1", features=())]
+
+        def partitions(self):
+            return [NS(name="all", nodes="cpu-node1,gpu-node[1-2],mig-node1")]
+
+    got = job_placement("7", client=Client())
+    assert got["nvlink_domains"] == ["a", "b"] and got["nvlink_spread"]
+    assert got["summary"] == "spread: 2 leaves (best 1); spread: 2 NVLink domains (best 1)"
