@@ -1,5 +1,8 @@
-"""Script mode survives preemption (3x), a manual requeue and the time limit, recomputing at
-most one checkpoint interval per interruption, and ends as an uninterrupted run would."""
+"""Script mode survives preemption (twice: of a first run and of a run restarted after a forced
+requeue), a manual requeue and the time limit, recomputing at most one checkpoint interval per
+interruption, and ends as an uninterrupted run would. (Three preemptions of one job, two in a
+row: test_multinode_chaos.py, whose torchrun script shares this one's stop/requeue logic,
+job-templates/_base.sbatch.j2.)"""
 from __future__ import annotations
 
 import json
@@ -16,7 +19,7 @@ from counter_train import uninterrupted  # noqa: E402
 pytestmark = pytest.mark.integration
 
 STEPS, EVERY, STEP_S = 1500, 10, 0.05
-ACTIONS = ["preempt", "preempt", "requeue", "preempt", "time_limit"]
+ACTIONS = ["preempt", "requeue", "preempt", "time_limit"]
 NODE, GRES = "gpu-node2", "gpu:h100:8"
 
 
@@ -56,15 +59,15 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
     assert job.state.value == "COMPLETED" and job.done()
     assert json.loads(result.read_text()) == uninterrupted(STEPS)
     runs = progress_runs(progress.read_text())
-    assert len(runs) >= 6, runs
+    assert len(runs) >= len(ACTIONS) + 1, runs
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= EVERY, (prev, cur)
     restarts = [r["restart"] for r in runs]
     assert restarts[0] == 0 and restarts == sorted(set(restarts))      # GPUHPC_RESTART_COUNT counts up
     # accounting shows the restarts: scontrol Restarts= and one sacct row per earlier run
-    assert slurm.restarts(job_id) >= 5
+    assert slurm.restarts(job_id) >= len(ACTIONS)
     rows = [r for r in slurm.accounting(job_ids=[job_id], duplicates=True) if r.job_id == job_id]
-    assert len(rows) >= 6
+    assert len(rows) >= len(ACTIONS) + 1
     assert rows[-1].state.state.value == "COMPLETED"
     assert all(not r.state.is_finished for r in rows[:-1]), [r.state.raw for r in rows]
     log = job.logs()
