@@ -240,6 +240,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
     gres_rows: list[dict[str, Any]] = []
     gpu_types: list[str] = []
     for g in spec.node_groups:
+        nvl = g.nvlink_domain_of()     # NVLink domains as node features nvl-<domain> (docs/sprints.md)
         for k, name in enumerate(g.node_names()):
             gpus = _node_gpus(g, name)
             for d in gpus:
@@ -258,7 +259,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
                 "real_memory": g.real_memory_mb or g.memory_mb,
                 "tmp_disk": g.scratch.size_gb * 1024 if g.scratch and g.scratch.size_gb else None,
                 "gres": _gres_string(gpus) or None,
-                "features": ",".join(g.features) or None,
+                "features": ",".join([*g.features, *([f"nvl-{nvl[name]}"] if name in nvl else [])]) or None,
                 "weight": g.weight,
                 "state": "CLOUD" if g.capacity == "cloud" else "UNKNOWN",
             }

@@ -78,3 +78,22 @@ def test_job_placement_reports_nvlink_domains_from_node_features():
     got = job_placement("7", client=Client())
     assert got["nvlink_domains"] == ["a", "b"] and got["nvlink_spread"]
     assert got["summary"] == "spread: 2 leaves (best 1); spread: 2 NVLink domains (best 1)"
+
+
+def test_nvlink_domains_become_node_features_in_slurm_conf(tmp_path):
+    """The 22.05 way (no topology/block before 23.11): each node of a spec's NVLink domain gets
+    the feature nvl-<domain>, which `gpuhpc placement` reads and --constraint=[nvl-a|nvl-b] uses."""
+    from pathlib import Path
+
+    import yaml
+
+    from gpuhpc.conf.context import build_context
+    from gpuhpc.spec.cluster import load_spec
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples/clusters/local.yaml").read_text())
+    gpu = next(g for g in data["node_groups"] if g["name"] == "gpu")
+    gpu["nvlink_domain_size"] = 1
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    lines = {r["nodes"]: r["features"] for r in build_context(load_spec(tmp_path / "c.yaml"))["node_lines"]}
+    assert lines["gpu-node1"].split(",")[-1] == "nvl-gpu-nvl1" and lines["gpu-node2"].endswith(",nvl-gpu-nvl2")
+    assert "nvl-" not in (lines.get("mig-node1") or "")
