@@ -519,4 +519,52 @@ def report_cost(by: str, period: str, since: Optional[str], until: Optional[str]
         t.add_row(r["period_start"], r["key"], f"{float(r['gpu_hours']):,.2f}", f"{float(r['cost']):,.2f}",
                   str(r["jobs"]), *[r[f"cost_per_1m_{reports.unit(m)}"] or "" for m in rep.metrics])
     console().print(t)
+    _instances_table(_when(since, "--since"), _when(until, "--until"), quiet=True)
+
+
+def _instances_table(since: Optional[dt.datetime], until: Optional[dt.datetime], *, quiet: bool = False) -> None:
+    """Elastic capacity's instance-hours (gpuhpc.ledger.instances) as a table; nothing when
+    ``quiet`` and the ledger holds no instance."""
+    from rich.table import Table
+
+    from gpuhpc.cli._console import console
+    from gpuhpc.ledger import instances
+
+    rep = instances.instance_report(since=since, until=until)
+    if quiet and not rep.rows:
+        return
+    tot = instances.totals(rep.rows)
+    t = Table("type", "market", "instances", "instance-h", "boot-h", "busy-h", "idle-h", "suspend-h", "orphan-h",
+              "cost", "spot savings",
+              title=f"elastic instances: {float(tot.get('instance_hours', 0)):,.2f} instance-hours, cost "
+                    f"{float(tot.get('cost', 0)):,.2f}, spot savings {float(tot.get('spot_savings', 0)):,.2f}; "
+                    f"jobs' GPU-hours {float(rep.job_gpu_hours):,.2f}, run hours {float(rep.job_hours):,.2f}")
+    for r in (x.as_dict() for x in rep.rows):
+        t.add_row(r["instance_type"], r["market"], str(r["instances"]),
+                  *[f"{float(r[k]):,.3f}" for k in ("instance_hours", "boot_hours", "busy_hours", "idle_hours",
+                                                    "suspend_hours", "orphan_hours")],
+                  f"{float(r['cost']):,.2f}", f"{float(r['spot_savings']):,.2f}")
+    console().print(t)
+
+
+@report.command("instances")
+@click.option("--since", help="Only instances launched at/after (date or 7d).")
+@click.option("--until", help="Only instances launched before.")
+@_JSON
+def report_instances(since: Optional[str], until: Optional[str], json_: bool) -> None:
+    """Elastic capacity: instance-hours per type and market (boot, busy, idle, suspend, orphan), cost, spot savings."""
+    from gpuhpc.ledger import hooks, paths
+
+    if not hooks.writable(paths.db_url()):
+        from gpuhpc.errors import LedgerError
+
+        raise LedgerError("the ledger database is readable by its admins only: an admin runs instance reports")
+    start, end = _when(since, "--since"), _when(until, "--until")
+    if json_:
+        from gpuhpc.cli._console import print_json
+        from gpuhpc.ledger import instances
+
+        print_json(instances.instance_report(since=start, until=end).as_dict())
+        return
+    _instances_table(start, end)
 

@@ -88,3 +88,17 @@ def unprotect(pool: str, config_path: str | None) -> int:
     nodes = _unprotect(config, pool)
     click.echo(f"pool {pool} unprotected" + (f"; nodes returned: {','.join(nodes)}" if nodes else ""), err=True)
     return 0
+
+
+@power.command("ingest")
+@_CONFIG
+def ingest(config_path: str | None) -> int:
+    """Fold the instance journal into the ledger (instance-hours; gpuhpc report instances)."""
+    from gpuhpc.elastic import journal
+    from gpuhpc.elastic.config import load_config
+    from gpuhpc.ledger import instances
+
+    config = load_config(config_path)
+    n = instances.ingest(journal.read(config.state_dir))
+    click.echo(f"{n} instance(s) written to the ledger", err=True)
+    return 0

@@ -29,6 +29,8 @@ class Pool:
     capacity_cooldown: int = 300
     price_tier: int = 0
     restart_budget: int = 3       # reclaims a job may be requeued after; the next one holds it
+    hourly_price: str = "0"       # per instance-hour at launch (a Decimal string); the provider's when it has one
+    on_demand_hourly_price: str | None = None   # what on-demand would cost: spot savings (default: hourly_price)
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
                        market=g.get("market", "on_demand"), instance_types=tuple(g.get("instance_types") or ()),
                        max_nodes=int(g.get("max_nodes") or 0), boot_timeout=g.get("boot_timeout"),
                        capacity_cooldown=int(g.get("capacity_cooldown", 300)), price_tier=int(g.get("price_tier", 0)),
-                       restart_budget=int(g.get("restart_budget", 3)))
+                       restart_budget=int(g.get("restart_budget", 3)), hourly_price=str(g.get("hourly_price") or "0"),
+                       on_demand_hourly_price=(str(g["on_demand_hourly_price"]) if g.get("on_demand_hourly_price")
+                                               is not None else None))
                   for g in power["groups"])
     return ElasticConfig(cluster=ctx["cluster_name"], pools=pools, state_dir=power["state_dir"],
                          orphan_grace=int(power.get("orphan_grace", 600)),

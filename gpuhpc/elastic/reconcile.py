@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpuhpc import hostlist
+from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig
 from gpuhpc.elastic.providers.base import Instance
 from gpuhpc.elastic.store import State, Store
@@ -232,7 +233,28 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     restarts = {job: slurm.restarts(job) for jobs in jobs_on.values() for job in jobs}
     actions = decide(config, nodes, instances, state, now, jobs_on, restarts=restarts)
     apply(config, actions, slurm, store, providers, now)
+    journal.append(config.state_dir, *end_events(config, actions, nodes, instances, state, now))
     return actions
+
+
+def end_events(config: ElasticConfig, actions: list[Action], nodes: list[PowerNode], instances: list[Instance],
+               state: State, now: float) -> list[dict]:
+    """The ledger's journal entries for the instances this pass ended or found gone."""
+    by_node = {n.name: n for n in nodes}
+    by_id = {i.id: i for i in instances}
+    out = []
+    for a in actions:
+        if a.kind == "terminate" and a.reason.startswith("orphan"):
+            inst = by_id.get(a.target)
+            pool = next((p for p in config.pools if inst and p.name == inst.pool), None)
+            out.append(journal.end_event(config, a.target, now, "orphan", orphan=inst, pool=pool))
+        elif a.kind == "down" and a.target in state.nodes and state.nodes[a.target].instance_id:
+            why = "reclaim" if "spot reclaim" in a.reason else "gone" if "is gone" in a.reason else None
+            node = by_node.get(a.target)
+            if why:
+                out.append(journal.end_event(config, state.nodes[a.target].instance_id, now, why,
+                                             registered_at=node.slurmd_start if node else None))
+    return out
 
 
 def unprotect(config: ElasticConfig, pool_name: str, slurm: PowerSlurm | None = None) -> list[str]:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from gpuhpc import hostlist
+from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig, load_config
 from gpuhpc.elastic.power import Plan
 from gpuhpc.elastic.providers import provider_for
@@ -90,6 +91,7 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         log.warning("launch %s on %s failed: %s", plan.nodes, pool.name, exc)
         cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time())
         return
+    journal.append(config.state_dir, *(journal.launch_event(config, pool, inst) for inst in instances))
     with store.update() as state:
         for node, inst in zip(plan.nodes, instances):
             rec = state.nodes.get(node)
@@ -102,9 +104,24 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         slurm.update(node, **fields)
 
 
+def instance_of(comment: str) -> str | None:
+    """The instance id in a node's Comment (``gpuhpc instance <id> pool ...``)."""
+    words = comment.split()
+    return words[2] if words[:2] == ["gpuhpc", "instance"] and len(words) > 2 else None
+
+
 def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
     pool = config.pool(plan.pool)
     if plan.instance_ids:
+        # the tails for the ledger: registration (SlurmdStartTime) and last job (LastBusyTime)
+        seen = {instance_of(n.comment): n for n in slurm.nodes(hostlist.compress(plan.nodes))}
+        failed = plan.op == "failed"
+        journal.append(config.state_dir, *(
+            journal.end_event(config, iid, now, "boot-failed" if failed else "suspend",
+                              registered_at=None if failed or iid not in seen else seen[iid].slurmd_start,
+                              last_busy=seen[iid].last_busy if iid in seen else None,
+                              suspend_at=None if failed else now)
+            for iid in plan.instance_ids))
         provider_for(pool.provider, config).terminate(list(plan.instance_ids))
     if plan.op == "failed":
         cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)

@@ -385,3 +385,29 @@ class NodeBaseline(Base):
     unit: Mapped[str] = mapped_column(String(16))
     source: Mapped[str] = mapped_column(String(16))          # measured | admin
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class InstanceUsage(Base):
+    """One cloud instance of elastic capacity (gpuhpc.elastic's journal, ``gpuhpc power ingest``):
+    its life from launch to end with the tails, priced per hour at launch. Instance-hours are
+    the cluster's cost, not a user's: admins only (migration 0007 grants no reader)."""
+
+    __tablename__ = "instance_usage"
+    __table_args__ = (UniqueConstraint("cluster", "instance_id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(64))
+    instance_id: Mapped[str] = mapped_column(String(128))
+    node: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    market: Mapped[str] = mapped_column(String(16))            # on_demand | spot
+    launched_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    registered_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)   # slurmd registered: boot ends
+    last_busy_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)    # its last job ended: idle starts
+    suspend_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)      # Slurm powered it down
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    end_reason: Mapped[str] = mapped_column(String(16), default="")  # suspend | boot-failed | gone | reclaim | orphan
+    orphan: Mapped[bool] = mapped_column(default=False)
+    price_per_hour: Mapped[Decimal] = mapped_column(MONEY)
+    on_demand_price_per_hour: Mapped[Decimal] = mapped_column(MONEY)

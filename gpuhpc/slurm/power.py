@@ -49,10 +49,25 @@ class PowerNode:
     state: str
     reason: str = ""
     comment: str = ""
+    slurmd_start: float | None = None     # SlurmdStartTime: when its slurmd registered (epoch s)
+    last_busy: float | None = None        # LastBusyTime: when it last went idle
 
     @property
     def flags(self) -> frozenset[str]:
         return frozenset(self.state.upper().replace("+", " ").split())
+
+
+def slurm_timestamp(text: str | None) -> float | None:
+    """Epoch seconds of a Slurm time (``2026-12-01T15:09:53``, the controller's local time), None
+    for ``None``/``Unknown``/``(null)``/0."""
+    if not text or text in ("None", "Unknown", "(null)", "0"):
+        return None
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def parse_power_nodes(text: str) -> list[PowerNode]:
@@ -61,7 +76,8 @@ def parse_power_nodes(text: str) -> list[PowerNode]:
         if "NodeName" in rec:
             comment, reason = rec.get("Comment", ""), rec.get("Reason", "")
             out.append(PowerNode(rec["NodeName"], rec.get("State", "UNKNOWN"), "" if reason == "(null)" else reason,
-                                 "" if comment == "(null)" else comment))
+                                 "" if comment == "(null)" else comment, slurm_timestamp(rec.get("SlurmdStartTime")),
+                                 slurm_timestamp(rec.get("LastBusyTime"))))
     return out
 
 

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from gpuhpc.elastic import journal
+from gpuhpc.ledger import db, instances
 from elastic_helpers import RESTART_BUDGET, RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT, UNRESOLVED
 from polling import wait_for
 
@@ -20,7 +22,7 @@ def _job_state(el, job_id):
     return el.job(job_id).get("JobState", "")
 
 
-def test_scale_up_from_zero_and_down_after_idle(elastic):
+def test_scale_up_from_zero_and_down_after_idle(elastic, tmp_path):
     """Two cold nodes at once: el-spot1, and el-dns1 whose name no resolver knows (slurm.conf gives
     it no address; the provider sets NodeAddr when it launches). Slurm commands stay fast
     throughout (acceptance 7, checked by the fixture)."""
@@ -46,6 +48,18 @@ def test_scale_up_from_zero_and_down_after_idle(elastic):
     t_down = el.mark(f"el-spot1 {el.state('el-spot1')}, {UNRESOLVED} {el.state(UNRESOLVED)}, no instance left")
     print(f"submit->running {t_run:.1f}s; running->powered down {t_down - t_run:.1f}s "
           f"(SuspendTime {SUSPEND_TIME}s + SuspendTimeout {SUSPEND_TIMEOUT}s + the job's 2 s)")
+    # the ledger: el-spot1's instance-hours from the journal, its parts adding up to its life
+    events = journal.read(el.config.state_dir)
+    launched = next(e for e in events if e["event"] == "launch" and e["node"] == "el-spot1")
+    ev = {e["event"]: e for e in events if e["id"] == launched["id"]}
+    assert ev["end"]["reason"] == "suspend" and ev["end"]["registered_at"] >= ev["launch"]["at"] - 1  # whole seconds
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    db.upgrade(url)
+    instances.ingest(journal.read(el.config.state_dir), url)
+    (row,) = [r for r in instances.instance_report(url=url).rows if r.market == "spot"]
+    life = ev["end"]["at"] - ev["launch"]["at"]
+    el.mark("instance-hours of el-spot1: " + ", ".join(f"{k} {float(v):.1f}s" for k, v in row.seconds.items()))
+    assert abs(float(sum(row.seconds.values())) - life) < 0.01 and row.seconds["idle"] > 0
 
 
 def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_next_tier(elastic):
