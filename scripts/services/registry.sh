@@ -4,8 +4,10 @@
 # 127.0.0.1:$PORT (default 55500), data under $D (default /var/tmp/gpuhpc-registry).
 # `start` also builds a tiny image, gpuhpc/test:1 (a busybox root filesystem with an
 # /etc/os-release of its own, made with umoci) and pushes it with `skopeo copy --format v2s2`
-# (enroot gets 404 for an OCI manifest), once. `start` and `image` print, alone on the last
-# line, the image pinned by the digest the registry reports:
+# (enroot gets 404 for an OCI manifest), once, with an NGC-style twin, gpuhpc/test:ngc (the same
+# files; its config sets NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES=compute,utility
+# as NVIDIA's images do). `start` and `image [TAG]` print, alone on the last line, the image
+# (default tag 1) pinned by the digest the registry reports:
 #   export GPUHPC_TEST_IMAGE=$(scripts/services/registry.sh start | tail -1)
 #   -> 127.0.0.1:55500#gpuhpc/test@sha256:...
 # Plain HTTP on the loopback: enroot needs ENROOT_ALLOW_HTTP=yes for it.
@@ -16,12 +18,13 @@ D=${D:-/var/tmp/gpuhpc-registry}; PORT=${PORT:-55500}
 PACKAGES=(docker-registry umoci skopeo busybox-static)
 . scripts/services/lib.sh
 private_dir "$D" 755
-REPO=gpuhpc/test TAG=1
+REPO=gpuhpc/test TAG=1 TAGS=(1 ngc)
 alive() { [ -s "$D/registry.pid" ] && kill -0 "$(cat "$D/registry.pid")" 2>/dev/null; }
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT" && printf 'GET /v2/ HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200 ') 2>/dev/null; }
 pinned() {
-  local digest
-  digest=$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://127.0.0.1:$PORT/$REPO:$TAG")
+  local digest tag=${1:-$TAG}
+  case " ${TAGS[*]} " in *" $tag "*) ;; *) echo "registry.sh: no tag $tag (one of: ${TAGS[*]})" >&2; exit 2 ;; esac
+  digest=$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://127.0.0.1:$PORT/$REPO:$tag")
   echo "127.0.0.1:$PORT#$REPO@$digest"
 }
 build_and_push() {
@@ -42,7 +45,10 @@ build_and_push() {
   printf 'root:x:0:\n' > "$rootfs/etc/group"
   umoci repack --image "$oci:test" "$bundle" >/dev/null
   umoci config --image "$oci:test" --config.cmd /bin/sh --config.env PATH=/bin
-  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:test" "docker://127.0.0.1:$PORT/$REPO:$TAG"
+  umoci config --image "$oci:test" --tag ngc --config.env NVIDIA_VISIBLE_DEVICES=all \
+    --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility
+  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:test" "docker://127.0.0.1:$PORT/$REPO:1"
+  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:ngc" "docker://127.0.0.1:$PORT/$REPO:ngc"
   rm -rf -- "$oci" "$bundle"
 }
 case "${1:-start}" in
@@ -72,14 +78,16 @@ EOC
     for _ in $(seq 1 100); do up && break; alive || break; sleep 0.1; done
     up || { echo "registry.sh: the registry did not start (log: $D/registry.log)" >&2; tail -n 5 "$D/registry.log" >&2; exit 1; }
   fi
-  skopeo inspect --tls-verify=false --raw "docker://127.0.0.1:$PORT/$REPO:$TAG" >/dev/null 2>&1 || build_and_push
+  for tag in "${TAGS[@]}"; do
+    skopeo inspect --tls-verify=false --raw "docker://127.0.0.1:$PORT/$REPO:$tag" >/dev/null 2>&1 || { build_and_push; break; }
+  done
   pinned
   ;;
-image) pinned ;;
+image) pinned "${2:-}" ;;
 stop)
   if alive; then kill "$(cat "$D/registry.pid")"; fi
   rm -f "$D/registry.pid"
   ;;
 wipe) "$0" stop; rm -rf -- "$D/data" "$D/config.yml" "$D/registry.log" ;;
-*) echo "usage: registry.sh start|stop|wipe|image" >&2; exit 2 ;;
+*) echo "usage: registry.sh start|stop|wipe|image [TAG]" >&2; exit 2 ;;
 esac

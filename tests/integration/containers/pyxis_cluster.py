@@ -1,14 +1,17 @@
 """A private one-node Slurm controller whose plugstack.conf loads pyxis, with enroot and pyxis
 built by scripts/build-containers.sh into its own prefix (own ports, state, logs and enroot
 directories under one directory in /var/tmp; no accounting; a few seconds). Never the shared
-cluster's plugstack: every job of every user there would load it. Used by
-test_pyxis_private.py and bench/container_start.py."""
+cluster's plugstack: every job of every user there would load it. Its node is a GPU node of
+stand-ins: gres gpu:4 on device nodes without a driver, and tests/standins/nvidia-container-cli on slurmd's
+PATH (enroot's 98-nvidia hook calls it for an image that asks for GPUs), with the role's
+90-gpuhpc-slurm-gpus.sh hook. Used by test_pyxis_private.py and bench/container_start.py."""
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +24,9 @@ from polling import wait_for
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "gpuhpcpyxis"
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331
+GPUS = 4
+HOOK = ROOT / "ansible/roles/gpuhpc_containers/files/90-gpuhpc-slurm-gpus.sh"
+STANDINS = ROOT / "tests/standins"
 
 
 def _conf(base: Path, auth_info: str) -> str:
@@ -49,7 +55,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-NodeName=pyx-node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={NODE_PORT} CPUs=2 RealMemory=1000 State=UNKNOWN
+GresTypes=gpu
+NodeName=pyx-node1 NodeHostname=localhost NodeAddr=127.0.0.1 Port={NODE_PORT} CPUs=2 RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN
 PartitionName=pyx Nodes=pyx-node1 Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -73,11 +80,15 @@ def _stop(base: Path) -> None:
 SQUASH_OPTIONS = "-noI -noD -noF -noX -no-duplicates"
 
 
-def registry_image() -> str:
-    """The local registry's test image pinned by digest (scripts/services/registry.sh start)."""
-    started = subprocess.run(["bash", str(ROOT / "scripts/services/registry.sh"), "start"], capture_output=True,
-                             text=True, timeout=300)
+def registry_image(tag: str = "1") -> str:
+    """The local registry's test image (tag ``ngc``: its NGC-style twin) pinned by digest
+    (scripts/services/registry.sh start)."""
+    script = str(ROOT / "scripts/services/registry.sh")
+    started = subprocess.run(["bash", script, "start"], capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stderr
+    if tag != "1":
+        started = subprocess.run(["bash", script, "image", tag], capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0, started.stderr
     return started.stdout.strip().splitlines()[-1]           # 127.0.0.1:PORT#gpuhpc/test@sha256:…
 
 
@@ -95,9 +106,13 @@ def pyxis_cluster() -> Iterator[tuple[SlurmClient, dict, Path]]:
         fh.write(f"ENROOT_RUNTIME_PATH {base}/enroot/run/$(id -u)\nENROOT_CACHE_PATH {base}/enroot/cache/$(id -u)\n"
                  f"ENROOT_DATA_PATH {base}/enroot/data/$(id -u)\nENROOT_TEMP_PATH {base}/enroot/tmp\n"
                  f"ENROOT_ALLOW_HTTP yes\nENROOT_SQUASH_OPTIONS {SQUASH_OPTIONS}\n")
+    shutil.copy(HOOK, prefix / "etc" / "enroot" / "hooks.d" / HOOK.name)
     enroot_dirs = ("enroot", "enroot/tmp", "enroot/run", "enroot/cache", "enroot/data")
-    for d in ("state", "spool", "log", "run", *enroot_dirs):
+    for d in ("state", "spool", "log", "run", "dev", *enroot_dirs):
         (base / d).mkdir(parents=True, exist_ok=True)
+    for i in range(GPUS):          # gres wants character devices: NVIDIA's major, no driver behind it
+        os.mknod(base / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(195, i))
+    (base / "gres.conf").write_text(f"AutoDetect=off\nNodeName=pyx-node1 Name=gpu File={base}/dev/nvidia[0-{GPUS - 1}]\n")
     # ordinary users' jobs: enroot makes their directories (per uid) in these
     base.chmod(0o755)
     for d in enroot_dirs:
@@ -112,7 +127,8 @@ def pyxis_cluster() -> Iterator[tuple[SlurmClient, dict, Path]]:
                  if line.startswith("AuthInfo")), "(null)")
     conf = base / "slurm.conf"
     conf.write_text(_conf(base, auth.replace("(null)", "")))
-    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{prefix}/bin:{os.environ['PATH']}"}
+    # slurmd's PATH reaches enroot's hooks (pyxis passes PATH only): enroot, then the stand-ins
+    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{prefix}/bin:{STANDINS}:{os.environ['PATH']}"}
     client = SlurmClient(LocalRunner(env={"SLURM_CONF": str(conf)}))
     try:
         subprocess.run(["slurmctld", "-f", str(conf)], env=env, check=True, timeout=60)
