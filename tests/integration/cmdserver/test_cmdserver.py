@@ -18,7 +18,7 @@ import pytest
 
 from gpuhpc.cmdserver import server
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 REPO = Path(__file__).resolve().parents[3]
 CLUSTER = REPO / "examples" / "clusters" / "local.yaml"
