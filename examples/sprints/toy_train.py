@@ -41,7 +41,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--gpus-per-node", type=int, default=1)
     ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--placement", choices=["one-leaf", "spread"], default="one-leaf")
+    ap.add_argument("--placement", choices=["one-leaf", "spread", "one-nvlink"], default="one-leaf")
     ap.add_argument("--seconds", type=float, default=1.0)
     a = ap.parse_args()
     nodes, gpus, leaves = allocation(a.nodes, a.gpus_per_node, a.placement)

@@ -91,7 +91,7 @@ def rules(spec: SprintSpec, client) -> list[dict[str, Any]]:
     if any(c["nodes"] > 1 for c in configs):
         from gpuhpc.topology.placement import leaf_nodes
 
-        kw["leaves"] = leaf_nodes(client.topology())
+        kw["leaves"] = leaf_nodes(client.topology()) if any(c["placement"] != "one-nvlink" for c in configs) else {}
         try:
             kw["nodes"] = client.nodes()
         except GpuhpcError:

@@ -8,6 +8,9 @@ Pure functions over what Slurm says (topology, partition, nodes); no I/O here.
   (the leaf with the most nodes of the partition with the GPUs);
 * ``placement: spread`` -> ``--switches`` off and a node list with one node under each of
   ``nodes`` different leaves;
+* ``placement: one-nvlink`` -> every node in one NVLink domain: the matching-OR constraint
+  ``[nvl-a|nvl-b|...]`` over the domains (node features ``nvl-<domain>``, the Slurm 22.05 way)
+  that hold ``nodes`` nodes with the GPUs; Slurm picks the domain;
 * a one-node configuration is the same request whatever its placement.
 
 A multi-node configuration is pinned to nodes that realise its placement, so what a trial
@@ -56,6 +59,8 @@ def shape(config: Mapping[str, Any], *, gpu_type: str | None = None, leaves: Map
         out["gpus"] = g
     if n < 2:
         return out
+    if config.get("placement") == "one-nvlink":
+        return {**out, **one_nvlink(n, g, gpu_type=gpu_type, nodes=nodes, partition=partition)}
     spread = config.get("placement") == "spread"
     if not leaves:
         if spread:
@@ -73,6 +78,23 @@ def shape(config: Mapping[str, Any], *, gpu_type: str | None = None, leaves: Map
                              f"{where}; there is none", field="axes.placement", hint="fewer nodes or GPUs per node")
     out.update({"nodelist": picked, "switches": "off" if spread else "1"})
     return out
+
+
+def one_nvlink(n: int, g: int, *, gpu_type: str | None, nodes: Sequence[Any] | None,
+               partition: str | None) -> dict[str, Any]:
+    """``constraint: [nvl-a|nvl-b]``: the NVLink domains with ``n`` nodes of ``g`` GPUs."""
+    from gpuhpc.topology.placement import nvlink_domains, nvlink_feature
+
+    pool = [x for x in (nodes or []) if not partition or partition in getattr(x, "partitions", ())]
+    domains = nvlink_domains({x.name: getattr(x, "features", ()) for x in pool if _gpus(x, gpu_type) >= g})
+    fit = sorted((d for d, members in domains.items() if len(members) >= n), key=natural_key)
+    if not fit:
+        where = f"partition {partition}" if partition else "the cluster"
+        raise UserInputError(f"placement one-nvlink over {n} nodes needs an NVLink domain with {n} nodes of {g} "
+                             f"GPU(s) in {where} (node features nvl-<domain>); there is none", field="axes.placement",
+                             hint="give the spec's node groups nvlink_domain(s) and re-render, or drop one-nvlink")
+    feats = [nvlink_feature(d) for d in fit]
+    return {"constraint": feats[0] if len(feats) == 1 else "[" + "|".join(feats) + "]"}
 
 
 def one_leaf_nodelist(leaves: Mapping[str, set[str]], n: int, eligible: Iterable[str]) -> str | None:

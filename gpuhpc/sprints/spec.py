@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuhpc.errors import UserInputError
 
 AXES = ("batch_size", "gpus_per_node", "nodes", "placement")
-PLACEMENTS = ("one-leaf", "spread")
+PLACEMENTS = ("one-leaf", "spread", "one-nvlink")
 
 
 class Axes(BaseModel):
@@ -45,7 +45,7 @@ class Axes(BaseModel):
     batch_size: tuple[int, ...] = (1,)
     gpus_per_node: tuple[int, ...] = (1,)
     nodes: tuple[int, ...] = (1,)
-    placement: tuple[Literal["one-leaf", "spread"], ...] = ("one-leaf",)
+    placement: tuple[Literal["one-leaf", "spread", "one-nvlink"], ...] = ("one-leaf",)
 
     @field_validator("batch_size", "gpus_per_node", "nodes")
     @classmethod
@@ -202,6 +202,9 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
     if missing:
         raise UserInputError(f"axis {missing[0]} has several values but no {{{missing[0]}}} in command",
                              field=f"axes.{missing[0]}", hint=f"pass it to the program: --x {{{missing[0]}}}")
+    if spec.request and "one-nvlink" in spec.axes.placement and spec.resources.get("constraint"):
+        raise UserInputError("placement one-nvlink sets each multi-node trial's constraint ([nvl-a|nvl-b...])",
+                             field="resources.constraint", hint="drop resources.constraint, or one-nvlink")
     if spec.budget.gpu_hours is not None and spec.worst_gpu_hours() > spec.budget.gpu_hours + 1e-9:
         raise UserInputError(f"the configurations may use {spec.worst_gpu_hours():.2f} GPU-hours (their GPUs x the "
                              f"trial time limit), the budget is {spec.budget.gpu_hours}", field="budget.gpu_hours",

@@ -112,3 +112,28 @@ def test_sprint_file_runs_as_a_sweep_with_one_rule_per_shape():
     assert len(full.configurations()) == 16 and "layout" not in full.sweep_mapping()["parameters"]
     plain = from_mapping({"name": "t", "command": "x {nodes}", "axes": {"nodes": [1, 2]}, "request": False})
     assert "nodes" in plain.sweep_mapping()["parameters"] and plain.sweep_mapping()["template"] == "single"
+
+
+def test_one_nvlink_is_a_matching_or_constraint_over_the_domains_that_fit():
+    from gpuhpc.sprints.shapes import shape
+    from gpuhpc.sprints.spec import from_mapping
+
+    nodes = [Node("gpu-node1", 8), Node("mig-node1", 9), Node("gpu-node2", 8), Node("gpu-node3", 8), Node("x", 8)]
+    for n, dom in zip(nodes, ("a", "a", "b", "b", "b")):
+        n.features = ("h100", f"nvl-{dom}")
+    cfg = {"gpus_per_node": 4, "nodes": 2, "placement": "one-nvlink"}
+    assert shape(cfg, nodes=nodes, partition="all") == {"nodes": 2, "gpus": 4, "constraint": "[nvl-a|nvl-b]"}
+    assert shape({**cfg, "nodes": 3}, nodes=nodes, partition="all")["constraint"] == "nvl-b"   # only b has 3 nodes
+    with pytest.raises(UserInputError):                 # 9 GPUs: mig-node1 alone
+        shape({**cfg, "gpus_per_node": 9}, nodes=nodes, partition="all")
+    with pytest.raises(UserInputError) as exc:
+        shape({**cfg, "nodes": 4}, nodes=nodes, partition="all")
+    assert exc.value.field == "axes.placement" and "NVLink domain with 4 nodes" in str(exc.value)
+    assert shape({**cfg, "nodes": 1}, nodes=nodes) == {"nodes": 1, "gpus": 4}
+    spec = from_mapping({"name": "t", "command": "x {batch_size}", "axes": {"nodes": [1, 2],
+                         "placement": ["one-leaf", "one-nvlink"]}})
+    assert [spec.config_of(spec.params_of(c)) for c in spec.configurations()] == spec.configurations()
+    with pytest.raises(UserInputError) as exc:
+        from_mapping({"name": "t", "command": "x", "axes": {"placement": ["one-nvlink"]},
+                      "resources": {"constraint": "h100"}})
+    assert exc.value.field == "resources.constraint"
