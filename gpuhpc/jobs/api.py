@@ -285,14 +285,51 @@ class _SubmititCallable:
         if self.fn.checkpoint(*args, **kwargs) is False:
             return None
         if restart_count() >= self.max_requeues:
-            # as the script templates: unfinished work is a failure, FAILED with exit code 75
-            print(f"gpuhpc: requeue cap reached: already requeued {restart_count()} times "
-                  f"(max_requeues {self.max_requeues}), not requeueing; the program stopped early, so the job "
-                  f"ends FAILED with exit code {os.EX_TEMPFAIL}", flush=True)
-            _forbid_requeue()
-            _exit_code_at_exit(os.EX_TEMPFAIL)
+            _at_requeue_cap(self.max_requeues)
             return None
         return DelayedSubmission(self, *args, **kwargs)
+
+
+class _SubmititPlain:
+    """Adapter submitit pickles for a plain callable (not a :class:`Checkpointable`): at a
+    preemption's SIGUSR2 submitit requeues the job and the call starts again from the beginning,
+    at most ``max_requeues`` times; at the time limit it is not requeued (it would only run out
+    of time again), as submitit does with a plain function."""
+
+    def __init__(self, fn: Any, max_requeues: int, time_s: int) -> None:
+        self.fn = fn
+        self.max_requeues = max_requeues
+        self.time_s = time_s
+        self.started = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.started = time.time()
+        return self.fn(*args, **kwargs)
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        from submitit.helpers import DelayedSubmission
+
+        from gpuhpc.jobs.checkpoint import restart_count
+
+        if restart_count() >= self.max_requeues:
+            _at_requeue_cap(self.max_requeues)
+            return None
+        # submitit's own test (SignalHandler.has_timed_out): the time limit, not a preemption
+        if time.time() - self.started >= min(self.time_s * 0.8, self.time_s - 600):
+            return None
+        return DelayedSubmission(self, *args, **kwargs)
+
+
+def _at_requeue_cap(max_requeues: int) -> None:
+    """As the script templates: stopped with work left and not requeued is a failure, FAILED
+    with exit code 75 and a ``requeue cap reached`` line; the job is made non-requeueable."""
+    from gpuhpc.jobs.checkpoint import restart_count
+
+    print(f"gpuhpc: requeue cap reached: already requeued {restart_count()} times (max_requeues {max_requeues}), "
+          f"not requeueing; the program stopped early, so the job ends FAILED with exit code {os.EX_TEMPFAIL}",
+          flush=True)
+    _forbid_requeue()
+    _exit_code_at_exit(os.EX_TEMPFAIL)
 
 
 def _exit_code_at_exit(code: int) -> None:
@@ -375,6 +412,8 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
     target: Any = fn
     if isinstance(fn, Checkpointable):
         target = _SubmititCallable(fn, max_requeues)
+    else:
+        target = _SubmititPlain(fn, max_requeues, resources.time_s)
     c = _client(client)
     if not c.runner.is_local:
         if resources.image is not None:      # the pickled call runs with the cluster's Python, checked on the host

@@ -183,30 +183,37 @@ def test_the_driver_retries_through_a_full_disk(sweep_env, small_fs, sweeps, slu
         con.close()
 
 
-def test_a_python_callable_stopped_at_its_requeue_cap_ends_failed_75(sweep_env, slurm: SlurmClient, tmp_path,
+def test_python_callables_stopped_at_their_requeue_cap_end_failed_75(sweep_env, slurm: SlurmClient, tmp_path,
                                                                     monkeypatch):
-    """gpuhpc.submit(Checkpointable, max_requeues=0) through submitit: the first warning
-    (SIGUSR2, as a preemption or the time limit sends it) finds the cap reached, so the job is
-    not requeued and ends FAILED with exit code 75 and a `requeue cap reached` line, never
-    COMPLETED, as a script job at its cap does; job.result() raises."""
+    """gpuhpc.submit through submitit, max_requeues=0, a Checkpointable and a plain function at
+    once: the first warning (SIGUSR2, as a preemption sends it) finds the cap reached, so
+    neither is requeued; each ends FAILED with exit code 75 and a `requeue cap reached` line,
+    never COMPLETED, as a script job at its cap does; job.result() raises."""
     import gpuhpc
+    from sweeps_faults_lib import count
     from sweeps_lib import Objective
 
     here = str(Path(__file__).resolve().parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     monkeypatch.setenv("GPUHPC_TRIAL_DIR", str(tmp_path))          # where Objective writes its progress
-    job = gpuhpc.submit(Objective(steps=3000, step_s=0.1), 1, name="gpuhpc-test-pycap75", max_requeues=0,
-                        resources=gpuhpc.Resources(partition="cpu", time="15m"), grace=30)
+    res = gpuhpc.Resources(partition="cpu", time="15m")
+    jobs = {tmp_path / "progress": gpuhpc.submit(Objective(steps=3000, step_s=0.1), 1, name="gpuhpc-test-pycap75",
+                                                 max_requeues=0, resources=res, grace=30),
+            tmp_path / "plain": gpuhpc.submit(count, str(tmp_path / "plain"), 3000, 0.1,
+                                              name="gpuhpc-test-plaincap75", max_requeues=0, resources=res, grace=30)}
     try:
-        progress = tmp_path / "progress"
-        wait_for(lambda: progress.exists() and "step 1\n" in progress.read_text(), 90, f"job {job.job_id} to run")
-        slurm.run(["scancel", "--signal=USR2", job.job_id])
-        wait_for(job.done, 60, f"job {job.job_id} to end at its requeue cap")
-        rec = slurm.show_job(job.job_id) or {}
-        log = job.logs()
-        assert (rec.get("JobState"), rec.get("ExitCode"), rec.get("Restarts")) == ("FAILED", "75:0", "0"), (rec, log)
-        assert "gpuhpc: requeue cap reached: already requeued 0 times" in log, log
-        with pytest.raises(Exception, match="requeue"):
-            job.result(timeout=30)
+        for progress, job in jobs.items():
+            wait_for(lambda: progress.exists() and "step 1\n" in progress.read_text(), 90, f"job {job.job_id} to run")
+            slurm.run(["scancel", "--signal=USR2", job.job_id])
+        for job in jobs.values():
+            wait_for(job.done, 60, f"job {job.job_id} to end at its requeue cap")
+            rec = slurm.show_job(job.job_id) or {}
+            log = job.logs()
+            assert (rec.get("JobState"), rec.get("ExitCode"), rec.get("Restarts")) == ("FAILED", "75:0", "0"), \
+                (rec, log)
+            assert "gpuhpc: requeue cap reached: already requeued 0 times" in log, log
+            with pytest.raises(Exception, match="requeue"):
+                job.result(timeout=30)
     finally:
-        slurm.cancel(job.job_id)
+        for job in jobs.values():
+            slurm.cancel(job.job_id)
