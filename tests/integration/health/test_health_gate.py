@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -24,7 +25,53 @@ pytestmark = pytest.mark.integration
 NODE = "gpu-node2"
 ADMIN_REASON = "gpuhpc-test admin maintenance"
 SLACK = 15          # s past one interval: the run itself (~1 s on a loaded 2-core machine), polling
-TICK_SLACK = 5      # s past the next run, when a test waits for a run that changes nothing it can see
+
+
+def _boot_s() -> float:
+    """Seconds since boot: the clock of /proc/PID/stat's start time."""
+    with open("/proc/uptime") as fh:
+        return float(fh.read().split()[0])
+
+
+class FullRuns(threading.Thread):
+    """Watches /proc for gpuhpc's full health runs on NODE (Slurm's HealthCheckProgram, and the
+    Epilog of a job there: ``python -m gpuhpc.health --apply`` with SLURMD_NODENAME=NODE), so that
+    a test waiting for a run that changes nothing it can see ends when such a run has ended."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.done = threading.Event()
+        self.running: dict[int, float] = {}        # pid -> start (s since boot)
+        self.ended: list[float] = []               # the starts of the runs that ended
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _full_runs(self) -> dict[int, float]:
+        out = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+                if b"gpuhpc.health" not in argv or b"--apply" not in argv or b"--mode" in argv:
+                    continue
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if f"SLURMD_NODENAME={NODE}".encode() not in fh.read().split(b"\0"):
+                        continue
+                with open(f"/proc/{pid}/stat") as fh:
+                    out[int(pid)] = int(fh.read().rsplit(")", 1)[1].split()[19]) / self._tick
+            except (OSError, IndexError, ValueError):
+                continue
+        return out
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            now = self._full_runs()
+            self.ended += [start for pid, start in self.running.items() if pid not in now]
+            self.running = now
+
+    def wait_for_one_since(self, since: float, timeout: float) -> None:
+        """Until a full run that started after ``since`` (s since boot) has ended."""
+        wait_for(lambda: any(start > since for start in self.ended), timeout,
+                 f"a full health run on {NODE} that started after the change to end", interval=0.1)
 
 
 def _device(client: SlurmClient) -> str:
@@ -80,6 +127,8 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
     state0, reason0 = _state(client)
     assert "DRAIN" not in state0, f"{NODE} is already drained ({reason0}): cannot run the test"
     job_id = None
+    runs = FullRuns()
+    runs.start()
     try:
         os.unlink(dev)
         drained_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" in s, interval + SLACK)
@@ -100,21 +149,21 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
 
         _restore(dev, st)
         back_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" not in s, interval + SLACK)
-        t_tick = time.monotonic()           # a health run has just happened; the next is ~interval away
         print(f"health: {NODE} resumed by Slurm's health run {back_in:.1f} s after the device came back")
 
         # an admin's drain, on a failing node: the next run leaves it (no gpuhpc reason over it) ...
         client.drain_node(NODE, ADMIN_REASON)
         os.unlink(dev)
-        time.sleep(max(0.0, t_tick + interval + TICK_SLACK - time.monotonic()))
+        runs.wait_for_one_since(_boot_s(), interval + SLACK)
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
         # ... and on a healthy one: the next run does not resume it
         _restore(dev, st)
-        time.sleep(max(0.0, t_tick + 2 * interval + TICK_SLACK - time.monotonic()))
+        runs.wait_for_one_since(_boot_s(), interval + SLACK)
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
     finally:
+        runs.done.set()
         if job_id:
             client.cancel(job_id)
         _restore(dev, st)
