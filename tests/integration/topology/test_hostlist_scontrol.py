@@ -13,7 +13,7 @@ from gpuhpc.errors import UserInputError
 from gpuhpc.hostlist import compress, expand
 from hostlist_cases import COMPRESS, EXPAND, INVALID
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]   # scontrol show hostnames/hostlist: parsing only, no RPC
 
 EXTRA = ["n[1-3,5,7-9]", "x[001-003,010]", "a[1-2]b[3-4]", "gpu-node[1-2],mig-node1,cpu-node1",
          "n[10-12],n[1-2]", "rack[1-2]-n[01-02],login", "n[1-2]-[3-4]"]
