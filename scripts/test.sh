@@ -96,14 +96,14 @@ if [ "$MODE" = fast ]; then
 fi
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }   # something listens on 127.0.0.1:PORT
+BG_PIDS=()   # the background streams (full mode)
 STARTED=()   # what this run started; a selection run stops only these
 teardown() {
   rc=$?
   local t
-  if [ -n "${ISOLATED_PID:-}" ] && kill -0 "$ISOLATED_PID" 2>/dev/null; then   # interrupted: stop stage i/c/lab
-    pkill -TERM -P "$ISOLATED_PID" 2>/dev/null || true
-    kill "$ISOLATED_PID" 2>/dev/null || true
-  fi
+  for pid in "${BG_PIDS[@]}"; do   # interrupted: stop stages i, c and the lab
+    if kill -0 "$pid" 2>/dev/null; then pkill -TERM -P "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; fi
+  done
   t=$(date +%s)
   if [ "${KEEP_UP:-0}" != 1 ] && { [ "$MODE" = full ] || [ ${#STARTED[@]} -gt 0 ]; }; then
     say "teardown${STARTED[*]:+ (what this run started: ${STARTED[*]})}"
@@ -185,19 +185,20 @@ if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
 fi
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
 if [ "$MODE" = full ]; then
-  RUNDIR=$(mktemp -d /var/tmp/gpuhpc-test-run.XXXXXX)
-  isolated_stream() {   # stage i, then c, then the lab; each stage's time and status into $RUNDIR
-    # temporary files and the default ledger of their own, apart from the other stream's
+  RUNDIR=$(mktemp -d /var/tmp/gpuhpc-test-run.XXXXXX) && : >"$RUNDIR/stages"
+  BG_PIDS=()
+  bg_stage() {   # bg_stage NAME COMMAND...: in a background stream; time and status into $RUNDIR
+    local name=$1 t rc=0
+    shift
+    t=$(date +%s)
+    echo "[test] $name: started at +$(( t - T0 ))s"
+    "$@" || rc=$?
+    printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t ))" "$rc" >>"$RUNDIR/stages"
+  }
+  isolated_stream() {   # stage i, then c
+    # temporary files and the default ledger of their own, apart from the other streams'
     export TMPDIR=/var/tmp/gpuhpc-pytest-isolated GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/isolated"
     mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
-    bg_stage() {   # bg_stage NAME COMMAND...
-      local name=$1 t rc=0
-      shift
-      t=$(date +%s)
-      echo "[test] $name: started at +$(( t - T0 ))s"
-      "$@" || rc=$?
-      printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t ))" "$rc" >>"$RUNDIR/stages"
-    }
     bg_stage "stage i" "${PYTEST[@]}" -m "not integration or isolated" tests/unit tests/integration \
       --ignore=tests/integration/lab "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
     if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
@@ -205,15 +206,16 @@ if [ "$MODE" = full ]; then
     else
       echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
     fi
-    # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
-    # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
-    if [ "${LAB:-1}" != 0 ]; then
-      bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab
-    fi
   }
-  say "stages i, c and lab start beside the shared-cluster stream (their output: at the end)"
+  say "stages i and c, and the lab, start beside the shared-cluster stream (their output: at the end)"
   isolated_stream >"$RUNDIR/isolated.log" 2>&1 &
-  ISOLATED_PID=$!
+  BG_PIDS+=($!)
+  # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
+  # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
+  if [ "${LAB:-1}" != 0 ]; then
+    bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab >"$RUNDIR/lab.log" 2>&1 &
+    BG_PIDS+=($!)
+  fi
   stage "stage a" "${PYTEST[@]}" -m "not isolated" tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
     || FAILED+=" a"
   stage "stage b" "${PYTEST[@]}" -m "not isolated" "${LONG[@]}" || FAILED+=" b"
@@ -224,10 +226,13 @@ if [ "$MODE" = full ]; then
   stage "stage q" smoke || FAILED+=" q"
   t=$(date +%s)
   say "waiting for stages i, c and lab"
-  wait "$ISOLATED_PID" || true
-  echo "================ stages i, c, lab (run beside the shared-cluster stream) ================"
-  cat "$RUNDIR/isolated.log"
-  echo "================ end of stages i, c, lab ================"
+  wait "${BG_PIDS[@]}" || true
+  for log in isolated lab; do
+    [ -f "$RUNDIR/$log.log" ] || continue
+    echo "================ $log (run beside the shared-cluster stream) ================"
+    cat "$RUNDIR/$log.log"
+    echo "================ end of $log ================"
+  done
   while IFS=$'\t' read -r name secs rc; do
     TIMES+=("$(printf '%-12s %6ss%s' "$name" "$secs" "$([ "$rc" = 0 ] || echo "   FAILED (exit $rc)")")  (beside)")
     [ "$rc" = 0 ] || FAILED+=" ${name#stage }"
