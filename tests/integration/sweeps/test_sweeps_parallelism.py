@@ -2,18 +2,26 @@
 an account this test creates for itself and removes afterwards) a 200-trial sweep of 5 s trials
 at parallelism 16 goes out in many small arrays, and still runs 16 trials at once: within 1.2x
 of the ideal wall time (ceil(200/16) waves of the trials' own run time plus Slurm's start
-latency), never more than 16 at once."""
+latency), never more than 16 at once.
+
+The same sweep proves the chunking (what test_sweeps_cli's 200-trial sweep did): arrays that fit
+(each starts at task 0 and stays below MaxArraySize, never --array=1000-1999), the driver
+submitting all but the first and completing by itself, exact metrics in trial order, each trial
+run once, best, results --csv and the HTML report."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import statistics
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 from sweeps_helpers import gpuhpc, report_cmd, results, run_sweep, write_sweep
 
 pytestmark = pytest.mark.integration
@@ -52,17 +60,25 @@ def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, swee
 
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")     # 5 s trials: hand freed slots on within a second
 
-    f = write_sweep(tmp_path / "p.yaml", name="t-par", method="grid", command=f"sleep 5; {report_cmd('{x}')}",
+    f = write_sweep(tmp_path / "p.yaml", name="t-par", method="grid",
+                    command=f"sleep 5; v={{x}}; {report_cmd('(v-37)*(v-37)')}",
                     parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=P,
                     resources={"partition": "all", "time": "5m", "account": submit_limited, "qos": submit_limited},
                     metric={"name": "loss", "goal": "minimize"}, driver_partition="all")
     t0 = time.time()
     sid = run_sweep(f)
     sweeps(sid)
-    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "600", "--poll", "2", timeout=650)
+    first = engine.sweep_info(sid)
+    assert len(first["chunks"]) == 1 and first["driver_job_id"]      # the rest is the driver's
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "600", "--poll", "1", timeout=650)
     assert res.returncode == 0, (res.stdout, res.stderr)
-    assert all(r["state"] == "completed" for r in results(sid))
-    chunks = [c["job_id"] for c in engine.sweep_info(sid)["chunks"] if c["job_id"]]
+    rows = results(sid)
+    assert [r["trial"] for r in rows] == list(range(N))
+    for r in rows:
+        x = r["params"]["x"]
+        assert x == r["trial"] and r["state"] == "completed" and r["metrics"]["loss"] == float((x - 37) ** 2), r
+    info = engine.sweep_info(sid)
+    chunks = [c["job_id"] for c in info["chunks"] if c["job_id"]]
     runs = [r for r in slurm.accounting(job_ids=chunks) if r.array_task_id is not None]
     starts, ends = [_t(r.start) for r in runs], [_t(r.end) for r in runs]
     assert len(runs) == N, len(runs)
@@ -76,8 +92,33 @@ def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, swee
     latency = min(starts) - t0
     ideal = math.ceil(N / P) * trial + latency
     wall = max(ends) - t0
+    # Slurm's own hand-off inside one array, in the same run: the first array (all P slots from
+    # the start, so no driver raises its throttle) starts its (P+i)-th task after its i-th end
+    first_runs = [r for r in runs if r.array_job_id == chunks[0]]
+    s0, e0 = sorted(_t(r.start) for r in first_runs), sorted(_t(r.end) for r in first_runs)
+    handoff = statistics.median([s0[P + i] - e0[i] for i in range(len(s0) - P)] or [0.0])
+    slurm_ideal = math.ceil(N / P) * (trial + handoff) + latency
     print(f"\n{N} trials, parallelism {P}, MaxSubmitJobsPerUser {LIMIT}: {len(chunks)} arrays, peak {peak} at once; "
           f"trial {trial:.1f} s, start latency {latency:.1f} s, ideal {ideal:.1f} s, wall {wall:.1f} s, "
-          f"ratio {wall / ideal:.2f} (goal <= 1.2)")
+          f"ratio {wall / ideal:.2f} (goal <= 1.2); Slurm's own task-to-task hand-off in one array "
+          f"{handoff:.1f} s, ideal with it {slurm_ideal:.1f} s, ratio {wall / slurm_ideal:.2f}")
     assert peak <= P
     assert len(chunks) >= 5                  # the limit did split it
+    # every array starts at task 0 and stays below MaxArraySize (never --array=1000-1999)
+    max_array = int(slurm.config()["MaxArraySize"])
+    sizes = {c["job_id"]: c["n_tasks"] for c in info["chunks"] if c["job_id"]}
+    assert sum(sizes.values()) == N and max(sizes.values()) < max_array and info["status"] == "done", sizes
+    for job, n in sizes.items():
+        assert {int(r.array_task_id) for r in runs if r.array_job_id == job} == set(range(n)), job
+    d = Path(info["directory"])                  # one report per trial: none ran twice
+    assert all(len((d / "trials" / str(i) / "metrics.jsonl").read_text().splitlines()) == 1 for i in range(N))
+    wait_for(lambda: [r for r in slurm.accounting(job_ids=[info["driver_job_id"]])
+                      if r.state.state.value == "COMPLETED"], 60, "the driver job to complete by itself")
+    best = json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)
+    assert best["trial"] == 37 and best["metrics"]["loss"] == 0.0
+    csv = gpuhpc("sweep", "results", str(sid), "--csv")
+    assert csv.returncode == 0 and len(csv.stdout.splitlines()) == N + 1
+    html = tmp_path / "r.html"
+    rep = gpuhpc("sweep", "report", str(sid), "--html", str(html))
+    assert rep.returncode == 0, rep.stderr
+    assert html.read_text().count("<svg") == 2

@@ -66,7 +66,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     work.mkdir()
     _trial_script(work)
     f = write_sweep(work / "s.yaml", name="t-cwd", method="grid", command="bash trial.sh {x}",
-                    parameters={"x": {"type": "int", "low": 0, "high": 59}}, parallelism=12, resources=CPU,
+                    parameters={"x": {"type": "int", "low": 0, "high": 59}}, parallelism=16, resources=CPU,
                     metric={"name": "loss", "goal": "minimize"}, max_queued=24)
     flaky = _flaky_wrappers(tmp_path / "bin", every=2)
     monkeypatch.setenv("PATH", f"{flaky}{os.pathsep}{os.environ['PATH']}")
@@ -82,7 +82,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
              "12 trials completed (the driver refreshes)", interval=1)
     resumed = wait_for(lambda: (lambda r: r.returncode == 0 and r)(gpuhpc("sweep", "resume", str(sid), "--json")),
                        60, "a resume that could ask squeue", interval=0.2)
-    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", timeout=450)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=450)
     assert res.returncode == 0, (res.stdout, res.stderr)
     info = engine.sweep_info(sid)
     assert len(info["chunks"]) >= 3 and info["spec"].workdir == str(work)     # most from the driver
@@ -104,10 +104,10 @@ def test_tpe_proposes_40_distinct_parameter_sets(sweep_env, sweeps, tmp_path):
                     command=f"{PY} -m gpuhpc report-metric loss $(( ({{layers}} - 5) * ({{layers}} - 5) ))",
                     parameters={"lr": {"type": "loguniform", "low": 1.0e-5, "high": 1.0e-1},
                                 "layers": {"type": "int", "low": 1, "high": 12}},
-                    parallelism=10, resources=CPU, metric={"name": "loss", "goal": "minimize"})
+                    parallelism=16, resources=CPU, metric={"name": "loss", "goal": "minimize"})
     sid = run_sweep(f)
     sweeps(sid)
-    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", timeout=450)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=450)
     assert res.returncode == 0, (res.stdout, res.stderr)
     rows = results(sid)
     assert len(rows) == 40 and all(r["state"] == "completed" for r in rows)
@@ -121,8 +121,8 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     from gpuhpc.sweeps import engine
 
     f = write_sweep(tmp_path / "d.yaml", name="t-dead", method="grid", command=f"sleep 1; {PY} -m gpuhpc "
-                    "report-metric loss {x}", parameters={"x": {"type": "int", "low": 0, "high": 23}},
-                    parallelism=4, resources=CPU, metric={"name": "loss", "goal": "minimize"}, chunk_size=8)
+                    "report-metric loss {x}", parameters={"x": {"type": "int", "low": 0, "high": 11}},
+                    parallelism=4, resources=CPU, metric={"name": "loss", "goal": "minimize"}, chunk_size=4)
     sid = run_sweep(f)
     sweeps(sid)
     driver = engine.sweep_info(sid)["driver_job_id"]
@@ -134,6 +134,6 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     res = gpuhpc("sweep", "resume", str(sid), "--json")
     assert res.returncode == 0, res.stderr
     assert engine.sweep_info(sid)["driver_job_id"] not in (None, driver)
-    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", timeout=350)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
     assert res.returncode == 0, (res.stdout, res.stderr)
-    assert [r["state"] for r in results(sid)] == ["completed"] * 24
+    assert [r["state"] for r in results(sid)] == ["completed"] * 12
