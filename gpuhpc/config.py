@@ -77,6 +77,11 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
         "containers": {
             "allowed_registries": (list, [], "registries jobs may pull images from (empty: any)"),
             "require_digest_partitions": (list, [], "partitions that run only images pinned by digest (* = all)"),
+            # the node image cache (gpuhpc.containers.cache checks the values)
+            "node_cache_dir": (str, "", "node-local directory where pinned images are kept once per node and user "
+                                        "(empty: no cache)"),
+            "node_cache_limit_gb": (int, 0, "size limit of each user's node image cache, least recently used "
+                                                "evicted (0: none)"),
         },
     },
     "user": {

@@ -113,7 +113,10 @@ def container_context(spec: JobSpec) -> dict[str, str]:
     args = container_srun_args(spec.resources, spec.workdir)
     if not args:
         return {"container": ""}
-    return {"container": " ".join(_q(a) for a in args) + ' --container-name="gpuhpc-$SLURM_JOB_ID" '}
+    from gpuhpc.containers.cache import shell_image_option   # the node image cache (docs/containers.md)
+
+    words = [shell_image_option(spec.resources.image or "") or _q(args[0]), *(_q(a) for a in args[1:])]
+    return {"container": " ".join(words) + ' --container-name="gpuhpc-$SLURM_JOB_ID" '}
 
 
 def _template_path(name: str) -> Path:

@@ -210,3 +210,23 @@ def scontrol_show_assoc_mgr_accounts(accounts: Sequence[str]) -> list[str]:
     """``scontrol show assoc_mgr accounts=A,B flags=assoc``: the accounts' associations (the
     account's own and its users') with ``GrpTRESMins=LIMIT(USED minutes)`` (budgets, gpuhpc ledger)."""
     return ["scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", "flags=assoc"]
+
+
+# ---------------------------------------------------------------- containers (node image cache)
+def srun_per_node(nodes: str, count: int, argv: Sequence[str], *, partition: str | None = None,
+                  within_job: bool = False, time_limit: str = "30") -> list[str]:
+    """``srun`` of ``argv`` once on each of ``nodes`` (a hostlist of ``count`` nodes): a new
+    allocation of those nodes (``gpuhpc image prefetch``), or a step of the current job
+    (``within_job``: the job's own nodes)."""
+    out = ["srun", f"--nodes={count}", f"--ntasks={count}", "--ntasks-per-node=1", f"--nodelist={nodes}"]
+    if not within_job:
+        out += [f"--time={time_limit}", "--job-name=gpuhpc-image-prefetch"]
+        if partition:
+            out.append(f"--partition={partition}")
+    return [*out, "--", *argv]
+
+
+def srun_step(options: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """``srun`` of ``argv`` as one task on this node, a step of the current job (a sweep trial
+    in its image: pyxis' ``--container-*`` options in ``options``)."""
+    return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=0", *options, "--", *argv]

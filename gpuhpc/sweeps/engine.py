@@ -210,7 +210,9 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     when something is left). Returns the sweep id. Nothing is written or submitted when the
     resources cannot fit (exit 2) or the quota is exceeded (exit 3)."""
     c = slurm_client(client)
-    from gpuhpc.jobs.spec import check_fits_on
+    from gpuhpc.jobs.spec import check_container_policy, check_fits_on
+
+    check_container_policy(spec.res)        # the site's registries and pins (exit 2), as for a job
 
     # trials run where the user ran `sweep run`, whoever submits them later (the driver's own
     # working directory is the sweep directory): recorded in the sweep's spec
@@ -259,8 +261,10 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     directory = root / str(sid)
     (directory / "chunks").mkdir(parents=True, exist_ok=True)
     (directory / "trials").mkdir(exist_ok=True)
+    from gpuhpc.jobs.spec import container_srun_args      # trials in an image: trial.py runs them there
     _write_json(directory / "sweep.json", {"sweep_id": sid, "name": spec.name, "command": spec.command,
-                                           "kind": kind, "metric": spec.metric.name})
+                                           "kind": kind, "metric": spec.metric.name,
+                                           "container": container_srun_args(spec.res)})
     if payload is not None:
         from gpuhpc.fsutil import write_atomic
 
@@ -443,13 +447,17 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
     """The JobSpec of one chunk: the ``single`` template (checkpoint → requeue → resume) around
     ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%T`` (``T``: the sweep's
     free slots when it was submitted; raised later by :func:`balance`)."""
+    import dataclasses
+
     from gpuhpc.jobs.spec import JobSpec
 
     env = dict(spec.env)
     env.update({"GPUHPC_SWEEP_ID": str(sid)})
     return JobSpec(
         command=(sys.executable, "-m", "gpuhpc.sweeps.trial", str(directory), str(number)),
-        resources=res or spec.res, name=f"{spec.name}-s{sid}-c{number}", template=template or spec.template,
+        # the trial runner is gpuhpc's Python on the host; it runs the trial in the image (trial.py)
+        resources=dataclasses.replace(res or spec.res, image=None, mounts=(), container_workdir=None),
+        name=f"{spec.name}-s{sid}-c{number}", template=template or spec.template,
         env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,

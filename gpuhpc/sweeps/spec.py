@@ -426,9 +426,9 @@ class SweepSpec:
                 if not (exc.field or "").startswith("resources."):
                     raise
                 raise UserInputError(exc.message.split(": ", 1)[-1], field=f"{f}.{exc.field}", hint=exc.hint) from None
-        if self.resources.get("image") is not None:     # the trial runner is gpuhpc's Python on the host
-            raise UserInputError("sweeps do not run in a container image yet", field="resources.image",
-                                 hint="drop image (docs/containers.md)")
+        if self.resources.get("image") is not None and self.command is None:  # a callable runs in the host's Python
+            raise UserInputError("a Python sweep does not run in a container image yet", field="resources.image",
+                                 hint="use a command sweep, or drop image (docs/containers.md)")
         for k, v in self.env.items():
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:

@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhpc.sweeps.spec import render_command
 
     command = render_command(meta["command"], entry["params"])
+    if meta.get("container"):          # in the sweep's image (its sh): one srun step (docs/containers.md)
+        from gpuhpc.containers.cache import step_argv
+
+        argv = step_argv(meta["container"], ["sh", "-c", command])
+        os.execvp(argv[0], argv)
     os.execvp("bash", ["bash", "-c", command])
     return 127      # not reached
 

@@ -112,3 +112,78 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and " configure " in f" {calls[0]} ", calls
     assert "--device=1,2" in calls[0].split() and "--compute" in calls[0].split(), calls
+
+
+def _cache_env(env: dict, base: Path, tmp_path: Path) -> dict:
+    """The environment of a user of a site whose node image cache is in the cluster's directory."""
+    images = base / "images"
+    images.mkdir(exist_ok=True)
+    site = tmp_path / "site.toml"
+    site.write_text(f'[containers]\nnode_cache_dir = "{images}"\n')
+    return {**env, "GPUHPC_SITE_CONFIG": str(site), "GPUHPC_LEDGER": "off", "GPUHPC_DATA_DIR": str(tmp_path / "data")}
+
+
+def _imports(base: Path) -> list[dict]:
+    log = base / "images" / str(os.geteuid()) / "imports.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_sweep_of_20_trials_in_an_image_imports_it_once_per_node(cluster, tmp_path):
+    """Issue 23: the trials run in the image (the trial runner stays on the host and starts each
+    trial in an srun step there); the node cache shows one import and 19 trials' logs the reuse.
+    (This private cluster has no accounting: the trials' end is read from the queue and logs.)"""
+    client, env, base = cluster
+    image = registry_image()
+    e = _cache_env(env, base, tmp_path)
+    before = [r for r in _imports(base) if r["image"] == image]
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"""name: ctr-sweep
+command: echo "trial x={{x}} in $(grep ^ID= /etc/os-release)"
+parameters:
+  x: {{values: [{', '.join(str(i) for i in range(20))}]}}
+method: grid
+parallelism: 20
+resources: {{partition: pyx, time: 5m, image: '{image}'}}
+metric: {{name: loss, goal: minimize}}
+""")
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "sweep", "run", "--json", str(sweep)], env=e,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    sid = json.loads(res.stdout)["sweep_id"]
+    wait_for(lambda: not client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 300,
+             f"the sweep's 20 trials to end\n{logs(base)}")
+    outs = [p.read_text() for p in (tmp_path / "data" / "sweeps" / str(sid) / "logs").glob("*.out")]
+    ran = sorted(int(line.split()[1].split("=")[1]) for text in outs for line in text.splitlines()
+                 if line.startswith("trial x=") and line.endswith("in ID=gpuhpc-test"))
+    assert ran == list(range(20)), "\n".join(outs)
+    imported = [r for r in _imports(base) if r["image"] == image and r["event"] == "import"]
+    if not before:       # the first use on this node: one import, every other trial reused it
+        assert len(imported) == 1, imported
+        assert sum("imported into the node cache" in text for text in outs) == 1
+    assert sum("reused from the node cache" in text for text in outs) == 20 - (0 if before else 1)
+    listed = subprocess.run([sys.executable, "-m", "gpuhpc", "image", "cache", "--json"], env=e, capture_output=True,
+                            text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert any(im["file"] == imported[0]["file"] for im in json.loads(listed.stdout)["images"])
+
+
+def test_prefetch_fills_a_nodes_cache_and_a_job_starts_from_it(cluster, tmp_path):
+    """``gpuhpc image prefetch REF --nodes`` imports on the node; a job submitted with the
+    image then reuses it (the job script asks the cache: gpuhpc.containers.cache)."""
+    client, env, base = cluster
+    image = registry_image("ngc")
+    e = _cache_env(env, base, tmp_path)
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "image", "prefetch", image, "--nodes", "pyx-node1",
+                          "--partition", "pyx"], env=e, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+    assert [r["event"] for r in _imports(base) if r["image"] == image] == ["import"]
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--partition", "pyx", "--time", "5m", "--json",
+                          "--image", image, "--", "sh", "-c", "grep ^ID= /etc/os-release"], env=e,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)
+    wait_for(lambda: not client.run(["squeue", "-h", "-j", job["job_id"], "-o", "%i"], check=False).stdout.strip(),
+             120, f"job {job['job_id']} to end\n{logs(base)}")
+    log = Path(job["log"]).read_text()
+    assert "reused from the node cache" in log and "ID=gpuhpc-test" in log, log
+    assert [r["event"] for r in _imports(base) if r["image"] == image] == ["import"]

@@ -75,10 +75,10 @@ def test_job_file_container_section():
         JobSpec.from_mapping({"command": ["true"], "container": {"mounts": ["/a:/b"]}})
 
 
-def test_a_sweep_in_an_image_is_refused_for_now():
+def test_a_command_sweep_runs_in_an_image():
     from gpuhpc.sweeps.spec import SweepSpec
 
-    with pytest.raises(UserInputError, match="resources.image: sweeps do not run in a container image yet"):
-        SweepSpec.from_mapping({"name": "s", "command": "python t.py --lr {lr}", "metric": {"name": "loss"},
-                                "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
-                                "resources": {"image": "a#b:1"}})
+    spec = SweepSpec.from_mapping({"name": "s", "command": "python t.py --lr {lr}", "metric": {"name": "loss"},
+                                   "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
+                                   "resources": {"image": "a#b:1", "mounts": ["/d:/d"]}})
+    assert spec.res.image == "a#b:1" and spec.res.mounts == ("/d:/d",)
