@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "integration" / "containers")]
 
-from pyxis_cluster import SQUASH_OPTIONS, logs, pyxis_cluster, registry_image  # noqa: E402
+from pyxis_cluster import SQUASH_OPTIONS, pyxis_cluster, registry_image  # noqa: E402
 
 SCRIPT = r"""
 t() { local a b; a=$(date +%s.%N); "$@" >/dev/null || exit 1; b=$(date +%s.%N); echo "$a $b" | awk '{printf "%.3f\n", $2 - $1}'; }
@@ -37,11 +37,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     image = registry_image()
-    with pyxis_cluster() as (_client, env, base):
+    with pyxis_cluster() as cluster:
         res = subprocess.run(["salloc", "--partition=pyx", "--time=10", "bash", "-c", SCRIPT, "bench",
-                              str(args.repeat), image], env=env, capture_output=True, text=True, timeout=600)
+                              str(args.repeat), image], env=cluster.env, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
-            print(res.stdout, res.stderr, logs(base), sep="\n", file=sys.stderr)
+            print(res.stdout, res.stderr, cluster.logs(), sep="\n", file=sys.stderr)
             return 1
     times: dict[str, list[float]] = {}
     for line in res.stdout.splitlines():

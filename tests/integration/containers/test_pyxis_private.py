@@ -1,5 +1,5 @@
 """A job in an image on a real Slurm with pyxis and enroot (issue 23's first acceptance point, on a
-private controller, pyxis_cluster.py): the local registry's image (scripts/services/registry.sh)
+private controller, pyxis_cluster.py on tests/private_slurm.py): the local registry's image (scripts/services/registry.sh)
 pinned by digest; ``srun --container-image=…@sha256:…`` and ``gpuhpc submit --image …@sha256:…``
 both print the image's /etc/os-release, and a file written to a mount is there; an NGC-style image
 asks the nvidia-container-cli stand-in for exactly the job's GPUs. Marked isolated: nothing here
@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import logs, pyxis_cluster, registry_image
+from pyxis_cluster import pyxis_cluster, registry_image
 
 from polling import wait_for
 
@@ -43,13 +43,13 @@ def user():
 
 
 def test_a_job_runs_in_the_pinned_image(cluster, tmp_path):
-    client, env, base = cluster
+    client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image()
     assert "@sha256:" in image
 
     res = subprocess.run(["srun", "--partition=pyx", "--time=5", f"--container-image={image}", "cat", "/etc/os-release"], env=env,
                          capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+    assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
     assert "ID=gpuhpc-test" in res.stdout
 
     out = tmp_path / "out"
@@ -62,15 +62,15 @@ def test_a_job_runs_in_the_pinned_image(cluster, tmp_path):
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)
     wait_for(lambda: not client.run(["squeue", "-h", "-j", job["job_id"], "-o", "%i"], check=False).stdout.strip(),
-             120, f"job {job['job_id']} to end\n{logs(base)}")
-    assert Path(job["log"]).exists(), f"{job['log']} missing\n{logs(base)}"
+             120, f"job {job['job_id']} to end\n{cluster.logs()}")
+    assert Path(job["log"]).exists(), f"{job['log']} missing\n{cluster.logs()}"
     log = Path(job["log"]).read_text()
     assert 'PRETTY_NAME="gpuhpc test image 1 (busybox)"' in log, log
     assert (out / "os-release").read_text().startswith('NAME="gpuhpc test image"')
 
 
 def test_an_ordinary_user_runs_as_itself_and_owns_what_it_writes_to_a_mount(cluster, user):
-    client, env, base = cluster
+    client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image()
     pw = pwd.getpwnam(user)
     out = Path(tempfile.mkdtemp(prefix="gpuhpc-ctr-out-", dir="/var/tmp"))
@@ -81,7 +81,7 @@ def test_an_ordinary_user_runs_as_itself_and_owns_what_it_writes_to_a_mount(clus
                               f"--container-image={image}", f"--container-mounts={out}:/out",
                               "sh", "-c", "id -u; touch /out/written"], capture_output=True, text=True, timeout=180,
                              cwd="/var/tmp")
-        assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+        assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
         assert res.stdout.split()[0] == str(pw.pw_uid)               # the user's uid inside, not root
         assert (out / "written").stat().st_uid == pw.pw_uid
     finally:
@@ -92,7 +92,7 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
     """The image sets NVIDIA_VISIBLE_DEVICES=all; the job holds GPUs 1 and 2 (a job on GPU 0
     first): enroot's 98-nvidia hook, after the role's 90-gpuhpc-slurm-gpus.sh, asks the stand-in
     on slurmd's PATH for --device=1,2, not all (nor the first two)."""
-    client, env, base = cluster
+    client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image("ngc")
     holder = client.run(["sbatch", "--parsable", "--partition=pyx", "--gpus=1", "--time=2", "--wrap", "sleep 120"],
                         check=False)
@@ -107,7 +107,7 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
                              env={**env, "GPUHPC_NVCLI_LOG": str(log)}, capture_output=True, text=True, timeout=180)
     finally:
         client.run(["scancel", holder_id], check=False)
-    assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+    assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
     assert "step=1,2 inside=1,2" in res.stdout, res.stdout
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and " configure " in f" {calls[0]} ", calls
@@ -132,7 +132,7 @@ def test_a_sweep_of_20_trials_in_an_image_imports_it_once_per_node(cluster, tmp_
     """Issue 23: the trials run in the image (the trial runner stays on the host and starts each
     trial in an srun step there); the node cache shows one import and 19 trials' logs the reuse.
     (This private cluster has no accounting: the trials' end is read from the queue and logs.)"""
-    client, env, base = cluster
+    client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image()
     e = _cache_env(env, base, tmp_path)
     before = [r for r in _imports(base) if r["image"] == image]
@@ -151,7 +151,7 @@ metric: {{name: loss, goal: minimize}}
     assert res.returncode == 0, res.stderr
     sid = json.loads(res.stdout)["sweep_id"]
     wait_for(lambda: not client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 300,
-             f"the sweep's 20 trials to end\n{logs(base)}")
+             f"the sweep's 20 trials to end\n{cluster.logs()}")
     outs = [p.read_text() for p in (tmp_path / "data" / "sweeps" / str(sid) / "logs").glob("*.out")]
     ran = sorted(int(line.split()[1].split("=")[1]) for text in outs for line in text.splitlines()
                  if line.startswith("trial x=") and line.endswith("in ID=gpuhpc-test"))
@@ -170,12 +170,12 @@ metric: {{name: loss, goal: minimize}}
 def test_prefetch_fills_a_nodes_cache_and_a_job_starts_from_it(cluster, tmp_path):
     """``gpuhpc image prefetch REF --nodes`` imports on the node; a job submitted with the
     image then reuses it (the job script asks the cache: gpuhpc.containers.cache)."""
-    client, env, base = cluster
+    client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image("ngc")
     e = _cache_env(env, base, tmp_path)
     res = subprocess.run([sys.executable, "-m", "gpuhpc", "image", "prefetch", image, "--nodes", "pyx-node1",
                           "--partition", "pyx"], env=e, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, f"{res.stderr}\n{logs(base)}"
+    assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
     assert [r["event"] for r in _imports(base) if r["image"] == image] == ["import"]
     res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--partition", "pyx", "--time", "5m", "--json",
                           "--image", image, "--", "sh", "-c", "grep ^ID= /etc/os-release"], env=e,
@@ -183,7 +183,7 @@ def test_prefetch_fills_a_nodes_cache_and_a_job_starts_from_it(cluster, tmp_path
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)
     wait_for(lambda: not client.run(["squeue", "-h", "-j", job["job_id"], "-o", "%i"], check=False).stdout.strip(),
-             120, f"job {job['job_id']} to end\n{logs(base)}")
+             120, f"job {job['job_id']} to end\n{cluster.logs()}")
     log = Path(job["log"]).read_text()
     assert "reused from the node cache" in log and "ID=gpuhpc-test" in log, log
     assert [r["event"] for r in _imports(base) if r["image"] == image] == ["import"]
