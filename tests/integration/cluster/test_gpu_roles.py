@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
         "nccl": {"ib_gid_index": 3, "socket_ifname": "=eth0"},
         "node_groups": [{"name": "mig", "hostname": "mig-node{n}", "count": 1, "sockets": 1, "cores_per_socket": 2,
                          "memory_mb": 1000, "ib_hcas": ["mlx5_0", "mlx5_3", "mlx5_1"],
-                         "gpus": {"type": "h100", "count": 2, "mig": layouts}}],
+                         "gpus": {"type": "h100", "count": 2, "mig": layouts,
+                                  # slurmd -G stats every File=: the slices' device files live in the test's root
+                                  "mig_device": str(tmp / "dev" / "nvidia-cap{index}")}}],
         "partitions": [{"name": "debug", "nodes": ["ALL"], "default": True}],
     }
 
@@ -61,6 +64,9 @@ class GpuHost:
         self.log = tmp / "smi-calls.jsonl"
         self.bin = tmp / "bin"
         self.bin.mkdir()
+        (tmp / "dev").mkdir()
+        for i in range(14):
+            (tmp / "dev" / f"nvidia-cap{i}").touch()
         shutil.copy(STANDIN, self.bin / "nvidia-smi")
         smi = fixtures_dir / "nvidia-smi"
         state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
@@ -75,14 +81,17 @@ class GpuHost:
             "gpuhpc_slurm_common_spec": str(self.spec), "gpuhpc_slurm_common_install_packages": False,
             "gpuhpc_slurm_common_applied_dir": str(tmp / "applied"), "gpuhpc_slurm_common_billing_file": "",
             "gpuhpc_nvidia_gpu_node": "mig-node1", "gpuhpc_gpudirect_rdma_node": "mig-node1",
+            "gpuhpc_nvidia_gpu_mig_script": str(tmp / "sbin" / "gpuhpc-mig-apply"),
+            "gpuhpc_nvidia_gpu_mig_layout_file": str(tmp / "gpuhpc" / "mig-layout.json"),
+            "gpuhpc_nvidia_gpu_systemd_dir": str(tmp / "systemd"),
             "gpuhpc_gpudirect_rdma_nccl_env_file": str(tmp / "gpuhpc" / "nccl.env")}}}}, sort_keys=False))
 
     def write_spec(self, layouts: list[list[str]]) -> None:
         self.spec.write_text(yaml.safe_dump(_spec(self.tmp, layouts), sort_keys=False))
 
-    def run(self, role: str | tuple[str, ...], *extra: str) -> tuple[dict[str, int], str, list[list[str]]]:
+    def run(self, role: str | tuple[str, ...], *extra: str, ok: bool = True) -> tuple[dict[str, int], str, list[list[str]]]:
         """ansible-playbook with gpuhpc_slurm_common and ``role`` (or roles, in one play); (recap,
-        output, nvidia-smi calls)."""
+        output, nvidia-smi calls). ``ok``: the play must succeed."""
         roles = (role,) if isinstance(role, str) else role
         playbook = self.tmp / f"{'+'.join(roles)}.yml"
         playbook.write_text(yaml.safe_dump([{
@@ -92,14 +101,30 @@ class GpuHost:
             "tasks": [{"name": "Record the applied Slurm config", "ansible.builtin.include_role": {
                 "name": "gpuhpc.cluster.gpuhpc_slurm_common", "tasks_from": "applied.yml"}, "when": "not ansible_check_mode"}]}]))
         self.log.write_text("")
-        env = ansible_env(self.tmp)
-        env.update(PATH=f"{self.bin}{os.pathsep}{env['PATH']}", GPUHPC_NVML_STANDIN=str(self.state),
-                   GPUHPC_SMI_STANDIN_LOG=str(self.log), ANSIBLE_PIPELINING="1")
+        env = self.env()
         proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(self.inventory),
                                str(playbook), *extra], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        assert proc.returncode == 0 or not ok, proc.stdout[-6000:] + proc.stderr[-2000:]
         calls = [json.loads(line) for line in self.log.read_text().splitlines()]
         return recap(proc), proc.stdout, calls
+
+    def env(self) -> dict[str, str]:
+        env = ansible_env(self.tmp)
+        env.update(PATH=f"{self.bin}{os.pathsep}{env['PATH']}", GPUHPC_NVML_STANDIN=str(self.state),
+                   GPUHPC_SMI_STANDIN_LOG=str(self.log), GPUHPC_SMI_STANDIN_BOOT_FILE=str(self.tmp / "run" / "boot-id"),
+                   ANSIBLE_PIPELINING="1")
+        return env
+
+    def reboot(self) -> None:
+        """What a reboot leaves the stand-in: /run emptied (MIG mode stays, instances go)."""
+        (self.tmp / "run" / "boot-id").unlink()
+
+    def boot_unit(self) -> subprocess.CompletedProcess:
+        """The boot-time unit's ExecStart, as systemd runs it before slurmd."""
+        unit = (self.tmp / "systemd" / "gpuhpc-mig.service").read_text()
+        argv = next(line for line in unit.splitlines() if line.startswith("ExecStart=")).split("=", 1)[1].split()
+        self.log.write_text("")
+        return subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=60)
 
     def instances(self) -> list[list[tuple[str, int]]]:
         st = json.loads(self.state.read_text())
@@ -151,6 +176,9 @@ def test_nvidia_gpu_mig_check_apply_and_reapply(converged):
     assert _mig_changes(calls) == [["-i", "1", "-mig", "1"], ["mig", "-i", "1", "-cgi", "3g.40gb:0,3g.40gb:4", "-C"]]
     assert converged["apply_left"][0] == [[("1g.10gb", s) for s in range(7)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     assert "MIG layout of mig-node1 changed: slurmd" in out, out[-4000:]
+    # isolation: what slurmd itself detects from the rendered gres.conf has a device file per slice
+    assert "node mig-node1: slurmd -G gives all 9 GPU(s)/MIG slice(s) a device file" in out, out[-4000:]
+    assert "gpuhpc-mig.service not enabled: systemd is not running on this host" in out, out[-4000:]
 
     # re-apply: the GPUs already have the layout: no MIG command at all, nothing changed
     counts, out, calls = converged["reapply"]
@@ -171,10 +199,53 @@ def test_nvidia_gpu_mig_layout_change(converged):
     assert h.instances() == [[("1g.10gb", s) for s in range(4)] + [("3g.40gb", 4)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     gres = (h.tmp / "etc" / "gres.conf").read_text()
     assert gres != gres_before, gres
-    assert "Type=1g.10gb File=/dev/nvidia-caps/nvidia-cap[0-3]" in gres and "Type=3g.40gb File=/dev/nvidia-caps/nvidia-cap[4-6]" in gres
+    assert f"Type=1g.10gb File={h.tmp}/dev/nvidia-cap[0-3]" in gres and f"Type=3g.40gb File={h.tmp}/dev/nvidia-cap[4-6]" in gres
     # the daemons are told: the spec's new Gres= counts (slurm.conf and gres.conf) and the new MIG devices
     for reason in ("nodename=mig-node1: slurmctld, slurmd", "gres.conf: reconfigure", "MIG layout of mig-node1 changed: slurmd"):
         assert reason in out, out[-4000:]
+
+
+def test_mig_layout_comes_back_after_a_reboot(converged):
+    """The boot-time unit (before slurmd, which requires it) puts the layout back: after a "reboot" the
+    stand-in keeps MIG mode and loses every instance, as real GPUs do; the unit's ExecStart rebuilds
+    the spec's layout, and on an intact layout runs no MIG command."""
+    h = converged["host"]
+    unit = (h.tmp / "systemd" / "gpuhpc-mig.service").read_text()
+    for line in ("Before=slurmd.service nvidia-persistenced.service nvidia-fabricmanager.service nvidia-dcgm.service",
+                 "Type=oneshot", "RequiredBy=slurmd.service"):
+        assert line in unit, unit
+    layout = json.loads((h.tmp / "gpuhpc" / "mig-layout.json").read_text())
+    assert layout["clients"] == ["nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm"]
+    before = h.instances()
+    assert before[0] and before[1]
+    h.reboot()
+    listing = subprocess.run([str(h.bin / "nvidia-smi"), "-L"], env=h.env(), capture_output=True, text=True, timeout=30)
+    assert "MIG" not in listing.stdout and h.instances() == [[], []]     # the first call after boot sees none
+    assert [g["mig_mode"] for g in json.loads(h.state.read_text())["gpus"]] == ["Enabled", "Enabled"]
+    proc = h.boot_unit()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert h.instances() == before
+    assert "MIG layout of mig-node1 applied: 2 command(s)" in proc.stdout, proc.stdout
+    again = h.boot_unit()
+    assert again.returncode == 0 and "already applied" in again.stdout, again.stdout + again.stderr
+    assert _mig_changes([json.loads(line) for line in h.log.read_text().splitlines()]) == []
+
+
+def test_slurmd_without_device_files_for_the_slices_fails_the_play(converged):
+    """AutoDetect=nvml renders Count=-only MIG lines; this slurmd (Debian 12's) has no gpu_nvml.so, so
+    slurmd -G detects no slice with a device file: the play fails, saying why and what to change."""
+    h = converged["host"]
+    spec = yaml.safe_load(h.spec.read_text())
+    spec["runtime"]["gres_autodetect"] = "nvml"
+    h.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
+    playbook = h.tmp / f"{NVIDIA}.yml"
+    proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(h.inventory),
+                           str(playbook), "--tags", "configure,verify"], cwd=REPO, env=h.env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "Type=1g.10gb Count=4" in (h.tmp / "etc" / "gres.conf").read_text()     # the layout change's
+    assert ("node mig-node1: slurmd -G detects 0 GPU(s)/MIG slice(s), the spec has 7: jobs would not be confined to "
+            "their GPUs. This slurmd has no NVML plugin (gpu_nvml.so)") in proc.stdout, proc.stdout[-4000:]
 
 
 def test_gpudirect_rdma_packages_nccl_profile_and_skips(converged):
@@ -193,19 +264,59 @@ def test_gpudirect_rdma_packages_nccl_profile_and_skips(converged):
     assert counts == {"changed": 0, "failed": 0}, out[-4000:]
 
 
-@pytest.mark.parametrize("nvrm, method", [
-    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", "DMA-BUF"),
-    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 22:15:33 UTC 2024", "nvidia-peermem"),
-], ids=["open-550", "proprietary-535"])
-def test_gpudirect_rdma_picks_dmabuf_or_peermem(gpu_host, nvrm, method):
-    """The decision on a host with a driver and an HCA (their /proc and /sys entries as files of the
-    test's own; this kernel is >= 5.12): open modules of 550 -> DMA-BUF, proprietary 535 -> nvidia-peermem."""
-    h = gpu_host
+PROPRIETARY_535 = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 22:15:33 UTC 2024"
+# the keys DGX OS writes to /etc/dgx-release (DGX_SERIAL_NUMBER left out); the roles look for DGX_* keys
+DGX_RELEASE = ('DGX_NAME="DGX Server"\nDGX_PRETTY_NAME="NVIDIA DGX Server"\nDGX_SWBUILD_DATE="2021-08-18-20-11-12"\n'
+               'DGX_SWBUILD_VERSION="5.1.0"\nDGX_COMMIT_ID="6933cd7"\nDGX_PLATFORM="DGX Server for DGX A100"\n\n'
+               'DGX_OTA_VERSION="5.2.0"\n')
+
+
+def _host_facts(h: GpuHost, nvrm: str, ofed: bool, dgx: bool = False) -> list[str]:
+    """-e overrides that point the roles' /proc, /sys and /etc facts at files of the test's own (this
+    kernel is >= 5.12; one HCA; an OFED's ofed_info or none; DGX OS's /etc/dgx-release or none)."""
     (h.tmp / "nvrm").write_text(nvrm + "\n")
-    (h.tmp / "infiniband" / "mlx5_0").mkdir(parents=True)
-    counts, out, _ = h.run(RDMA, "--check", "--tags", "gpudirect_rdma", "-e", json.dumps({
+    (h.tmp / "infiniband" / "mlx5_0").mkdir(parents=True, exist_ok=True)
+    (h.tmp / "ofed_info").write_text("#!/bin/sh\n")
+    (h.tmp / "dgx-release").write_text(DGX_RELEASE)
+    none = str(h.tmp / "no-such-file")
+    return ["-e", json.dumps({
         "_gpuhpc_gpudirect_rdma_nvrm_file": str(h.tmp / "nvrm"), "_gpuhpc_gpudirect_rdma_ib_class": str(h.tmp / "infiniband"),
-        "_gpuhpc_gpudirect_rdma_peermem_module": str(h.tmp / "no-such-module")}))
+        "_gpuhpc_gpudirect_rdma_peermem_module": none,
+        "_gpuhpc_gpudirect_rdma_ofed_info": str(h.tmp / "ofed_info") if ofed else none,
+        "_gpuhpc_gpudirect_rdma_dgx_release": str(h.tmp / "dgx-release") if dgx else none,
+        "_gpuhpc_nvidia_gpu_dgx_release": str(h.tmp / "dgx-release") if dgx else none})]
+
+
+@pytest.mark.parametrize("nvrm, ofed, method", [
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", False, "DMA-BUF"),
+    (PROPRIETARY_535, True, "nvidia-peermem"),
+    (PROPRIETARY_535, False, None),
+], ids=["open-550-inbox", "proprietary-535-ofed", "proprietary-535-inbox"])
+def test_gpudirect_rdma_picks_dmabuf_or_peermem(gpu_host, nvrm, ofed, method):
+    """The decision on a host with a driver and an HCA: open modules of 550 -> DMA-BUF (inbox RDMA is
+    enough); proprietary 535 -> nvidia-peermem, which loads only against an OFED's ib_core; proprietary
+    535 with inbox RDMA -> neither can load: the play fails, saying why and what to change."""
+    h = gpu_host
+    counts, out, _ = h.run(RDMA, "--check", "--tags", "gpudirect_rdma", *_host_facts(h, nvrm, ofed), ok=method is not None)
+    if method is None:
+        assert counts["failed"] == 1
+        assert ("GPUDirect RDMA cannot load on mig-node1: driver 535 (proprietary modules), kernel" in out
+                and "the inbox RDMA stack has no peer-memory API, so nvidia-peermem cannot load; install the open "
+                    "kernel modules (nvidia-kernel-open-dkms), or set gpuhpc_gpudirect_rdma_ofed to mofed or doca" in out), out[-4000:]
+        return
     assert counts["failed"] == 0, out[-4000:]
     assert f"GPUDirect RDMA through {method}: kernel" in out and "HCAs mlx5_0" in out, out[-4000:]
     assert ("Load nvidia-peermem at boot" in out) == (method == "nvidia-peermem"), out[-4000:]
+
+
+def test_dgx_os_keeps_its_driver_ofed_and_peermem_loader(gpu_host):
+    """Recorded DGX OS facts (/etc/dgx-release): the driver, OFED and nvidia-peermem loader are left
+    alone, each role says so in one line, and a proprietary driver without an OFED of ours is no error."""
+    h = gpu_host
+    counts, out, _ = h.run((NVIDIA, RDMA), "--check", *_host_facts(h, PROPRIETARY_535, ofed=False, dgx=True))
+    assert counts["failed"] == 0, out[-4000:]
+    assert f"driver, fabric manager and DCGM packages left as they are: DGX OS ({h.tmp}/dgx-release) installs its own" in out
+    assert (f"gpudirect_rdma on DGX OS ({h.tmp}/dgx-release): its driver, OFED and nvidia-peermem loader are left as they "
+            "are (no OFED install, no modules-load file); only the NCCL profile is written") in out, out[-4000:]
+    for task in ("Load nvidia-peermem at boot", "Install the RDMA packages", "Do not load nvidia-peermem where DMA-BUF"):
+        assert not re.search(rf"TASK \[[^\]]*{re.escape(task)}[^\n]*\n+(ok|changed):", out), task
