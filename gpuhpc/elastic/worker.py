@@ -89,6 +89,8 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         instances = provider.launch(pool, list(plan.nodes), plan.token)
     except ProviderError as exc:
         log.warning("launch %s on %s failed: %s", plan.nodes, pool.name, exc)
+        journal.append(config.state_dir, {"event": "launch_failed", "cluster": config.cluster, "pool": pool.name,
+                                          "code": exc.code, "nodes": list(plan.nodes), "at": time.time()})
         cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time())
         return
     journal.append(config.state_dir, *(journal.launch_event(config, pool, inst) for inst in instances))
@@ -124,8 +126,16 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
             for iid in plan.instance_ids))
         provider_for(pool.provider, config).terminate(list(plan.instance_ids))
     if plan.op == "failed":
-        cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)
-        protect(config, slurm, store, pool.name, plan.nodes, now)
+        if plan.instance_ids:       # a boot that failed
+            cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)
+            protect(config, slurm, store, pool.name, plan.nodes, now)
+        elif (cd := store.read().cooldowns.get(pool.name)) and cd["until"] > now:
+            # a launch a capacity error refused: Slurm has just set it DOWN ("ResumeTimeout
+            # reached"); the cooldown that holds the pool takes it back (its cause and end kept)
+            cool_down(config, slurm, store, pool.name, plan.nodes, cd["code"], now)
+        else:
+            # ... and that cooldown is over already: the node is back in the pool
+            slurm.resume(hostlist.compress(plan.nodes))
 
 
 def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None = None) -> None:

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from gpuhpc.elastic import journal
+from gpuhpc.elastic.metrics import samples
+from gpuhpc.elastic.store import Store
 from gpuhpc.ledger import db, instances
 from elastic_helpers import RESTART_BUDGET, RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT, UNRESOLVED
 from polling import wait_for
@@ -70,6 +72,9 @@ def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_nex
     wait_for(lambda: "DOWN" in el.state("el-spot1").replace("POWERED_DOWN", ""), 30, "el-spot1 DOWN")
     t_down = el.mark(f"el-spot1 {el.state('el-spot1')}: {el.node('el-spot1').reason}")
     assert "InsufficientInstanceCapacity" in el.node("el-spot1").reason
+    assert ("gpuhpc_elastic_resume_failures_total", ("spot", "InsufficientInstanceCapacity")) in [
+        (n, labels) for n, labels, _ in samples(el.config, journal.read(el.config.state_dir), Store(el.config.state_dir).read(),
+                                                time.time())]
     assert t_down < RESUME_TIMEOUT, "DOWN came from the capacity error, not from ResumeTimeout"
     wait_for(lambda: "DOWN" in el.state("el-spot2").replace("POWERED_DOWN", ""), 10, "the spot pool to cool down")
     el.mark(f"el-spot2 {el.state('el-spot2')} (pool cooling down)")
@@ -85,7 +90,7 @@ def test_a_capacity_error_sets_the_node_down_at_once_and_the_job_runs_in_the_nex
              RESUME_TIMEOUT + 30, "the reconciler to end the spot cooldown")
     el.mark("reconciler ended the spot cooldown")
     wait_for(lambda: all("DOWN" not in el.state(n).replace("POWERED_DOWN", "") for n in ("el-spot1", "el-spot2")),
-             30, "the spot nodes back in the pool after the cooldown")
+             30, f"the spot nodes back in the pool after the cooldown ({[(el.state(n), el.node(n).reason) for n in ('el-spot1', 'el-spot2')]})")
     el.mark(f"cooldown over: el-spot1 {el.state('el-spot1')}, el-spot2 {el.state('el-spot2')}")
 
 
@@ -214,3 +219,7 @@ echo "done $n" >> {log}
     el.mark(f"job {job} {rec.get('JobState')} ({rec.get('Reason')}): {rec.get('AdminComment')}")
     assert rec.get("JobState") == "PENDING" and f"restart budget {RESTART_BUDGET} spent" in rec.get("AdminComment", "")
     el.client.run(["scancel", job], check=False)
+    # monitoring: the exporter's collector over this cluster's journal counts both reclaims
+    got = {(n, labels): v for n, labels, v in samples(el.config, journal.read(el.config.state_dir),
+                                                      Store(el.config.state_dir).read(), time.time())}
+    assert got[("gpuhpc_elastic_reclaims_total", ("spot",))] >= 2, got
