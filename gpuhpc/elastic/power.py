@@ -82,6 +82,7 @@ def release_plans(config: ElasticConfig, nodes: list[str], store: Store, now: fl
             names.append(n)
             if rec is not None and rec.instance_id:
                 ids.append(rec.instance_id)
+                state.releasing[rec.instance_id] = now       # not an orphan while the worker ends it
     op = "failed" if failed else "terminate"
     reason = f"gpuhpc: no registration within ResumeTimeout ({config.resume_timeout}s)" if failed else ""
     return [Plan(op, pool, tuple(names), _token(config.cluster, None, tuple(names), now), None, tuple(ids), reason)

@@ -8,7 +8,8 @@ The decision table (first match per node; orphans per instance):
 what it sees                      what it does
 ================================  =====================================================
 an instance of ours that no node  after ``orphan_grace`` from its launch: terminate it
-record names (orphan)             (never before: a launch in flight is not yet recorded)
+record names (orphan)             (never before: a launch in flight is not yet recorded; nor
+                                  while a suspend's worker is ending it: ``releasing``)
 a record whose instance is gone   DOWN (its job requeues now), then POWER_DOWN; forget it
 (not listed, or terminated)       (not while the record's launch is younger than the
                                   pool's boot timeout: the worker may still be at it)
@@ -86,6 +87,9 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
     by_node = {n.name: n for n in nodes}
     live = {i.id: i for i in instances if i.state != "terminated"}
     recorded = {r.instance_id for r in state.nodes.values() if r.instance_id}
+    # suspend and resume-fail forget a node before their worker ends its instance: not an orphan
+    # meanwhile (for at most orphan_grace: a worker that died leaves it to the orphan rule)
+    recorded |= {i for i, t in state.releasing.items() if now - t < config.orphan_grace}
 
     # orphans: ours, named by no record
     for inst in instances:
@@ -203,6 +207,9 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
                 state.cooldowns.pop(a.target, None)
             elif a.kind == "boot_ok":
                 state.boot_failures.pop(a.target, None)
+        for iid, t in list(state.releasing.items()):
+            if now - t >= config.orphan_grace:
+                state.releasing.pop(iid, None)
 
 
 def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, providers: dict | None = None,

@@ -33,18 +33,21 @@ class State:
     interrupted: dict[str, float] = field(default_factory=dict)    # node -> when the reclaim notice was acted on
     boot_failures: dict[str, int] = field(default_factory=dict)    # pool -> boot failures since its last good boot
     protected: dict[str, dict] = field(default_factory=dict)       # pool -> {"since": t, "failures": n}
+    releasing: dict[str, float] = field(default_factory=dict)      # instance id -> when suspend/resume-fail forgot its node
 
     def to_json(self) -> str:
         return json.dumps({"nodes": {k: asdict(v) for k, v in self.nodes.items()},
                            "cooldowns": self.cooldowns, "interrupted": self.interrupted,
-                           "boot_failures": self.boot_failures, "protected": self.protected}, indent=1, sort_keys=True)
+                           "boot_failures": self.boot_failures, "protected": self.protected,
+                           "releasing": self.releasing}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "State":
         data = json.loads(text) if text.strip() else {}
         return cls(nodes={k: NodeRecord(**v) for k, v in (data.get("nodes") or {}).items()},
                    cooldowns=dict(data.get("cooldowns") or {}), interrupted=dict(data.get("interrupted") or {}),
-                   boot_failures=dict(data.get("boot_failures") or {}), protected=dict(data.get("protected") or {}))
+                   boot_failures=dict(data.get("boot_failures") or {}), protected=dict(data.get("protected") or {}),
+                   releasing=dict(data.get("releasing") or {}))
 
 
 class Store:

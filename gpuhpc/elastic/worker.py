@@ -125,6 +125,9 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
                               suspend_at=None if failed else now)
             for iid in plan.instance_ids))
         provider_for(pool.provider, config).terminate(list(plan.instance_ids))
+        with store.update() as state:
+            for iid in plan.instance_ids:
+                state.releasing.pop(iid, None)
     if plan.op == "failed":
         if plan.instance_ids:       # a boot that failed
             cool_down(config, slurm, store, pool.name, plan.nodes, "boot-timeout", now)

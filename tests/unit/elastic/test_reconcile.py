@@ -141,3 +141,11 @@ def test_a_good_boot_resets_the_boot_failures_and_a_protected_pool_keeps_its_coo
     assert [a.kind for a in decide(CFG, cooled, [], State(cooldowns=over), NOW)] == ["end_cooldown", "resume"]
     protected = State(cooldowns=over, protected={"spot": {"since": 0, "failures": 3}}, boot_failures={"spot": 3})
     assert decide(CFG, cooled, [], protected, NOW) == []
+
+
+def test_an_instance_a_suspend_is_ending_is_no_orphan_for_its_grace():
+    old = inst("i-8", "s3", launched=NOW - 5000)
+    releasing = State(releasing={"i-8": NOW - 1})
+    assert decide(CFG, [], [old], releasing, NOW) == []
+    stale = State(releasing={"i-8": NOW - 600})          # its worker died: the orphan rule again
+    assert [a.kind for a in decide(CFG, [], [old], stale, NOW)] == ["terminate"]
