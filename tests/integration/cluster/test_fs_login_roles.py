@@ -32,6 +32,15 @@ from .conftest import REPO, recap, run_playbook
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 DGX = REPO / "examples" / "clusters" / "dgx-h100-pod.yaml"
+# Debian 12's /etc/pam.d/common-session as pam-auth-update writes it with libpam-systemd installed
+COMMON_SESSION = """\
+session	[default=1]			pam_permit.so
+session	requisite			pam_deny.so
+session	required			pam_permit.so
+session	required	pam_unix.so 
+session	optional	pam_systemd.so 
+# end of pam-auth-update config
+"""
 SECRETS = {"vault_beegfs_home_connauth": "home-connauth-8f2c1d", "vault_beegfs_scratch_connauth": "scratch-connauth-77ab90"}
 
 PLAY = """\
@@ -88,15 +97,27 @@ def converged(collection, tmp_path_factory) -> dict:
     # gpuhpc of this version is already installed in the running venv: the role finds its pinned
     # requirement satisfied there (offline: an empty wheelhouse, no index) and keeps it
     (prefix / "venv").symlink_to(sys.prefix)
+    # no Lustre or BeeGFS client here: write the configuration, skip the mounts (saying why)
     paths = ["-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
              "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab",
-             "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs"]
+             "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs",
+             "-e", f"gpuhpc_beegfs_client_apt_pin_file={root}/etc/apt/preferences.d/gpuhpc-beegfs",
+             "-e", "gpuhpc_lustre_client_require_client=false", "-e", "gpuhpc_beegfs_client_require_client=false"]
+    # a compute host's PAM and logind files (Debian 12's common-session, sshd's account stack)
+    pam = root / "etc" / "pam.d"
+    pam.mkdir(parents=True)
+    (root / "etc" / "apt" / "preferences.d").mkdir(parents=True)
+    (pam / "common-session").write_text(COMMON_SESSION)
+    (pam / "sshd").write_text("@include common-auth\naccount    required     pam_nologin.so\n@include common-account\n")
+    adopt = ["-e", f"gpuhpc_hardening_pam_common_session={pam}/common-session", "-e", f"gpuhpc_hardening_pam_sshd={pam}/sshd",
+             "-e", f"gpuhpc_hardening_ssh_exempt_file={root}/etc/gpuhpc/ssh-exempt-users",
+             "-e", f"gpuhpc_hardening_logind_dropin={root}/etc/systemd/logind.conf.d/50-gpuhpc.conf"]
     play = _playbook(tmp, "fs-login.yml", ("gpuhpc_lustre_client", ""), ("gpuhpc_beegfs_client", ""),
-                     ("gpuhpc_login", ""))
+                     ("gpuhpc_login", ""), ("gpuhpc_hardening", "        tasks_from: adopt.yml\n"))
     vault = _vault(tmp)
-    first = _run(play, tmp, *paths, *login, *vault)
+    first = _run(play, tmp, *paths, *login, *vault, *adopt)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    again = _run(play, tmp, *paths, *login, *vault)
+    again = _run(play, tmp, *paths, *login, *vault, *adopt)
     return {"tmp": tmp, "root": root, "prefix": prefix, "first": first, "again": again}
 
 
@@ -110,27 +131,35 @@ def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(converged
         "        - interfaces:\n              0: ib0\n        - interfaces:\n              0: ib1\n"
         "    - net type: tcp0\n      local NI(s):\n        - interfaces:\n              0: bond0\n")
     assert (root / "etc" / "fstab").read_text() == \
-        "10.20.0.1@o2ib:10.20.0.2@o2ib:/lfs1 /lustre/lfs1 lustre flock,noatime,_netdev 0 0\n"
+        "10.20.0.1@o2ib:10.20.0.2@o2ib:/lfs1 /lustre/lfs1 lustre flock,noatime,_netdev,x-systemd.requires=lnet.service 0 0\n"
     assert ("lustre_client: LNet and mounts skipped: no lnet kernel module (modinfo lnet), no /sbin/mount.lustre "
             "on this host (Lustre is not packaged in Debian: set gpuhpc_lustre_client_apt_repo)") in out
     assert "lustre_client verify skipped: no lnet kernel module (modinfo lnet), no /sbin/mount.lustre on this host" in out
 
+    # one instance directory per mount (beegfs-client@NAME, beegfs-helperd@NAME), the packages pinned to 7.4
     beegfs = root / "etc" / "beegfs"
-    assert (beegfs / "beegfs-mounts.conf").read_text().splitlines()[2:] == [
-        f"/beegfs/home {beegfs}/beegfs-client-home.conf", f"/beegfs/scratch {beegfs}/beegfs-client-scratch.conf"]
-    home = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "beegfs-client-home.conf").read_text(), re.M))
-    scratch = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "beegfs-client-scratch.conf").read_text(), re.M))
+    assert "Pin: version 7.4.*" in (root / "etc" / "apt" / "preferences.d" / "gpuhpc-beegfs").read_text()
+    assert not (beegfs / "beegfs-mounts.conf").exists()
+    for mount in ("home", "scratch"):
+        assert (beegfs / f"{mount}.d" / "beegfs-mounts.conf").read_text().splitlines()[2:] == [
+            f"/beegfs/{mount} {beegfs}/{mount}.d/beegfs-client.conf"]
+    home = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "home.d" / "beegfs-client.conf").read_text(), re.M))
+    scratch = dict(re.findall(r"^(\w+)\s*=[ \t]*(.*)$", (beegfs / "scratch.d" / "beegfs-client.conf").read_text(), re.M))
     assert (home["sysMgmtdHost"], home["connUseRDMA"], home["connDisableAuthentication"]) == ("beegfs-mgmt1", "false", "false")
     assert "connClientPortUDP" not in home                     # BeeGFS's default port, 8004
     assert (scratch["sysMgmtdHost"], scratch["connUseRDMA"], scratch["connClientPortUDP"], scratch["connHelperdPortTCP"]) \
         == ("beegfs-mgmt2", "true", "8014", "8016")
-    assert (beegfs / "connInterfaces-scratch").read_text() == "ib0\nib1\n"
-    assert home["connInterfacesFile"] == f"{beegfs}/connInterfaces-home"
+    # the second mount's helperd listens where its client looks (8016), the first on BeeGFS's 8006
+    assert "connHelperdPortTCP           = 8016" in (beegfs / "scratch.d" / "beegfs-helperd.conf").read_text()
+    assert "connHelperdPortTCP           = 8006" in (beegfs / "home.d" / "beegfs-helperd.conf").read_text()
+    assert (beegfs / "scratch.d" / "connInterfaces").read_text() == "ib0\nib1\n"
+    assert home["connInterfacesFile"] == f"{beegfs}/home.d/connInterfaces"
     for mount, secret in (("home", SECRETS["vault_beegfs_home_connauth"]), ("scratch", SECRETS["vault_beegfs_scratch_connauth"])):
-        auth = beegfs / f"connauth-{mount}"
+        auth = beegfs / f"{mount}.d" / "connauth"
         assert auth.read_text() == secret
         assert stat.S_IMODE(auth.stat().st_mode) == 0o400
-        assert f"connAuthFile                 = {auth}" in (beegfs / f"beegfs-client-{mount}.conf").read_text()
+        assert f"connAuthFile                 = {auth}" in (beegfs / f"{mount}.d" / "beegfs-client.conf").read_text()
+        assert f"connAuthFile                 = {auth}" in (beegfs / f"{mount}.d" / "beegfs-helperd.conf").read_text()
         for run in (first, converged["again"]):
             assert secret not in run.stdout and secret not in run.stderr
     assert "beegfs_client: mounts skipped: no beegfs kernel module (modinfo beegfs), no /usr/bin/beegfs-df on this host" in out
@@ -139,6 +168,23 @@ def test_filesystem_clients_render_from_the_spec_and_skip_the_hardware(converged
     # what is written now matches: the second run changes nothing
     again = converged["again"]
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+
+
+def test_compute_host_sessions_stay_in_the_job(converged):
+    """gpuhpc_hardening on a compute host (its adopt tasks, into the temporary root): pam_slurm_adopt in
+    sshd's account stack, pam_systemd out of the session stack (an adopted session stays in the job's
+    cgroup), logind RemoveIPC=no (a closing session keeps the jobs' shared memory); a re-run changes nothing."""
+    root, first = converged["root"], converged["first"]
+    pam = root / "etc" / "pam.d"
+    session = (pam / "common-session").read_text()
+    assert "# gpuhpc_hardening (pam_slurm_adopt): session\toptional\tpam_systemd.so" in session
+    assert not re.search(r"^session\s+\S+\s+pam_systemd", session, re.M)
+    assert "session\trequired\tpam_unix.so" in session
+    sshd = (pam / "sshd").read_text()
+    assert sshd.index("@include common-account") < sshd.index("account required pam_slurm_adopt.so action_no_jobs=deny")
+    assert f"file={root}/etc/gpuhpc/ssh-exempt-users" in sshd
+    assert "[Login]\nRemoveIPC=no\n" in (root / "etc" / "systemd" / "logind.conf.d" / "50-gpuhpc.conf").read_text()
+    assert first.returncode == 0 and recap(converged["again"])["changed"] == 0
 
 
 def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_path):
@@ -152,6 +198,54 @@ def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_pat
     assert not (tmp_path / "beegfs").exists()
 
 
+MISSING = """\
+- name: Filesystem clients missing on this host
+  hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Load the cluster spec (gpuhpc_slurm_common_conf)
+      ansible.builtin.include_role:
+        name: gpuhpc.cluster.gpuhpc_slurm_common
+        tasks_from: context.yml
+{blocks}"""
+RESCUED = """\
+    - name: {name}
+      block:
+        - name: {name}
+          ansible.builtin.include_role:
+            name: gpuhpc.cluster.{name}
+      rescue:
+        - name: Show why {name} failed
+          ansible.builtin.debug:
+            msg: "RESCUED {{{{ ansible_failed_result.msg }}}}"
+"""
+
+
+def test_a_missing_client_fails_the_play_saying_why_and_beegfs_8_has_no_helperd(collection, tmp_path):
+    """By default a host without the Lustre or BeeGFS client fails (one line each: the roles run in
+    rescue blocks of one play here); BeeGFS 8 writes no helperd configuration and pins 8.*."""
+    root = tmp_path / "root"
+    root.mkdir()
+    play = tmp_path / "missing.yml"
+    play.write_text(MISSING.format(blocks="".join(RESCUED.format(name=n) for n in ("gpuhpc_lustre_client", "gpuhpc_beegfs_client"))))
+    proc = _run(play, tmp_path, "-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
+                "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab", "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs",
+                "-e", f"gpuhpc_beegfs_client_apt_pin_file={root}/pin", "-e", "gpuhpc_beegfs_client_major=8",
+                *(f"-e={k}={v}" for k, v in SECRETS.items()))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rescued = [line.split("RESCUED ", 1)[1] for line in proc.stdout.splitlines() if "RESCUED " in line and "msg" in line]
+    assert len(rescued) == 2, proc.stdout[-3000:]
+    assert rescued[0].startswith("lustre_client: the cluster spec mounts /lustre/lfs1 but this host has no lnet kernel "
+                                 "module (modinfo lnet), no /sbin/mount.lustre; set gpuhpc_lustre_client_apt_repo"), rescued[0]
+    assert rescued[1].startswith("beegfs_client: the cluster spec mounts /beegfs/home, /beegfs/scratch but this host has "
+                                 "no beegfs kernel module (modinfo beegfs) (BeeGFS 8);"), rescued[1]
+    assert not (root / "etc" / "lnet.conf").exists()
+    beegfs = root / "etc" / "beegfs"
+    assert (beegfs / "scratch.d" / "beegfs-client.conf").is_file()
+    assert not (beegfs / "scratch.d" / "beegfs-helperd.conf").exists()
+    assert "Pin: version 8.*" in (root / "pin").read_text()
+
+
 @pytest.fixture(scope="module")
 def check_mode(collection, tmp_path_factory) -> dict:
     """One --check --diff play: the validate phases of gpuhpc_nvme_scratch and gpuhpc_hardening for a
@@ -159,13 +253,16 @@ def check_mode(collection, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("check")
     root, prefix, login = _login_root(tmp)
     prefix.rmdir()
+    (tmp / "dgx-release").write_text('DGX_NAME="DGX Server"\nDGX_SWBUILD_VERSION="5.1.0"\nDGX_OTA_VERSION="5.2.0"\n')
     play = _playbook(tmp, "check.yml",
                      ("gpuhpc_nvme_scratch", "        tasks_from: validate.yml\n"),
+                     ("gpuhpc_nvme_scratch", f"        tasks_from: validate.yml\n      vars:\n"
+                                             f"        _gpuhpc_nvme_scratch_dgx_release: {tmp}/dgx-release\n"),
                      ("gpuhpc_hardening", "        tasks_from: validate.yml\n"),
                      ("gpuhpc_login", ""))
     proc = _run(play, tmp, *login, "--check", "--diff", "-e", '{"gpuhpc_slurm_compute_nodes": ["dgx001"]}')
     assert proc.returncode == 0, proc.stdout[-3000:]
-    return {"root": root, "prefix": prefix, "proc": proc}
+    return {"root": root, "prefix": prefix, "proc": proc, "tmp": tmp}
 
 
 def test_hardening_and_nvme_scratch_take_the_spec(check_mode):
@@ -174,6 +271,9 @@ def test_hardening_and_nvme_scratch_take_the_spec(check_mode):
     proc = check_mode["proc"]
     drives = ", ".join(f"/dev/nvme{i}n1" for i in range(2, 10))
     assert f"NVMe assembly skipped: not all of {drives} are block devices on this host; /raid is a directory" in proc.stdout
+    # recorded DGX OS facts (/etc/dgx-release): DGX OS's own /raid is left alone, said in one line
+    assert (f"NVMe assembly skipped: DGX OS ({check_mode['tmp']}/dgx-release) assembles and mounts its own /raid: "
+            "left as it is") in proc.stdout, proc.stdout[-3000:]
     assert "(item=10.10.0.0/16)" in proc.stdout
     assert "firewall skipped" not in proc.stdout
 
