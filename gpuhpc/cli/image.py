@@ -47,7 +47,9 @@ def prefetch(ref: str, nodes: str, partition: str | None) -> int:
     from gpuhpc.errors import UserInputError
     from gpuhpc.hostlist import expand
 
-    check_image(ref, partition, field="REF")
+    if not check_image(ref, partition, field="REF").pinned:
+        raise UserInputError(f"{ref} is a tag: only images pinned by digest are cached", field="REF",
+                             hint=f"pin it: gpuhpc image pin {ref}")
     if not settings().enabled:
         raise UserInputError("this site has no node image cache", field="containers.node_cache_dir",
                              hint="set node_cache_dir in [containers] of the site config (docs/containers.md)")

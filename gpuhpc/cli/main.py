@@ -44,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cmdserver": ("cmdserver:cmdserver",
                   "The opt-in command server behind the compiled gpuhpc client (fast scripted submission)."),
     "power": ("power:power", "Elastic capacity: Slurm's resume/suspend programs for cloud nodes, the reconciler."),
-    "image": ("image:image", "Container images: pin a tag to its registry's digest."),
+    "image": ("image:image", "Container images: pin a tag to its digest; the node image cache."),
     "completion": ("completion:completion", "Print the shell completion script: eval \"$(gpuhpc completion bash)\"."),
 }
 
