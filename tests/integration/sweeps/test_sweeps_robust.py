@@ -15,6 +15,7 @@ from sweeps_helpers import PY, gpuhpc, results, run_sweep, write_sweep
 pytestmark = pytest.mark.integration
 
 CPU = {"partition": "cpu", "time": "5m"}
+ALL = {"partition": "all", "time": "5m"}         # more CPUs than `cpu`: parallelism 20 runs 20 at once
 
 
 def _trial_script(work: Path) -> None:
@@ -66,7 +67,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     work.mkdir()
     _trial_script(work)
     f = write_sweep(work / "s.yaml", name="t-cwd", method="grid", command="bash trial.sh {x}",
-                    parameters={"x": {"type": "int", "low": 0, "high": 59}}, parallelism=16, resources=CPU,
+                    parameters={"x": {"type": "int", "low": 0, "high": 59}}, parallelism=20, resources=ALL,
                     metric={"name": "loss", "goal": "minimize"}, max_queued=24)
     flaky = _flaky_wrappers(tmp_path / "bin", every=2)
     monkeypatch.setenv("PATH", f"{flaky}{os.pathsep}{os.environ['PATH']}")
@@ -104,7 +105,7 @@ def test_tpe_proposes_40_distinct_parameter_sets(sweep_env, sweeps, tmp_path):
                     command=f"{PY} -m gpuhpc report-metric loss $(( ({{layers}} - 5) * ({{layers}} - 5) ))",
                     parameters={"lr": {"type": "loguniform", "low": 1.0e-5, "high": 1.0e-1},
                                 "layers": {"type": "int", "low": 1, "high": 12}},
-                    parallelism=16, resources=CPU, metric={"name": "loss", "goal": "minimize"})
+                    parallelism=20, resources=ALL, metric={"name": "loss", "goal": "minimize"})
     sid = run_sweep(f)
     sweeps(sid)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=450)
