@@ -196,16 +196,45 @@ class Elastic:
 def start_cluster() -> Elastic:
     """Write the config under a new /var/tmp directory, start slurmctld and the static node's
     slurmd, wait until the cluster answers (the cloud nodes powered down)."""
-    cluster = _private_slurm()
+    return _start(_private_slurm(), _elastic_config, "el-static1", "el-spot1")
 
+
+# the chaos run's own cluster (test_elastic_chaos.py): spot nodes of 4 CPUs, one static node
+CHAOS_NAME, CHAOS_PORTS = "gpuhpcch", (16967, 16968, 17371)       # unlike every other private cluster's
+CHAOS_SPOT, CHAOS_CPUS = [f"ch-spot{i}" for i in range(1, 6)], 4
+CHAOS_PRICE, CHAOS_OD_PRICE, CHAOS_ORPHAN_GRACE = "1.10", "3.90", 20
+
+
+def start_chaos_cluster() -> Elastic:
+    """Five powered-down spot nodes (4 CPUs each: 20 single-CPU jobs at once) and a static
+    controller-side node; every job may be requeued any number of times (restart budget 1000)."""
+    nodes = {"ch-static1": "CPUs=1 RealMemory=500 State=UNKNOWN"}
+    nodes.update({n: f"CPUs={CHAOS_CPUS} RealMemory=2000 State=CLOUD" for n in CHAOS_SPOT})
+    extra = {**EXTRA, "SuspendExcNodes": "ch-static1", "MaxJobCount": "1000"}
+    cluster = PrivateSlurm(CHAOS_NAME, CHAOS_PORTS, nodes, [
+        "PartitionName=static Nodes=ch-static1 MaxTime=INFINITE State=UP",
+        f"PartitionName=spot Nodes={','.join(CHAOS_SPOT)} MaxTime=INFINITE State=UP"], extra=extra,
+        extra_dirs=("bin", "elastic"))
+
+    def config(base: Path) -> dict:
+        return {"cluster_name": CHAOS_NAME, "power": {
+            "groups": [{"name": "spot", "nodes": ",".join(CHAOS_SPOT), "provider": "local", "market": "spot",
+                        "instance_types": ["local"], "max_nodes": len(CHAOS_SPOT), "boot_timeout": 20,
+                        "capacity_cooldown": 60, "price_tier": 1, "restart_budget": 1000,
+                        "hourly_price": CHAOS_PRICE, "on_demand_hourly_price": CHAOS_OD_PRICE}],
+            "state_dir": str(base / "elastic"), "orphan_grace": CHAOS_ORPHAN_GRACE, "resume_timeout": RESUME_TIMEOUT}}
+    return _start(cluster, config, "ch-static1", CHAOS_SPOT[0])
+
+
+def _start(cluster: PrivateSlurm, config, static: str, cloud: str) -> Elastic:
     def programs(base: Path) -> None:
         for which in ("resume", "suspend", "resume-fail"):
             _wrapper(base, which)
-        (base / "elastic.json").write_text(json.dumps(_elastic_config(base)))
+        (base / "elastic.json").write_text(json.dumps(config(base)))
 
     def ready() -> bool:
-        nodes = {n.name: n.state for n in PowerSlurm(cluster.client).nodes("el-static1,el-spot1")}
-        return "IDLE" in nodes.get("el-static1", "") and "POWERED_DOWN" in nodes.get("el-spot1", "")
+        nodes = {n.name: n.state for n in PowerSlurm(cluster.client).nodes(f"{static},{cloud}")}
+        return "IDLE" in nodes.get(static, "") and "POWERED_DOWN" in nodes.get(cloud, "")
 
     def end_instances(base: Path) -> None:
         provider = LocalProvider(load_config(base / "elastic.json"))
