@@ -82,6 +82,8 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
                                         "(empty: no cache)"),
             "node_cache_limit_gb": (int, 0, "size limit of each user's node image cache, least recently used "
                                                 "evicted (0: none)"),
+            "node_cache_shared": (bool, False, "root's imports (gpuhpc image prefetch as root) serve every user "
+                                               "from node_cache_dir/shared"),
         },
     },
     "user": {

@@ -8,6 +8,10 @@ instead of pulling and compressing the image again.
   manifest digest's. Without ``node_cache_dir`` nothing is cached (pyxis imports per job).
 - **Once:** an exclusive ``flock`` on ``DIR/UID/.lock`` around the check and the import: jobs of
   one user starting together on a node wait for the first import, then reuse it.
+- **Shared:** with ``node_cache_shared = true`` root's imports (``gpuhpc image prefetch`` run as
+  root) go to ``DIR/shared`` (mode 0755, files 0644) and every user's jobs start from a file
+  there before looking in their own directory; a file there counts only if root owns it and
+  nobody else can write it or its directory.
 - **Size:** ``node_cache_limit_gb`` (default: none); after an import the least recently used
   files (a use touches the file) are removed until the cache fits, never the one just imported.
 - **Record:** ``DIR/UID/imports.jsonl`` gets one line per import and eviction (what ``gpuhpc
@@ -42,6 +46,7 @@ class CacheSettings:
 
     root: str | None = None
     limit_bytes: int | None = None
+    shared: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -61,11 +66,31 @@ def settings(env: Mapping[str, str] | None = None) -> CacheSettings:
     limit = table.get("node_cache_limit_gb") or 0
     if limit < 0:
         raise UserInputError("must be a number of GB (0: no limit)", field=f"{path}: containers.node_cache_limit_gb")
-    return CacheSettings(root, limit * 1024**3 if limit else None)
+    return CacheSettings(root, limit * 1024**3 if limit else None, bool(table.get("node_cache_shared", False)))
 
 
 def user_dir(s: CacheSettings, uid: int | None = None) -> Path:
-    return Path(s.root or "/nonexistent") / str(os.geteuid() if uid is None else uid)
+    """This user's cache directory; root's is the shared one when the site shares (``shared``)."""
+    uid = os.geteuid() if uid is None else uid
+    return Path(s.root or "/nonexistent") / ("shared" if s.shared and uid == 0 else str(uid))
+
+
+def _root_only(p: Path) -> bool:
+    """Owned by root and writable by nobody else (not a symlink): what a shared entry must be."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    return st.st_uid == 0 and not st.st_mode & 0o022 and not os.path.islink(p)
+
+
+def shared_entry(s: CacheSettings, ref: ImageRef) -> Path | None:
+    """The shared cache's file of ``ref`` (``node_cache_shared``: imported by root, e.g. with
+    ``gpuhpc image prefetch``, read by every user), if it is there and only root can change it."""
+    if not s.shared:
+        return None
+    p = Path(s.root or "/nonexistent") / "shared" / entry_name(ref)
+    return p if _root_only(p.parent) and _root_only(p) and p.is_file() else None
 
 
 def entry_name(ref: ImageRef) -> str:
@@ -94,15 +119,16 @@ def _record(d: Path, event: str, **fields: object) -> None:
         os.close(fd)
 
 
-def _private_dir(d: Path) -> None:
+def _private_dir(d: Path, mode: int = 0o700) -> None:
     d.parent.mkdir(parents=True, exist_ok=True)
     try:
-        os.mkdir(d, 0o700)
+        os.mkdir(d, mode)
+        os.chmod(d, mode)
     except FileExistsError:
         pass
     st = os.lstat(d)
-    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise GpuhpcError(f"{d} is not a private directory of this user (mode 0700): remove it")
+    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o777 & ~mode:
+        raise GpuhpcError(f"{d} is not a directory of this user with mode {mode:04o}: remove it")
 
 
 def entries(d: Path) -> list[dict]:
@@ -141,8 +167,11 @@ def ensure(ref: ImageRef, s: CacheSettings, *, importer: Callable[[ImageRef, Pat
     when missing; marks it used."""
     importer = importer or enroot_import
     say = say or (lambda m: sys.stderr.write(f"gpuhpc: {m}\n"))
+    if os.geteuid() != 0 and (shared := shared_entry(s, ref)) is not None:
+        say(f"image {ref} reused from the shared node cache ({shared})")
+        return shared, False
     d = user_dir(s)
-    _private_dir(d)
+    _private_dir(d, 0o755 if d.name == "shared" else 0o700)
     name = entry_name(ref)
     path = d / name
     fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -157,6 +186,8 @@ def ensure(ref: ImageRef, s: CacheSettings, *, importer: Callable[[ImageRef, Pat
         t0 = time.monotonic()
         try:
             importer(ref, tmp)
+            if d.name == "shared":
+                os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

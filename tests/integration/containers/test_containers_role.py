@@ -91,7 +91,8 @@ def test_the_role_installs_and_configures_enroot_and_pyxis_and_runs_a_container(
     creds = root / "etc/enroot/site/.credentials"
     assert "machine nvcr.io login $oauthtoken password ngc-key-3f9a\n" in creds.read_text()
     assert "ngc-key-3f9a" not in first.stdout                      # no_log
-    assert (root / "scratch/enroot/data").stat().st_mode & 0o7777 == 0o1777
+    for d in ("enroot/data", "enroot/run", "gpuhpc-images"):
+        assert (root / "scratch" / d).stat().st_mode & 0o7777 == 0o1777, d
     assert os.access(root / "etc/enroot/hooks.d/90-gpuhpc-slurm-gpus.sh", os.X_OK)
     assert (root / "etc/slurm/plugstack.conf.d/pyxis.conf").read_text().splitlines()[-1] == \
         f"required {root}/usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis"

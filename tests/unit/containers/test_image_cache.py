@@ -140,3 +140,24 @@ def test_prefetch_is_one_task_per_node():
 def test_imports_skips_torn_lines(tmp_path):
     (tmp_path / cache.LOG).write_text(json.dumps({"event": "import"}) + "\n{torn\n")
     assert cache.imports(tmp_path) == [{"event": "import"}]
+
+
+def test_a_shared_cache_serves_root_owned_files_only(tmp_path, monkeypatch):
+    s = cache.CacheSettings(str(tmp_path / "c"), shared=True)
+    ref = parse_ref(IMAGE)
+    assert cache.user_dir(s, uid=0) == tmp_path / "c" / "shared" and cache.user_dir(s, uid=1000).name == "1000"
+    assert cache.shared_entry(s, ref) is None                   # nothing imported yet
+    if os.geteuid() != 0:
+        pytest.skip("root imports into the shared cache")
+    path, new = cache.ensure(ref, s, importer=_fake_import([]), say=lambda m: None)
+    assert new and path.parent.name == "shared"
+    assert path.stat().st_mode & 0o777 == 0o644 and path.parent.stat().st_mode & 0o777 == 0o755
+    assert cache.shared_entry(s, ref) == path
+    path.parent.chmod(0o777)                                     # anyone could have planted it: not trusted
+    assert cache.shared_entry(s, ref) is None
+    assert cache.shared_entry(cache.CacheSettings(str(tmp_path / "c")), ref) is None   # not shared: never
+
+
+def test_shared_is_a_site_setting(tmp_path, monkeypatch):
+    _site(tmp_path, monkeypatch, '[containers]\nnode_cache_dir = "/scratch/img"\nnode_cache_shared = true\n')
+    assert cache.settings().shared
