@@ -117,12 +117,17 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
         from gpuhpc.slurm.client import SlurmClient
 
         client = SlurmClient()
-    sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping(rules(spec, client)))
+    shapes = rules(spec, client)
+    sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping(shapes))
     sid = engine.create(sweep_spec, client=client, url=url)
     handle = Sweep(sid, client=client, url=url)
     handle.wait(timeout=timeout, poll=poll)
     res = collect(spec, sid, rate, client=client, url=url, utilisation=utilisation)
     res.notes.insert(0, note)
+    for rule in shapes:         # what each shape asked Slurm for
+        when = ", ".join(f"{k}={v}" for k, v in rule["when"].items()) or "every trial"
+        asked = ", ".join(f"{k}={v}" for k, v in rule["resources"].items())
+        res.notes.append(f"{when}: {asked}" + (f" (template {rule['template']})" if rule.get("template") else ""))
     return res
 
 
