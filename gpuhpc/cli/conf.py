@@ -10,6 +10,9 @@ from gpuhpc.cli.main import help_for
 
 _SPEC = click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+_SLURM_VERSION = click.option(
+    "--slurm-version", default=None, metavar="MAJOR.MINOR",
+    help="The Slurm release the files are for (what later releases renamed is written their way; default 22.05).")
 
 
 @click.group("conf", help=help_for("conf"), no_args_is_help=True)
@@ -54,7 +57,8 @@ def validate_cmd(spec_path: Path, as_json: bool) -> None:
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path),
               help="Directory to write the files into.")
 @_JSON
-def render_cmd(spec_path: Path, out_dir: Path, as_json: bool) -> None:
+@_SLURM_VERSION
+def render_cmd(spec_path: Path, out_dir: Path, as_json: bool, slurm_version: str | None) -> None:
     """Validate the cluster spec SPEC, then write slurm.conf, gres.conf, cgroup.conf, topology.conf,
     slurmdbd.conf.
 
@@ -65,7 +69,7 @@ def render_cmd(spec_path: Path, out_dir: Path, as_json: bool) -> None:
 
     spec = _load(spec_path)
     storage_pass = os.environ.get(STORAGE_PASS_ENV)
-    files, warnings = render_spec(spec, storage_pass=storage_pass)
+    files, warnings = render_spec(spec, storage_pass=storage_pass, slurm_version=slurm_version)
     _warn_all(warnings)
     if spec.slurmdbd is not None and not storage_pass:
         _warn_all([f"slurmdbd.conf has a placeholder StoragePass (set {STORAGE_PASS_ENV})"])
@@ -83,14 +87,16 @@ def render_cmd(spec_path: Path, out_dir: Path, as_json: bool) -> None:
 @_SPEC
 @click.option("--billing", type=click.Path(dir_okay=False, path_type=Path),
               help="The ledger's billing document (gpuhpc ledger billing): TRESBillingWeights per partition.")
-def context_cmd(spec_path: Path, billing: Path | None) -> None:
+@_SLURM_VERSION
+def context_cmd(spec_path: Path, billing: Path | None, slurm_version: str | None) -> None:
     """Print the validated template context of the cluster spec SPEC as JSON (what the Ansible
     roles render from)."""
     import json
 
-    from gpuhpc.conf.context import build_context
+    from gpuhpc.conf.context import DEFAULT_SLURM_VERSION, build_context, slurm_release
     from gpuhpc.conf.validate import validate
 
+    slurm_release(slurm_version or DEFAULT_SLURM_VERSION)      # a malformed one exits 2 before the spec is read
     spec = _load(spec_path)
     _warn_all(validate(spec))
     doc = None
@@ -101,5 +107,6 @@ def context_cmd(spec_path: Path, billing: Path | None) -> None:
             doc = json.loads(billing.read_text())
         except (OSError, ValueError) as exc:
             raise UserInputError(f"--billing {billing}: {exc}") from None
-    click.echo(json.dumps(build_context(spec, doc), indent=1, sort_keys=True))
+    click.echo(json.dumps(build_context(spec, doc, slurm_version=slurm_version or DEFAULT_SLURM_VERSION),
+                          indent=1, sort_keys=True))
 

@@ -8,6 +8,7 @@ so the templates stay plain Jinja with standard filters only.
 from __future__ import annotations
 
 import posixpath
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -16,7 +17,23 @@ from gpuhpc import hostlist
 from gpuhpc.spec.cluster import ClusterSpec, NodeGroup
 
 FAKE_GPU_MAJOR = 195     # nvidia's character-device major
+# the Slurm release the files are for when none is given: Debian 12's. The roles pass the release
+# their hosts run (`gpuhpc conf context --slurm-version`); Debian 13 ships 24.11.
+DEFAULT_SLURM_VERSION = "22.05"
+
 MIG_MINOR_BASE = 100     # fake MIG devices get minors 100, 101, ...
+
+
+def slurm_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a Slurm version as ``sinfo --version`` or dpkg write it: ``24.11``,
+    ``24.11.5``, ``24.11.5-1``, ``slurm 22.05.8``, ``slurm-wlm 22.05.8-4+deb12u3``."""
+    m = re.search(r"(?:^|\s)(\d{2})\.(\d{2})(?:[.\-+~]|$)", version.strip())
+    if not m:
+        from gpuhpc.errors import UserInputError
+
+        raise UserInputError(f"slurm_version {version!r} is not a Slurm version",
+                             field="slurm_version", hint="give MAJOR.MINOR, e.g. 22.05 or 24.11")
+    return int(m.group(1)), int(m.group(2))
 
 
 def _yesno(v: bool) -> str:
@@ -160,7 +177,7 @@ ELASTIC_SUSPEND_TIME = 300      # SuspendTime when no cloud group sets idle_time
 RESUME_TIMEOUT_MARGIN = 30      # ResumeTimeout default: the slowest boot_timeout + this
 
 
-def _power(spec: ClusterSpec) -> dict[str, Any] | None:
+def _power(spec: ClusterSpec, release: tuple[int, int] = (22, 5)) -> dict[str, Any] | None:
     """Slurm's power-saving block for the ``capacity: cloud`` groups, None without any. Slurm
     22.05 has one SuspendTime and ResumeTimeout for the cluster: the shortest idle_timeout and
     the slowest boot (+ a margin). Static nodes are excluded from power saving; ResumeRate and
@@ -187,6 +204,8 @@ def _power(spec: ClusterSpec) -> dict[str, Any] | None:
         "suspend_rate": 0,
         # without resolvable names slurmctld must not fan messages out through nodes (slurm.conf(5), CLOUD)
         "tree_width": None if pw.cloud_dns else 65533,
+        # 22.05 hides powered-down cloud nodes without it; 23.02 shows them and dropped the value
+        "private_data_cloud": release < (23, 2),
         "slurmctld_parameters": params,
         # not used by the templates; for gpuhpc power and the gpuhpc_elastic role
         "state_dir": pw.state_dir,
@@ -224,14 +243,23 @@ def _health(spec: ClusterSpec) -> dict[str, Any] | None:
     }
 
 
-def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
+                  slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, Any]:
     """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
-    ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition."""
+    ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition.
+    ``slurm_version``: the release the daemons run; what later releases renamed or removed is
+    written their way (checked against each release's slurm.conf(5)):
+    ``topology/none`` is ``topology/default`` from 23.11, and so is a tree without switches (24.11's
+    topology/tree refuses every job then); ``PrivateData=cloud`` is gone from 23.02
+    (cloud nodes are shown); ``SlurmctldParameters=preempt_send_user_signal`` is
+    ``PreemptParameters=send_user_signal`` from 23.02; ``task/none``, ``preempt/none`` and
+    ``jobcomp/none`` are no longer listed in 24.11, where leaving the parameter out means the same."""
+    release = slurm_release(slurm_version)
     rt = spec.runtime
     pn = "-%n" if rt.multiple_slurmd else ""
     run = rt.run_dir
     log = rt.log_dir
-    power = _power(spec)
+    power = _power(spec, release)
     cred_expire = rt.cred_expire or (ELASTIC_CRED_EXPIRE if power else None)
     auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={cred_expire}" if cred_expire else "")
 
@@ -342,7 +370,11 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
     # with preemption on, a preempted job gets its --signal (SIGUSR2) at the start of GraceTime
     # instead of SIGTERM, which srun answers by killing every task (docs/jobs.md, issue 15)
     ctld_params = list(rt.slurmctld_parameters)
-    if pre.type != "none" and "preempt_send_user_signal" not in ctld_params:
+    preempt_params: list[str] = []
+    if release >= (23, 2) and (pre.type != "none" or "preempt_send_user_signal" in ctld_params):
+        ctld_params = [x for x in ctld_params if x != "preempt_send_user_signal"]
+        preempt_params.append("send_user_signal")
+    elif pre.type != "none" and "preempt_send_user_signal" not in ctld_params:
         ctld_params.append("preempt_send_user_signal")
     for param in (power or {}).get("slurmctld_parameters", []):
         if param not in ctld_params:
@@ -358,6 +390,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
     ctld_host = spec.controller.hosts[0] + (f"({spec.controller.addr})" if spec.controller.addr else "")
     return {
         "cluster_name": spec.name,
+        "slurm_version": f"{release[0]}.{release[1]:02d}",
         "slurmctld_hosts": [ctld_host, *spec.controller.hosts[1:]],
         "slurm_user": rt.slurm_user,
         "slurmd_user": rt.slurmd_user,
@@ -377,7 +410,8 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "debug": rt.debug,
         "proctrack_type": f"proctrack/{rt.proctrack}",
         "uses_cgroup": rt.proctrack == "cgroup" or "cgroup" in rt.task_plugins,
-        "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins),
+        "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins
+                                if t != "none" or release < (24, 11)) or None,
         "job_container_type": "job_container/tmpfs" if rt.job_container == "tmpfs" else None,
         "select_type_parameters": rt.select_type_parameters,
         "def_mem_per_cpu": rt.def_mem_per_cpu,
@@ -394,10 +428,16 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None) -> d
         "gres_types": "gpu" if gpu_types else None,
         "gpu_types": gpu_types,
         "gres_autodetect": rt.gres_autodetect,
-        "jobcomp_type": f"jobcomp/{rt.jobcomp}",
+        "jobcomp_type": None if rt.jobcomp == "none" and release >= (24, 11) else f"jobcomp/{rt.jobcomp}",
         "jobcomp_loc": posixpath.join(log, "jobcomp.txt") if rt.jobcomp == "filetxt" else None,
-        "topology_plugin": f"topology/{spec.topology.plugin}",
-        "preempt_type": f"preempt/{pre.type}",
+        # a tree without switches is flat: 24.11's topology/tree refuses every job then ("Requested
+        # topology configuration is not available"), 22.05's schedules as if flat
+        "topology_plugin": "topology/default" if release >= (23, 11) and (
+            spec.topology.plugin == "none" or (spec.topology.plugin == "tree" and not switches))
+        else f"topology/{spec.topology.plugin}",
+        "preempt_type": None if pre.type == "none" and release >= (24, 11) else f"preempt/{pre.type}",
+        "preempt_parameters": ",".join(preempt_params) or None,
+
         "preempt_mode": preempt_mode,
         "accounting": accounting,
         "priority": None if spec.priority is None else {

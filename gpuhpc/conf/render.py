@@ -57,13 +57,17 @@ def render_context(context: dict[str, Any], *, storage_pass: str | None = None,
     return out
 
 
-def render_spec(spec, *, storage_pass: str | None = None) -> tuple[dict[str, str], list[str]]:
-    """Validate ``spec`` fully, then render. Returns ({filename: text}, warnings)."""
-    from gpuhpc.conf.context import build_context
+def render_spec(spec, *, storage_pass: str | None = None,
+                slurm_version: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """Validate ``spec`` fully, then render for ``slurm_version`` (default: Debian 12's 22.05).
+    Returns ({filename: text}, warnings)."""
+    from gpuhpc.conf.context import DEFAULT_SLURM_VERSION, build_context, slurm_release
     from gpuhpc.conf.validate import validate
 
+    slurm_release(slurm_version or DEFAULT_SLURM_VERSION)
     warnings = validate(spec)
-    return render_context(build_context(spec), storage_pass=storage_pass), warnings
+    return render_context(build_context(spec, slurm_version=slurm_version or DEFAULT_SLURM_VERSION),
+                          storage_pass=storage_pass), warnings
 
 
 def render_nccl_profiles(spec, *, template_dir: Path | None = None) -> dict[str, str]:
