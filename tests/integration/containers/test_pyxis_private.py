@@ -187,3 +187,51 @@ def test_prefetch_fills_a_nodes_cache_and_a_job_starts_from_it(cluster, tmp_path
     log = Path(job["log"]).read_text()
     assert "reused from the node cache" in log and "ID=gpuhpc-test" in log, log
     assert [r["event"] for r in _imports(base) if r["image"] == image] == ["import"]
+
+
+PROGRAM = r"""
+i=0
+if [ -n "$GPUHPC_LATEST_CHECKPOINT" ]; then i=$(cat "$GPUHPC_LATEST_CHECKPOINT/step"); fi
+stop=0
+trap 'stop=1' USR2
+while [ "$i" -lt 40 ]; do
+  i=$((i + 1))
+  echo "step $i restart $GPUHPC_RESTART_COUNT" >> "$OUT/steps"
+  sleep 0.15
+  if [ "$stop" = 1 ]; then
+    mkdir -p "$GPUHPC_CHECKPOINT_DIR/s$i" && echo "$i" > "$GPUHPC_CHECKPOINT_DIR/s$i/step"
+    exit 0
+  fi
+done
+"""
+
+
+def test_a_job_in_an_image_is_requeued_at_the_signal_and_resumes_from_its_checkpoint(cluster, tmp_path):
+    """Issue 23's checkpoint contract inside an image (one node: this private cluster has one):
+    SIGUSR2 reaches the program in the image (srun forwards it), it saves its step to the
+    checkpoint directory on a mount and exits; the job script requeues the job, and the restart
+    finds GPUHPC_LATEST_CHECKPOINT inside and resumes: 40 steps, none lost or done twice."""
+    client, env, base = cluster.client, cluster.env, cluster.base
+    image = registry_image()
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    ckpt.mkdir()
+    (out / "train.sh").write_text(PROGRAM)
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--partition", "pyx", "--time", "5m", "--json",
+                          "--image", image, "--mount", f"{out}:{out}", "--mount", f"{ckpt}:{ckpt}",
+                          "--checkpoint-dir", f"{ckpt}/%j", "--env", f"OUT={out}", "--", "sh", f"{out}/train.sh"],
+                         env={**env, "GPUHPC_LEDGER": "off", "GPUHPC_DATA_DIR": str(tmp_path / "data")},
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)
+    steps = out / "steps"
+    wait_for(lambda: steps.exists() and len(steps.read_text().splitlines()) >= 5, 120,
+             f"the program's first steps in the image\n{cluster.logs()}")
+    client.run(["scancel", "--signal=USR2", "--batch", job["job_id"]], check=True)
+    wait_for(lambda: not client.run(["squeue", "-h", "-j", job["job_id"], "-o", "%i"], check=False).stdout.strip(),
+             180, f"job {job['job_id']} to be requeued and finish\n{cluster.logs()}")
+    log = Path(job["log"]).read_text()
+    rows = [line.split() for line in steps.read_text().splitlines()]
+    assert [int(r[1]) for r in rows] == list(range(1, 41)), f"{rows}\n{log}"       # none lost, none twice
+    assert {r[3] for r in rows} == {"0", "1"}, rows                                  # the second half after the requeue
+    assert "requeueing job" in log, log
