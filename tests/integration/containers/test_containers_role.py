@@ -65,6 +65,7 @@ gpuhpc_containers_plugstack_conf: {root}/etc/slurm/plugstack.conf
 gpuhpc_containers_plugstack_dir: {root}/etc/slurm/plugstack.conf.d
 gpuhpc_containers_allow_http: true
 gpuhpc_containers_verify_image: "{image}"
+gpuhpc_containers_importer_python: {sys.executable}
 gpuhpc_containers_registry_credentials:
   - {{machine: nvcr.io, login: "$oauthtoken", password: "{{{{ vault_ngc_api_key }}}}"}}
 """)
@@ -94,8 +95,11 @@ def test_the_role_installs_and_configures_enroot_and_pyxis_and_runs_a_container(
     for d in ("enroot/data", "enroot/run", "gpuhpc-images"):
         assert (root / "scratch" / d).stat().st_mode & 0o7777 == 0o1777, d
     assert os.access(root / "etc/enroot/hooks.d/90-gpuhpc-slurm-gpus.sh", os.X_OK)
+    importer = root / "usr/local/libexec/gpuhpc-pyxis-importer"
     assert (root / "etc/slurm/plugstack.conf.d/pyxis.conf").read_text().splitlines()[-1] == \
-        f"required {root}/usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis"
+        f"required {root}/usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis importer={importer}"
+    usage = subprocess.run([str(importer)], capture_output=True, text=True)     # gpuhpc.containers.importer
+    assert usage.returncode == 2 and "importer get docker://REF" in usage.stderr
     assert (root / "etc/slurm/plugstack.conf").read_text() == f"include {root}/etc/slurm/plugstack.conf.d/*.conf\n"
 
 

@@ -235,3 +235,43 @@ def test_a_job_in_an_image_is_requeued_at_the_signal_and_resumes_from_its_checkp
     assert [int(r[1]) for r in rows] == list(range(1, 41)), f"{rows}\n{log}"       # none lost, none twice
     assert {r[3] for r in rows} == {"0", "1"}, rows                                  # the second half after the requeue
     assert "requeueing job" in log, log
+
+
+@pytest.fixture
+def importer(cluster, tmp_path):
+    """pyxis with gpuhpc's importer (importer= in plugstack.conf; slurmstepd reads it per step),
+    put back afterwards."""
+    plugstack = cluster.base / "plugstack.conf"
+    before = plugstack.read_text()
+    script = cluster.base / "gpuhpc-importer"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpuhpc.containers.importer "$@"\n')
+    script.chmod(0o755)
+    plugstack.write_text(before.rstrip("\n") + f" importer={script}\n")
+    try:
+        yield
+    finally:
+        plugstack.write_text(before)
+
+
+def test_plain_srun_is_held_to_the_site_policy_by_the_importer(cluster, importer, tmp_path):
+    """Issue 23: a plain ``srun --container-image`` (no gpuhpc client) meets the site's policy in
+    pyxis' importer: a registry not on the list and a tag where pins are required are refused
+    before any container exists; the pinned image from an allowed registry runs."""
+    client, env, base = cluster.client, cluster.env, cluster.base
+    image = registry_image()
+    tag = image.split("@")[0] + ":1"
+    site = tmp_path / "site.toml"
+
+    def srun(ref: str, policy: str) -> subprocess.CompletedProcess:
+        site.write_text(f"[containers]\n{policy}\n")
+        return subprocess.run(["srun", "--partition=pyx", "--time=5", f"--container-image={ref}", "grep", "^ID=",
+                               "/etc/os-release"], env={**env, "GPUHPC_SITE_CONFIG": str(site)},
+                              capture_output=True, text=True, timeout=180)
+
+    refused = srun(image, 'allowed_registries = ["nvcr.io"]')
+    assert refused.returncode != 0 and "registry 127.0.0.1:55500 is not allowed" in refused.stderr, refused.stderr
+    pins = 'allowed_registries = ["127.0.0.1:55500"]\nrequire_digest_partitions = ["pyx"]'
+    refused = srun(tag, pins)
+    assert refused.returncode != 0 and "runs only images pinned by digest" in refused.stderr, refused.stderr
+    ran = srun(image, pins)
+    assert ran.returncode == 0 and ran.stdout.strip() == "ID=gpuhpc-test", f"{ran.stderr}\n{cluster.logs()}"
