@@ -6,7 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "build-containers.sh"
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]     # no shared cluster
 
 
 def test_build_from_the_mirror_into_a_prefix(tmp_path):

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]     # no shared cluster
 
 
 def _gpuhpc(*args: str) -> subprocess.CompletedProcess:
