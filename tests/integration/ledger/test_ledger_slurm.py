@@ -87,17 +87,20 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
     admin.add_account(ACCOUNT, url=url)
     admin.add_user(user, ACCOUNT, default=True, url=url)
     admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=url)
-    admin.set_multiplier("partition", "gpu", Decimal("0.6"), effective_from=T0, url=url)
+    # A runs in `all` (PriorityTier 1 on the GPU nodes, no GraceTime): gpu-hi preempts it at once. (In
+    # `gpu`, GraceTime=30 would hold it 30 s: with preempt_send_user_signal only a job's --signal is
+    # sent at the start of the grace, and a job that exits then ends COMPLETED, not requeued.)
+    admin.set_multiplier("partition", "all", Decimal("0.6"), effective_from=T0, url=url)
     admin.set_multiplier("partition", "gpu-hi", Decimal("1.5"), effective_from=T0, url=url)
     admin.set_quota(ACCOUNT, money=Decimal("100000"), url=url)
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
 
     # the submit path: reserve (committed) -> sbatch -> attach in a new transaction
-    req = hooks.ChargeRequest(cluster=cluster, user=user, account=ACCOUNT, partition="gpu", qos=None,
+    req = hooks.ChargeRequest(cluster=cluster, user=user, account=ACCOUNT, partition="all", qos=None,
                               gpu_type="h100", gpus=8, time_limit_s=300, job_name="gpuhpc-ledger-test-a")
     res = quota.reserve(req, url=url)
     assert res.amount == Decimal("1.000000")          # 8 × 5 min × 2.50 × 0.6
-    a = client.submit_script(PREEMPTEE, extra=["-p", "gpu", "-N", "1", "--gres=gpu:h100:8", "--requeue", "-t", "5",
+    a = client.submit_script(PREEMPTEE, extra=["-p", "all", "-N", "1", "--gres=gpu:h100:8", "--requeue", "-t", "5",
                                                "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-a", "-o", "/dev/null"])
     jobs.append(a)
     quota.attach_job(res.id, a, url=url)
@@ -107,7 +110,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
         "-p", "gpu-hi", "-w", node, "--gres=gpu:h100:8", "-t", "2", "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-b",
         "-o", "/dev/null"])
     jobs.append(b)
-    # A is preempted (GraceTime 30 s), requeued, and reruns after B (cred_expire ~10 s)
+    # A is preempted at once, requeued, and reruns after B (cred_expire ~10 s)
     def done(job: str) -> bool:
         s = _state(client, job)
         return s is None or s.state.state.is_finished
