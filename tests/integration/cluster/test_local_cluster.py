@@ -85,7 +85,8 @@ def test_gpu_hi_job_preempts_and_requeues_gpu_job(slurm, submit, tmp_path):
 
     urgent = submit("#!/bin/bash\nsleep 5\n", "--partition=gpu-hi", "--nodelist=gpu-node1",
                     "--gres=gpu:h100:8", "--time=2", f"--output={tmp_path / 'urgent.out'}")
-    # GraceTime=30: the victim gets SIGTERM (bash exits at once), is requeued, and the gpu-hi job runs
+    # GraceTime=30: the victim has no --signal, so (preempt_send_user_signal) nothing reaches it before the
+    # grace ends; then Slurm requeues it and the gpu-hi job runs (~30 s: the ledger test preempts in `all`)
     wait_for(lambda: _job_state(slurm, urgent) in ("RUNNING", "COMPLETED"), 90, f"gpu-hi job {urgent} to start")
     rec = slurm.show_job(victim) or {}
     assert int(rec.get("Restarts", "0")) >= 1 or rec.get("JobState") in ("PENDING", "REQUEUED"), rec
