@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,7 @@ def test_a_fresh_cluster_gets_a_control_node_key_and_a_rerun_changes_nothing(clu
     assert proc.returncode == 0, proc.stdout[-4000:]
     trusted = hashlib.sha256(cluster.cache.read_bytes()).hexdigest()
     assert set(cluster.sums().values()) == {trusted}
+    assert stat.S_IMODE(cluster.cache.stat().st_mode) == 0o600
     assert "munge: 3 host(s) agree on the trusted key" in proc.stdout, proc.stdout[-4000:]
     assert all("restarted" in (cluster.tmp / h / "service.log").read_text() for h in HOSTS)   # the new key
 
@@ -135,3 +137,4 @@ def test_without_the_trusted_key_a_limited_run_stops_and_changes_nothing(cluster
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert cluster.sums() == before
     assert hashlib.sha256(cluster.cache.read_bytes()).hexdigest() == before["c1"]
+    assert stat.S_IMODE(cluster.cache.stat().st_mode) == 0o600         # fetched, then made private
