@@ -243,6 +243,29 @@ def _health(spec: ClusterSpec) -> dict[str, Any] | None:
     }
 
 
+def _nvlink_blocks(spec: ClusterSpec, release: tuple[int, int]) -> list[dict[str, str]]:
+    """topology/block's blocks: one per NVLink domain (``topology.plugin: block``). Slurm has
+    topology/block from 23.11; for an older release it is refused (the domains are node features
+    ``nvl-<domain>`` on every release)."""
+    if spec.topology.plugin != "block":
+        return []
+    if release < (23, 11):
+        from gpuhpc.errors import UserInputError
+
+        raise UserInputError(f"topology/block needs Slurm 23.11 or later, not {release[0]}.{release[1]:02d}",
+                             field="topology.plugin", hint="use tree (NVLink domains are the node features "
+                             "nvl-<domain> on every release), or render for the release the cluster runs")
+    by: dict[str, list[str]] = {}
+    for node, dom in spec.nvlink_domains().items():
+        by.setdefault(dom, []).append(node)
+    if not by:
+        from gpuhpc.errors import UserInputError
+
+        raise UserInputError("topology/block needs NVLink domains", field="topology.plugin",
+                             hint="give node groups nvlink_domain, nvlink_domain_size or nvlink_domains")
+    return [{"name": d, "nodes": hostlist.compress(nodes)} for d, nodes in by.items()]
+
+
 def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
                   slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, Any]:
     """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
@@ -435,6 +458,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         "topology_plugin": "topology/default" if release >= (23, 11) and (
             spec.topology.plugin == "none" or (spec.topology.plugin == "tree" and not switches))
         else f"topology/{spec.topology.plugin}",
+        "nvlink_blocks": _nvlink_blocks(spec, release),
         "preempt_type": None if pre.type == "none" and release >= (24, 11) else f"preempt/{pre.type}",
         "preempt_parameters": ",".join(preempt_params) or None,
 

@@ -394,7 +394,9 @@ class Switch(_Model):
 
 
 class Topology(_Model):
-    plugin: Literal["tree", "none"] = "tree"
+    # block: topology/block, one BlockName= per NVLink domain of the node groups (Slurm 23.11+ only;
+    # every release gets the domains as node features nvl-<domain>, docs/sprints.md)
+    plugin: Literal["tree", "block", "none"] = "tree"
     switches: list[Switch] = []
 
 

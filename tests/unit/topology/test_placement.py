@@ -97,3 +97,33 @@ def test_nvlink_domains_become_node_features_in_slurm_conf(tmp_path):
     lines = {r["nodes"]: r["features"] for r in build_context(load_spec(tmp_path / "c.yaml"))["node_lines"]}
     assert lines["gpu-node1"].split(",")[-1] == "nvl-gpu-nvl1" and lines["gpu-node2"].endswith(",nvl-gpu-nvl2")
     assert "nvl-" not in (lines.get("mig-node1") or "")
+
+
+def test_block_topology_only_for_a_slurm_release_that_has_it(tmp_path):
+    """topology.plugin: block renders one BlockName= per NVLink domain for Slurm 23.11+ (24.11 in
+    the lab); for 22.05 it is refused naming the field (the domains stay node features)."""
+    from pathlib import Path
+
+    import pytest
+    import yaml
+
+    from gpuhpc.conf.context import build_context
+    from gpuhpc.conf.render import render_context
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.spec.cluster import load_spec
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples/clusters/local.yaml").read_text())
+    next(g for g in data["node_groups"] if g["name"] == "gpu")["nvlink_domain"] = "nvl72a"
+    data["topology"] = {"plugin": "block"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    spec = load_spec(tmp_path / "c.yaml")
+    ctx = build_context(spec, slurm_version="24.11")
+    assert ctx["topology_plugin"] == "topology/block"
+    assert ctx["nvlink_blocks"] == [{"name": "nvl72a", "nodes": "gpu-node[1-2]"}]
+    text = render_context(ctx)["topology.conf"]
+    assert "BlockName=nvl72a Nodes=gpu-node[1-2]" in text and "SwitchName" not in text
+    with pytest.raises(UserInputError) as exc:
+        build_context(spec, slurm_version="22.05")
+    assert exc.value.field == "topology.plugin" and "23.11" in str(exc.value)
+    tree = build_context(load_spec(Path(__file__).resolve().parents[3] / "examples/clusters/local.yaml"))
+    assert tree["nvlink_blocks"] == [] and "SwitchName=leaf1" in render_context(tree)["topology.conf"]
