@@ -12,18 +12,22 @@ import pytest
 NO_JOB = "99999999"
 NO_SWEEP = "99999"
 
-MISSING = [
+JOBS = [
     (["status", NO_JOB], "not found"),
     (["logs", NO_JOB], "no log file"),
     (["cancel", NO_JOB], "no such job"),
     (["report", "efficiency", NO_JOB], f"Slurm has no job {NO_JOB}"),
-    *[(["sweep", cmd, NO_SWEEP, *extra], f"no sweep {NO_SWEEP}")
-      for cmd, extra in (("status", []), ("best", []), ("results", ["--json"]), ("wait", ["--timeout", "1"]),
-                         ("resume", []), ("cancel", []), ("report", ["--html", "r.html"]))],
 ]
+# a missing sweep is found missing in the sweep database, before any Slurm command: these run in
+# the isolated stream, beside the shared cluster
+SWEEPS = [(["sweep", cmd, NO_SWEEP, *extra], f"no sweep {NO_SWEEP}")
+          for cmd, extra in (("status", []), ("best", []), ("results", ["--json"]), ("wait", ["--timeout", "1"]),
+                             ("resume", []), ("cancel", []), ("report", ["--html", "r.html"]))]
+MISSING = [pytest.param(a, s, id=" ".join(a)) for a, s in JOBS] + [
+    pytest.param(a, s, id=" ".join(a), marks=pytest.mark.isolated) for a, s in SWEEPS]
 
 
-@pytest.mark.parametrize("argv,says", MISSING, ids=[" ".join(a) for a, _ in MISSING])
+@pytest.mark.parametrize("argv,says", MISSING)
 def test_a_missing_thing_exits_1_with_one_line(argv, says, tmp_path):
     env = {**os.environ, "GPUHPC_DATA_DIR": str(tmp_path), "GPUHPC_LEDGER": "off"}
     env.pop("GPUHPC_DEBUG", None)
