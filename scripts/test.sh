@@ -179,7 +179,8 @@ LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test
       tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
 SMOKE=(tests/integration/core/test_examples.py)
 # the tests that build enroot and pyxis from their source archives (docs/containers.md)
-VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py)
+VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py
+        tests/integration/containers/test_containers_role.py)
 if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
   GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
 fi
