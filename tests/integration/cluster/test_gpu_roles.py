@@ -7,8 +7,10 @@ nvidia-smi stand-in (first on PATH), whose state starts from the real captures i
 tests/fixtures/nvidia-smi (`nvidia-smi -L` of a 7x 1g.10gb H100, `mig -lgip` of an H100 SXM5):
 apply, re-apply without change (no nvidia-smi mig create/destroy call, changed=0), and a layout
 change that destroys and creates only what differs, regenerates gres.conf and tells the daemons.
-Both roles converge once per module, in one play (check, apply, re-apply); the layout change starts
-from that state. Nothing touches the shared cluster: the spec's conf_dir, the applied record and
+Both roles converge once per module, in one play (check, apply, re-apply); the layout change, the
+boot-time unit after a "reboot" of the stand-in and the slurmd -G isolation check start from that
+state. The GPUDirect decision and DGX OS run once, as four hosts of one --check play, each with its
+own recorded driver, OFED and /etc/dgx-release facts. Nothing touches the shared cluster: the spec's conf_dir, the applied record and
 the NCCL profile live under the test's tmp directory.
 """
 from __future__ import annotations
@@ -133,13 +135,6 @@ class GpuHost:
 
 def _mig_changes(calls: list[list[str]]) -> list[list[str]]:
     return [c for c in calls if ("mig" in c[:1] and {"-cgi", "-dgi", "-dci"} & set(c)) or "-mig" in c]
-
-
-@pytest.fixture()
-def gpu_host(collection, tmp_path, fixtures_dir) -> GpuHost:
-    host = GpuHost(tmp_path, Path(fixtures_dir))
-    host.write_spec(SEVEN)
-    return host
 
 
 @pytest.fixture(scope="module")
@@ -271,52 +266,84 @@ DGX_RELEASE = ('DGX_NAME="DGX Server"\nDGX_PRETTY_NAME="NVIDIA DGX Server"\nDGX_
                'DGX_OTA_VERSION="5.2.0"\n')
 
 
-def _host_facts(h: GpuHost, nvrm: str, ofed: bool, dgx: bool = False) -> list[str]:
-    """-e overrides that point the roles' /proc, /sys and /etc facts at files of the test's own (this
-    kernel is >= 5.12; one HCA; an OFED's ofed_info or none; DGX OS's /etc/dgx-release or none)."""
-    (h.tmp / "nvrm").write_text(nvrm + "\n")
-    (h.tmp / "infiniband" / "mlx5_0").mkdir(parents=True, exist_ok=True)
+# the lines of one task's output (up to the next TASK)
+IN_TASK = r"(?:(?!TASK \[)[^\n]*\n)*?"
+# four hosts of one check-mode play (all this machine): each sees its own driver, OFED and DGX OS facts
+DECISIONS = {
+    "open550": ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", False, False),
+    "prop535ofed": (PROPRIETARY_535, True, False),
+    "prop535inbox": (PROPRIETARY_535, False, False),
+    "dgx": (PROPRIETARY_535, False, True),
+}
+
+
+@pytest.fixture(scope="module")
+def decisions(collection, tmp_path_factory, fixtures_dir) -> dict[str, str]:
+    """gpuhpc_nvidia_gpu and gpuhpc_gpudirect_rdma in --check on four hosts at once, their /proc, /sys
+    and /etc facts files of the test's own (this kernel is >= 5.12; one HCA; an OFED's ofed_info or
+    none; DGX OS's /etc/dgx-release or none): each host's output lines."""
+    h = GpuHost(tmp_path_factory.mktemp("gpudirect"), Path(fixtures_dir))
+    h.write_spec(SEVEN)
+    (h.tmp / "infiniband" / "mlx5_0").mkdir(parents=True)
     (h.tmp / "ofed_info").write_text("#!/bin/sh\n")
     (h.tmp / "dgx-release").write_text(DGX_RELEASE)
     none = str(h.tmp / "no-such-file")
-    return ["-e", json.dumps({
-        "_gpuhpc_gpudirect_rdma_nvrm_file": str(h.tmp / "nvrm"), "_gpuhpc_gpudirect_rdma_ib_class": str(h.tmp / "infiniband"),
-        "_gpuhpc_gpudirect_rdma_peermem_module": none,
-        "_gpuhpc_gpudirect_rdma_ofed_info": str(h.tmp / "ofed_info") if ofed else none,
-        "_gpuhpc_gpudirect_rdma_dgx_release": str(h.tmp / "dgx-release") if dgx else none,
-        "_gpuhpc_nvidia_gpu_dgx_release": str(h.tmp / "dgx-release") if dgx else none})]
+    inventory = yaml.safe_load(h.inventory.read_text())
+    base = inventory["all"]["hosts"].pop("localhost")
+    for name, (nvrm, ofed, dgx) in DECISIONS.items():
+        (h.tmp / f"nvrm-{name}").write_text(nvrm + "\n")
+        inventory["all"]["hosts"][name] = {**base, "test_facts": {
+            "_gpuhpc_gpudirect_rdma_nvrm_file": str(h.tmp / f"nvrm-{name}"),
+            "_gpuhpc_gpudirect_rdma_ib_class": str(h.tmp / "infiniband"), "_gpuhpc_gpudirect_rdma_peermem_module": none,
+            "_gpuhpc_gpudirect_rdma_ofed_info": str(h.tmp / "ofed_info") if ofed else none,
+            "_gpuhpc_gpudirect_rdma_dgx_release": str(h.tmp / "dgx-release") if dgx else none,
+            "_gpuhpc_nvidia_gpu_dgx_release": str(h.tmp / "dgx-release") if dgx else none}}
+    h.inventory.write_text(yaml.safe_dump(inventory))
+    playbook = h.tmp / "decisions.yml"
+    playbook.write_text(yaml.safe_dump([{
+        "name": "GPU roles on four hosts", "hosts": "all", "gather_facts": False,
+        # facts (set_fact) outrank the roles' private vars, which point at /proc, /sys and /etc
+        "pre_tasks": [{"name": "Point the roles at this host's facts files",
+                       "ansible.builtin.set_fact": {k: f"{{{{ test_facts['{k}'] }}}}" for k in
+                                                    inventory["all"]["hosts"]["dgx"]["test_facts"]}}],
+        "roles": [{"role": "gpuhpc.cluster.gpuhpc_slurm_common"}, {"role": f"gpuhpc.cluster.{NVIDIA}"},
+                  {"role": f"gpuhpc.cluster.{RDMA}"}]}]))
+    proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(h.inventory), str(playbook),
+                           "--check", "--forks", "4"], cwd=REPO, env=h.env(), capture_output=True, text=True, timeout=300)
+    out = proc.stdout.replace(str(h.tmp), "TMP")
+    per_host = {name: "\n".join(re.findall(rf"^(?:ok|changed|fatal|skipping): \[{name}\].*$|^\[ERROR\].*$", out, re.M)
+                                 + re.findall(rf'\[{name}\][^\n]*=> \{{\n\s+"msg": "([^\n]*)"', out))
+                for name in DECISIONS}
+    per_host["recap"] = out[out.rindex("PLAY RECAP"):]
+    per_host["all"] = out
+    return per_host
 
 
-@pytest.mark.parametrize("nvrm, ofed, method", [
-    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.54.15  Release Build", False, "DMA-BUF"),
-    (PROPRIETARY_535, True, "nvidia-peermem"),
-    (PROPRIETARY_535, False, None),
-], ids=["open-550-inbox", "proprietary-535-ofed", "proprietary-535-inbox"])
-def test_gpudirect_rdma_picks_dmabuf_or_peermem(gpu_host, nvrm, ofed, method):
-    """The decision on a host with a driver and an HCA: open modules of 550 -> DMA-BUF (inbox RDMA is
-    enough); proprietary 535 -> nvidia-peermem, which loads only against an OFED's ib_core; proprietary
-    535 with inbox RDMA -> neither can load: the play fails, saying why and what to change."""
-    h = gpu_host
-    counts, out, _ = h.run(RDMA, "--check", "--tags", "gpudirect_rdma", *_host_facts(h, nvrm, ofed), ok=method is not None)
-    if method is None:
-        assert counts["failed"] == 1
-        assert ("GPUDirect RDMA cannot load on mig-node1: driver 535 (proprietary modules), kernel" in out
-                and "the inbox RDMA stack has no peer-memory API, so nvidia-peermem cannot load; install the open "
-                    "kernel modules (nvidia-kernel-open-dkms), or set gpuhpc_gpudirect_rdma_ofed to mofed or doca" in out), out[-4000:]
-        return
-    assert counts["failed"] == 0, out[-4000:]
-    assert f"GPUDirect RDMA through {method}: kernel" in out and "HCAs mlx5_0" in out, out[-4000:]
-    assert ("Load nvidia-peermem at boot" in out) == (method == "nvidia-peermem"), out[-4000:]
+def test_gpudirect_rdma_picks_dmabuf_peermem_or_fails(decisions):
+    """Open modules of 550 -> DMA-BUF (inbox RDMA is enough); proprietary 535 -> nvidia-peermem, which
+    loads only against an OFED's ib_core; proprietary 535 with inbox RDMA -> neither can load: that host
+    fails, saying why and what to change."""
+    out = decisions["all"]
+    assert re.search(r"open550\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", decisions["recap"]), decisions["recap"]
+    assert re.search(r"prop535ofed\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", decisions["recap"])
+    assert re.search(r"prop535inbox\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=1", decisions["recap"])
+    assert "GPUDirect RDMA through DMA-BUF: kernel" in decisions["open550"], decisions["open550"]
+    assert "GPUDirect RDMA through nvidia-peermem: kernel" in decisions["prop535ofed"], decisions["prop535ofed"]
+    assert "HCAs mlx5_0" in decisions["open550"]
+    assert re.search(rf"TASK \[[^\]]*Load nvidia-peermem at boot\][^\n]*\n{IN_TASK}(changed|ok): \[prop535ofed\]", out), out[-4000:]
+    assert not re.search(r"(changed|ok): \[open550\].*nvidia-peermem.conf", out)
+    assert ("GPUDirect RDMA cannot load on mig-node1: driver 535 (proprietary modules), kernel" in out
+            and "the inbox RDMA stack has no peer-memory API, so nvidia-peermem cannot load; install the open "
+                "kernel modules (nvidia-kernel-open-dkms), or set gpuhpc_gpudirect_rdma_ofed to mofed or doca" in out), out[-4000:]
 
 
-def test_dgx_os_keeps_its_driver_ofed_and_peermem_loader(gpu_host):
+def test_dgx_os_keeps_its_driver_ofed_and_peermem_loader(decisions):
     """Recorded DGX OS facts (/etc/dgx-release): the driver, OFED and nvidia-peermem loader are left
     alone, each role says so in one line, and a proprietary driver without an OFED of ours is no error."""
-    h = gpu_host
-    counts, out, _ = h.run((NVIDIA, RDMA), "--check", *_host_facts(h, PROPRIETARY_535, ofed=False, dgx=True))
-    assert counts["failed"] == 0, out[-4000:]
-    assert f"driver, fabric manager and DCGM packages left as they are: DGX OS ({h.tmp}/dgx-release) installs its own" in out
-    assert (f"gpudirect_rdma on DGX OS ({h.tmp}/dgx-release): its driver, OFED and nvidia-peermem loader are left as they "
-            "are (no OFED install, no modules-load file); only the NCCL profile is written") in out, out[-4000:]
+    dgx, out = decisions["dgx"], decisions["all"]
+    assert re.search(r"dgx\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", decisions["recap"]), decisions["recap"]
+    assert "driver, fabric manager and DCGM packages left as they are: DGX OS (TMP/dgx-release) installs its own" in dgx, dgx
+    assert ("gpudirect_rdma on DGX OS (TMP/dgx-release): its driver, OFED and nvidia-peermem loader are left as they "
+            "are (no OFED install, no modules-load file); only the NCCL profile is written") in dgx, dgx
     for task in ("Load nvidia-peermem at boot", "Install the RDMA packages", "Do not load nvidia-peermem where DMA-BUF"):
-        assert not re.search(rf"TASK \[[^\]]*{re.escape(task)}[^\n]*\n+(ok|changed):", out), task
+        assert not re.search(rf"TASK \[[^\]]*{re.escape(task)}[^\n]*\n{IN_TASK}(ok|changed): \[dgx\]", out), task
