@@ -14,7 +14,7 @@
 #               and every file under examples/ (tests/integration/core/test_examples.py)
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
 #     stage i   tests/unit and the integration tests marked `isolated` (own private slurmctld,
-#               roles into scratch roots, services only)
+#               roles into scratch roots, services only); at the same time the lab, then stage c
 #     stage c   containers built from third-party source archives (enroot, pyxis): only where a
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
@@ -196,27 +196,32 @@ if [ "$MODE" = full ]; then
     "$@" || rc=$?
     printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t ))" "$rc" >>"$RUNDIR/stages"
   }
-  isolated_stream() {   # stage i, then c
+  isolated_stream() {   # stage i
     # temporary files and the default ledger of their own, apart from the other streams'
     export TMPDIR=/var/tmp/gpuhpc-pytest-isolated GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/isolated"
     mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
     bg_stage "stage i" "${PYTEST[@]}" -m "not integration or isolated" tests/unit tests/integration \
       --ignore=tests/integration/lab "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+  }
+  lab_stream() {   # the lab, then stage c
+    # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
+    # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
+    if [ "${LAB:-1}" != 0 ]; then
+      bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab
+    fi
     if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
+      export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/vendor"
+      mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
       bg_stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}"
     else
       echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
     fi
   }
-  say "stages i and c, and the lab, start beside the shared-cluster stream (their output: at the end)"
+  say "stage i, and the lab then stage c, start beside the shared-cluster stream (their output: at the end)"
   isolated_stream >"$RUNDIR/isolated.log" 2>&1 &
   BG_PIDS+=($!)
-  # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
-  # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
-  if [ "${LAB:-1}" != 0 ]; then
-    bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab >"$RUNDIR/lab.log" 2>&1 &
-    BG_PIDS+=($!)
-  fi
+  lab_stream >"$RUNDIR/lab.log" 2>&1 &
+  BG_PIDS+=($!)
   stage "stage a" "${PYTEST[@]}" -m "not isolated" tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
     || FAILED+=" a"
   stage "stage b" "${PYTEST[@]}" -m "not isolated" "${LONG[@]}" || FAILED+=" b"
@@ -230,7 +235,7 @@ if [ "$MODE" = full ]; then
   wait "${BG_PIDS[@]}" || true
   for log in isolated lab; do
     [ -f "$RUNDIR/$log.log" ] || continue
-    echo "================ $log (run beside the shared-cluster stream) ================"
+    echo "================ $log stream (run beside the shared-cluster stream) ================"
     cat "$RUNDIR/$log.log"
     echo "================ end of $log ================"
   done
