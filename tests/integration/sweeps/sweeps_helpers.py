@@ -37,6 +37,14 @@ def report_cmd(expr: str) -> str:
     return f"{PY} -m gpuhpc report-metric loss $(( {expr} ))"
 
 
+def shell_report(expr: str) -> str:
+    """Shell: append ``loss`` = ``$(( expr ))`` to the trial's metrics file as the JSON line
+    gpuhpc.report writes (less its bookkeeping fields), with no second Python per trial: for
+    the long sweeps of many short trials. :func:`report_cmd` (the real command) is what the
+    other sweep tests run. (``{{``/``}}``: literal braces in a sweep command.)"""
+    return f"""printf '{{{{"metrics": {{{{"loss": %d}}}}}}}}\\n' $(( {expr} )) >> "$GPUHPC_METRICS_FILE\""""
+
+
 def assert_one_charge_per_run(slurm, db: Path, job_ids: list[str]) -> None:
     """After ``gpuhpc ledger ingest``: one usage record per run of every array task of
     ``job_ids`` (each requeued run counts once) and exactly one charge per usage record."""

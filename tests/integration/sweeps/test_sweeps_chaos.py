@@ -14,8 +14,8 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.slurm.durations import reported_seconds
-from sweeps_helpers import (assert_one_charge_per_run, report_cmd, research_quota, restart_slurmctld, results,
-                            run_sweep, write_sweep)
+from sweeps_helpers import (assert_one_charge_per_run, research_quota, restart_slurmctld, results, run_sweep,
+                            shell_report, write_sweep)
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
 
     research_quota(monkeypatch, 1000)           # the ledger on: reservations per chunk, a charge per run
     f = write_sweep(tmp_path / "chaos.yaml", name="t-chaos", method="grid",
-                    command=f"sleep 5; v={{x}}; {report_cmd('v*v+1')}",
+                    command=f"sleep 5; v={{x}}; {shell_report('v*v+1')}",
                     parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=16,
                     resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "time": "10m"},
                     metric={"name": "loss", "goal": "minimize"}, max_queued=64, max_requeues=8)

@@ -22,7 +22,7 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
-from sweeps_helpers import gpuhpc, report_cmd, results, run_sweep, write_sweep
+from sweeps_helpers import gpuhpc, results, run_sweep, shell_report, write_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, swee
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")     # 5 s trials: hand freed slots on within a second
 
     f = write_sweep(tmp_path / "p.yaml", name="t-par", method="grid",
-                    command=f"sleep 5; v={{x}}; {report_cmd('(v-37)*(v-37)')}",
+                    command=f"sleep 5; v={{x}}; {shell_report('(v-37)*(v-37)')}",
                     parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=P,
                     resources={"partition": "all", "time": "5m", "account": submit_limited, "qos": submit_limited},
                     metric={"name": "loss", "goal": "minimize"}, driver_partition="all")
