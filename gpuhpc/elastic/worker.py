@@ -93,7 +93,12 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
                                           "code": exc.code, "nodes": list(plan.nodes), "at": time.time()})
         cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time())
         return
-    journal.append(config.state_dir, *(journal.launch_event(config, pool, inst) for inst in instances))
+    prices: dict[str, str | None] = {}            # per hour at launch: the provider's spot price where it has one
+    for inst in instances:
+        if inst.instance_type not in prices:
+            prices[inst.instance_type] = provider.price(pool, inst.instance_type) if hasattr(provider, "price") else None
+    journal.append(config.state_dir, *(journal.launch_event(config, pool, inst, prices[inst.instance_type])
+                                       for inst in instances))
     with store.update() as state:
         for node, inst in zip(plan.nodes, instances):
             rec = state.nodes.get(node)

@@ -15,7 +15,9 @@ Provider settings (``providers.aws`` in the elastic config): ``region``, ``launc
 ``subnets`` (one fleet override per subnet and type)."""
 from __future__ import annotations
 
+import datetime as dt
 import time
+from decimal import Decimal
 from typing import Any
 
 import boto3
@@ -152,6 +154,25 @@ class Ec2Provider:
                 self.terminate(ids)
             raise CapacityError(next((c for c in codes if c), "InsufficientInstanceCapacity"), itype)
         return self._describe([{"Name": "instance-id", "Values": ids}])
+
+    def price(self, pool: Pool, instance_type: str) -> str | None:
+        """The spot price per hour of ``instance_type`` now (the highest of its zones' latest
+        prices: a conservative cost), for the ledger's launch price; None for on-demand pools or
+        when EC2 does not say (the pool's ``hourly_price`` is used). Never fails a launch."""
+        if pool.market != "spot":
+            return None
+        try:
+            got = self.ec2.describe_spot_price_history(
+                InstanceTypes=[instance_type], ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
+                StartTime=dt.datetime.now(dt.timezone.utc), MaxResults=50)
+        except (ClientError, AttributeError):
+            return None
+        latest: dict[str, tuple] = {}
+        for row in got.get("SpotPriceHistory", []):
+            zone = row.get("AvailabilityZone", "")
+            if zone not in latest or row["Timestamp"] > latest[zone][0]:
+                latest[zone] = (row["Timestamp"], row["SpotPrice"])
+        return max((p for _, p in latest.values()), key=Decimal, default=None)
 
     def terminate(self, instance_ids: list[str]) -> list[str]:
         ids = [i for i in instance_ids if i.startswith("i-")]

@@ -4,6 +4,9 @@ fallback across instance types, all-or-nothing launches, idempotent retries, and
 instances this cluster tagged."""
 from __future__ import annotations
 
+from dataclasses import replace
+from decimal import Decimal
+
 import boto3
 import pytest
 from botocore.exceptions import ClientError
@@ -166,3 +169,10 @@ def test_on_demand_pools_ask_for_on_demand_capacity(ec2):
     p.launch(pool, ["od01"], "tok9")
     fleet = next(kw for op, kw in faulty.calls if op == "create_fleet")
     assert fleet["TargetCapacitySpecification"]["DefaultTargetCapacityType"] == "on-demand" and "SpotOptions" not in fleet
+
+
+def test_a_spot_launch_is_priced_from_the_spot_price_history(ec2):
+    p, _ = provider(ec2)
+    price = p.price(SPOT, "p5.48xlarge")
+    assert price is not None and Decimal(price) > 0          # moto's history: one price per zone
+    assert p.price(replace(SPOT, market="on_demand"), "p5.48xlarge") is None    # on-demand: the pool's price
