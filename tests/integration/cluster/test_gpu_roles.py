@@ -73,8 +73,9 @@ class GpuHost:
         smi = fixtures_dir / "nvidia-smi"
         state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
         gpu1 = json.loads(json.dumps(state["gpus"][0]))
-        gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled")
-        state["gpus"].append(gpu1)                      # GPU 1: whole, MIG mode off
+        # GPU 1: whole, MIG mode off, and a client holds it: enabling MIG stays pending until a reset
+        gpu1.update(uuid=gpu1["uuid"][:-4] + "0001", mig=[], mig_mode="Disabled", mode_change_needs_reset=True)
+        state["gpus"].append(gpu1)
         self.state.write_text(json.dumps(with_mig_geometry(state, (smi / "mig-lgip-h100-sxm5-80gb-4gpu.txt").read_text(),
                                                            "h100")))
         self.inventory = tmp / "hosts.yml"
@@ -169,6 +170,8 @@ def test_nvidia_gpu_mig_check_apply_and_reapply(converged):
     counts, out, calls = converged["apply"]
     assert counts["failed"] == 0
     assert _mig_changes(calls) == [["-i", "1", "-mig", "1"], ["mig", "-i", "1", "-cgi", "3g.40gb:0,3g.40gb:4", "-C"]]
+    # the mode change stayed pending (a client holds GPU 1): gpuhpc-mig-apply reset the GPU before -cgi
+    assert calls.index(["-i", "1", "-r"]) < calls.index(["mig", "-i", "1", "-cgi", "3g.40gb:0,3g.40gb:4", "-C"]), calls
     assert converged["apply_left"][0] == [[("1g.10gb", s) for s in range(7)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     assert "MIG layout of mig-node1 changed: slurmd" in out, out[-4000:]
     # isolation: what slurmd itself detects from the rendered gres.conf has a device file per slice
