@@ -1,6 +1,6 @@
 """Elastic capacity's metrics for Prometheus, from the instance journal and the power records
-(no Slurm command): node transitions (launched, ended, per node), resume failures per pool and
-code (a capacity error at launch, a boot that never registered), reclaims, lost instances,
+(no Slurm command): node transitions (launched, ended, per node), submit -> running of the jobs
+that resumed a node (the reconciler journals it), resume failures per pool and code (a capacity error at launch, a boot that never registered), reclaims, lost instances,
 orphans, and each pool's state (cooling down, protected, boot failures in a row, instances up).
 :func:`samples` is pure, for the tests; the exporter that serves them is
 :mod:`gpuhpc.monitoring.elastic_exporter` (only gpuhpc.monitoring imports prometheus_client):
@@ -24,6 +24,11 @@ METRICS = {
     "gpuhpc_elastic_instance_ends_total": ("counter", "Instances ended, by reason (suspend, boot-failed, reclaim, "
                                            "gone, orphan)", ("pool", "reason")),
     "gpuhpc_elastic_reclaims_total": ("counter", "Spot reclaims and lost instances (jobs requeued)", ("pool",)),
+    "gpuhpc_elastic_submit_to_running_seconds_total": ("counter", "Sum of submit -> running of the jobs that "
+                                                       "resumed a node (divide by the count)", ("pool",)),
+    "gpuhpc_elastic_cold_starts_total": ("counter", "Jobs that resumed a node and started", ("pool",)),
+    "gpuhpc_elastic_submit_to_running_last_seconds": ("gauge", "Submit -> running of the last job that resumed "
+                                                      "a node", ("pool",)),
     "gpuhpc_elastic_pool_cooling": ("gauge", "1 while the pool cools down after a capacity error", ("pool",)),
     "gpuhpc_elastic_pool_protected": ("gauge", "1 while the pool is protected after boot failures in a row", ("pool",)),
     "gpuhpc_elastic_pool_boot_failures": ("gauge", "Boot failures in a row", ("pool",)),
@@ -36,6 +41,7 @@ def samples(config: ElasticConfig, events: list[dict], state: State, now: float)
     pool_of = {e["id"]: e.get("pool", "") for e in events if e.get("event") == "launch" or e.get("orphan")}
     node_of = {e["id"]: e.get("node", "") for e in events if e.get("event") == "launch" or e.get("orphan")}
     c: Counter = Counter()
+    last: dict[str, float] = {}
     for e in events:
         kind = e.get("event")
         if kind == "launch":
@@ -52,7 +58,13 @@ def samples(config: ElasticConfig, events: list[dict], state: State, now: float)
                 c[("gpuhpc_elastic_resume_failures_total", (pool, "boot-timeout"))] += 1
             if reason in ("reclaim", "gone"):
                 c[("gpuhpc_elastic_reclaims_total", (pool,))] += 1
+        elif kind == "job_start" and e.get("start_at") is not None and e.get("submit_at") is not None:
+            waited = max(0.0, float(e["start_at"]) - float(e["submit_at"]))
+            c[("gpuhpc_elastic_submit_to_running_seconds_total", (e.get("pool", ""),))] += waited
+            c[("gpuhpc_elastic_cold_starts_total", (e.get("pool", ""),))] += 1
+            last[e.get("pool", "")] = waited
     out = [(name, labels, float(v)) for (name, labels), v in sorted(c.items())]
+    out += [("gpuhpc_elastic_submit_to_running_last_seconds", (p,), v) for p, v in sorted(last.items())]
     up = Counter(r.pool for r in state.nodes.values() if r.instance_id)
     for p in config.pools:
         cd = state.cooldowns.get(p.name)

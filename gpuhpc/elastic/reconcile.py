@@ -41,7 +41,7 @@ from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig
 from gpuhpc.elastic.providers.base import Instance
 from gpuhpc.elastic.store import State, Store
-from gpuhpc.slurm.power import PowerNode, PowerSlurm
+from gpuhpc.slurm.power import PowerNode, PowerSlurm, slurm_timestamp
 
 COOLDOWN_REASON = "gpuhpc cooldown"      # the prefix gpuhpc.elastic.worker writes
 PROTECTED_REASON = "gpuhpc protected"    # a pool after protect_after boot failures in a row
@@ -241,7 +241,50 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     actions = decide(config, nodes, instances, state, now, jobs_on, restarts=restarts)
     apply(config, actions, slurm, store, providers, now)
     journal.append(config.state_dir, *end_events(config, actions, nodes, instances, state, now))
+    journal.append(config.state_dir, *job_starts(config, slurm, store, nodes, live))
     return actions
+
+
+def job_starts(config: ElasticConfig, slurm: PowerSlurm, store: Store, nodes: list[PowerNode],
+               live: set[str]) -> list[dict]:
+    """Submit -> running of the jobs that resumed a node (the resume file's job), once each, when
+    their node is up and the job has started: ``job_start`` events for the monitoring."""
+    by_node = {n.name: n for n in nodes}
+    up = {name: rec for name, rec in store.read().nodes.items()
+          if not rec.job_started and rec.instance_id in live and name in by_node
+          and not by_node[name].flags & {"POWERING_UP", "POWERED_DOWN", "NOT_RESPONDING"}}
+    if not up:
+        return []
+    waiting: dict[str, list[str]] = {}
+    # the resume file's job where Slurm gave one, else the jobs on the node now
+    on = {}
+    if any(rec.job_id is None for rec in up.values()):
+        for job, nodelist in slurm.jobs_on(hostlist.compress([n for n, r in up.items() if r.job_id is None])):
+            for n in hostlist.expand(nodelist):
+                on.setdefault(n, job)
+    for name, rec in up.items():
+        job = rec.job_id or on.get(name)
+        if job:
+            waiting.setdefault(job, []).append(name)
+    out, done = [], set()
+    for job, names in waiting.items():
+        info = slurm.client.show_job(job) or {}
+        submit, start = slurm_timestamp(info.get("SubmitTime")), slurm_timestamp(info.get("StartTime"))
+        state = info.get("JobState", "")
+        if state in ("RUNNING", "COMPLETING", "COMPLETED") and submit is not None and start is not None:
+            pool = config.pool_of(names[0])
+            out.append({"event": "job_start", "cluster": config.cluster, "job": job, "pool": pool.name if pool else "",
+                        "submit_at": submit, "start_at": start, "nodes": names})
+        elif info and state in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING"):
+            continue                    # not started yet: the next pass asks again
+        done.add(job)                   # started, or ended (or forgotten) without: never asked again
+    if done:
+        noted = {n for job in done for n in waiting[job]}
+        with store.update() as state:
+            for name, rec in state.nodes.items():
+                if rec.job_id in done or name in noted:
+                    rec.job_started = True
+    return out
 
 
 def end_events(config: ElasticConfig, actions: list[Action], nodes: list[PowerNode], instances: list[Instance],

@@ -24,6 +24,7 @@ class NodeRecord:
     instance_id: str | None = None
     launched_at: float | None = None
     job_id: str | None = None
+    job_started: bool = False        # its job's submit -> running is journalled (monitoring)
 
 
 @dataclass

@@ -42,6 +42,11 @@ def test_scale_up_from_zero_and_down_after_idle(elastic, tmp_path):
     wait_for(lambda: _job_state(el, named) in ("RUNNING", "COMPLETED"), 60, f"job {named} to run")
     el.mark(f"job {named} {_job_state(el, named)} on {UNRESOLVED} (NodeAddr {el.node_addr(UNRESOLVED)})")
     assert el.node_addr(UNRESOLVED) == "127.0.0.1"
+    el.reconcile()                                # the timer's pass journals submit -> running (monitoring)
+    started = {e["job"]: e for e in journal.read(el.config.state_dir) if e["event"] == "job_start"}
+    assert {job, named} <= set(started), started
+    el.mark(f"reconciler: submit -> running {started[job]['start_at'] - started[job]['submit_at']:.0f}s (Slurm's "
+            f"whole seconds) for job {job}")
     assert sorted(i.node for i in el.provider.instances()) == ["el-dns1", "el-spot1"]
     wait_for(lambda: _job_state(el, job) == "COMPLETED", 60, f"job {job} to complete")
     el.mark(f"job {job} COMPLETED; el-spot1 {el.state('el-spot1')}")
@@ -53,7 +58,7 @@ def test_scale_up_from_zero_and_down_after_idle(elastic, tmp_path):
     # the ledger: el-spot1's instance-hours from the journal, its parts adding up to its life
     events = journal.read(el.config.state_dir)
     launched = next(e for e in events if e["event"] == "launch" and e["node"] == "el-spot1")
-    ev = {e["event"]: e for e in events if e["id"] == launched["id"]}
+    ev = {e["event"]: e for e in events if e.get("id") == launched["id"]}
     assert ev["end"]["reason"] == "suspend" and ev["end"]["registered_at"] >= ev["launch"]["at"] - 1  # whole seconds
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     db.upgrade(url)

@@ -21,7 +21,9 @@ def _events(cfg=CFG):
             journal.end_event(cfg, "i-1", NOW + 60, "reclaim"),
             journal.end_event(cfg, "i-2", NOW + 90, "boot-failed"),
             {"event": "launch_failed", "cluster": "c", "pool": "od", "code": "InsufficientInstanceCapacity",
-             "nodes": ["o1"], "at": NOW}]
+             "nodes": ["o1"], "at": NOW},
+            {"event": "job_start", "cluster": "c", "job": "7", "pool": "spot", "submit_at": NOW - 30, "start_at": NOW},
+            {"event": "job_start", "cluster": "c", "job": "8", "pool": "spot", "submit_at": NOW, "start_at": NOW + 10}]
 
 
 def test_transitions_failures_reclaims_and_pool_state():
@@ -38,6 +40,9 @@ def test_transitions_failures_reclaims_and_pool_state():
     assert got[("gpuhpc_elastic_pool_cooling", ("od",))] == 1 and got[("gpuhpc_elastic_pool_cooling", ("spot",))] == 0
     assert got[("gpuhpc_elastic_pool_protected", ("spot",))] == 1 and got[("gpuhpc_elastic_pool_boot_failures", ("spot",))] == 3
     assert got[("gpuhpc_elastic_pool_instances", ("spot",))] == 1
+    assert got[("gpuhpc_elastic_cold_starts_total", ("spot",))] == 2
+    assert got[("gpuhpc_elastic_submit_to_running_seconds_total", ("spot",))] == 40
+    assert got[("gpuhpc_elastic_submit_to_running_last_seconds", ("spot",))] == 10
 
 
 def test_the_collector_exposes_them(tmp_path):
