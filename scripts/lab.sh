@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # lab.sh bake|up|down|status|ssh HOST CMD|ctl CMD|wipe - a 4-host Slurm lab on this one machine, for
 # the multi-host deploy test (tests/integration/lab). Each host boots systemd as its PID 1 in its own
-# network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian 12 image
-# baked once with debootstrap (cached in $LAB/image); its sshd is Debian's ssh.service.
+# network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian image
+# baked once with debootstrap (cached in $LAB/image-$SUITE); its sshd is Debian's ssh.service.
+# GPUHPC_LAB_SUITE picks the release: trixie (Debian 13, Slurm 24.11; the default) or bookworm
+# (Debian 12, Slurm 22.05; the local cluster covers it on this machine too).
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
 #   login   10.213.0.12  srun/sbatch, gpuhpc
 #   c1, c2  10.213.0.13-14  slurmd
@@ -15,7 +17,9 @@
 # is baked (PRESEED) and apt's index is the baked one.
 set -euo pipefail
 LAB=${GPUHPC_LAB_DIR:-/var/tmp/gpuhpc-lab}
-IMAGE=$LAB/image
+SUITE=${GPUHPC_LAB_SUITE:-trixie}
+case "$SUITE" in trixie|bookworm) ;; *) echo "lab.sh: GPUHPC_LAB_SUITE=$SUITE: use trixie or bookworm" >&2; exit 2 ;; esac
+IMAGE=$LAB/image-$SUITE
 KEY=$LAB/id_ed25519
 NET=10.213.0
 OUTNET=10.213.1
@@ -35,7 +39,7 @@ bake() {
   # machine (the suite's /var/tmp/gpuhpc-pytest) does not exist there (apt's and dpkg's mktemp failed)
   unset TMPDIR
   local stamp="$IMAGE/.gpuhpc-lab-baked" want
-  want=$(echo "2|$BASE|$PRESEED" | sha256sum | cut -c1-16)
+  want=$(echo "3|$SUITE|$BASE|$PRESEED" | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then log "image is current: $IMAGE"; return 0; fi
   command -v debootstrap >/dev/null || apt-get install -y -q debootstrap >/dev/null
   local t mirror
@@ -44,7 +48,7 @@ bake() {
   # the Debian mirror this machine's apt is configured with (deb822 sources, then sources.list)
   mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
   [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
-  debootstrap --variant=minbase bookworm "$IMAGE.new" "$mirror" >/dev/null
+  debootstrap --variant=minbase "$SUITE" "$IMAGE.new" "$mirror" >/dev/null
   local R=$IMAGE.new
   printf '#!/bin/sh\nexit 101\n' > "$R/usr/sbin/policy-rc.d"; chmod +x "$R/usr/sbin/policy-rc.d"
   unshare --mount --propagation private sh -ec "mount -t proc proc $R/proc
@@ -55,7 +59,8 @@ bake() {
     umount $R/proc"
   rm -f "$R/usr/sbin/policy-rc.d" "$R"/etc/ssh/ssh_host_*   # per-host keys and machine id: first boot
   # a systemd that boots in a container: no getty, no udev, no logind seat, no time sync
-  for u in getty@tty1.service systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer; do
+  for u in getty@tty1.service console-getty.service systemd-modules-load.service systemd-timesyncd.service \
+           apt-daily.timer apt-daily-upgrade.timer; do
     chroot "$R" systemctl mask "$u" >/dev/null 2>&1 || true
   done
   echo "$want" > "$R/.gpuhpc-lab-baked"
@@ -209,7 +214,14 @@ up() {
     ip -n lab-sw link set br0 up
   fi
   for h in "${@:-${HOSTS[@]}}"; do start_host "$h"; done
-  for h in "${@:-${HOSTS[@]}}"; do wait_ssh "$h"; done
+  for h in "${@:-${HOSTS[@]}}"; do
+    wait_ssh "$h" && continue
+    # util-linux's unshare sometimes dies at once on a loaded machine ("sigprocmask unblock failed:
+    # Invalid argument"), before the host's init runs: boot that host once more
+    grep -q "sigprocmask" "$LAB/hosts/$h/init.log" 2>/dev/null || return 1
+    log "$h: unshare failed to start; booting it again"
+    stop_host "$h"; start_host "$h"; wait_ssh "$h"
+  done
   known_hosts
   log "up: ${*:-${HOSTS[*]}} in $(( ($(date +%s%N) - t) / 1000000 )) ms (ssh answers on every host)"
 }

@@ -1,4 +1,5 @@
-"""The multi-host lab (scripts/lab.sh): four Debian 12 hosts on this machine, each with systemd as its
+"""The multi-host lab (scripts/lab.sh): four Debian 13 hosts with Slurm 24.11 (GPUHPC_LAB_SUITE=bookworm:
+Debian 12, 22.05) on this machine, each with systemd as its
 PID 1 in its own network/mount/PID/UTS namespaces, stood up from a fresh overlay and deployed with
 the installed gpuhpc.cluster collection over real SSH (host keys checked), in systemd service mode.
 
@@ -62,10 +63,10 @@ class Lab:
         out = self.ssh("ctl", f"squeue --noheader --jobs {job_id} --format %T 2>/dev/null || true").strip()
         return out or self.ssh("ctl", f"sacct -nX -P -o State -j {job_id}").strip().split(" ")[0]
 
-    def play(self, *extra: str, timeout: float = 900) -> subprocess.CompletedProcess:
-        """gpuhpc.cluster.site from the installed collection, run by a control node in the lab."""
+    def play(self, *extra: str, timeout: float = 900, playbook: str = "gpuhpc.cluster.site") -> subprocess.CompletedProcess:
+        """A playbook (gpuhpc.cluster.site) of the installed collection, run by a control node in the lab."""
         return subprocess.run(["bash", str(LAB_SH), "ctl", "ansible-playbook", "-i", INVENTORY,
-                               "gpuhpc.cluster.site", *extra],
+                               playbook, *extra],
                               cwd=REPO, env=ansible_env(), capture_output=True, text=True, timeout=timeout)
 
     def popen_play(self, *extra: str) -> subprocess.Popen:

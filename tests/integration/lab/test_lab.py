@@ -38,6 +38,18 @@ def test_srun_from_the_login_host_spans_both_compute_hosts(lab: Lab):
         time.sleep(2)
 
 
+def test_a_job_gets_slurmds_memlock_limit_not_the_login_shells(lab: Lab):
+    # PropagateResourceLimitsExcept=MEMLOCK: the login shell's small memlock does not reach the job,
+    # which gets slurmd's (its unit says unlimited; here it stays at this machine's 8 MiB hard limit,
+    # which the lab's hosts cannot raise without CAP_SYS_RESOURCE); the other limits come from the shell
+    assert "LimitMEMLOCK=infinity" in lab.ssh("c1", "systemctl show --property LimitMEMLOCK slurmd")
+    slurmd = lab.ssh("c1", "awk '/^Max locked memory/ {print $4}' /proc/$(pidof slurmd)/limits").strip()
+    want = slurmd if slurmd == "unlimited" else str(int(slurmd) // 1024)
+    assert want != "1024"
+    out = lab.ssh("login", "ulimit -l 1024; ulimit -S -n 1000; srun --nodes=1 --nodelist=c1 sh -c 'ulimit -l; ulimit -S -n'")
+    assert out.split() == [want, "1000"], out
+
+
 # A job that writes /tmp/x and its $GPUHPC_SCRATCH, says it started, and holds until released;
 # what it saw goes to /shared (a test never reads what a job wrote under /tmp)
 PRIVATE_TMP_JOB = r"""
@@ -64,7 +76,9 @@ def test_two_jobs_on_one_host_get_private_tmp_on_scratch_removed_after(lab: Lab)
     wait_for(lambda: all((work / f"{j}.started").exists() for j in jobs), 90, f"jobs {jobs} to start together on c1")
     for j in jobs:    # while it runs, the job's /tmp and $GPUHPC_SCRATCH are on the host's scratch mount
         [base] = _job_dirs(lab, "c1", j)
-        assert lab.ssh("c1", f"cat {base}/.{j}/x; cat {base}/.{j}/gpuhpc-{j}/y").split() == [j, j]
+        # the job's /tmp: BasePath/JOB/.JOB (22.05), BasePath/JOB/.JOB/_tmp (24.11)
+        tmp = f"{base}/.{j}/_tmp" if lab.ssh("c1", f"ls -A {base}/.{j}").split() == ["_tmp"] else f"{base}/.{j}"
+        assert lab.ssh("c1", f"cat {tmp}/x; cat {tmp}/gpuhpc-{j}/y").split() == [j, j]
     (work / "release").touch()
     wait_for(lambda: all(lab.job_state(j) == "COMPLETED" for j in jobs), 90, f"jobs {jobs} to complete")
     for j in jobs:
@@ -165,6 +179,46 @@ def test_a_new_munge_key_restarts_munged_through_systemd_handlers(lab: Lab, tmp_
     (LAB_DIR / "secrets" / "munge.key").write_bytes(key.read_bytes())
 
 
+ORDER_JOB = """#!/bin/bash
+#SBATCH --nodelist={host} --time=5 --output=/shared/order/%j.out
+touch /shared/order/$SLURM_JOB_ID.started
+while [ ! -e /shared/order/release ]; do sleep 0.2; done
+"""
+
+
+def _node_states(lab: Lab) -> dict[str, str]:
+    return dict(line.split() for line in lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'").splitlines())
+
+
+def test_a_node_definition_change_stops_slurmd_restarts_slurmctld_and_keeps_running_jobs(lab: Lab, tmp_path):
+    work = SHARED / "order"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    jobs = [lab.sbatch(ORDER_JOB.format(host=h)) for h in ("c1", "c2")]
+    wait_for(lambda: all((work / f"{j}.started").exists() for j in jobs), 90, f"jobs {jobs} to start")
+    # a new node feature: slurm.conf's NodeName lines change, which restarts slurmctld and slurmd
+    spec = tmp_path / "cluster.yaml"
+    text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
+    spec.write_text(text.replace("    memory_mb: 2000\n", "    memory_mb: 2000\n    features: [lab-order]\n"))
+    proc = lab.timed("order_play_s", lab.play, "-e", f"gpuhpc_slurm_common_spec={spec}")
+    assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
+    out = proc.stdout
+    # slurmd stopped on both hosts before slurmctld restarted, then came back in a checked batch
+    stop = out.index("TASK [Stop slurmd where slurmctld and slurmd both restart]")
+    ctld = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_controller : Restart slurmctld for a restart-class change (systemd)]")
+    batch = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_compute : Check that no node of this batch drained or went invalid]")
+    assert stop < ctld < batch
+    assert "changed: [c1]" in out[stop:ctld] and "changed: [c2]" in out[stop:ctld]
+    # no node drained or invalid, the jobs still run, and the nodes carry the new feature
+    states = _node_states(lab)
+    assert set(states) == {"c1", "c2"} and all(st in ("alloc", "mix") for st in states.values()), states
+    assert [lab.job_state(j) for j in jobs] == ["RUNNING", "RUNNING"]
+    assert "AvailableFeatures=lab-order" in lab.ssh("ctl", "scontrol show node c1")
+    (work / "release").touch()
+    wait_for(lambda: all(lab.job_state(j) == "COMPLETED" for j in jobs), 90, f"jobs {jobs} to complete")
+    # the next plays (below) go back to the inventory's spec: the same ordered restart
+
+
 def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
     play = lab.popen_play("-e", "gpuhpc_slurm_compute_start_timeout=120")
     try:
@@ -189,3 +243,45 @@ def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
     out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
     assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
 
+
+
+def test_a_rebooted_compute_host_comes_back_idle_without_ansible(lab: Lab):
+    # a power cut and a boot of c1's systemd: slurmd is an enabled unit and /run/slurm comes back
+    # from tmpfiles.d; ReturnToService=2 takes the node back when it registers
+    booted = lab.ssh("c1", "ps -o lstart= -p 1")
+    lab.sh("down", "c1")
+    lab.sh("up", "c1")
+    assert lab.ssh("c1", "ps -o lstart= -p 1") != booted      # a new systemd
+    wait_for(lambda: _node_states(lab).get("c1") == "idle", 90, "c1 to come back idle")
+    assert lab.ssh("c1", "systemctl is-active munge slurmd").split() == ["active", "active"]
+    out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
+    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
+
+
+def test_the_upgrade_playbook_dumps_the_database_then_moves_dbd_ctld_and_drained_slurmd(lab: Lab):
+    # the same version (the lab has one): it proves the order, the dump, the holds and the drains
+    version = lab.ssh("c1", "dpkg-query --show --showformat '${Version}' slurmd").strip()
+    work = SHARED / "upgrade"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    job = lab.sbatch(ORDER_JOB.replace("/shared/order", "/shared/upgrade").format(host="c1"))
+    wait_for(lambda: (work / f"{job}.started").exists(), 90, f"job {job} to start")
+    proc = lab.timed("upgrade_play_s", lab.play, "-e", f"gpuhpc_slurm_common_version={version}",
+                     playbook="gpuhpc.cluster.upgrade")
+    assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
+    out = proc.stdout
+    plays = [out.index(f"PLAY [{name}") for name in ("Accounting first", "Backup controllers", "Primary controller",
+                                                     "Compute hosts in drained batches", "Login hosts")]
+    assert plays == sorted(plays)
+    drain = out.index("TASK [Drain this batch")
+    assert out.index("TASK [Dump the accounting database]") < drain < out.index("TASK [Resume the nodes this play drained]")
+    assert int(lab.ssh("ctl", f"zcat /var/backups/gpuhpc/*-before-{version}.sql.gz | grep -c 'CREATE TABLE'")) > 10
+    for host, pkgs in {"ctl": ["slurm-client", "slurmctld", "slurmdbd"], "c1": ["slurm-client", "slurmd"],
+                       "login": ["slurm-client"]}.items():
+        assert set(pkgs) <= set(lab.ssh(host, "apt-mark showhold").split()), host
+    # the nodes are back in service, none keeps the play's drain, and the running job went on
+    assert _node_states(lab) == {"c1": "mix", "c2": "idle"}
+    assert "gpuhpc upgrade" not in lab.ssh("ctl", "sinfo --noheader --list-reasons")
+    assert lab.job_state(job) == "RUNNING"
+    (work / "release").touch()
+    wait_for(lambda: lab.job_state(job) == "COMPLETED", 90, f"job {job} to complete")
