@@ -62,6 +62,12 @@ def sshd() -> dict[str, str]:
         slurm.sacctmgr_add("account", user, [("Description", "laptop tests"), ("Organization", "gpuhpc")])
     if (user, user) not in have:
         slurm.sacctmgr_add("user", user, [("Account", user), ("DefaultAccount", user)])
+    # the user's own state database on the login node follows this gpuhpc's schema, as after an
+    # upgrade of the login node (a home kept from an older checkout's run is otherwise refused)
+    subprocess.run(["runuser", "-u", user, "--", env["GPUHPC_TEST_SSH_USER_PYTHON"], "-m", "gpuhpc", "db", "upgrade"],
+                   check=True, capture_output=True, text=True, cwd="/",
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("GPUHPC_")},
+                        "HOME": env["GPUHPC_TEST_SSH_USER_HOME"], "USER": user})
     return env
 
 
