@@ -3,8 +3,8 @@
 # the multi-host deploy test (tests/integration/lab). Each host boots systemd as its PID 1 in its own
 # network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian image
 # baked once with debootstrap (cached in $LAB/image-$SUITE); its sshd is Debian's ssh.service.
-# GPUHPC_LAB_SUITE picks the release: trixie (Debian 13, Slurm 24.11; the default) or bookworm
-# (Debian 12, Slurm 22.05; the local cluster covers it on this machine too).
+# GPUHPC_LAB_SUITE picks the release: bookworm (Debian 12, Slurm 22.05; the default) or trixie
+# (Debian 13, Slurm 24.11; 13 of the 14 lab tests pass there, the second run is not yet changed=0).
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
 #   login   10.213.0.12  srun/sbatch, gpuhpc
 #   c1, c2  10.213.0.13-14  slurmd
@@ -17,7 +17,7 @@
 # is baked (PRESEED) and apt's index is the baked one.
 set -euo pipefail
 LAB=${GPUHPC_LAB_DIR:-/var/tmp/gpuhpc-lab}
-SUITE=${GPUHPC_LAB_SUITE:-trixie}
+SUITE=${GPUHPC_LAB_SUITE:-bookworm}
 case "$SUITE" in trixie|bookworm) ;; *) echo "lab.sh: GPUHPC_LAB_SUITE=$SUITE: use trixie or bookworm" >&2; exit 2 ;; esac
 IMAGE=$LAB/image-$SUITE
 KEY=$LAB/id_ed25519
