@@ -6,20 +6,22 @@
 #   services    PostgreSQL 127.0.0.1:55432, S3 :8333, sshd :2222   scripts/services/*.sh
 #   cluster up  the local GPU Slurm cluster (our Ansible collection)   scripts/cluster.sh up
 #   prometheus  Prometheus :9090 and the exporters               scripts/services/prometheus.sh
-#   then two streams at once:
+#   then the shared-cluster stream and, beside it, three more:
 #   shared-cluster stream, serial:
 #     stage a   the integration tests of every feature on the local cluster
 #     stage b   the long fault-injection runs (LONG below)
 #     stage q   README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
 #               and every file under examples/ (tests/integration/core/test_examples.py)
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
-#     stage i   tests/unit and the integration tests marked `isolated` (own private slurmctld,
-#               roles into scratch roots, services only); at the same time the lab, then stage c
+#     stage i   tests/unit and the collection's isolated role tests (tests/integration/cluster)
+#     stage p   at the same time, the other integration tests marked `isolated` (own private
+#               slurmctld, services only)
+#     lab       at the same time, the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0
+#               skips it), then stage c
 #     stage c   containers built from third-party source archives (enroot, pyxis): only where a
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
 #               and says so
-#     lab       the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0 skips it)
 #   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
 # and at the end each stage's wall time. Every stage runs; the script fails if any did.
 #
@@ -196,12 +198,13 @@ if [ "$MODE" = full ]; then
     "$@" || rc=$?
     printf '%s\t%s\t%s\n' "$name" "$(( $(date +%s) - t ))" "$rc" >>"$RUNDIR/stages"
   }
-  isolated_stream() {   # stage i
+  isolated_stream() {   # isolated_stream NAME PYTEST-ARGS...: one stage of isolated tests
+    local name=$1
+    shift
     # temporary files and the default ledger of their own, apart from the other streams'
-    export TMPDIR=/var/tmp/gpuhpc-pytest-isolated GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/isolated"
+    export TMPDIR="/var/tmp/gpuhpc-pytest-${name// /-}" GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/${name// /-}"
     mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
-    bg_stage "stage i" "${PYTEST[@]}" -m "not integration or isolated" tests/unit tests/integration \
-      --ignore=tests/integration/lab "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+    bg_stage "$name" "${PYTEST[@]}" -m "not integration or isolated" "$@"
   }
   lab_stream() {   # the lab, then stage c
     # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
@@ -217,8 +220,13 @@ if [ "$MODE" = full ]; then
       echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
     fi
   }
-  say "stage i, and the lab then stage c, start beside the shared-cluster stream (their output: at the end)"
-  isolated_stream >"$RUNDIR/isolated.log" 2>&1 &
+  say "stages i and p, and the lab then stage c, start beside the shared-cluster stream (their output: at the end)"
+  # i: the unit tests and the collection's role tests (Ansible: CPU); p: the other isolated tests
+  # (private controllers, services: mostly waiting)
+  isolated_stream "stage i" tests/unit tests/integration/cluster >"$RUNDIR/isolated-i.log" 2>&1 &
+  BG_PIDS+=($!)
+  isolated_stream "stage p" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
+    "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" >"$RUNDIR/isolated-p.log" 2>&1 &
   BG_PIDS+=($!)
   lab_stream >"$RUNDIR/lab.log" 2>&1 &
   BG_PIDS+=($!)
@@ -231,9 +239,9 @@ if [ "$MODE" = full ]; then
   }
   stage "stage q" smoke || FAILED+=" q"
   t=$(date +%s)
-  say "waiting for stages i, c and lab"
+  say "waiting for stages i, p, c and the lab"
   wait "${BG_PIDS[@]}" || true
-  for log in isolated lab; do
+  for log in isolated-i isolated-p lab; do
     [ -f "$RUNDIR/$log.log" ] || continue
     echo "================ $log stream (run beside the shared-cluster stream) ================"
     cat "$RUNDIR/$log.log"
