@@ -109,14 +109,25 @@ class CmdClient:
         "server" once a worker of this client's server holds the command's stdin, "python" once
         the client has exec'd the Python CLI. The command blocks reading stdin until we close it."""
         import subprocess
+
+        proc = subprocess.Popen([*wrapper, self.path, "topology", "from-ibnetdiscover", "-"],
+                                env={**self.env, **(env or {})}, stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            return self.taken(proc, timeout)
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=60)
+
+    def taken(self, proc, timeout: float = 60) -> str:
+        """Poll until the command ``proc`` (the client, started with ``stdin=PIPE``) is taken:
+        "server" once a worker of this client's server holds its stdin, "python" once the client
+        has exec'd the Python CLI."""
         import sys
         import time
 
         server = self.pid()
         python = os.path.realpath(sys.executable)
-        proc = subprocess.Popen([*wrapper, self.path, "topology", "from-ibnetdiscover", "-"],
-                                env={**self.env, **(env or {})}, stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pipe = f"pipe:[{os.fstat(proc.stdin.fileno()).st_ino}]"
 
         def readlink(path: str) -> str:
@@ -137,19 +148,15 @@ class CmdClient:
                     out.append(pid)
             return out
 
-        try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if os.path.realpath(readlink(f"/proc/{proc.pid}/exe")) == python:
-                    return "python"
-                if server and any(readlink(f"/proc/{w}/fd/0") == pipe for w in workers()):
-                    return "server"
-                assert proc.poll() is None, f"the command exited ({proc.returncode}) before reading stdin"
-                time.sleep(0.05)
-            raise AssertionError("neither a server worker nor the Python CLI took the command")
-        finally:
-            proc.stdin.close()
-            proc.wait(timeout=60)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.path.realpath(readlink(f"/proc/{proc.pid}/exe")) == python:
+                return "python"
+            if server and any(readlink(f"/proc/{w}/fd/0") == pipe for w in workers()):
+                return "server"
+            assert proc.poll() is None, f"the command exited ({proc.returncode}) before reading stdin"
+            time.sleep(0.05)
+        raise AssertionError("neither a server worker nor the Python CLI took the command")
 
     def run_python(self, *args: str, env: dict | None = None, **kw):
         import subprocess

@@ -93,14 +93,14 @@ def test_ctrl_c_reaches_the_command_and_a_killed_client_ends_it(cmd_client):
     # a command that blocks reading stdin from us
     proc = subprocess.Popen([cmd_client.path, "topology", "from-ibnetdiscover", "-"], env=cmd_client.env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.0)
+    assert cmd_client.taken(proc) == "server"      # a worker holds its stdin: the command is running
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
 
     proc = subprocess.Popen([cmd_client.path, "topology", "from-ibnetdiscover", "-"], env=cmd_client.env,
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
+    assert cmd_client.taken(proc) == "server"
     proc.kill()                       # SIGKILL: nothing is forwarded; the worker sees the hang-up
     proc.wait(timeout=10)
     deadline = time.monotonic() + 20
