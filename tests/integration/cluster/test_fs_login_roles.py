@@ -44,7 +44,7 @@ session	optional	pam_systemd.so
 SECRETS = {"vault_beegfs_home_connauth": "home-connauth-8f2c1d", "vault_beegfs_scratch_connauth": "scratch-connauth-77ab90"}
 
 PLAY = """\
-- name: Roles from the spec, in a temporary root
+- name: {title}
   hosts: localhost
   gather_facts: false
   tasks:
@@ -64,7 +64,7 @@ ROLE = """\
 def _playbook(tmp: Path, name: str, *roles: tuple[str, str]) -> Path:
     body = "".join(ROLE.format(name=r, extra=extra) for r, extra in roles)
     path = tmp / name
-    path.write_text(PLAY.format(roles=body))
+    path.write_text(PLAY.format(title="Roles from the spec, in a temporary root", roles=body))
     return path
 
 
@@ -198,16 +198,6 @@ def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_pat
     assert not (tmp_path / "beegfs").exists()
 
 
-MISSING = """\
-- name: Filesystem clients missing on this host
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Load the cluster spec (gpuhpc_slurm_common_conf)
-      ansible.builtin.include_role:
-        name: gpuhpc.cluster.gpuhpc_slurm_common
-        tasks_from: context.yml
-{blocks}"""
 RESCUED = """\
     - name: {name}
       block:
@@ -227,7 +217,8 @@ def test_a_missing_client_fails_the_play_saying_why_and_beegfs_8_has_no_helperd(
     root = tmp_path / "root"
     root.mkdir()
     play = tmp_path / "missing.yml"
-    play.write_text(MISSING.format(blocks="".join(RESCUED.format(name=n) for n in ("gpuhpc_lustre_client", "gpuhpc_beegfs_client"))))
+    play.write_text(PLAY.format(title="Filesystem clients missing on this host",
+                                roles="".join(RESCUED.format(name=n) for n in ("gpuhpc_lustre_client", "gpuhpc_beegfs_client"))))
     proc = _run(play, tmp_path, "-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
                 "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab", "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs",
                 "-e", f"gpuhpc_beegfs_client_apt_pin_file={root}/pin", "-e", "gpuhpc_beegfs_client_major=8",

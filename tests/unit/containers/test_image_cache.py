@@ -148,7 +148,7 @@ def test_a_shared_cache_serves_root_owned_files_only(tmp_path, monkeypatch):
     assert cache.user_dir(s, uid=0) == tmp_path / "c" / "shared" and cache.user_dir(s, uid=1000).name == "1000"
     assert cache.shared_entry(s, ref) is None                   # nothing imported yet
     if os.geteuid() != 0:
-        pytest.skip("root imports into the shared cache")
+        pytest.skip("needs root: only root can create the root-owned files a shared cache serves")
     path, new = cache.ensure(ref, s, importer=_fake_import([]), say=lambda m: None)
     assert new and path.parent.name == "shared"
     assert path.stat().st_mode & 0o777 == 0o644 and path.parent.stat().st_mode & 0o777 == 0o755
