@@ -57,7 +57,9 @@ def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, tra
     resumed = 0
     for r in restarted:
         starts = [line for line in _progress(d, r["trial"]) if line.startswith("start ")]
-        assert len(starts) >= 2
+        # a trial preempted before its callable began has no first start line: its one run is
+        # the restarted one, so only the last line's restart count is certain
+        assert starts and int(starts[-1].split()[1]) >= 1, (r["trial"], starts)
         if int(starts[-1].split()[2]) > 0:          # resumed from its checkpoint, not from step 0
             resumed += 1
     assert resumed >= 1, (running, [(r["trial"], _progress(d, r["trial"])[:3]) for r in restarted])
