@@ -220,9 +220,15 @@ def validate(spec: ClusterSpec) -> list[str]:
     defaults = [i for i, p in enumerate(spec.partitions) if p.default]
     if len(defaults) > 1:
         raise SpecError("more than one default partition", field=f"partitions[{defaults[1]}].default")
+    spot_nodes = {n for g in spec.node_groups if g.capacity == "cloud" and g.market == "spot" for n in g.node_names()}
     for pi, p in enumerate(spec.partitions):
         pf = f"partitions[{pi}]"
-        resolve_nodes(spec, list(p.nodes), f"{pf}.nodes")
+        p_nodes = resolve_nodes(spec, list(p.nodes), f"{pf}.nodes")
+        if not rt.job_requeue and spot_nodes.intersection(p_nodes):
+            # a spot reclaim sets the node DOWN: Slurm requeues a job only if it is requeueable
+            raise SpecError("a partition of spot nodes with runtime.job_requeue false: a spot reclaim would end "
+                            "its jobs NODE_FAIL instead of requeueing them", field=f"{pf}.nodes",
+                            hint="set runtime.job_requeue: true (a job opts out with --no-requeue)")
         if p.preempt_mode not in (None, "OFF") and pre.type == "none":
             raise SpecError(f"PreemptMode={p.preempt_mode} but preemption.type is none", field=f"{pf}.preempt_mode",
                             hint="set preemption.type: partition_prio or qos")

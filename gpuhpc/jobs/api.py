@@ -362,12 +362,15 @@ def _forbid_requeue() -> None:
         print(f"gpuhpc: could not mark job {job_id} non-requeueable: {exc}", flush=True)
 
 
-def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None) -> dict:
-    """submitit parameters from THE sbatch translation (no second mapping)."""
+def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None,
+                     requeue: bool = True) -> dict:
+    """submitit parameters from THE sbatch translation (no second mapping). ``requeue``
+    (the default, as script mode's): ``--requeue``, so a preemption or a spot reclaim (its node
+    set DOWN) requeues the call; False: ``--no-requeue``, the user's explicit opt-out."""
     additional: dict[str, Any] = {}
     for opt, value in sbatch_options(resources, None, batch_signal=False):
         additional[opt] = True if value is None else value
-    additional["requeue"] = True
+    additional["requeue" if requeue else "no_requeue"] = True
     minutes = -(-resources.time_s // 60)
     setup = [
         'export GPUHPC_JOB_ID="$SLURM_JOB_ID"',
@@ -385,7 +388,7 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
 
 def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
                      name: str | None, max_requeues: int, grace: int | str, folder: str | None,
-                     client) -> "Job":
+                     client, requeue: bool = True) -> "Job":
     import submitit
 
     from gpuhpc.jobs.checkpoint import Checkpointable
@@ -409,6 +412,9 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
                                  field="image_python", hint="declare it with Resources(image_python=True), "
                                  "or submit a command (gpuhpc submit --image) instead")
     folder = folder or os.path.join(default_log_dir(), "submitit", "%j")
+    if not isinstance(requeue, bool):
+        raise UserInputError("expected true/false", field="requeue")
+    max_requeues = max_requeues if requeue else 0        # opted out: never requeued, not even at a signal
     target: Any = fn
     if isinstance(fn, Checkpointable):
         target = _SubmititCallable(fn, max_requeues)
@@ -424,7 +430,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         from gpuhpc.jobs import remote
 
         check_fits_on(resources, c)
-        params = _submitit_params(resources, name, grace_s, None)
+        params = _submitit_params(resources, name, grace_s, None, requeue)
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
                                      max_requeues=max_requeues, client=c,
                                      reserve=lambda do: _with_reservation(resources, name, c, do))
@@ -433,7 +439,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         return job
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues,
                                       python="python3" if resources.image is not None else None)
-    executor.update_parameters(**_submitit_params(resources, name, grace_s, None))
+    executor.update_parameters(**_submitit_params(resources, name, grace_s, None, requeue))
     holder: dict[str, Any] = {}
 
     def do_submit() -> str:
@@ -453,14 +459,16 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | dict | None = None,
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
-           cluster: str | None = None, **kwargs: Any) -> "Job":
+           cluster: str | None = None, requeue: bool = True, **kwargs: Any) -> "Job":
     """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
 
     ``gpuhpc.submit(fn, *args, resources=Resources(gpus=8, time="2h"), **kwargs)`` runs
     ``fn(*args, **kwargs)`` on the cluster; make ``fn`` a :class:`Checkpointable` to
     survive preemption and time limits (requeued at most ``max_requeues`` times; it gets
-    SIGUSR2 ``grace`` seconds before the time limit). ``cluster="NAME"`` submits over SSH to
-    the cluster profile NAME (from a laptop; the result comes back over SFTP)."""
+    SIGUSR2 ``grace`` seconds before the time limit). Every job is requeueable by default, so a
+    preemption or a spot reclaim requeues it; ``requeue=False`` opts out (a JobSpec: its own
+    ``requeue`` field). ``cluster="NAME"`` submits over SSH to the cluster profile NAME (from a
+    laptop; the result comes back over SFTP)."""
     if cluster is not None and client is None:
         from gpuhpc.slurm.client import SlurmClient
         from gpuhpc.transport.ssh import shared_runner
@@ -473,7 +481,8 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     if isinstance(resources, dict):          # a plain mapping: unknown names list the valid ones
         resources = Resources.from_mapping(resources)
     return _submit_callable(fn_or_spec, args, kwargs, resources=resources or Resources(), name=name,
-                            max_requeues=max_requeues, grace=grace, folder=folder, client=client)
+                            max_requeues=max_requeues, grace=grace, folder=folder, client=client,
+                            requeue=requeue)
 
 
 def _short_time(text: str) -> str:

@@ -13,6 +13,8 @@ import pytest
 from gpuhpc.elastic import journal
 from gpuhpc.elastic.metrics import samples
 from gpuhpc.elastic.store import Store
+from gpuhpc.jobs.render import render
+from gpuhpc.jobs.spec import JobSpec, Resources
 from gpuhpc.ledger import db, instances
 from elastic_helpers import RESTART_BUDGET, RESUME_TIMEOUT, SUSPEND_TIME, SUSPEND_TIMEOUT, UNRESOLVED
 from polling import wait_for
@@ -169,21 +171,26 @@ def test_a_spot_reclaim_requeues_the_job_which_resumes_from_its_checkpoint_until
     reconciler finds the instance gone: DOWN (the job requeues at once), POWER_DOWN. The job resumes
     from its checkpoint, having lost at most one interval, and runs again within cred_expire + 35 s
     of the kill. A second reclaim, with no notice, spends its restart budget (1): held, the reason
-    in its AdminComment, not looped."""
+    in its AdminComment, not looped. The job is gpuhpc's rendered sbatch (a JobSpec on the spot
+    partition that asks for nothing about requeueing): checkpoint-requeue is the default on spot."""
     el = elastic
     ckpt, log, progress = tmp_path / "ckpt", tmp_path / "log", tmp_path / "progress"
-    script = f"""#!/bin/bash
+    program = f"""#!/bin/bash
 n=$(cat {ckpt} 2>/dev/null || echo 0)
-echo "start $n restart ${{SLURM_RESTART_COUNT:-0}} on $SLURMD_NODENAME" >> {log}
+echo "start $n restart ${{GPUHPC_RESTART_COUNT:-unset}} on $SLURMD_NODENAME" >> {log}
 trap 'echo $n > {ckpt}; echo "usr2 $n" >> {log}' USR2
 while [ $n -lt 60 ]; do
   n=$((n + 1)); echo $n > {progress}; [ $((n % {CHECKPOINT_EVERY})) -eq 0 ] && echo $n > {ckpt}; sleep 1
 done
 echo "done $n" >> {log}
 """
-    job = el.client.submit_script(script, extra=["--partition=spot", "--job-name=gpuhpc-test-elastic-reclaim",
-                                                 "--output=/dev/null", "--time=10", "--requeue"])
+    (tmp_path / "program.sh").write_text(program)
+    spec = JobSpec(command=("bash", str(tmp_path / "program.sh")), name="gpuhpc-test-elastic-reclaim",
+                   resources=Resources(partition="spot", time="10m"), log_dir=str(tmp_path),
+                   checkpoint_dir=str(tmp_path / "gpuhpc-ckpt"))
+    job = el.client.submit_script(render(spec))
     el.mark(f"job {job} submitted to spot (checkpoint every {CHECKPOINT_EVERY} steps)")
+    assert el.job(job).get("Requeue") == "1"         # requeueable by default: nobody asked for it
     wait_for(lambda: log.exists() and "start" in log.read_text(), 90, f"job {job} to start")
     node = el.job(job).get("NodeList")
     el.mark(f"job {job} running on {node}")
@@ -210,6 +217,7 @@ echo "done $n" >> {log}
     t_back = el.mark(f"job {job} running again: {starts()[-1]}")
     restart_at = int(starts()[-1].split()[1])
     assert at_kill - CHECKPOINT_EVERY <= restart_at <= at_kill and restart_at >= saved, log.read_text()
+    assert starts()[-1].split()[3] == "1", log.read_text()       # the template's resume path: GPUHPC_RESTART_COUNT
     print(f"reclaim (kill) -> running again {t_back - t_kill:.1f}s (bound cred_expire {el.cred_expire} + 35 s); "
           f"lost {at_kill - restart_at} steps (checkpoint interval {CHECKPOINT_EVERY})")
 

@@ -83,6 +83,18 @@ def test_a_partition_mixing_cloud_price_tiers_is_refused(data):
     assert exc.value.field == "partitions[2].nodes" and "Weight" in exc.value.one_line()
 
 
+def test_spot_nodes_need_job_requeue(data):
+    """As PreemptMode=REQUEUE does: a reclaim sets the node DOWN and Slurm requeues only a
+    requeueable job, so JobRequeue=1 makes every batch job on spot requeue by default (a job opts
+    out with --no-requeue); the on-demand tiers alone do not need it."""
+    data.setdefault("runtime", {})["job_requeue"] = False
+    with pytest.raises(SpecError) as exc:
+        validate(spec_from_data(data))
+    assert exc.value.field == "partitions[2].nodes" and "NODE_FAIL" in exc.value.one_line()
+    data["partitions"] = [p for p in data["partitions"] if p["name"] != "spot"]
+    validate(spec_from_data(data))
+
+
 @pytest.mark.parametrize(("change", "field", "words"), [
     ({"provider": None}, "node_groups[1]", "needs a provider"),
     ({"max_nodes": 99}, "node_groups[1]", "above count"),
