@@ -22,6 +22,8 @@ API::
         start=None,                     # nodes whose slurmd starts (default: every non-CLOUD node)
         extra_dirs=("elastic",),        # more directories made under .base
         on_stop=None,                   # called with .base once the daemons are stopped, before removal
+        slurmd_prefix=None,             # node -> argv put before that node's slurmd (e.g. unshare: a
+                                        # mount namespace of its own); None: slurmd alone
     )
     with cluster:                       # start(); stop() on exit, even after a failure
         cluster.client                  # SlurmClient on the private cluster (timeout 20 s)
@@ -105,7 +107,8 @@ class PrivateSlurm:
     def __init__(self, name: str, ports: tuple[int, int, int], nodes: dict[str, str], partitions: list[str],
                  extra: dict[str, str | None] | None = None, accounting: bool = False,
                  start: list[str] | None = None, extra_dirs: Iterable[str] = (), timeout: float = 20,
-                 on_stop: Callable[[Path], None] | None = None) -> None:
+                 on_stop: Callable[[Path], None] | None = None,
+                 slurmd_prefix: Callable[[str], list[str]] | None = None) -> None:
         self.name = name
         # a second copy of the same tests beside a running one (a developer's run beside CI's)
         offset = int(os.environ.get("GPUHPC_PRIVATE_SLURM_PORT_OFFSET") or 0)
@@ -118,6 +121,7 @@ class PrivateSlurm:
         self.extra_dirs = tuple(extra_dirs)
         self.timeout = timeout
         self.on_stop = on_stop
+        self.slurmd_prefix = slurmd_prefix
         self.base: Path | None = None
         self.conf: Path | None = None
         self.env: dict[str, str] = {}
@@ -202,7 +206,9 @@ class PrivateSlurm:
         return idle >= set(self.start_nodes)
 
     def start_slurmd(self, node: str, *args: str) -> None:
-        subprocess.run(["slurmd", "-f", str(self.conf), "-N", node, *args], env=self.env, check=True, timeout=60)
+        prefix = self.slurmd_prefix(node) if self.slurmd_prefix else []
+        subprocess.run([*prefix, "slurmd", "-f", str(self.conf), "-N", node, *args], env=self.env, check=True,
+                       timeout=60)
 
     def stop_slurmd(self, node: str) -> None:
         _stop_pid(self.base / "run" / f"slurmd-{node}.pid")

@@ -228,7 +228,8 @@ def job_image(image: str, *, fill_job_nodes: bool = True) -> str:
         return image
     nodes = os.environ.get("SLURM_JOB_NODELIST", "")
     if fill_job_nodes and int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1 and nodes:
-        prefetch(image, nodes, within_job=True)
+        out = prefetch(image, nodes, within_job=True)        # each node's "imported"/"reused" line, in the log
+        sys.stderr.write("".join(f"{line}\n" for line in out.splitlines() if line.startswith("gpuhpc: ")))
     path, _ = ensure(ref, s)
     return str(path)
 

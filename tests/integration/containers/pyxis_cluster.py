@@ -1,10 +1,19 @@
 """A private one-node Slurm controller whose plugstack.conf loads pyxis, with enroot and pyxis
 built by scripts/build-containers.sh into its own prefix (own ports, state, logs and enroot
 directories under one directory in /var/tmp; no accounting; a few seconds). Never the shared
-cluster's plugstack: every job of every user there would load it. Its node is a GPU node of
+cluster's plugstack: every job of every user there would load it. Its nodes are GPU nodes of
 stand-ins: gres gpu:4 on device nodes without a driver, and tests/standins/nvidia-container-cli on slurmd's
 PATH (enroot's 98-nvidia hook calls it for an image that asks for GPUs), with the role's
-90-gpuhpc-slurm-gpus.sh hook. Used by test_pyxis_private.py and bench/container_start.py."""
+90-gpuhpc-slurm-gpus.sh hook. Used by test_pyxis_private.py and bench/container_start.py.
+
+Two nodes on one host: partition ``pyx`` is pyx-node1 alone, ``pyx2`` both (its jobs are
+preempted by those of ``pyxhi``, with the job's signal and a 30 s GraceTime). Two slurmd on one
+host would share pyxis' runtime_path and enroot's runtime, data and temp directories (and the
+node image cache): the second node's slurmd runs in a mount namespace of its own (``unshare
+--mount --propagation slave``, tests/private_slurm.py's ``slurmd_prefix``) where
+``base/nodes/pyx-node2/{pyxis,enroot,images}`` are bind-mounted over ``base/{pyxis,enroot,images}``
+(the paths in plugstack.conf, enroot.conf and the site's node_cache_dir). pyx-node1 uses
+``base/…`` itself: :func:`node_dir` gives a node's directory as seen from the host."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +21,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +29,10 @@ from private_slurm import PrivateSlurm
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "gpuhpcpyxis"
-CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331      # node i: NODE_PORT + i - 1
 GPUS = 4
+NODES = ("pyx-node1", "pyx-node2")
+PER_NODE = ("pyxis", "enroot", "images")        # bound per node (the second node's namespace)
 HOOK = ROOT / "ansible/roles/gpuhpc_containers/files/90-gpuhpc-slurm-gpus.sh"
 STANDINS = ROOT / "tests/standins"
 ENROOT_DIRS = ("enroot", "enroot/tmp", "enroot/run", "enroot/cache", "enroot/data")
@@ -41,16 +53,122 @@ def registry_image(tag: str = "1") -> str:
     return started.stdout.strip().splitlines()[-1]           # 127.0.0.1:PORT#gpuhpc/test@sha256:…
 
 
+PYTHON_REPO = "gpuhpc/python"
+_PYTHON_TOOLS = ("sh", "env", "cat", "ls", "id", "echo", "true", "sleep", "mkdir", "rm", "grep", "hostname", "test")
+
+
+def python_image() -> str:
+    """An image with a Python, pushed once to the local registry as ``gpuhpc/python:3.11``
+    and pinned by digest: Debian's ``/usr/bin/python3.11`` with its standard library (no
+    site-packages), ``bash``, busybox for the rest, and the shared libraries they load, from this
+    host's files (what a debootstrap root would hold, in a few seconds and offline). gpuhpc and the
+    test programs come in through a mount and PYTHONPATH (gpuhpc's job-side modules are stdlib
+    only)."""
+    pinned = registry_image()
+    port = pinned.split("#")[0].rsplit(":", 1)[1]
+    dest = f"docker://127.0.0.1:{port}/{PYTHON_REPO}:3.11"
+
+    def digest() -> str | None:
+        res = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest],
+                             capture_output=True, text=True, timeout=60)
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    found = digest()
+    if found is None:
+        work = Path(tempfile.mkdtemp(prefix="gpuhpc-pyimg-", dir="/var/tmp"))
+        try:
+            _build_python_image(work, dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        found = digest()
+        assert found, f"{dest} was not pushed"
+    return f"127.0.0.1:{port}#{PYTHON_REPO}@{found}"
+
+
+def _build_python_image(work: Path, dest: str) -> None:
+    oci, bundle = work / "oci", work / "bundle"
+
+    def run(*argv: str) -> None:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{argv}: {res.stderr}"
+
+    run("umoci", "init", "--layout", str(oci))
+    run("umoci", "new", "--image", f"{oci}:py")
+    run("umoci", "unpack", "--image", f"{oci}:py", str(bundle))
+    root = bundle / "rootfs"
+    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "tmp", "root", "proc", "sys", "dev", "home"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+        (root / link).symlink_to(target)
+    stdlib = Path("/usr/lib/python3.11")
+    shutil.copytree(stdlib, root / "usr/lib/python3.11", symlinks=True,
+                    ignore=shutil.ignore_patterns("site-packages", "dist-packages", "test", "idlelib", "tkinter",
+                                                  "ensurepip", "lib2to3"))
+    binaries = [Path("/usr/bin/python3.11"), Path("/usr/bin/bash"), *stdlib.glob("lib-dynload/*.so")]
+    for b in binaries[:2]:
+        shutil.copy2(b, root / "usr/bin" / b.name)
+    (root / "usr/bin/python3").symlink_to("python3.11")
+    (root / "usr/bin/busybox").write_bytes(Path(shutil.which("busybox")).read_bytes())
+    (root / "usr/bin/busybox").chmod(0o755)
+    for tool in _PYTHON_TOOLS:
+        (root / "usr/bin" / tool).symlink_to("busybox")
+    libs = set()
+    for b in binaries:       # ldd: "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)", "/lib64/ld-linux… (0x…)"
+        out = subprocess.run(["ldd", str(b)], capture_output=True, text=True, timeout=60).stdout
+        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/")}
+    for lib in libs:         # under /usr (Debian 12 is usr-merged): lib -> usr/lib, lib64 -> usr/lib64
+        real = Path(lib).resolve()
+        for path in {Path(lib), real}:
+            rel = str(path).lstrip("/")
+            rel = rel if rel.startswith("usr/") else f"usr/{rel}"
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            if not (root / rel).exists():
+                shutil.copy2(real, root / rel)
+    (root / "etc/os-release").write_text('NAME="gpuhpc test python image"\nID=gpuhpc-python\nVERSION_ID=3.11\n')
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    run("umoci", "repack", "--image", f"{oci}:py", str(bundle))
+    run("umoci", "config", "--image", f"{oci}:py", "--config.cmd", "/bin/sh",
+        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
+    run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:py", dest)
+
+
+def node_dir(base: Path, node: str, name: str) -> Path:
+    """Where ``base/NAME`` (one of PER_NODE) of ``node`` is, seen from the host."""
+    return base / name if node == NODES[0] else base / "nodes" / node / name
+
+
+def _namespace(base: Path, node: str) -> list[str]:
+    """The argv before ``node``'s slurmd: none for the first node; a mount namespace of its own,
+    with its directories bound over the shared paths, for the others."""
+    if node == NODES[0]:
+        return []
+    script = base / "nodes" / node / "ns.sh"
+    binds = "".join(f'mount --bind "{node_dir(base, node, d)}" "{base / d}"\n' for d in PER_NODE)
+    script.write_text(f"#!/bin/sh\nset -e\n{binds}exec \"$@\"\n")
+    script.chmod(0o755)
+    return ["unshare", "--mount", "--propagation", "slave", "--", str(script)]
+
+
 @contextlib.contextmanager
 def pyxis_cluster() -> Iterator[PrivateSlurm]:
     """The private cluster (tests/private_slurm.py), started; ``.env`` runs Slurm commands and
     gpuhpc on it (enroot and the stand-ins on PATH), ``.base`` is its directory."""
     cluster = PrivateSlurm(
         NAME, ports=(CTLD_PORT, SLURMD_PORT, NODE_PORT),
-        nodes={"pyx-node1": f"CPUs=2 RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN"},
-        partitions=["PartitionName=pyx Nodes=pyx-node1 Default=YES MaxTime=INFINITE State=UP"],
-        extra={"PlugStackConfig": "{base}/plugstack.conf", "GresTypes": "gpu"},
-        extra_dirs=("dev", *ENROOT_DIRS))
+        nodes={n: f"CPUs=2 RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN" for n in NODES},
+        # pyx2's jobs are preempted by pyxhi's (the job's signal, then 30 s: the local cluster's gpu/gpu-hi)
+        partitions=["PartitionName=pyx Nodes=pyx-node1 Default=YES MaxTime=INFINITE State=UP",
+                    f"PartitionName=pyx2 Nodes={','.join(NODES)} PriorityTier=1 PreemptMode=REQUEUE GraceTime=30 "
+                    "MaxTime=INFINITE State=UP",
+                    f"PartitionName=pyxhi Nodes={','.join(NODES)} PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE "
+                    "State=UP"],
+        extra={"PlugStackConfig": "{base}/plugstack.conf", "GresTypes": "gpu", "PreemptType": "preempt/partition_prio",
+               "PreemptMode": "REQUEUE", "SlurmctldParameters": "preempt_send_user_signal"},
+        extra_dirs=("dev", "pyxis", "images", *ENROOT_DIRS,
+                    *(f"nodes/{n}/{d}" for n in NODES[1:] for d in ("pyxis", "images", *ENROOT_DIRS))),
+        slurmd_prefix=lambda node: _namespace(cluster.base, node))
 
     def prepare(base: Path) -> None:
         prefix = base / "p"
@@ -65,11 +183,13 @@ def pyxis_cluster() -> Iterator[PrivateSlurm]:
         shutil.copy(HOOK, prefix / "etc" / "enroot" / "hooks.d" / HOOK.name)
         for i in range(GPUS):          # gres wants character devices: NVIDIA's major, no driver behind it
             os.mknod(base / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(195, i))
-        (base / "gres.conf").write_text(f"AutoDetect=off\nNodeName=pyx-node1 Name=gpu File={base}/dev/nvidia[0-{GPUS - 1}]\n")
+        (base / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+            f"NodeName={n} Name=gpu File={base}/dev/nvidia[0-{GPUS - 1}]\n" for n in NODES))
         # ordinary users' jobs: enroot makes their directories (per uid) in these
         base.chmod(0o755)
-        for d in ENROOT_DIRS:
-            (base / d).chmod(0o1777)
+        for n in NODES:
+            for d in ENROOT_DIRS:
+                node_dir(base, n, d).chmod(0o1777)
         # container_scope=global: pyxis' job epilog (scope job) looks for enroot on
         # /usr/local/bin:/usr/bin:/bin only, and this enroot is in the test's prefix
         (base / "plugstack.conf").write_text(

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import pyxis_cluster, registry_image
+from pyxis_cluster import NODES, ROOT, node_dir, python_image, pyxis_cluster, registry_image
 
 from polling import wait_for
 
@@ -235,6 +235,101 @@ def test_a_job_in_an_image_is_requeued_at_the_signal_and_resumes_from_its_checkp
     assert [int(r[1]) for r in rows] == list(range(1, 41)), f"{rows}\n{log}"       # none lost, none twice
     assert {r[3] for r in rows} == {"0", "1"}, rows                                  # the second half after the requeue
     assert "requeueing job" in log, log
+
+
+def test_a_step_on_two_nodes_runs_in_the_image_each_node_with_its_own_runtime_directories(cluster):
+    """Two slurmd on one host: the second runs in a mount namespace of its own where its pyxis
+    runtime_path, enroot directories and image cache are bound over the shared paths
+    (pyxis_cluster.py). A 2-node step runs in the image on both, and a named container is made in
+    each node's own enroot data directory (the same path in both namespaces)."""
+    image = registry_image()
+    res = subprocess.run(["srun", "--partition=pyx2", "--nodes=2", "--ntasks-per-node=1", "--time=5",
+                          f"--container-image={image}", "--container-name=twonodes", "sh", "-c",
+                          'echo "$SLURM_NODEID $SLURMD_NODENAME $(grep ^ID= /etc/os-release)"'], env=cluster.env,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
+    assert sorted(res.stdout.splitlines()) == ["0 pyx-node1 ID=gpuhpc-test", "1 pyx-node2 ID=gpuhpc-test"], res.stdout
+    uid = str(os.geteuid())
+    for node in NODES:
+        assert (node_dir(cluster.base, node, "enroot") / "data" / uid / "pyxis_twonodes").is_dir(), node
+        assert (node_dir(cluster.base, node, "pyxis") / uid).is_dir(), node
+
+
+EVERY, STEPS, WORLD = 10, 60, 4
+
+
+def _runs(progress: Path) -> list[list[dict]]:
+    """Per rank, per run of examples/train.py: {restart, resume, last, stop} from PROGRESS.<rank>."""
+    out = []
+    for rank in range(WORLD):
+        path, per_run = Path(f"{progress}.{rank}"), []
+        for line in (path.read_text().splitlines() if path.exists() else []):
+            word, *rest = line.split()
+            if word == "start":
+                per_run.append({"restart": int(rest[0]), "resume": int(rest[1]), "last": int(rest[1]), "stop": None})
+            elif word == "step" and per_run:
+                per_run[-1]["last"] = int(rest[0])
+            elif word == "stop" and per_run:
+                per_run[-1]["stop"] = int(rest[0])
+        out.append(per_run)
+    return out
+
+
+def test_a_two_node_torchrun_job_in_an_image_is_preempted_requeued_and_resumes_from_its_checkpoint(cluster, tmp_path):
+    """Issue 23: the bare-metal chaos test's job (examples/train.py under the torchrun stand-in,
+    tests/integration/jobs/fake_torchrun.py: 2 nodes x 2 ranks, a TCP all-reduce, one shard per
+    rank) in an image with a Python (gpuhpc and the programs through a read-only mount of the
+    tree). A job of a higher-priority partition preempts it: every rank stops after the same step,
+    saves its shard to the checkpoint directory on a mount, the job is requeued and every rank
+    resumes from that step (0 steps lost); the result equals an uninterrupted run's. The image
+    comes from each node's image cache: imported once per node before the first run, reused by the
+    second."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train import reference
+
+    client, env, base = cluster.client, cluster.env, cluster.base
+    image = python_image()
+    e = _cache_env(env, base, tmp_path)
+    progress, result, ckpt = tmp_path / "progress", tmp_path / "result.json", tmp_path / "ckpt"
+    ckpt.mkdir()
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--template", "torchrun", "--nodes", "2",
+                          "--gpus", "2", "--partition", "pyx2", "--time", "5m", "--json", "--image", image,
+                          "--mount", f"{ROOT}:{ROOT}:ro", "--mount", f"{tmp_path}:{tmp_path}",
+                          "--checkpoint-dir", f"{ckpt}/%j", "--env", f"PYTHONPATH={ROOT}",
+                          "--env", f"GPUHPC_TORCHRUN={ROOT}/tests/integration/jobs/fake_torchrun.py", "--",
+                          "python3", "-u", f"{ROOT}/examples/train.py", "--steps", str(STEPS), "--ckpt-every",
+                          str(EVERY), "--step-seconds", "0.2", "--backend", "tcp", "--progress", str(progress),
+                          "--result", str(result), "--slow-runs", "1"],
+                         env=e, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)
+
+    def log() -> str:
+        return Path(job["log"]).read_text() if Path(job["log"]).exists() else ""
+
+    wait_for(lambda: all(r and r[-1]["last"] >= EVERY + 2 for r in _runs(progress)), 120,
+             f"every rank past step {EVERY + 2} in the image\n{log()}\n{cluster.logs()}")
+    pre = client.run(["sbatch", "--parsable", "--partition=pyxhi", "--nodelist=pyx-node2", "--exclusive",
+                      "--time=1", "--output=/dev/null", "--wrap", "true"], check=False)
+    assert pre.returncode == 0, pre.stderr
+    wait_for(lambda: not client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 180,
+             f"the job to be preempted, requeued and finish\n{log()}\n{cluster.logs()}")
+    text = log()
+    runs = _runs(progress)
+    assert [len(r) for r in runs] == [2] * WORLD, f"{runs}\n{text}"
+    stops = {r[0]["stop"] for r in runs}
+    assert len(stops) == 1 and None not in stops, f"{runs}\n{text}"                   # all after one step
+    assert {r[1]["resume"] for r in runs} == stops and all(r[0]["last"] == r[0]["stop"] for r in runs), runs
+    assert all(r[1]["last"] == STEPS for r in runs), runs
+    assert json.loads(result.read_text()) == reference(WORLD, STEPS)
+    assert "requeueing job" in text, text
+    for node in NODES:                     # each node imported the image once, the second run reused it
+        rows = node_dir(base, node, "images") / str(os.geteuid()) / "imports.jsonl"
+        events = [json.loads(line)["event"] for line in rows.read_text().splitlines()
+                  if json.loads(line)["image"] == image]
+        assert events == ["import"], (node, events)
+    assert text.count("imported into the node cache") == 2, text      # the first run's fill, one per node
+    assert text.count("reused from the node cache") >= 3, text          # the batch step; both nodes at the restart
 
 
 @pytest.fixture
