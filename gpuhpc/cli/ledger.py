@@ -494,7 +494,10 @@ def report_cost(by: str, period: str, since: Optional[str], until: Optional[str]
 
     rep = reports.cost_report(by=by, period=period, since=_when(since, "--since"), until=_when(until, "--until"))
     if html is not None:
-        html.write_text(reports.render_html(rep), encoding="utf-8")
+        from gpuhpc.ledger import instances
+
+        inst = instances.instance_report(since=_when(since, "--since"), until=_when(until, "--until"))
+        html.write_text(reports.render_html(rep, instances=inst), encoding="utf-8")
         sys.stderr.write(f"wrote {html}\n")
     rows = rep.as_dicts()
     if json_:

@@ -182,3 +182,44 @@ def totals(rows: list[InstanceRow]) -> dict[str, Decimal]:
         out["cost"] += r.cost
         out["spot_savings"] += r.spot_savings
     return dict(out)
+
+
+def render_html(rep: InstanceReport) -> str:
+    """The cost page's section on elastic capacity (:func:`gpuhpc.ledger.reports.render_html`):
+    the instance-hours as the text report splits them (boot, busy, idle, suspend, orphan; they add
+    up to the total), cost and spot savings per instance type and market, a bar per type stacked
+    by part, and the jobs' GPU-hours and run hours of the same range beside them. Empty when the
+    range holds no instance."""
+    import html
+
+    from gpuhpc.reports import charts
+
+    if not rep.rows:
+        return ""
+    e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
+    h = lambda x: f"{float(x):,.3f}"                 # noqa: E731 - hours, as the text report prints them
+    tot = totals(rep.rows)
+    cols = ["type", "market", "instances", "instance-h", *[f"{p}-h" for p in PARTS], "cost", "spot savings"]
+
+    def cells(label: list[str], hours: Decimal, parts_h: list[Decimal], cost: Decimal, savings: Decimal) -> str:
+        vals = [*label, h(hours), *[h(x) for x in parts_h], f"{float(cost):,.2f}", f"{float(savings):,.2f}"]
+        return "".join(f"<td>{e(v)}</td>" for v in vals)
+
+    body = "".join(f"<tr>{cells([r.instance_type, r.market, str(r.instances)], r.hours, [r.seconds[p] / HOUR for p in PARTS], r.cost, r.spot_savings)}</tr>"
+                   for r in rep.rows)
+    foot = cells(["total", "", str(sum(r.instances for r in rep.rows))], tot["instance_hours"],
+                 [tot[f"{p}_hours"] for p in PARTS], tot["cost"], tot["spot_savings"])
+    chart = charts.stacked_bars([f"{r.instance_type} ({r.market})" for r in rep.rows],
+                                {p: [float(r.seconds[p] / HOUR) for r in rep.rows] for p in PARTS},
+                                ylabel="instance-hours")
+    split = " + ".join(f"{p} {h(tot[f'{p}_hours'])}" for p in PARTS)
+    return f"""<h2>Elastic instances</h2>
+<p id="instance-summary"><b>{e(h(tot["instance_hours"]))}</b> instance-hours = {e(split)}; cost
+{e(f"{float(tot['cost']):,.2f}")}, spot savings {e(f"{float(tot['spot_savings']):,.2f}")} (on-demand price
+less the price paid, per hour). Jobs in the same range: {e(f"{float(rep.job_gpu_hours):,.2f}")} GPU-hours,
+{e(f"{float(rep.job_hours):,.3f}")} run hours.</p>
+{chart}
+<table id="instances"><thead><tr>{"".join(f"<th>{e(c)}</th>" for c in cols)}</tr></thead><tbody>
+{body}
+</tbody><tfoot><tr>{foot}</tr></tfoot></table>
+"""

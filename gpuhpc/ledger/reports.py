@@ -153,8 +153,16 @@ def _svg_bars(values: dict[str, Decimal]) -> str:
     return charts.hbars({k: float(v) for k, v in values.items()}, xlabel="cost")
 
 
-def render_html(report: CostReport, *, title: str = "gpuhpc cost report", generated: dt.datetime | None = None) -> str:
+def render_html(report: CostReport, *, title: str = "gpuhpc cost report", generated: dt.datetime | None = None,
+                instances=None) -> str:
+    """The page; ``instances`` (a :class:`gpuhpc.ledger.instances.InstanceReport` of the same
+    range) adds elastic capacity's instance-hours section."""
     generated = generated or dt.datetime.now(dt.timezone.utc)
+    section = ""
+    if instances is not None:
+        from gpuhpc.ledger.instances import render_html as instances_html
+
+        section = instances_html(instances)
     cols = ["period", report.by, "GPU-hours", "cost", "jobs", *[f"$ / 1M {unit(m)}" for m in report.metrics]]
     head = "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = []
@@ -178,8 +186,8 @@ generated {_e(generated.strftime("%Y-%m-%d %H:%M UTC"))}.</p>
 <h2>Cost by GPU type</h2>
 {_svg_bars(report.by_gpu_type)}
 <h2>Details</h2>
-<table><thead><tr>{head}</tr></thead><tbody>
+<table id="cost-details"><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
 </tbody></table>
-</body></html>
+{section}</body></html>
 """

@@ -58,3 +58,67 @@ def test_the_journal_appends_and_skips_a_torn_line(tmp_path):
     with open(journal.path(tmp_path), "a") as fh:
         fh.write('{"event": "lau')
     assert [e["event"] for e in journal.read(tmp_path)] == ["launch", "end"]
+
+
+def _numbers(page: str, table_id: str) -> list[list[str]]:
+    """The cells of each row of the table ``table_id`` in ``page``."""
+    from html.parser import HTMLParser
+
+    class P(HTMLParser):
+        rows: list[list[str]] = []
+        inside = cell = False
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table" and ("id", table_id) in attrs:
+                self.inside = True
+            elif self.inside and tag == "tr":
+                self.rows.append([])
+            elif self.inside and tag == "td":
+                self.cell = True
+                self.rows[-1].append("")
+
+        def handle_endtag(self, tag):
+            self.inside = self.inside and tag != "table"
+            self.cell = self.cell and tag != "td"
+
+        def handle_data(self, data):
+            if self.inside and self.cell:
+                self.rows[-1][-1] += data
+
+    p = P()
+    p.rows = []
+    p.feed(page)
+    return [r for r in p.rows if r]
+
+
+def test_the_html_cost_page_shows_the_instance_hours_and_they_add_up(tmp_path):
+    """The cost page (gpuhpc report cost --html) gets the text report's instance-hours: per type
+    and market, split into boot, busy, idle, suspend and orphan that add up to the total row,
+    cost and spot savings, and the jobs' GPU-hours of the same range, equal to the cost table's."""
+    from gpuhpc.ledger import reports
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    db.upgrade(url)
+    spot = CFG.pool("spot")
+    instances.ingest([
+        journal.launch_event(CFG, spot, Instance("i-1", "s1", "spot", "running", T0, "g5", "spot")),
+        journal.end_event(CFG, "i-1", T0 + 4800, "suspend", registered_at=T0 + 600, last_busy=T0 + 4200,
+                          suspend_at=T0 + 4500),
+        journal.end_event(CFG, "i-4", T0 + 1200, "orphan", orphan=Instance("i-4", "o1", "od", "running", T0, "g5"),
+                          pool=CFG.pool("od"))], url)
+    inst = instances.instance_report(url=url)
+    day = dt.datetime.fromtimestamp(T0, dt.timezone.utc)
+    cost = reports.CostReport("account", "day", [reports.CostRow(day, "research", gpu_hours=Decimal("6.5"),
+                                                                 cost=Decimal("13"), jobs={"1"})],
+                              [], {"g5": Decimal("13")}, Decimal("13"))
+    inst.job_gpu_hours = Decimal("6.5")                   # the same range's runs (sqlite holds none here)
+    page = reports.render_html(cost, instances=inst)
+    assert "<h2>Elastic instances</h2>" in page and page.count("<svg") == 3 and "<script" not in page
+    body = _numbers(page, "instances")
+    assert [r[:3] for r in body] == [["g5", "on_demand", "1"], ["g5", "spot", "1"], ["total", "", "2"]]
+    for r in body:                                        # instance-h = boot + busy + idle + suspend + orphan
+        assert abs(float(r[3]) - sum(float(x) for x in r[4:9])) < 0.002, r
+    assert [float(x) for x in body[-1][3:9]] == [1.667, 0.167, 1.0, 0.083, 0.083, 0.333]
+    assert float(body[-1][10]) == round(4800 / 3600 * (4 - 1.2), 2)          # spot savings
+    assert "Jobs in the same range: 6.50 GPU-hours" in " ".join(page.split())
+    assert reports.render_html(cost, instances=instances.InstanceReport([], Decimal(0), Decimal(0))).count("<svg") == 2
