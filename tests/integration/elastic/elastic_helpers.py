@@ -72,6 +72,8 @@ def _wrapper(base: Path, which: str) -> None:
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF={base}/slurm.conf GPUHPC_ELASTIC_CONFIG={base}/elastic.json PYTHONPATH={REPO}
 start=$(date +%s.%N)
+# what Slurm gave the program: the job map (SLURM_RESUME_FILE), one line per call
+if [ -n "${{SLURM_RESUME_FILE:-}}" ]; then {{ cat "$SLURM_RESUME_FILE"; echo; }} >> {base}/log/resume-files.log 2>&1; fi
 {sys.executable} -m gpuhpc power {which} "$@" >> {base}/log/power.log 2>&1
 rc=$?
 echo "program {which} $* started $start ended $(date +%s.%N) rc $rc" >> {base}/log/power.log

@@ -12,6 +12,7 @@ import pytest
 
 from gpuhpc.elastic import journal
 from gpuhpc.elastic.metrics import samples
+from gpuhpc.elastic.resumefile import parse_resume_file
 from gpuhpc.elastic.store import Store
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
@@ -41,6 +42,12 @@ def test_scale_up_from_zero_and_down_after_idle(elastic, tmp_path):
     t_run = el.mark(f"job {job} {_job_state(el, job)} on {el.job(job).get('NodeList')}")
     assert el.job(job).get("NodeList") == "el-spot1"
     assert "gpuhpc instance local-el-spot1" in el.node("el-spot1").comment
+    # Slurm 22.05's SLURM_RESUME_FILE named the job (its key "nodes"; gpuhpc.elastic.resumefile):
+    # the launch was the job's, recorded with its id
+    given = (el.base / "log" / "resume-files.log").read_text().splitlines()
+    el.mark(f"SLURM_RESUME_FILE: {' | '.join(given)}")
+    assert (job, ("el-spot1",)) in [j for line in given for j in parse_resume_file(line)], given
+    assert Store(el.config.state_dir).read().nodes["el-spot1"].job_id == job
     wait_for(lambda: _job_state(el, named) in ("RUNNING", "COMPLETED"), 60, f"job {named} to run")
     el.mark(f"job {named} {_job_state(el, named)} on {UNRESOLVED} (NodeAddr {el.node_addr(UNRESOLVED)})")
     assert el.node_addr(UNRESOLVED) == "127.0.0.1"

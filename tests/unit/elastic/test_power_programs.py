@@ -27,9 +27,29 @@ def config(tmp_path, **kw) -> ElasticConfig:
     return ElasticConfig(cluster="c", pools=pools, state_dir=str(tmp_path / "state"), **kw)
 
 
+# what 22.05.8 writes (src/slurmctld/power_save.c at slurm-22-05-8-1: "jobs" first, "nodes" per job,
+# "all_nodes"), as the elastic scenarios' private controller gave it
+RESUME_2205 = '{"jobs":[{"job_id":140814,"nodes":"spot[01,03]"},{"job_id":140815,"nodes":"od01"},' \
+              '{"job_id":140816,"nodes":""}],"all_nodes":"spot[01,03],od01"}'
+
+
 def test_the_resume_file_maps_jobs_to_the_nodes_to_resume():
     assert parse_resume_file(RESUME) == [("140814", ("spot01", "spot03")), ("140815", ("od01",))]
     assert parse_resume_file(None) == parse_resume_file("") == parse_resume_file("{not json") == []
+
+
+def test_the_22_05_resume_file_maps_jobs_too():
+    """22.05 names a job's nodes to resume ``nodes`` (23.02: ``nodes_resume``, beside ``nodes_alloc``);
+    a job with none this call is left out, and what is not a job map is no map."""
+    assert parse_resume_file(RESUME_2205) == [("140814", ("spot01", "spot03")), ("140815", ("od01",))]
+    assert plan_launches(["spot01", "spot03", "od01", "od02"], RESUME_2205) == [
+        Launch(("spot01", "spot03"), "140814"), Launch(("od01",), "140815"), Launch(("od02",))]
+    # 23.02+: nodes_resume wins even when empty (those nodes are resumed for another job)
+    later = json.dumps({"jobs": [{"job_id": 1, "nodes_alloc": "spot[01-02]", "nodes_resume": ""},
+                                 {"job_id": 2, "nodes_alloc": "spot[01-02]", "nodes_resume": "spot[01-02]"}]})
+    assert parse_resume_file(later) == [("2", ("spot01", "spot02"))]
+    for bad in ("[]", '{"jobs": {}}', '{"jobs": [1, {"job_id": 3, "nodes": "spot[01"}]}', '{"jobs": null}'):
+        assert parse_resume_file(bad) == [], bad
 
 
 def test_one_launch_per_job_then_one_per_node_without_a_job():
