@@ -6,7 +6,8 @@
 #   install  build, then `ansible-galaxy collection install` it into .ansible/collections
 #   up       install, then ansible/local/up.yml on the inventory ansible/inventories/local (the spec
 #            rendered for this checkout, test machinery, gpuhpc.cluster.site);
-#            idempotent: a second run reports changed=0 and restarts nothing
+#            idempotent: a second run reports changed=0 and restarts nothing; with GPUHPC_VENDOR_DIR
+#            (a mirror of the enroot/pyxis source archives) the nodes also get containers
 #   ensure   up, unless this checkout's last up is current: the same sources (ansible/, slurm-conf/,
 #            the local spec, the gpuhpc code that renders and checks it), the same files deployed on
 #            this machine (another checkout's up changes them), and slurmctld answers `scontrol ping`
@@ -23,9 +24,21 @@ PLAYS=ansible/local               # the local cluster's playbooks and test roles
 STAMP=$ROOT/.ansible/local/up.stamp   # "sources deployed" hashes after the last successful up of this checkout
 mkdir -p "$ROOT/.ansible/local"
 
+# containers (enroot + pyxis) only with a mirror of their source archives: GPUHPC_VENDOR_DIR (CI sets it);
+# without one the cluster gets none and nothing is downloaded (docs/containers.md)
+CONTAINERS=()
+if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
+  if [ ! -f "$GPUHPC_VENDOR_DIR/SHA256SUMS" ]; then
+    echo "cluster.sh: GPUHPC_VENDOR_DIR=$GPUHPC_VENDOR_DIR has no SHA256SUMS: point it at the enroot/pyxis source-archive mirror, or unset it for a cluster without containers" >&2
+    exit 2
+  fi
+  CONTAINERS=(-e "$(python -c 'import json, sys; print(json.dumps({"gpuhpc_local_containers_mirror": sys.argv[1]}))' \
+    "$(cd "$GPUHPC_VENDOR_DIR" && pwd)")")
+fi
 # a hash of what the local cluster is made from (taken before the play: an edit during it counts as new)
 sources() {
-  { git ls-files -z --cached --others --exclude-standard -- ansible slurm-conf examples/clusters/local.yaml \
+  { echo "containers=${#CONTAINERS[@]}"
+    git ls-files -z --cached --others --exclude-standard -- ansible slurm-conf examples/clusters/local.yaml \
       constraints.txt gpuhpc/conf gpuhpc/spec gpuhpc/health gpuhpc/topology gpuhpc/hostlist.py 2>/dev/null \
       | xargs -0 -r sha256sum 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
@@ -78,7 +91,7 @@ case "${1:-up}" in
              echo "cluster.sh: this checkout is under /tmp ($ROOT), which every job on the local cluster sees as its own empty /tmp; clone gpuhpc elsewhere (e.g. /var/tmp or your home)" >&2; exit 2 ;;
            esac
            src=$(sources)
-           install && ansible-playbook -i "$LOCAL" "$PLAYS/up.yml" "${@:2}" && echo "$src $(deployed)" > "$STAMP" ;;
+           install && ansible-playbook -i "$LOCAL" "$PLAYS/up.yml" "${CONTAINERS[@]}" "${@:2}" && echo "$src $(deployed)" > "$STAMP" ;;
   ensure)  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(sources) $(deployed)" ] && timeout 20 scontrol ping 2>/dev/null | grep -q " is UP"; then
              echo "cluster.sh: the local cluster is up and current (this checkout's last up): nothing to do" >&2
            else
