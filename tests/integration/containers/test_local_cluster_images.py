@@ -1,0 +1,85 @@
+"""Jobs in images on the shared local cluster (issue 23's acceptance), where `scripts/cluster.sh up`
+with a source mirror (GPUHPC_VENDOR_DIR) installed enroot and pyxis and runs each node's slurmd in a
+mount namespace of its own (docs/containers.md, "The local cluster"): the local registry's image
+(scripts/services/registry.sh) pinned by digest, ``gpuhpc submit --image …@sha256:… -- cat
+/etc/os-release`` prints the image's OS; an ordinary user's file written to a mount belongs to that
+user; an NGC-style image on a GPU node asks the nvidia-container-cli stand-in (on slurmd's PATH) for
+exactly the job's GPUs. Skipped, saying why, on a local cluster without containers."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyxis_cluster import registry_image
+
+from polling import wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/integration: the security suite's user
+from security.conftest import hostile  # noqa: E402,F401  (the throwaway ordinary user with a Slurm association)
+
+pytestmark = pytest.mark.integration
+
+PYXIS = Path("/etc/slurm/plugstack.conf.d/pyxis.conf")
+ENROOT = Path("/usr/local/bin/enroot")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def containers():
+    if not (PYXIS.exists() and ENROOT.exists()):
+        pytest.skip(f"the local cluster has no containers ({PYXIS} or {ENROOT} missing): "
+                    "`GPUHPC_VENDOR_DIR=<enroot/pyxis source mirror> scripts/cluster.sh up` installs them")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment for the local cluster (its slurm.conf is /etc/slurm's)."""
+    return {**{k: v for k, v in os.environ.items() if k != "SLURM_CONF"}, **extra}
+
+
+def test_gpuhpc_submit_runs_a_command_in_the_image_pinned_by_digest(tmp_path):
+    image = registry_image()
+    assert "@sha256:" in image
+    env = _env()
+    res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--partition", "cpu", "--time", "2m", "--json",
+                          "--name", "gpuhpc-test-local-image", "--image", image, "--", "cat", "/etc/os-release"],
+                         env={**env, "GPUHPC_LEDGER": "off", "GPUHPC_DATA_DIR": str(tmp_path / "data")},
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)
+    log = Path(job["log"])
+    wait_for(lambda: not subprocess.run(["squeue", "-h", "-j", str(job["job_id"]), "-o", "%i"], capture_output=True,
+                                        text=True, env=env).stdout.strip(), 120, f"job {job['job_id']} to end")
+    text = log.read_text() if log.exists() else f"{log} missing"
+    assert 'PRETTY_NAME="gpuhpc test image 1 (busybox)"' in text, text
+
+
+def test_an_ordinary_users_file_in_a_mount_belongs_to_that_user(hostile):
+    image = registry_image()
+    out = hostile.workdir / "out"
+    assert hostile.run(["mkdir", "-p", str(out)]).returncode == 0
+    res = hostile.run(["srun", "--partition=cpu", "--time=2", f"--container-image={image}",
+                       f"--container-mounts={out}:/out", "sh", "-c", "id -u; touch /out/written"], timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[0] == str(hostile.uid), res.stdout      # the user's uid inside, not root
+    assert (out / "written").stat().st_uid == hostile.uid
+
+
+def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(tmp_path):
+    """The image sets NVIDIA_VISIBLE_DEVICES=all: enroot's 98-nvidia hook, after the role's
+    90-gpuhpc-slurm-gpus.sh, asks the stand-in for the step's GPUs on that node (SLURM_STEP_GPUS),
+    not every GPU of the node."""
+    image = registry_image("ngc")
+    log = tmp_path / "nvidia-container-cli.log"
+    res = subprocess.run(["srun", "--partition=gpu", "--time=2", "--gres=gpu:h100:2", f"--container-image={image}",
+                          "sh", "-c", 'echo "step=$SLURM_STEP_GPUS inside=$NVIDIA_VISIBLE_DEVICES"'],
+                         env=_env(GPUHPC_NVCLI_LOG=str(log)), capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    line = next((x for x in res.stdout.splitlines() if x.startswith("step=")), "")
+    step, inside = (kv.split("=", 1)[1] for kv in line.split())
+    assert len(step.split(",")) == 2 and inside == step, res.stdout
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and "configure" in calls[0].split(), calls
+    assert f"--device={step}" in calls[0].split() and "--compute" in calls[0].split(), calls
