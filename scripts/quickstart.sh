@@ -6,7 +6,8 @@
 #   3. ledger: create the database, a price book and a quota for account "research"
 #   4. submit a sample training job on 2 H100s, preempt it with a high-priority job, and watch
 #      it checkpoint, requeue and resume to the same final result
-#   5. run a small sweep (job arrays) and print its best trial
+#   5. run a small sweep (job arrays) and print its best trial; with a mirror of the enroot/pyxis
+#      source archives (GPUHPC_VENDOR_DIR: the cluster then has containers) a job in a container image
 #   6. settle usage from sacct into the ledger and print the cost report
 # Safe to run again.
 #   scripts/quickstart.sh          all six steps
@@ -79,6 +80,22 @@ gpuhpc sweep wait "$SWEEP" --timeout 600 || { gpuhpc sweep status "$SWEEP" >&2; 
 gpuhpc sweep status "$SWEEP"
 gpuhpc sweep best "$SWEEP" --json
 gpuhpc sweep report "$SWEEP" --html "$DEMO/sweep.html"
+
+# a job in a container image (enroot + pyxis, docs/containers.md): only on a cluster that
+# scripts/cluster.sh up gave containers, which it does with a mirror of their source archives
+if [ -n "${GPUHPC_VENDOR_DIR:-}" ] && [ -f /etc/slurm/plugstack.conf.d/pyxis.conf ]; then
+  say "5+/6 a job in a container image: the local registry's test image, pinned by digest"
+  IMAGE=$(bash scripts/services/registry.sh start | tail -1)
+  CJOB=$(gpuhpc submit --name in-image --account research --partition cpu --time 5m --image "$IMAGE" \
+           -- cat /etc/os-release)
+  echo "job $CJOB runs cat /etc/os-release in $IMAGE"
+  while [ -n "$(squeue -h -j "$CJOB" -o %i)" ]; do sleep 0.5; done
+  gpuhpc logs "$CJOB" | grep PRETTY_NAME || { echo "the job in the image printed no os-release" >&2; exit 1; }
+elif [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
+  echo "(skipped: a job in a container image: this cluster has no enroot/pyxis; scripts/cluster.sh up with GPUHPC_VENDOR_DIR set installs them)"
+else
+  echo "(skipped: a job in a container image: no GPUHPC_VENDOR_DIR, the mirror of the enroot/pyxis source archives the cluster's containers are built from; docs/containers.md)"
+fi
 
 say "6/6 settle usage (the training job and the sweep) into the ledger and report cost"
 gpuhpc ledger ingest
