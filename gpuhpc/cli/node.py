@@ -202,6 +202,32 @@ def mig_plan_cmd() -> None:
                              '"lgi": "...", "modes": "..."} on stdin') from None
     print_json(plan_from_texts(*args).to_dict())
 
+@node_group.command("mig-gres")
+def mig_gres_cmd() -> None:
+    """gres.conf rows with a MIG node's slices as the driver numbers them (JSON in on stdin, JSON out).
+
+    Input: {"gres_lines": the template context's, "node": the node's entry of its "nodes", "lgi":
+    the node's `nvidia-smi mig -lgi`, "minors": its /proc/driver/nvidia-caps/mig-minors}.
+    Output: {"gres_lines": [...]}: that node's MIG rows with File= of the nvidia-caps devices of its
+    GPU instances. The gpuhpc_slurm_common role runs it on the control node for each MIG node."""
+    import json
+
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.inventory.mig import node_gres_lines
+
+    try:
+        doc = json.loads(sys.stdin.read())
+        args = (list(doc["gres_lines"]), dict(doc["node"]), str(doc.get("lgi", "")), str(doc.get("minors", "")))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserInputError(f"mig-gres input: {exc}", hint='{"gres_lines": [...], "node": {...}, "lgi": "...", '
+                             '"minors": "..."} on stdin') from None
+    try:
+        print_json({"gres_lines": node_gres_lines(*args)})
+    except ValueError as exc:
+        raise UserInputError(f"node {args[1].get('name')}: {exc}", field="lgi") from None
+
+
 def _read(path: str, opt: str) -> str:
     from pathlib import Path
 

@@ -339,6 +339,9 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
                 # the spec's GPU model and MIG layout per GPU (None: MIG not managed), for gpuhpc_nvidia_gpu
                 "gpu_type": g.gpus.type if g.gpus else None,
                 "mig_layouts": [list(x) for x in g.gpus.mig] if g.gpus and g.gpus.mig is not None else None,
+                # the slices' device pattern ({index}: the nvidia-caps minor the node's driver gives,
+                # gpuhpc node mig-gres); gres_lines number them in spec order until the node is read
+                "mig_device": g.gpus.mig_device if g.gpus else None,
                 "spool_dir": rt.slurmd_spool_dir + (f"/{name}" if rt.multiple_slurmd else ""),
                 "pid_file": posixpath.join(run, f"slurmd-{name}.pid" if rt.multiple_slurmd else "slurmd.pid"),
                 "log_file": posixpath.join(log, f"slurmd-{name}.log" if rt.multiple_slurmd else "slurmd.log"),

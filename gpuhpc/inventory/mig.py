@@ -183,3 +183,81 @@ def plan_from_texts(gpu_type: str, layouts: list[list[str]], lgi_text: str, mode
         return plan(model, layouts, [g for g in instances if modes.get(g.gpu, True)], modes)
     except ValueError as exc:
         raise UserInputError(str(exc), field="layouts") from None
+
+
+# ------------------------------------------------------------------ gres.conf File= from the driver's minors
+def parse_mig_minors(text: str) -> dict[tuple[int, int, int | None], int]:
+    """``/proc/driver/nvidia-caps/mig-minors`` -> {(gpu minor, GI, CI or None): cap minor}.
+
+    Lines ``gpu0/gi1/access 12`` (a GPU instance) and ``gpu0/gi1/ci0/access 13`` (a compute
+    instance); ``config`` and ``monitor`` lines are skipped. The numbers are the driver's: the
+    minors of ``/dev/nvidia-caps/nvidia-capN``."""
+    import re
+
+    out: dict[tuple[int, int, int | None], int] = {}
+    for line in text.splitlines():
+        m = re.match(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access\s+(\d+)\s*$", line.strip())
+        if m:
+            out[(int(m.group(1)), int(m.group(2)), int(m.group(3)) if m.group(3) is not None else None)] = int(m.group(4))
+    return out
+
+
+def slice_cap_minors(layouts: list[list[str]], instances: list[GpuInstance],
+                     minors: dict[tuple[int, int, int | None], int]) -> list[list[int]]:
+    """Per GPU, the nvidia-caps minor of each slice of the spec's layout (in the layout's order):
+    the GPU instance's access capability, which slurmd's cgroup confines a job to. The k-th
+    ``profile`` of a layout is the k-th instance of that profile by placement. The GPU's
+    nvidia-smi index is taken as its minor (``gpuN`` of mig-minors), as on NVIDIA's systems.
+    A ValueError names the slice without an instance or a minor."""
+    out: list[list[int]] = []
+    for gpu, layout in enumerate(layouts):
+        by_profile: dict[str, list[GpuInstance]] = {}
+        for inst in sorted((i for i in instances if i.gpu == gpu), key=lambda i: (_start(i) or 0, i.gi)):
+            by_profile.setdefault(inst.profile, []).append(inst)
+        seen: Counter[str] = Counter()
+        row = []
+        for prof in layout:
+            have = by_profile.get(prof, [])
+            if seen[prof] >= len(have):
+                raise ValueError(f"GPU {gpu}: the layout has {layout.count(prof)} {prof}, nvidia-smi mig -lgi lists "
+                                 f"{len(have)}: apply the MIG layout first")
+            inst = have[seen[prof]]
+            seen[prof] += 1
+            if (gpu, inst.gi, None) not in minors:
+                raise ValueError(f"GPU {gpu} GPU instance {inst.gi} ({prof}): no gpu{gpu}/gi{inst.gi}/access line "
+                                 "in mig-minors")
+            row.append(minors[(gpu, inst.gi, None)])
+        out.append(row)
+    return out
+
+
+def node_gres_lines(gres_lines: list[dict], node: dict, lgi_text: str, minors_text: str) -> list[dict]:
+    """The template context's ``gres_lines`` with ``node``'s MIG rows' File= made of the driver's
+    nvidia-caps minors (``node``: its entry of the context's ``nodes``; ``lgi_text``: its
+    ``nvidia-smi mig -lgi``; ``minors_text``: its mig-minors). Rows of other nodes stay; a row that
+    merged this node with others is split. Rows without File= (AutoDetect=nvml) stay as they are."""
+    from gpuhpc import hostlist
+    from gpuhpc.inventory.smi import parse_mig_lgi
+
+    name, layouts, pattern = node["name"], node.get("mig_layouts"), node.get("mig_device")
+    if not layouts or not pattern or not any(d.get("mig") for d in node.get("gpus", [])):
+        return gres_lines
+    caps = slice_cap_minors(layouts, parse_mig_lgi(lgi_text), parse_mig_minors(minors_text))
+    files = iter(pattern.format(index=minor, node=name) for row in caps for minor in row)
+    # the node's MIG entries are in GPU order, then layout order (gpuhpc.conf.context._node_gpus)
+    new_file = {id(d): next(files) for d in node["gpus"] if d.get("mig")}
+    out: list[dict] = []
+    for row in gres_lines:
+        names = hostlist.expand(row["nodes"])
+        if name not in names:
+            out.append(row)
+            continue
+        others = [n for n in names if n != name]
+        if others:
+            out.append({**row, "nodes": hostlist.compress(others)})
+        mine = [d for d in node["gpus"] if d["type"] == row["type"] and d.get("cores") == row.get("cores")]
+        if row.get("file") is None or not mine or not all(d.get("mig") for d in mine):
+            out.append({**row, "nodes": name})
+            continue
+        out.append({**row, "nodes": name, "file": hostlist.compress([new_file[id(d)] for d in mine])})
+    return out

@@ -51,6 +51,7 @@ def _spec(tmp: Path, layouts: list[list[str]]) -> dict:
                          "memory_mb": 1000, "ib_hcas": ["mlx5_0", "mlx5_3", "mlx5_1"],
                          "gpus": {"type": "h100", "count": 2, "mig": layouts,
                                   # slurmd -G stats every File=: the slices' device files live in the test's root
+                                  # ({index}: the nvidia-caps minor the stand-in's "driver" gives)
                                   "mig_device": str(tmp / "dev" / "nvidia-cap{index}")}}],
         "partitions": [{"name": "debug", "nodes": ["ALL"], "default": True}],
     }
@@ -66,9 +67,7 @@ class GpuHost:
         self.log = tmp / "smi-calls.jsonl"
         self.bin = tmp / "bin"
         self.bin.mkdir()
-        (tmp / "dev").mkdir()
-        for i in range(14):
-            (tmp / "dev" / f"nvidia-cap{i}").touch()
+        (tmp / "dev").mkdir()     # the stand-in makes nvidia-capM there for each GPU instance
         shutil.copy(STANDIN, self.bin / "nvidia-smi")
         smi = fixtures_dir / "nvidia-smi"
         state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
@@ -83,7 +82,7 @@ class GpuHost:
             "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
             "gpuhpc_slurm_common_spec": str(self.spec), "gpuhpc_slurm_common_install_packages": False,
             "gpuhpc_slurm_common_applied_dir": str(tmp / "applied"), "gpuhpc_slurm_common_billing_file": "",
-            "gpuhpc_nvidia_gpu_node": "mig-node1", "gpuhpc_gpudirect_rdma_node": "mig-node1",
+            "gpuhpc_nvidia_gpu_node": "mig-node1", "gpuhpc_slurm_common_mig_minors_file": str(tmp / "mig-minors"), "gpuhpc_gpudirect_rdma_node": "mig-node1",
             "gpuhpc_nvidia_gpu_mig_script": str(tmp / "sbin" / "gpuhpc-mig-apply"),
             "gpuhpc_nvidia_gpu_mig_layout_file": str(tmp / "gpuhpc" / "mig-layout.json"),
             "gpuhpc_nvidia_gpu_systemd_dir": str(tmp / "systemd"),
@@ -115,6 +114,7 @@ class GpuHost:
         env = ansible_env(self.tmp)
         env.update(PATH=f"{self.bin}{os.pathsep}{env['PATH']}", GPUHPC_NVML_STANDIN=str(self.state),
                    GPUHPC_SMI_STANDIN_LOG=str(self.log), GPUHPC_SMI_STANDIN_BOOT_FILE=str(self.tmp / "run" / "boot-id"),
+                   GPUHPC_SMI_STANDIN_MIG_MINORS=str(self.tmp / "mig-minors"), GPUHPC_SMI_STANDIN_DEV_DIR=str(self.tmp / "dev"),
                    ANSIBLE_PIPELINING="1")
         return env
 
@@ -176,6 +176,10 @@ def test_nvidia_gpu_mig_check_apply_and_reapply(converged):
     assert "MIG layout of mig-node1 changed: slurmd" in out, out[-4000:]
     # isolation: what slurmd itself detects from the rendered gres.conf has a device file per slice
     assert "node mig-node1: slurmd -G gives all 9 GPU(s)/MIG slice(s) a device file" in out, out[-4000:]
+    # ... the GPU instances' nvidia-caps devices, numbered by the driver's mig-minors (gpuN/giI/access),
+    # not the spec's sequence: GPU 0's seven 1g.10gb are GIs 0-6, GPU 1's two 3g.40gb GIs 1 and 2
+    assert f"Type=1g.10gb File={converged['host'].tmp}/dev/nvidia-cap[3,12,21,30,39,48,57]\n" in converged["gres"]
+    assert f"Type=3g.40gb File={converged['host'].tmp}/dev/nvidia-cap[147,156]\n" in converged["gres"]
     assert "gpuhpc-mig.service not enabled: systemd is not running on this host" in out, out[-4000:]
 
     # re-apply: the GPUs already have the layout: no MIG command at all, nothing changed
@@ -197,7 +201,10 @@ def test_nvidia_gpu_mig_layout_change(converged):
     assert h.instances() == [[("1g.10gb", s) for s in range(4)] + [("3g.40gb", 4)], [("3g.40gb", 0), ("3g.40gb", 4)]]
     gres = (h.tmp / "etc" / "gres.conf").read_text()
     assert gres != gres_before, gres
-    assert f"Type=1g.10gb File={h.tmp}/dev/nvidia-cap[0-3]" in gres and f"Type=3g.40gb File={h.tmp}/dev/nvidia-cap[4-6]" in gres
+    # File= of each slice: its GPU instance's access capability as the driver numbers it (mig-minors
+    # gpuN/giI/access): GPU 0's 1g.10gb are GIs 0-3, its 3g.40gb GI 4, GPU 1's 3g.40gb GIs 1 and 2
+    assert f"Type=1g.10gb File={h.tmp}/dev/nvidia-cap[3,12,21,30]\n" in gres, gres
+    assert f"Type=3g.40gb File={h.tmp}/dev/nvidia-cap[39,147,156]\n" in gres, gres
     # the daemons are told: the spec's new Gres= counts (slurm.conf and gres.conf) and the new MIG devices
     for reason in ("nodename=mig-node1: slurmctld, slurmd", "gres.conf: reconfigure", "MIG layout of mig-node1 changed: slurmd"):
         assert reason in out, out[-4000:]

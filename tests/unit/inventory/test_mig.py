@@ -128,3 +128,77 @@ def test_cli_reads_json_and_answers_json(fixtures_dir):
     bad = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "mig-plan"], input="{}",
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error: mig-plan input:"), bad.stderr
+
+
+# ------------------------------------------------------------------ gres.conf File= from the driver's minors
+def _minors(gpus: int) -> str:
+    """/proc/driver/nvidia-caps/mig-minors as the driver writes it (its numbering: gres.mig_caps_minor)."""
+    from gpuhpc.inventory.gres import mig_caps_minor
+
+    lines = ["config 1", "monitor 2"]
+    for g in range(gpus):
+        for gi in range(15):
+            lines.append(f"gpu{g}/gi{gi}/access {mig_caps_minor(g, gi)}")
+            lines += [f"gpu{g}/gi{gi}/ci{ci}/access {mig_caps_minor(g, gi, ci)}" for ci in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def test_mig_minors_parse_the_drivers_file():
+    from gpuhpc.inventory.mig import parse_mig_minors
+
+    got = parse_mig_minors(_minors(2))
+    assert got[(0, 0, None)] == 3 and got[(0, 0, 0)] == 4 and got[(0, 1, None)] == 12 and got[(1, 2, None)] == 156
+    # slurmd's own NVML detection on an H100 (tests/fixtures/nvidia-smi/slurmd-G-...): nvidia-cap291 is GPU 2's GI 2
+    assert parse_mig_minors(_minors(3))[(2, 2, None)] == 291
+    assert parse_mig_minors("config 1\nmonitor 2\n") == {}
+
+
+def test_slices_take_their_gpu_instances_minor_in_placement_order(fixtures_dir):
+    from gpuhpc.inventory.mig import parse_mig_minors, slice_cap_minors
+
+    # a real A100 with 7x 1g.5gb: the driver gave GI ids 7-13 (placements 0-6)
+    lgi = parse_mig_lgi((Path(fixtures_dir) / "nvidia-smi" / "mig-lgi-a100-40gb-7x1g.5gb.txt").read_text())
+    minors = parse_mig_minors(_minors(1))
+    assert slice_cap_minors([["1g.5gb"] * 7], lgi, minors) == [[3 + 9 * gi for gi in range(7, 14)]]
+    with pytest.raises(ValueError, match="GPU 0: the layout has 1 2g.10gb, nvidia-smi mig -lgi lists 0"):
+        slice_cap_minors([["2g.10gb"]], lgi, minors)
+    with pytest.raises(ValueError, match="no gpu0/gi7/access line"):
+        slice_cap_minors([["1g.5gb"]], lgi, {})
+
+
+def test_a_mig_nodes_gres_rows_name_the_drivers_devices(tmp_path):
+    from gpuhpc.conf.context import build_context
+    from gpuhpc.inventory.mig import node_gres_lines
+    from gpuhpc.spec.cluster import load_spec
+
+    (tmp_path / "c.yaml").write_text(
+        "name: c\ncontroller: {hosts: [ctl]}\n"
+        "node_groups:\n- {name: g, hostname: 'g{n}', count: 2, sockets: 1, cores_per_socket: 4, memory_mb: 1000,\n"
+        "   gpus: {type: h100, count: 2, mig: [[1g.10gb, 1g.10gb, 3g.40gb], [3g.40gb, 3g.40gb]]}}\n"
+        "partitions: [{name: p, nodes: [ALL], default: true}]\n")
+    ctx = build_context(load_spec(tmp_path / "c.yaml"))
+    # the spec's numbering, the same on both nodes: one merged row per type
+    assert [(r["nodes"], r["type"], r["file"]) for r in ctx["gres_lines"]] == [
+        ("g[1-2]", "1g.10gb", "/dev/nvidia-caps/nvidia-cap[0-1]"), ("g[1-2]", "3g.40gb", "/dev/nvidia-caps/nvidia-cap[2-4]")]
+    lgi = "\n".join(["| GPU instances: |", *(f"|  {g}  MIG {p}  {pid}  {gi}  {s}:{n}  |" for g, p, pid, gi, s, n in [
+        (0, "3g.40gb", 9, 2, 4, 4), (0, "1g.10gb", 19, 9, 0, 1), (0, "1g.10gb", 19, 10, 1, 1),
+        (1, "3g.40gb", 9, 1, 0, 4), (1, "3g.40gb", 9, 2, 4, 4)])])
+    g2 = next(n for n in ctx["nodes"] if n["name"] == "g2")
+    rows = node_gres_lines(ctx["gres_lines"], g2, lgi, _minors(2))
+    assert [(r["nodes"], r["type"], r["file"]) for r in rows] == [
+        ("g1", "1g.10gb", "/dev/nvidia-caps/nvidia-cap[0-1]"), ("g2", "1g.10gb", "/dev/nvidia-caps/nvidia-cap[84,93]"),
+        ("g1", "3g.40gb", "/dev/nvidia-caps/nvidia-cap[2-4]"), ("g2", "3g.40gb", "/dev/nvidia-caps/nvidia-cap[21,147,156]")]
+    # a node without a MIG layout, or whose gres.conf has no File= (AutoDetect=nvml), keeps its rows
+    assert node_gres_lines(ctx["gres_lines"], {**g2, "mig_layouts": None}, lgi, _minors(2)) == ctx["gres_lines"]
+
+
+def test_mig_gres_cli_says_which_slice_it_cannot_number(tmp_path):
+    import sys
+
+    doc = {"gres_lines": [], "node": {"name": "g1", "mig_layouts": [["1g.10gb"]], "mig_device": "/dev/nvidia-caps/nvidia-cap{index}",
+                                       "gpus": [{"type": "1g.10gb", "mig": True, "cores": None}]},
+           "lgi": "| GPU instances: |\n", "minors": _minors(1)}
+    proc = subprocess.run([sys.executable, "-m", "gpuhpc", "node", "mig-gres"], input=json.dumps(doc), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "node g1: GPU 0: the layout has 1 1g.10gb, nvidia-smi mig -lgi lists 0: apply the MIG layout first" in proc.stderr
