@@ -4,7 +4,8 @@ mount namespace of its own (docs/containers.md, "The local cluster"): the local 
 (scripts/services/registry.sh) pinned by digest, ``gpuhpc submit --image …@sha256:… -- cat
 /etc/os-release`` prints the image's OS; an ordinary user's file written to a mount belongs to that
 user; an NGC-style image on a GPU node asks the nvidia-container-cli stand-in (on slurmd's PATH) for
-exactly the job's GPUs. Skipped, saying why, on a local cluster without containers."""
+exactly the job's GPUs; a two-node step in an image gets a container on each node. Skipped, saying
+why, on a local cluster without containers."""
 from __future__ import annotations
 
 import json
@@ -21,17 +22,14 @@ from polling import wait_for
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/integration: the security suite's user
 from security.conftest import hostile  # noqa: E402,F401  (the throwaway ordinary user with a Slurm association)
 
-pytestmark = pytest.mark.integration
-
 PYXIS = Path("/etc/slurm/plugstack.conf.d/pyxis.conf")
 ENROOT = Path("/usr/local/bin/enroot")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def containers():
-    if not (PYXIS.exists() and ENROOT.exists()):
-        pytest.skip(f"the local cluster has no containers ({PYXIS} or {ENROOT} missing): "
-                    "`GPUHPC_VENDOR_DIR=<enroot/pyxis source mirror> scripts/cluster.sh up` installs them")
+# (a skip mark, decided before any fixture: no throwaway user made for nothing)
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(
+    not (PYXIS.exists() and ENROOT.exists()),
+    reason=f"the local cluster has no containers ({PYXIS} or {ENROOT} missing): "
+           "`GPUHPC_VENDOR_DIR=<enroot/pyxis source mirror> scripts/cluster.sh up` installs them")]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -83,3 +81,16 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and "configure" in calls[0].split(), calls
     assert f"--device={step}" in calls[0].split() and "--compute" in calls[0].split(), calls
+
+
+def test_a_two_node_step_in_an_image_gets_a_container_on_each_node():
+    """Both nodes run slurmd on this one host: without a mount namespace each, their named
+    containers (pyxis' runtime and enroot's data directories) would be one and the same."""
+    image = registry_image()
+    res = subprocess.run(["srun", "--partition=gpu", "--time=2", "--nodes=2", "--gres=gpu:h100:1",
+                          f"--container-image={image}", "--container-name=two-nodes", "sh", "-c",
+                          'echo "node $(hostname) $(grep ^ID= /etc/os-release)"'],
+                         env=_env(), capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert sorted(x for x in res.stdout.splitlines() if x.startswith("node ")) == \
+        ["node gpu-node1 ID=gpuhpc-test", "node gpu-node2 ID=gpuhpc-test"], res.stdout
