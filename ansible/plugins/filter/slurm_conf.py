@@ -35,6 +35,9 @@ RESTART = {
     # running slurmd without it fails every job ("container_p_join: open failed ... .ns")
     "jobcontainertype": BOTH,
     "prologflags": BOTH,
+    # gpuhpc's addition, read in 22.05's source (src/common/slurm_cred.c): each daemon reads AuthInfo's
+    # cred_expire once, when it starts; a reconfigure keeps the old credential window
+    "authinfo": BOTH,
     # slurmd only
     "corespecplugin": SLURMD,
     # slurmctld only

@@ -110,7 +110,7 @@ def test_preempted_and_requeued_job_is_charged_for_each_run_once(sqlite_url, cli
         "-p", "gpu-hi", "-w", node, "--gres=gpu:h100:8", "-t", "2", "-A", ACCOUNT, "-J", "gpuhpc-ledger-test-b",
         "-o", "/dev/null"])
     jobs.append(b)
-    # A is preempted at once, requeued, and reruns after B (cred_expire ~10 s)
+    # A is preempted at once, requeued, and reruns after B (cred_expire + 1 s later)
     def done(job: str) -> bool:
         s = _state(client, job)
         return s is None or s.state.state.is_finished

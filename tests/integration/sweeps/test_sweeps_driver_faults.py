@@ -2,7 +2,7 @@
 state and a full disk under its SQLite state file are retried with a growing pause, and the same
 driver job finishes the sweep once the fault is gone. (Requeueing itself after
 ``GPUHPC_SWEEP_DRIVER_GIVE_UP`` of nothing but errors is tests/unit/sweeps/
-test_driver_supervision.py: here a requeue would cost the cluster's 10 s ``cred_expire`` and more.)
+test_driver_supervision.py: here a requeue would cost the cluster's ``cred_expire`` (+ 1 s) and more.)
 A Python callable stopped at its requeue cap ends FAILED with exit 75 and a ``requeue cap
 reached`` line, as a script job does (docs/jobs.md).
 

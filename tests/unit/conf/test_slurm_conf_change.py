@@ -57,6 +57,7 @@ CASES = [
     ("ProctrackType", "slurm.conf", r"^ProctrackType=.*$", "ProctrackType=proctrack/cgroup", ["slurmctld"]),
     ("AccountingStorageEnforce", "slurm.conf", r"\Z", "AccountingStorageEnforce=limits\n", ["slurmctld"]),
     ("GresTypes", "slurm.conf", r"^GresTypes=.*$", "GresTypes=gpu,shard", ["slurmctld", "slurmd"]),
+    ("AuthInfo cred_expire", "slurm.conf", r"cred_expire=\d+", "cred_expire=30", ["slurmctld", "slurmd"]),
     ("AuthType", "slurm.conf", r"^AuthType=.*$", "AuthType=auth/none", ["slurmctld", "slurmd"]),
     ("SwitchType", "slurm.conf", r"\Z", "SwitchType=switch/none\n", ["slurmctld", "slurmd"]),
     ("PluginDir", "slurm.conf", r"\Z", "PluginDir=/opt/slurm/lib\n", ["slurmctld", "slurmd"]),
