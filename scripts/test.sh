@@ -53,6 +53,11 @@ case "$PWD/" in
     ;;
 esac
 T0=$(date +%s)
+# A mirror of the enroot/pyxis source archives (docs/containers.md): given, or ../shared/vendor where
+# one is beside the checkout. With it the local cluster gets containers (cluster.sh up) and stage c runs.
+if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
+  GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
+fi
 say() { printf '[test %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 unset SLURM_CONF
 MODE=full
@@ -183,9 +188,6 @@ SMOKE=(tests/integration/core/test_examples.py)
 # the tests that build enroot and pyxis from their source archives (docs/containers.md)
 VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py
         tests/integration/containers/test_containers_role.py)
-if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
-  GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
-fi
 PYTEST=(python -m pytest -p no:cacheprovider --timeout=900 --durations=15)
 if [ "$MODE" = full ]; then
   RUNDIR=$(mktemp -d /var/tmp/gpuhpc-test-run.XXXXXX) && : >"$RUNDIR/stages"
