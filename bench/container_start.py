@@ -9,7 +9,7 @@
           (gpuhpc.containers.cache: what a new job of the same user on the node gets; the
           container is unpacked from the squashfs file each time), median of --repeat.
 
-Goal: a cached start at most 1 s above bare. It runs on a private one-node controller whose
+Goal: a cached start at most 1 s above bare. It runs on the first node of a private controller whose
 plugstack loads pyxis (tests/integration/containers/pyxis_cluster.py: enroot and pyxis built by
 scripts/build-containers.sh from $GPUHPC_VENDOR_DIR, the local registry's image), never on the
 shared cluster. Usage: GPUHPC_VENDOR_DIR=… python bench/container_start.py [--repeat 3]

@@ -241,6 +241,7 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     # every check a chunk's job spec makes (grace, env names, the template's options) before
     # the first row is written: a bad one exits 2 leaving nothing behind
     _trial_spec(spec, 0, root / "0", 0, 1, 1)
+    _trial_container(spec, root / "0", kind)
     if spec.resources_by:       # per-trial resources: every shape fits and makes a valid job
         check_shapes(spec, [(spec.resources_for(p), spec.template_for(p)) for p in first], c, root)
     conn = _conn(url)
@@ -261,10 +262,10 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     directory = root / str(sid)
     (directory / "chunks").mkdir(parents=True, exist_ok=True)
     (directory / "trials").mkdir(exist_ok=True)
-    from gpuhpc.jobs.spec import container_srun_args      # trials in an image: trial.py runs them there
     _write_json(directory / "sweep.json", {"sweep_id": sid, "name": spec.name, "command": spec.command,
                                            "kind": kind, "metric": spec.metric.name,
-                                           "container": container_srun_args(spec.res)})
+                                           "container": _trial_container(spec, directory, kind),
+                                           "python": "%d.%d" % sys.version_info[:2]})
     if payload is not None:
         from gpuhpc.fsutil import write_atomic
 
@@ -278,6 +279,29 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
         if spec.method == "tpe" or _n_waiting(sid, url):
             start_driver(sid, client=c, url=url)
     return sid
+
+
+def _trial_container(spec: SweepSpec, directory: Path, kind: str) -> list[str]:
+    """pyxis' options for trials in the sweep's image (trial.py starts each in an srun step there;
+    ``[]`` without an image), with the sweep directory mounted at its own path: the trials'
+    checkpoints and metrics files, a Python sweep's function, marks and results. A Python sweep
+    whose directory pyxis cannot mount is refused (exit 2); a command sweep's trials then go without."""
+    import dataclasses
+
+    from gpuhpc.containers.image import check_mount
+    from gpuhpc.jobs.spec import container_srun_args
+
+    if spec.res.image is None:
+        return []
+    try:
+        mount: tuple[str, ...] = (check_mount(f"{directory}:{directory}", "sweep directory"),)
+    except UserInputError:
+        if kind == "python":
+            raise UserInputError(f"the sweep directory {directory} cannot be mounted into the image (pyxis takes "
+                                 "no commas, colons or blanks in a path)", field="GPUHPC_DATA_DIR",
+                                 hint="a data directory without those") from None
+        mount = ()
+    return container_srun_args(dataclasses.replace(spec.res, mounts=(*spec.res.mounts, *mount)))
 
 
 def _forget(sid: int, url: str | None, directory: Path) -> None:
@@ -456,7 +480,8 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
     return JobSpec(
         command=(sys.executable, "-m", "gpuhpc.sweeps.trial", str(directory), str(number)),
         # the trial runner is gpuhpc's Python on the host; it runs the trial in the image (trial.py)
-        resources=dataclasses.replace(res or spec.res, image=None, mounts=(), container_workdir=None),
+        resources=dataclasses.replace(res or spec.res, image=None, mounts=(), container_workdir=None,
+                                      image_python=False),
         name=f"{spec.name}-s{sid}-c{number}", template=template or spec.template,
         env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),

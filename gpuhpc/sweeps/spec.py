@@ -426,9 +426,14 @@ class SweepSpec:
                 if not (exc.field or "").startswith("resources."):
                     raise
                 raise UserInputError(exc.message.split(": ", 1)[-1], field=f"{f}.{exc.field}", hint=exc.hint) from None
-        if self.resources.get("image") is not None and self.command is None:  # a callable runs in the host's Python
-            raise UserInputError("a Python sweep does not run in a container image yet", field="resources.image",
-                                 hint="use a command sweep, or drop image (docs/containers.md)")
+        if self.command is None and self.res.image is not None and not self.res.image_python:
+            import sys       # a Python sweep's trials unpickle and call the function with the image's python3
+
+            v = sys.version_info
+            raise UserInputError(f"cannot check that image {self.res.image} has Python {v.major}.{v.minor} with "
+                                 "cloudpickle and gpuhpc, which a Python sweep's trials need inside it",
+                                 field="resources.image_python", hint="declare it with image_python=True, or use a "
+                                 "command sweep (docs/containers.md)")
         for k, v in self.env.items():
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:

@@ -92,6 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
     entry, env, meta = trial_env(sweep_dir, chunk, task)
     os.environ.update(env)
+    if meta.get("kind") == "python" and meta.get("container"):
+        if not os.environ.get("GPUHPC_TRIAL_IN_IMAGE"):     # this same module, by the image's python3, there
+            from gpuhpc.containers.cache import step_argv
+
+            os.environ["GPUHPC_TRIAL_IN_IMAGE"] = "1"
+            argv = step_argv(meta["container"], ["python3", "-m", "gpuhpc.sweeps.trial", *args])
+            os.execvp(argv[0], argv)
+        if meta.get("python") != "%d.%d" % sys.version_info[:2]:
+            sys.stderr.write(f"gpuhpc: the image's python3 is {sys.version.split()[0]}; the sweep's function was "
+                             f"pickled by Python {meta.get('python')} (docs/containers.md)\n")
+            return 1
     job = os.environ.get("SLURM_JOB_ID")
     if job:         # which job ran this trial (its log is logs/*-<job>.out): sweep status shows the tail
         fd = os.open(os.path.join(env["GPUHPC_TRIAL_DIR"], "jobs"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

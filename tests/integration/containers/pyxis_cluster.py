@@ -58,15 +58,19 @@ _PYTHON_TOOLS = ("sh", "env", "cat", "ls", "id", "echo", "true", "sleep", "mkdir
 
 
 def python_image() -> str:
-    """An image with a Python, pushed once to the local registry as ``gpuhpc/python:3.11``
-    and pinned by digest: Debian's ``/usr/bin/python3.11`` with its standard library (no
-    site-packages), ``bash``, busybox for the rest, and the shared libraries they load, from this
-    host's files (what a debootstrap root would hold, in a few seconds and offline). gpuhpc and the
-    test programs come in through a mount and PYTHONPATH (gpuhpc's job-side modules are stdlib
-    only)."""
+    """An image with a Python, pushed once to the local registry as ``gpuhpc/python:VERSION-cpV``
+    and pinned by digest: Debian's ``/usr/bin/python3.11`` with its standard library, cloudpickle
+    (this gpuhpc's, pure Python) in its dist-packages, ``bash``, busybox for the rest, and the
+    shared libraries they load, from this host's files (what a debootstrap root would hold, in a
+    few seconds and offline). gpuhpc and the test programs come in through a mount and PYTHONPATH
+    (gpuhpc's job-side modules are stdlib only)."""
+    import cloudpickle
+
     pinned = registry_image()
     port = pinned.split("#")[0].rsplit(":", 1)[1]
-    dest = f"docker://127.0.0.1:{port}/{PYTHON_REPO}:3.11"
+    version = subprocess.run(["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    dest = f"docker://127.0.0.1:{port}/{PYTHON_REPO}:{version}-cp{cloudpickle.__version__}"
 
     def digest() -> str | None:
         res = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest],
@@ -109,6 +113,10 @@ def _build_python_image(work: Path, dest: str) -> None:
     for b in binaries[:2]:
         shutil.copy2(b, root / "usr/bin" / b.name)
     (root / "usr/bin/python3").symlink_to("python3.11")
+    import cloudpickle
+
+    shutil.copytree(Path(cloudpickle.__file__).parent, root / "usr/lib/python3/dist-packages/cloudpickle",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     (root / "usr/bin/busybox").write_bytes(Path(shutil.which("busybox")).read_bytes())
     (root / "usr/bin/busybox").chmod(0o755)
     for tool in _PYTHON_TOOLS:

@@ -114,10 +114,12 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
     assert "--device=1,2" in calls[0].split() and "--compute" in calls[0].split(), calls
 
 
-def _cache_env(env: dict, base: Path, tmp_path: Path) -> dict:
-    """The environment of a user of a site whose node image cache is in the cluster's directory."""
-    images = base / "images"
-    images.mkdir(exist_ok=True)
+def _cache_env(env: dict, base: Path, tmp_path: Path, sub: str = "") -> dict:
+    """The environment of a user of a site whose node image cache is in the cluster's directory
+    (``sub``: a fresh one under it, on every node: ``base/images`` is each node's own)."""
+    images = base / "images" / sub
+    for node in NODES:
+        (node_dir(base, node, "images") / sub).mkdir(exist_ok=True)
     site = tmp_path / "site.toml"
     site.write_text(f'[containers]\nnode_cache_dir = "{images}"\n')
     return {**env, "GPUHPC_SITE_CONFIG": str(site), "GPUHPC_LEDGER": "off", "GPUHPC_DATA_DIR": str(tmp_path / "data")}
@@ -289,7 +291,7 @@ def test_a_two_node_torchrun_job_in_an_image_is_preempted_requeued_and_resumes_f
 
     client, env, base = cluster.client, cluster.env, cluster.base
     image = python_image()
-    e = _cache_env(env, base, tmp_path)
+    e = _cache_env(env, base, tmp_path, "torchrun")
     progress, result, ckpt = tmp_path / "progress", tmp_path / "result.json", tmp_path / "ckpt"
     ckpt.mkdir()
     res = subprocess.run([sys.executable, "-m", "gpuhpc", "submit", "--template", "torchrun", "--nodes", "2",
@@ -324,12 +326,68 @@ def test_a_two_node_torchrun_job_in_an_image_is_preempted_requeued_and_resumes_f
     assert json.loads(result.read_text()) == reference(WORLD, STEPS)
     assert "requeueing job" in text, text
     for node in NODES:                     # each node imported the image once, the second run reused it
-        rows = node_dir(base, node, "images") / str(os.geteuid()) / "imports.jsonl"
+        rows = node_dir(base, node, "images") / "torchrun" / str(os.geteuid()) / "imports.jsonl"
         events = [json.loads(line)["event"] for line in rows.read_text().splitlines()
                   if json.loads(line)["image"] == image]
         assert events == ["import"], (node, events)
     assert text.count("imported into the node cache") == 2, text      # the first run's fill, one per node
     assert text.count("reused from the node cache") >= 3, text          # the batch step; both nodes at the restart
+
+
+PYTHON_SWEEP = """
+import json, sys
+import gpuhpc
+
+def trial(x):
+    import os
+    osid = [line.strip() for line in open("/etc/os-release") if line.startswith("ID=")][0]
+    return {"loss": float(x * x), "where": f"{osid} python{sys.version_info[0]}.{sys.version_info[1]}",
+            "node": os.environ.get("SLURMD_NODENAME")}
+
+s = gpuhpc.sweep(trial, {"x": list(range(6))}, method="grid", metric="loss", parallelism=6, name="ctr-py",
+                 resources={"partition": "pyx2", "time": "5m", "image": sys.argv[1], "image_python": True,
+                            "mounts": [sys.argv[2] + ":" + sys.argv[2] + ":ro"]})
+print(json.dumps({"sweep_id": s.id}))
+"""
+
+
+def test_a_python_sweep_runs_its_trials_in_an_image_imported_once_per_node(cluster, tmp_path):
+    """Issue 23: ``gpuhpc.sweep(fn, resources={image, image_python: True})``: each trial's runner
+    (gpuhpc on the host) starts the same module with the image's python3 in an srun step, with the
+    sweep directory mounted: the function runs there and its results and metrics land in the
+    sweep directory. Each node that ran trials imported the image into its cache once."""
+    import cloudpickle
+
+    client, env, base = cluster.client, cluster.env, cluster.base
+    image = python_image()
+    e = {**_cache_env(env, base, tmp_path, "pysweep"), "PYTHONPATH": str(ROOT)}    # gpuhpc in the image: the mounted tree
+    script = tmp_path / "sweep.py"
+    script.write_text(PYTHON_SWEEP)
+    res = subprocess.run([sys.executable, str(script), image, str(ROOT)], env=e, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    sid = json.loads(res.stdout.splitlines()[-1])["sweep_id"]
+    wait_for(lambda: not client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip(), 180,
+             f"the sweep's 6 trials to end\n{cluster.logs()}")
+    sweep_dir = tmp_path / "data" / "sweeps" / str(sid)
+    logs = "\n".join(p.read_text() for p in (sweep_dir / "logs").glob("*.out"))
+    results = {}
+    for n in range(6):
+        path = sweep_dir / "trials" / str(n) / "result.pkl"
+        assert path.exists(), f"trial {n} has no result\n{logs}"
+        results[n] = cloudpickle.loads(path.read_bytes())
+        metrics = [json.loads(line)["metrics"] for line in (path.parent / "metrics.jsonl").read_text().splitlines()]
+        assert metrics == [{"loss": float(n * n)}], (n, metrics)
+    assert {r["where"] for r in results.values()} == {"ID=gpuhpc-python python3.11"}, results
+    assert [r["loss"] for r in results.values()] == [float(n * n) for n in range(6)]
+    nodes = {r["node"] for r in results.values()}
+    for node in NODES:
+        rows = node_dir(base, node, "images") / "pysweep" / str(os.geteuid()) / "imports.jsonl"
+        events = [json.loads(line)["event"] for line in (rows.read_text().splitlines() if rows.exists() else [])
+                  if json.loads(line)["image"] == image]
+        assert events == (["import"] if node in nodes else []), (node, nodes, events)
+    assert logs.count("imported into the node cache") == len(nodes), logs
+    assert logs.count("reused from the node cache") == 6 - len(nodes), logs
 
 
 @pytest.fixture

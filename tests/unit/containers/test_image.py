@@ -82,3 +82,21 @@ def test_a_command_sweep_runs_in_an_image():
                                    "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
                                    "resources": {"image": "a#b:1", "mounts": ["/d:/d"]}})
     assert spec.res.image == "a#b:1" and spec.res.mounts == ("/d:/d",)
+
+
+def test_a_python_sweep_runs_in_an_image_that_declares_its_python_with_the_sweep_directory_mounted(tmp_path):
+    from gpuhpc.sweeps.engine import _trial_container
+    from gpuhpc.sweeps.spec import SweepSpec
+
+    data = {"name": "s", "metric": {"name": "loss"}, "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
+            "resources": {"image": "a#b@sha256:" + "0" * 64, "mounts": ["/d:/d"]}}
+    with pytest.raises(UserInputError, match="resources.image_python.*cloudpickle and gpuhpc"):
+        SweepSpec.from_mapping(data, python=True)
+    spec = SweepSpec.from_mapping({**data, "resources": {**data["resources"], "image_python": True}}, python=True)
+    args = _trial_container(spec, tmp_path, "python")
+    assert args[1] == f"--container-mounts=/d:/d,{tmp_path}:{tmp_path}", args
+    with pytest.raises(UserInputError, match="GPUHPC_DATA_DIR.*cannot be mounted"):
+        _trial_container(spec, tmp_path / "a,b", "python")
+    command = SweepSpec.from_mapping({**data, "command": "echo {lr}"})
+    assert _trial_container(command, tmp_path / "a b", "command") == [f"--container-image={data['resources']['image']}",
+                                                                   "--container-mounts=/d:/d"]
