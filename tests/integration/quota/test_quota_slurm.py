@@ -129,31 +129,42 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
         user_env = {"GPUHPC_DB_URL": url, "GPUHPC_DATA_DIR": f"/var/tmp/{unix_user}-gpuhpc",
                     "GPUHPC_BUDGET_SNAPSHOT": str(budget.snapshot_path())}
 
-        # --- who may change the ledger: not this user; one line each, nothing changed
-        before = (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)])
-        for args in (["ledger", "price", "set", "--gpu-type", "h100", "--rate", "0.01"],
-                     ["quota", "set", acct, "--gpu-hours", "1000"],
-                     ["ledger", "ingest"]):
-            r = gpuhpc_as(unix_user, args, user_env)
-            assert r.returncode == 1, (args, r.stdout, r.stderr)
-            assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: permission denied"), r.stderr
-        assert (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)]) == before
-
         # --- gpuhpc submit works for the user and shows the budget (the published snapshot)
         r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "1m",
                                   "--grace", "10s", "--log-dir", f"/var/tmp/{unix_user}-logs", "--", "true"], user_env)
         assert r.returncode == 0, r.stderr
         assert "budget: account quota-t1: budget 0.10 GPU-hours for" in r.stderr, r.stderr
         jobs.append(r.stdout.strip().splitlines()[-1].strip())
-        # and refuses, before sbatch, a job that alone cannot fit
-        r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "10m",
-                                  "--grace", "10s", "--", "true"], user_env)
-        assert r.returncode == 3 and "this job may use 0.17 GPU-hours" in r.stderr, r.stderr
         wait_for(lambda: _done(client, jobs[-1:]), 90, "the user's gpuhpc job to finish")
-        # --- a plain sbatch that can never fit is refused at submit by job_submit.lua, with the budget
-        r = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "10",
-                                                 "-o", "/dev/null", "--wrap", "sleep 1"]))
-        assert r.returncode != 0 and "account quota-t1: budget 0.10 GPU-hours" in r.stderr, r.stderr
+
+        def refusals() -> None:
+            """Run beside the 10 jobs below (they take a minute or more; none of this depends on them:
+            gpuhpc checks the published snapshot, job_submit.lua the published budget)."""
+            # --- who may change the ledger: not this user; one line each, nothing changed
+            before = (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)])
+            for args in (["ledger", "price", "set", "--gpu-type", "h100", "--rate", "0.01"],
+                         ["quota", "set", acct, "--gpu-hours", "1000"],
+                         ["ledger", "ingest"]):
+                r = gpuhpc_as(unix_user, args, user_env)
+                assert r.returncode == 1, (args, r.stdout, r.stderr)
+                assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: permission denied"), r.stderr
+            assert (admin.list_prices(url=url), [q.as_dict() for q in admin.quota_status(url=url)]) == before
+            # --- gpuhpc submit refuses, before sbatch, a job that alone cannot fit
+            r = gpuhpc_as(unix_user, ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t",
+                                      "10m", "--grace", "10s", "--", "true"], user_env)
+            assert r.returncode == 3 and "this job may use 0.17 GPU-hours" in r.stderr, r.stderr
+            # --- a plain sbatch that can never fit is refused at submit by job_submit.lua, with the budget
+            r = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "10",
+                                                     "-o", "/dev/null", "--wrap", "sleep 1"]))
+            assert r.returncode != 0 and "account quota-t1: budget 0.10 GPU-hours" in r.stderr, r.stderr
+
+        refused: list[BaseException] = []
+
+        def run_refusals() -> None:
+            try:
+                refusals()
+            except BaseException as e:          # raised in the test's thread below
+                refused.append(e)
 
         # --- 10 concurrent plain sbatch, 1 GPU for 40 s each (6.7 GPU-minutes): together never above 6
         ids: list[str] = []
@@ -173,6 +184,8 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
             t.join()
         jobs.extend(ids)
         assert len(ids) == 10
+        beside = threading.Thread(target=run_refusals, daemon=True)
+        beside.start()
         seen_reason, translated = set(), ""
         end = time.time() + 240
         while time.time() < end:
@@ -198,6 +211,9 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
                     and _used_minutes(client, acct, "gres/gpu") + 1 > 4:
                 break
             time.sleep(2)
+        beside.join()
+        if refused:
+            raise refused[0]
         for j in ids:
             client.run(cmd.scancel(j), check=False)
         wait_for(lambda: _done(client, ids), 60, "the jobs to finish")
