@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,9 +42,9 @@ def test_submit_status_logs_cancel_through_the_server(cmd_client, jobs_env, slur
     wait_for(lambda: job_state(slurm, long_id) == "RUNNING", 120, f"job {long_id} to start")
 
     # logs -f runs until Ctrl-C, which the client forwards
-    follow = subprocess.Popen([cmd_client.path, "logs", "-f", long_id], env=cmd_client.env,
+    follow = subprocess.Popen([cmd_client.path, "logs", "-f", long_id], env=cmd_client.env, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    assert cmd_client.taken(follow) == "server"    # a worker runs it (polled; was a fixed 3 s)
     assert follow.poll() is None
     follow.send_signal(signal.SIGINT)
     _out, err = follow.communicate(timeout=30)

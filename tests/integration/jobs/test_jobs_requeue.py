@@ -1,7 +1,7 @@
-"""Script mode survives preemption (twice: of a first run and of a run restarted after a forced
-requeue), a manual requeue and the time limit, recomputing at most one checkpoint interval per
-interruption, and ends as an uninterrupted run would. (Three preemptions of one job, two in a
-row: test_multinode_chaos.py, whose torchrun script shares this one's stop/requeue logic,
+"""Script mode survives a preemption, a manual requeue and the time limit, recomputing at most
+one checkpoint interval per interruption, and ends as an uninterrupted run would. (Three
+preemptions of one job, two in a row and one of a run restarted after a forced requeue:
+test_multinode_chaos.py, whose torchrun script shares this one's stop/requeue logic,
 job-templates/_base.sbatch.j2.)"""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from counter_train import uninterrupted  # noqa: E402
 pytestmark = pytest.mark.integration
 
 STEPS, EVERY, STEP_S = 1500, 10, 0.05
-ACTIONS = ["preempt", "requeue", "preempt", "time_limit"]
+ACTIONS = ["preempt", "requeue", "time_limit"]
 NODE, GRES = "gpu-node2", "gpu:h100:8"
 
 
