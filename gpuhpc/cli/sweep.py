@@ -126,9 +126,14 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     from gpuhpc.cli._console import console
     from gpuhpc.sweeps import engine
 
-    sw = _sweep(sweep_id)
+    from gpuhpc.sweeps.api import retrying
+
+    sw = retrying(lambda: _sweep(sweep_id), f"sweep {sweep_id}")
 
     def snapshot():
+        return retrying(_snapshot, f"sweep {sw.id}")
+
+    def _snapshot():
         from gpuhpc.sweeps.api import DriverGone
 
         try:                # what the driver wrote while it runs; a refresh when there is none
@@ -171,7 +176,9 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
 
 def wait(sweep_id: str, timeout: float | None, poll: float) -> int:
     """Wait for every trial to finish: exit 0 when all completed, 1 when any failed for good."""
-    sw = _sweep(sweep_id)
+    from gpuhpc.sweeps.api import retrying
+
+    sw = retrying(lambda: _sweep(sweep_id), f"sweep {sweep_id}")
     try:
         ok = sw.wait(timeout=timeout, poll=poll)
     except TimeoutError as exc:

@@ -27,6 +27,58 @@ class DriverGone(GpuhpcError):
     """The sweep's driver died: nothing submits or follows its trials (exit 1)."""
 
 
+class StateUnreachable(GpuhpcError):
+    """The sweep database kept failing (a PostgreSQL restart that did not end, a locked or
+    full SQLite file) for longer than :func:`retrying` waits (exit 1)."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """A database error that a moment may cure: an ``OperationalError`` or ``InterfaceError``
+    of sqlite3, psycopg or SQLAlchemy (a server restarting, a lost connection, "database is
+    locked", "database or disk is full")."""
+    seen = 0
+    while exc is not None and seen < 5:
+        if type(exc).__name__ in ("OperationalError", "InterfaceError"):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def retrying(fn: Callable[[], Any], what: str, budget: float | None = None) -> Any:
+    """``fn()``, retried with a growing pause (1 s, doubling, at most 30 s) while the sweep
+    database fails transiently (:func:`_transient`), for at most ``budget`` seconds
+    (``GPUHPC_SWEEP_DB_RETRY``, default 300); then :class:`StateUnreachable`, one line. Each
+    retry says so on stderr once per error kind."""
+    import os
+    import sys
+
+    if budget is None:
+        budget = float(os.environ.get("GPUHPC_SWEEP_DB_RETRY", "300"))
+    start = time.monotonic()
+    pause = 1.0
+    said: set[str] = set()
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            line = " ".join(str(exc).split())[:200]
+            left = budget - (time.monotonic() - start)
+            if left <= 0:
+                raise StateUnreachable(f"{what}: the sweep database kept failing for {budget:.0f}s: "
+                                       f"{type(exc).__name__}: {line}",
+                                       hint="check the database (GPUHPC_DB_URL), then run the command again") from None
+            kind = type(exc).__name__ + line[:40]
+            if kind not in said:
+                said.add(kind)
+                sys.stderr.write(f"gpuhpc: {what}: the sweep database failed ({type(exc).__name__}: {line}); "
+                                 f"retrying for up to {left:.0f}s\n")
+                sys.stderr.flush()
+            time.sleep(min(pause, max(0.1, left)))
+            pause = min(30.0, pause * 2)
+
+
 class Sweep:
     """A sweep in the gpuhpc database (CLI or Python made)."""
 
@@ -102,8 +154,8 @@ class Sweep:
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            counts = self.follow()
-            info = self.info()
+            # a database restart (or a locked or full SQLite file) while waiting is waited out
+            counts, info = retrying(lambda: (self.follow(), self.info()), f"sweep {self.id}")
             total = sum(counts.values())
             if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value) and \
                     not any(counts.get(s.value) for s in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED)):

@@ -1,8 +1,14 @@
 """Fixtures for the sweeps integration tests: a private data dir (sweep database, sweep
 directories, logs), the ledger off unless a test opts in, a fast driver, and cleanup: every
-sweep a test starts is cancelled at the end (its own array jobs and driver, by id)."""
+sweep a test starts is cancelled at the end (its own array jobs and driver, by id); a private
+PostgreSQL server a test may stop and start (``private_pg``)."""
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -73,3 +79,37 @@ def pg_sweep_db(sweep_env, monkeypatch):
     with eng.connect() as c:
         c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     eng.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def private_pg(sweep_env, monkeypatch):
+    """A PostgreSQL server of the test's own (scripts/services/postgres.sh with its own data
+    dir, free port and password file) at head as the gpuhpc database: restarting it disturbs
+    no other test. Yields (url, pg) where ``pg("stop")``/``pg("start")`` drive the server."""
+    from gpuhpc.ledger import db
+
+    # not under pytest's 0700 base: the server runs as the postgres user and must reach it
+    d = Path(tempfile.mkdtemp(prefix="gpuhpc-pg-"))
+    env = {**os.environ, "D": str(d), "PORT": str(_free_port()), "PGPASSFILE": str(d / "pgpass")}
+
+    def pg(cmd: str) -> str:
+        script = Path(__file__).resolve().parents[3] / "scripts/services/postgres.sh"
+        res = subprocess.run(["bash", str(script), cmd], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, (cmd, res.stdout, res.stderr)
+        return res.stdout
+
+    try:
+        url = pg("start").strip().splitlines()[-1]
+        db.upgrade(url)
+        monkeypatch.setenv("GPUHPC_DB_URL", url)
+        yield url, pg
+        db.get_engine(url).dispose()
+    finally:
+        pg("wipe")
+        shutil.rmtree(d, ignore_errors=True)

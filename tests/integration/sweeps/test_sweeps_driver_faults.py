@@ -14,9 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import socket
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,42 +25,7 @@ from sweeps_helpers import run_sweep, write_sweep
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[3]
 CPU = {"partition": "cpu", "time": "5m"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def private_pg(sweep_env, monkeypatch):
-    """A PostgreSQL server of the test's own (scripts/services/postgres.sh with its own data
-    dir, free port and password file) at head as the gpuhpc database: restarting it disturbs
-    no other test. Yields (url, pg) where ``pg("stop")``/``pg("start")`` drive the server."""
-    from gpuhpc.ledger import db
-
-    # not under pytest's 0700 base: the server runs as the postgres user and must reach it
-    d = Path(tempfile.mkdtemp(prefix="gpuhpc-pg-"))
-    env = {**os.environ, "D": str(d), "PORT": str(_free_port()), "PGPASSFILE": str(d / "pgpass")}
-
-    def pg(cmd: str) -> str:
-        res = subprocess.run(["bash", str(ROOT / "scripts/services/postgres.sh"), cmd], env=env,
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0, (cmd, res.stdout, res.stderr)
-        return res.stdout
-
-    try:
-        url = pg("start").strip().splitlines()[-1]
-        db.upgrade(url)
-        monkeypatch.setenv("GPUHPC_DB_URL", url)
-        yield url, pg
-        db.get_engine(url).dispose()
-    finally:
-        pg("wipe")
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
