@@ -15,10 +15,10 @@
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
 #     stage i   tests/unit and the collection's isolated role tests (tests/integration/cluster)
 #     stage p   at the same time, the other integration tests marked `isolated` (own private
-#               slurmctld, services only)
+#               slurmctld, services only), then stage c
 #     lab       at the same time, the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0
-#               skips it), then stage c
-#     stage c   containers built from third-party source archives (enroot, pyxis): only where a
+#               skips it)
+#     stage c   after stage p: containers built from third-party source archives (enroot, pyxis): only where a
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
 #               and says so
@@ -208,21 +208,24 @@ if [ "$MODE" = full ]; then
     mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
     bg_stage "$name" "${PYTEST[@]}" -m "not integration or isolated" "$@"
   }
-  lab_stream() {   # the lab, then stage c
-    # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it). It
-    # touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
+  lab_stream() {   # four systemd hosts in namespaces, deployed over SSH (scripts/lab.sh; LAB=0 skips it)
+    # It touches nothing of the local cluster; run it alone with `python -m pytest -s tests/integration/lab`.
     if [ "${LAB:-1}" != 0 ]; then
       bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab
     fi
+  }
+  p_stream() {   # stage p, then stage c (enroot/pyxis on a private controller: only with the mirror)
+    isolated_stream "stage p" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
+      "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
     if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
-      export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="$GPUHPC_DATA_DIR/vendor"
+      export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="${GPUHPC_DATA_DIR%/stage-p}/vendor"
       mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
       bg_stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}"
     else
       echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
     fi
   }
-  say "stages i and p, and the lab then stage c, start beside the shared-cluster stream (their output: at the end)"
+  say "stage i, stage p then stage c, and the lab start beside the shared-cluster stream (their output: at the end)"
   # i: the unit tests and the collection's role tests (Ansible: CPU); p: the other isolated tests
   # (private controllers, services: mostly waiting)
   # stage i is nearly all CPU (Ansible) and has time to spare: at nice 5 it yields the CPU to the
@@ -230,8 +233,7 @@ if [ "$MODE" = full ]; then
   ( renice -n 5 -p "$BASHPID" >/dev/null; isolated_stream "stage i" tests/unit tests/integration/cluster ) \
     >"$RUNDIR/isolated-i.log" 2>&1 &
   BG_PIDS+=($!)
-  isolated_stream "stage p" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
-    "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" >"$RUNDIR/isolated-p.log" 2>&1 &
+  p_stream >"$RUNDIR/isolated-p.log" 2>&1 &
   BG_PIDS+=($!)
   lab_stream >"$RUNDIR/lab.log" 2>&1 &
   BG_PIDS+=($!)
