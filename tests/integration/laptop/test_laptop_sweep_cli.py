@@ -33,11 +33,13 @@ def test_a_20_trial_sweep_with_cluster_then_best(laptop, tmp_path):
     res = laptop.gpuhpc("--cluster", "lab", "sweep", "run", "sweep.yaml", "--json", cwd=repo)
     assert res.returncode == 0, res.stderr
     sid = str(json.loads(res.stdout)["sweep_id"])
+    done = False
     try:
         assert "code snapshot" in res.stderr and "uploaded" in res.stderr
         wait = laptop.gpuhpc("--cluster", "lab", "sweep", "wait", sid, "--timeout", "300", "--poll", "2",
                              timeout=360)
         assert wait.returncode == 0, wait.stderr
+        done = True                 # every trial ended; the driver ends by itself
         best = laptop.gpuhpc("--cluster", "lab", "sweep", "best", sid, "--json", env={"GPUHPC_CLUSTER": "lab"})
         assert best.returncode == 0, best.stderr
         b = json.loads(best.stdout)
@@ -52,7 +54,8 @@ def test_a_20_trial_sweep_with_cluster_then_best(laptop, tmp_path):
         assert cost.returncode == 0, cost.stderr
         json.loads(cost.stdout)
     finally:
-        laptop.gpuhpc("--cluster", "lab", "sweep", "cancel", sid)
+        if not done:
+            laptop.gpuhpc("--cluster", "lab", "sweep", "cancel", sid)
 
 
 def test_a_bad_sweep_file_is_refused_before_anything_is_sent(laptop, tmp_path):
