@@ -7,12 +7,19 @@ latency), never more than 16 at once.
 The same sweep proves the chunking (what test_sweeps_cli's 200-trial sweep did): arrays that fit
 (each starts at task 0 and stays below MaxArraySize, never --array=1000-1999), the driver
 submitting all but the first and completing by itself, exact metrics in trial order, each trial
-run once, best, results --csv and the HTML report."""
+run once, best, results --csv and the HTML report.
+
+It runs on a private controller (tests/private_slurm.py: its own ports, state and logs, two
+16-CPU nodes, the shared cluster's MaxArraySize and the shared munged and slurmdbd under a cluster
+name of its own), driver included: SLURM_CONF in the environment points gpuhpc, the sweep driver
+job and every Slurm call of the test at it, so that its minutes run beside the shared-cluster
+stream. Everything it adds to slurmdbd (a cluster, a QOS, an account) is removed afterwards."""
 from __future__ import annotations
 
 import datetime as dt
 import json
 import math
+import os
 import statistics
 import time
 import uuid
@@ -21,32 +28,76 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.transport.local import LocalRunner
 from polling import wait_for
+from private_slurm import PrivateSlurm
 from sweeps_helpers import gpuhpc, results, run_sweep, shell_report, write_sweep
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 N, P, LIMIT = 200, 16, 40
+NAME = "gpuhpcswpar"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 16947, 16948, 17451
+
+
+@pytest.fixture
+def private_cluster(monkeypatch):
+    """The private controller (two 16-CPU nodes in partition ``all``) under its own cluster
+    name in the shared slurmdbd; SLURM_CONF points at it for the test (and the jobs it
+    submits). Stopped, and its cluster removed from slurmdbd, at the end even after a failure."""
+    cluster = PrivateSlurm(
+        NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT),
+        {f"swpar-node{i}": "CPUs=16 RealMemory=32000 State=UNKNOWN" for i in (1, 2)},
+        ["PartitionName=all Nodes=swpar-node[1-2] Default=YES MaxTime=INFINITE State=UP"],
+        extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
+               "AccountingStorageEnforce": "associations,limits,qos,safe", "KillWait": "5",
+               "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
+        accounting=True)
+    # sacctmgr for the cluster itself: the shared slurm.conf (the private one is gone after stop)
+    shared = SlurmClient(LocalRunner(env={"SLURM_CONF": os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"}))
+
+    def forget() -> None:
+        shared.sacctmgr("delete", "cluster", NAME, check=False)
+
+    forget()                                                  # leftovers of an interrupted run
+    try:
+        shared.sacctmgr("add", "cluster", NAME)
+        with cluster.start():
+            monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+            try:
+                yield cluster
+            finally:
+                # a job the database still counts as running keeps the cluster from being deleted
+                cluster.cancel_all(wait=60)
+                cluster.client.run(["sacctmgr", "-i", "list", "runawayjobs", f"cluster={NAME}"], check=False)
+    finally:
+        forget()
+
+
+@pytest.fixture
+def slurm(private_cluster) -> SlurmClient:
+    return private_cluster.client
 
 
 @pytest.fixture
 def submit_limited(slurm: SlurmClient):
     """An account and a QOS (MaxSubmitJobsPerUser=40, the association's default QOS) for this
-    user, so that the limit binds only this test's jobs; removed afterwards."""
+    user on the private cluster, so that the limit binds only this test's jobs; removed afterwards."""
     import getpass
 
     name = f"gpuhpc-t-{uuid.uuid4().hex[:6]}"
     user = getpass.getuser()
     slurm.sacctmgr("add", "qos", name, f"MaxSubmitJobsPerUser={LIMIT}")
     try:
-        slurm.sacctmgr("add", "account", name, "parent=root")
-        slurm.sacctmgr("add", "user", user, f"account={name}", f"qos={name}", f"defaultqos={name}")
+        slurm.sacctmgr("add", "account", name, "parent=root", f"cluster={NAME}")
+        slurm.sacctmgr("add", "user", user, f"account={name}", f"qos={name}", f"defaultqos={name}",
+                       f"cluster={NAME}")
         yield name
     finally:
         for job in {r.array_job_id or r.job_id for r in slurm.queue(user=user) if r.account == name}:
             slurm.run(["scancel", job.split("_")[0]], check=False)
-        slurm.sacctmgr("delete", "user", user, f"account={name}", check=False)
-        slurm.sacctmgr("delete", "account", name, check=False)
+        slurm.sacctmgr("delete", "user", user, f"account={name}", f"cluster={NAME}", check=False)
+        slurm.sacctmgr("delete", "account", name, f"cluster={NAME}", check=False)
         slurm.sacctmgr("delete", "qos", name, check=False)
 
 
