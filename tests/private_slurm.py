@@ -71,6 +71,18 @@ def shared_conf_values() -> dict[str, str]:
     return values
 
 
+def first_free_job_id(cluster: str) -> int:
+    """One past the highest job id slurmdbd holds for ``cluster`` (1 when none): opt-in
+    ``extra={"FirstJobId": ...}`` for an ``accounting=True`` cluster whose test asks sacct by job
+    id. ``sacctmgr delete cluster`` keeps the cluster's job records, so a cluster of the same name
+    made again (every run of the test) would otherwise count from 1 and sacct would also return
+    the earlier runs' jobs of the same ids. Asks the shared slurm.conf's slurmdbd."""
+    res = subprocess.run(["sacct", "-M", cluster, "--allusers", "-X", "-n", "-P", "-o", "JobIDRaw",
+                          "-S", "2000-01-01", "-E", "now"], capture_output=True, text=True, timeout=60)
+    ids = [int(x) for x in res.stdout.split() if x.isdigit()] if res.returncode == 0 else []
+    return max(ids, default=0) + 1
+
+
 def busy_ports(ports: Iterable[int]) -> list[int]:
     """The ports of ``ports`` that something already listens on."""
     busy = []

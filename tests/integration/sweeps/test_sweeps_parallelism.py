@@ -30,7 +30,7 @@ import pytest
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.transport.local import LocalRunner
 from polling import wait_for
-from private_slurm import PrivateSlurm
+from private_slurm import PrivateSlurm, first_free_job_id
 from sweeps_helpers import gpuhpc, results, run_sweep, shell_report, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
@@ -51,7 +51,8 @@ def private_cluster(monkeypatch):
         ["PartitionName=all Nodes=swpar-node[1-2] Default=YES MaxTime=INFINITE State=UP"],
         extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
                "AccountingStorageEnforce": "associations,limits,qos,safe", "KillWait": "5",
-               "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
+               "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5",
+               "FirstJobId": str(first_free_job_id(NAME))},   # past the earlier runs' records
         accounting=True)
     # sacctmgr for the cluster itself: the shared slurm.conf (the private one is gone after stop)
     shared = SlurmClient(LocalRunner(env={"SLURM_CONF": os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"}))
