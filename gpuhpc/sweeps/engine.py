@@ -1033,7 +1033,7 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
         trials = [(t.id, t.number, t.state, t.chunk_id, t.task_id, t.metrics, t.objective, t.restarts, t.gpu_hours,
                    t.raw_state, t.updated_at, t.job_id) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
         directory = Path(sw.directory)
-        status = sw.status
+        status, n_trials = sw.status, sw.n_trials
     terminal = {st.value for st in TrialState if st.is_terminal}
 
     def live(t) -> str | None:
@@ -1166,8 +1166,8 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
     all_done = bool(trials) and sum(counts.get(st, 0) for st in terminal) == len(trials)
     if stats is not None:
         stats.update(marks=by_marks, slurm=by_slurm)
-    if all_done and status == SweepStatus.RUNNING.value and slurm and (spec.res.total_gpus or spec.resources_by):
-        _gpu_hours_of_ended(c, trials, chunks, updates)
+    if all_done and status == SweepStatus.RUNNING.value and len(trials) >= n_trials:
+        _account_at_end(c, trials, chunks, updates)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with session(url) as s:
         t = now()
@@ -1180,14 +1180,15 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
     return counts
 
 
-def _gpu_hours_of_ended(c, trials: Sequence[tuple], chunks: dict[int, str], updates: list) -> None:
-    """The GPU-hours of the trials that ended by their own mark (no sacct was asked about
-    them): one ``sacct --duplicates`` of their arrays when the sweep ends; what accounting has
-    not recorded yet stays 0."""
+def _account_at_end(c, trials: Sequence[tuple], chunks: dict[int, str], updates: list) -> None:
+    """The GPU-hours and restarts of the trials that ended by their own mark (no sacct was asked
+    about them): one ``sacct --duplicates`` of all the sweep's arrays when it ends (a task
+    requeued just after its program exited has one run more than its mark says); what
+    accounting has not recorded yet stays as it is."""
     new_of = dict(updates)
-    where = {t[0]: (chunks[t[3]], t[4]) for t in trials if t[3] in chunks and t[4] is not None
-             and not new_of.get(t[0], {}).get("gpu_hours", t[8])}
+    where = {t[0]: (chunks[t[3]], t[4]) for t in trials if t[3] in chunks and t[4] is not None}
     ended = {tid: new_of.setdefault(tid, {}) for tid in where}
+    restarts_of = {t[0]: t[7] for t in trials}
     arrays = sorted({job for job, _ in where.values()})
     try:
         rows = [r for i in range(0, len(arrays), 200)
@@ -1198,7 +1199,11 @@ def _gpu_hours_of_ended(c, trials: Sequence[tuple], chunks: dict[int, str], upda
     for tid, key in where.items():
         rs = runs.get(key)
         if rs:
-            ended[tid]["gpu_hours"] = Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in rs)) / 3600
+            hours = Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in rs)) / 3600
+            if hours:
+                ended[tid]["gpu_hours"] = hours
+            if len(rs) - 1 > ended[tid].get("restarts", restarts_of[tid]):
+                ended[tid]["restarts"] = len(rs) - 1
     known = {tid for tid, _ in updates}
     updates += [(tid, new) for tid, new in ended.items() if tid not in known and new]
 
