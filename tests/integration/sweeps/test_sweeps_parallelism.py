@@ -60,17 +60,30 @@ def private_cluster(monkeypatch):
     def forget() -> None:
         shared.sacctmgr("delete", "cluster", NAME, check=False)
 
+    def runaways() -> None:
+        """Close in slurmdbd the jobs it still counts as running that this controller does not
+        know (an interrupted run's: they keep the cluster from being deleted)."""
+        cluster.client.run(["sacctmgr", "-i", "list", "runawayjobs", f"cluster={NAME}"], check=False)
+
+    def unfinished() -> list[str]:
+        out = cluster.client.run(["sacct", "-M", NAME, "--allusers", "-X", "-n", "-P", "-o", "JobIDRaw,State",
+                                  "-S", "2000-01-01", "-E", "now"], check=False).stdout
+        return [line for line in out.splitlines() if line.split("|")[-1] in ("PENDING", "RUNNING", "REQUEUED")]
+
     forget()                                                  # leftovers of an interrupted run
     try:
-        shared.sacctmgr("add", "cluster", NAME)
+        shared.sacctmgr("add", "cluster", NAME, check=False)  # still there when its jobs kept it: closed below
         with cluster.start():
+            runaways()
             monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
             try:
                 yield cluster
             finally:
-                # a job the database still counts as running keeps the cluster from being deleted
                 cluster.cancel_all(wait=60)
-                cluster.client.run(["sacctmgr", "-i", "list", "runawayjobs", f"cluster={NAME}"], check=False)
+                deadline = time.monotonic() + 60                # slurmdbd hears of the ends a little later
+                while unfinished() and time.monotonic() < deadline:
+                    time.sleep(1)
+                runaways()
     finally:
         forget()
 
