@@ -1,10 +1,9 @@
 """The sweep driver: ``python -m gpuhpc.sweeps.driver SWEEP_ID``, run as a small requeueable
 job on the CPU partition (:func:`gpuhpc.sweeps.engine.start_driver`).
 
-A loop with a sleep: bring the trials up to date (their own start and end marks on the shared
-file system every round; Slurm's ``squeue`` only every so often, :class:`Schedule`), submit the
-waiting trials the limits allow now (a chunk at a time), and for ``tpe`` ask Optuna for new
-trials in batches of ``parallelism`` (told the finished ones' objectives). It exits when every trial is
+A loop with a sleep: bring the trials up to date from Slurm's accounting, submit the waiting
+trials the limits allow now (a chunk at a time), and for ``tpe`` ask Optuna for new trials in
+batches of ``parallelism`` (told the finished ones' objectives). It exits when every trial is
 finished or the sweep was cancelled. All its state is in the database, so after its own
 requeue, preemption or a slurmctld restart it simply starts the loop again; a chunk it was
 submitting when it was stopped is found again by name (:func:`~gpuhpc.sweeps.engine.recover`).
@@ -81,61 +80,14 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
     return len(new)
 
 
-class Schedule:
-    """When the driver asks slurmctld (submitit's way: few, batched, spaced out).
-
-    Each round reads the trials' marks (a trial's program that exited by itself says so in the
-    sweep directory; no Slurm query). One ``squeue`` of all the sweep's arrays is asked when
-    ``gap`` has passed since the last one; ``gap`` starts at the poll and doubles after each
-    squeue that told nothing the marks had not (up to ``gap_max``: the longest a trial that died
-    without a mark, or a requeue, goes unnoticed), and drops back to the poll when it did.
-    While a submit limit (MaxSubmitJobs, ``max_queued``) binds, with trials waiting, a trial
-    that ended by its mark is confirmed gone by squeue before its room is used. The pause between
-    rounds doubles while nothing changes, up to ``pause_max`` (3 polls: under the 6 polls after
-    which ``wait`` and ``status`` take a silent driver for dead)."""
-
-    def __init__(self, poll: float) -> None:
-        self.poll = poll
-        self.gap = poll
-        self.gap_max = float(os.environ.get("GPUHPC_SWEEP_SQUEUE_MAX", str(min(120.0, max(30.0, 12 * poll)))))
-        self.pause_max = 3 * poll
-        self.pause = poll
-        self.last = -1e18
-        self.waiting = 0
-        self.bound = False          # a submit limit decides how many may be queued
-        self.changed = False
-
-    def ask_slurm(self, sid: int, url: str | None) -> bool:
-        from gpuhpc.sweeps import engine
-
-        if time.monotonic() - self.last >= self.gap:
-            return True
-        return bool(self.bound and self.waiting and engine.unconfirmed(sid, url))
-
-    def asked(self, told: bool) -> None:
-        self.last = time.monotonic()
-        self.gap = self.poll if told else min(self.gap_max, 2 * self.gap)
-
-    def round_done(self, changed: bool) -> float:
-        self.pause = self.poll if changed else min(self.pause_max, 2 * self.pause)
-        return self.pause
-
-
-def _step(sid: int, client, url: str | None, limits: dict, sched: Schedule | None = None) -> bool:
+def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.engine.balance`), ask TPE,
-    submit what fits. True when the driver is done (every trial finished, cancelled, blocked).
-    ``sched`` (the driver's loop): whether to ask squeue this round, and what changed."""
+    submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
     from gpuhpc.errors import QuotaExceeded, SlurmError
     from gpuhpc.sweeps import engine
     from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
 
-    ask = sched is None or sched.ask_slurm(sid, url)
-    stats: dict[str, int] = {}
-    counts = engine.refresh(sid, client=client, url=url, slurm=ask, stats=stats)
-    if sched is not None:
-        if ask:
-            sched.asked(bool(stats.get("slurm")))
-        sched.changed = bool(stats.get("marks") or stats.get("slurm"))
+    counts = engine.refresh(sid, client=client, url=url)
     with engine.session(url) as s:
         sw = s.get(Sweep, sid)
         status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
@@ -149,21 +101,14 @@ def _step(sid: int, client, url: str | None, limits: dict, sched: Schedule | Non
     free = engine.balance(sid, client=client, url=url)
     if spec.method == "tpe" and free > 0:
         if _tpe_ask(sid, spec, url, free):
-            counts = engine.refresh(sid, client=client, url=url, slurm=False)
+            counts = engine.refresh(sid, client=client, url=url)
     waiting = counts.get(TrialState.WAITING.value, 0)
     created = sum(counts.values())
-    if sched is not None:
-        sched.waiting = waiting
     if waiting and free > 0:
         queued = engine.queued_now(sid, url)
         fresh = _stale(limits, queued)
         for attempt in (1, 2):
             plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued, fresh=fresh)
-            # a limit (MaxSubmitJobs, max_queued, MaxJobCount) binds when it leaves room for fewer
-            # than the waiting trials: then the user's count is followed closely
-            limits["bound"] = plan.now < waiting
-            if sched is not None:
-                sched.bound = limits["bound"]
             n = min(plan.now, plan.chunk)
             if n <= 0:
                 break
@@ -172,8 +117,6 @@ def _step(sid: int, client, url: str | None, limits: dict, sched: Schedule | Non
                 ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
                 if ids:
                     _log(f"submitted {n} trial(s) as {', '.join(ids)}")
-                    if sched is not None:
-                        sched.changed = True
                 break
             except SlurmError as exc:
                 if "policy" not in (exc.one_line() + str(getattr(exc, "stderr", ""))).lower():
@@ -198,13 +141,9 @@ def _step(sid: int, client, url: str | None, limits: dict, sched: Schedule | Non
 
 def _stale(limits: dict, queued: int) -> bool:
     """Ask slurmctld its limits (``scontrol show config``, ``show assoc_mgr``, the job record
-    count) again at most once a minute; between, the cached answer stands. While no limit
-    binds (it leaves room for every waiting trial) there is no count to follow: every 10 minutes."""
+    count) again at most once a minute; between, the cached answer stands."""
     t = time.monotonic()
-    ttl = float(os.environ.get("GPUHPC_SWEEP_LIMITS_TTL", "60"))
-    if limits.get("at") is not None and not limits.get("bound", True):
-        ttl *= 10
-    if t - limits.get("at", -1e9) > ttl:
+    if t - limits.get("at", -1e9) > float(os.environ.get("GPUHPC_SWEEP_LIMITS_TTL", "60")):
         limits["at"] = t
         return True
     return False
@@ -225,22 +164,18 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
     recovered = False
     failing_since: float | None = None
     pause = poll
-    sched = Schedule(poll)
     while True:
         try:
             if not recovered:
                 engine.recover(sid, client=client, url=url)
                 recovered = True
-            sched.changed = False
-            if _step(sid, client, url, limits, sched):
+            if _step(sid, client, url, limits):
                 return 0
-            failing_since = None
-            pause = sched.round_done(sched.changed)
+            failing_since, pause = None, poll
             if engine.draining(sid, url):
                 # an array is in its last wave with trials waiting for its slots: hand each
-                # freed slot on within a couple of seconds (the trials' marks: no Slurm
-                # query), not a whole poll later
-                pause = min(pause, 2.0)
+                # freed slot on within a couple of seconds, not a whole poll later
+                pause = min(poll, 2.0)
         except Exception as exc:       # slurmctld restarting, database gone, disk full...: again
             from gpuhpc.errors import GpuhpcError
 
@@ -249,7 +184,7 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
             failing_since = failing_since if failing_since is not None else t
             if t - failing_since > give_up:
                 return _give_up(client, msg)
-            pause = min(300.0, max(pause, poll) * 2)
+            pause = min(300.0, pause * 2)
             _log(f"{' '.join(msg.split())[:300]}; retrying in {pause:.0f}s")
         if once:
             return 0

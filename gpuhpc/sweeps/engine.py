@@ -17,9 +17,8 @@ Submitting (:func:`create` then :func:`submit_waiting`):
   requeueable job on the CPU partition (:mod:`gpuhpc.sweeps.driver`) that submits further chunks
   as earlier ones drain. Its state is the database, so it resumes after its own requeue.
 
-Following (:func:`refresh`): a trial's end is its own end mark (its program exited by itself,
-:mod:`gpuhpc.sweeps.trial`) or else what ``sacct --duplicates`` says about its array task (each
-requeued run is a row: restarts = rows − 1), never a heartbeat; its metrics are
+Following (:func:`refresh`): a trial's state is what ``sacct --duplicates`` says about its
+array task (each requeued run is a row: restarts = rows − 1), never a heartbeat; its metrics are
 the lines it appended to ``<sweep dir>/trials/<n>/metrics.jsonl`` (:func:`gpuhpc.report`).
 """
 from __future__ import annotations
@@ -533,13 +532,11 @@ def _live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | 
 
 
 def queued_now(sid: int, url: str | None = None) -> int:
-    """The sweep's trials queued or running in Slurm now (slurmctld's view, as last refreshed;
-    a trial ended by its own mark counts until squeue shows it gone)."""
+    """The sweep's trials queued or running in Slurm now (slurmctld's view, as last refreshed)."""
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
-            return sum(left for _, _, left in _live_chunks(tx, sid)) + tx.one(
-                "SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND raw_state = ?", (sid, _FILE_END))[0]
+            return sum(left for _, _, left in _live_chunks(tx, sid))
     finally:
         conn.close()
 
@@ -735,9 +732,9 @@ def _attach_in(tx, sid: int, done: Sequence[tuple[int, str, Sequence[tuple[int, 
     _many(tx, "UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?",
           [(job_id, chunk_id) for chunk_id, job_id, _, _ in done])
     _many(tx, "UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
-              "raw_state = ?, attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
+              "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
               "WHERE sweep_id = ? AND number = ?",
-          [(chunk_id, task, f"{job_id}_{task}", pending, _SUBMITTED, t, sid, number)
+          [(chunk_id, task, f"{job_id}_{task}", pending, t, sid, number)
            for chunk_id, job_id, rows, _ in done for task, (number, _) in enumerate(rows)])
     for _, job_id, _, rid in done:
         if rid is not None:
@@ -930,11 +927,6 @@ def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
 #: raw_state of a trial that neither the queue nor accounting shows finished: it stays what it
 #: was until this mark is older than _GONE_AFTER (accounting confirms a state, or it never will)
 _GONE = "gone from the queue"
-#: raw_state of a trial ended by its own end mark until squeue no longer shows its task (the job
-#: script and epilog may still run: slurmctld counts it against MaxSubmitJobs); its slot is free
-_FILE_END = "COMPLETING (the trial's end mark)"
-#: raw_state of a task submitted and not yet seen by squeue (a start mark makes it RUNNING)
-_SUBMITTED = "PENDING (submitted)"
 _GONE_AFTER = 300.0
 _CONFIRM_AFTER = 15.0
 _metric_cache: dict[str, tuple[int, dict[str, float]]] = {}
@@ -971,53 +963,16 @@ def _read_metrics(path: Path) -> dict[str, float] | None:
     return out or None
 
 
-def _marks(directory: Path, kind: str) -> set[str]:
-    """The task ids ``<array>_<task>`` a sweep's trials marked (``starts``, ``ends``:
-    :mod:`gpuhpc.sweeps.trial`): one directory listing."""
-    try:
-        return {n for n in os.listdir(directory / kind) if not n.startswith(".")}
-    except OSError:
-        return set()
-
-
-def _end_mark(directory: Path, jid: str) -> dict[str, int] | None:
-    try:
-        got = json.loads((directory / "ends" / jid).read_text())
-        return {"rc": int(got["rc"]), "restarts": int(got.get("restarts") or 0)}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def unconfirmed(sid: int, url: str | None = None) -> int:
-    """Trials whose end the trial's own mark told (:data:`_FILE_END`) and that slurmctld may
-    still count against the user's MaxSubmitJobs (the job script and epilog still run) until an
-    ``squeue`` shows them gone."""
-    conn = _conn(url)
-    try:
-        with conn.transaction() as tx:
-            return tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND raw_state = ?",
-                          (sid, _FILE_END))[0]
-    finally:
-        conn.close()
-
-
-def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True,
-            stats: dict[str, int] | None = None) -> dict[str, int]:
+def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     """Bring every trial's state, restarts, GPU-hours and metrics up to date; returns the
     counts per state.
 
-    First what the trials wrote on the shared file system (:mod:`gpuhpc.sweeps.trial`): a
-    trial whose program exited by itself has an end mark (its exit code and restarts), one
-    that started a start mark; both are one directory listing, no Slurm query. Then, with
-    ``slurm`` (the driver asks only every so often, :mod:`gpuhpc.sweeps.driver`), one ``squeue``
-    of the sweep's own live arrays gives the live states of the rest; ``sacct --duplicates``
-    is asked only about the tasks that left the queue (or that slurmctld shows finished)
-    without an end mark, for their final state, restarts and GPU-hours. Missing information
-    never ends a trial: when ``squeue`` or ``sacct`` fails (an error, a timeout) every trial
-    keeps its state, and a terminal state is only ever taken from the trial's own end mark or
-    Slurm's own record of the task, never inferred from its absence (unless neither the queue
-    nor accounting has known it for minutes). ``stats``, when given, gets how many trials
-    changed state by their marks (``marks``) and by Slurm's word (``slurm``)."""
+    One ``squeue`` of the sweep's own live arrays gives the live states; ``sacct --duplicates``
+    is asked only about the tasks that left the queue (or that slurmctld shows finished), for
+    their final state, restarts and GPU-hours. Missing information never ends a trial: when
+    ``squeue`` or ``sacct`` fails (an error, a timeout) every trial keeps its state, and a
+    terminal state is only ever taken from Slurm's own record of the task, never inferred
+    from its absence (unless neither the queue nor accounting has known it for minutes)."""
     from sqlalchemy import update
 
     c = slurm_client(client)
@@ -1031,41 +986,19 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
         chunks = {ch.id: ch.job_id for ch in chunk_rows}
         chunk_created = {ch.id: ch.created_at for ch in chunk_rows}
         trials = [(t.id, t.number, t.state, t.chunk_id, t.task_id, t.metrics, t.objective, t.restarts, t.gpu_hours,
-                   t.raw_state, t.updated_at, t.job_id) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
+                   t.raw_state, t.updated_at) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
         directory = Path(sw.directory)
-        status, n_trials = sw.status, sw.n_trials
+        status = sw.status
     terminal = {st.value for st in TrialState if st.is_terminal}
 
     def live(t) -> str | None:
         job = chunks.get(t[3]) if t[3] is not None else None
         return job if job is not None and t[2] not in terminal and t[4] is not None else None
 
-    # the trials' own marks first: an ended trial needs no Slurm query at all
-    ends: dict[int, dict[str, int]] = {}
-    if any(map(live, trials)):
-        marked = _marks(directory, "ends")
-        for t in trials:
-            if live(t) and t[11] in marked:
-                end = _end_mark(directory, t[11])
-                if end is not None:
-                    ends[t[0]] = end
-    starts = _marks(directory, "starts") if any(live(t) and t[9] == _SUBMITTED for t in trials) else set()
-
-    def asked_of(t) -> str | None:
-        """The array job squeue is asked about for trial ``t``: a live one without an end mark,
-        or one that ended by its mark and slurmctld may still hold (MaxSubmitJobs)."""
-        if t[0] in ends:
-            return None
-        return live(t) or (chunks[t[3]] if confirm and t[9] == _FILE_END and t[2] in terminal and t[3] in chunks
-                           and t[4] is not None else None)
-
-    # confirmed only while it matters: trials wait for room in a running sweep
-    confirm = status == SweepStatus.RUNNING.value and any(t[2] == TrialState.WAITING.value for t in trials)
-
-    live_jobs = sorted({j for j in map(asked_of, trials) if j}) if slurm else []
-    queue = _queue_by_task(c, live_jobs) if live_jobs else ({} if slurm else None)
+    live_jobs = sorted({j for j in map(live, trials) if j})
+    queue = _queue_by_task(c, live_jobs) if live_jobs else {}
     acct: list[Any] | None = []
-    if queue is not None and slurm:
+    if queue is not None:
         # sacct (slurmdbd) is asked about the tasks that left the queue at once, and about those
         # slurmctld shows finished in one batch once the first of them has waited _CONFIRM_AFTER
         # (or nothing is left running): their slots are free already (raw_state), only the
@@ -1073,7 +1006,7 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
         asked, urgent, running = [], False, False
         for t in trials:
             job = live(t)
-            if not job or t[0] in ends:
+            if not job:
                 continue
             q = queue.get((job, t[4]))
             if q is None:
@@ -1096,22 +1029,11 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
     runs, ranges = _runs_by_task(acct or [])
     updates = []
     counts: dict[str, int] = {}
-    by_marks = by_slurm = 0
-    for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw, changed, jid in trials:
+    for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw, changed in trials:
         job = live((tid, number, state, chunk_id, task))
         new = dict(state=state, raw_state=raw, restarts=restarts, gpu_hours=gpu_h, metrics=metrics,
                    objective=objective)
-        if tid in ends:                         # the trial's own word: its program exited by itself
-            end = ends[tid]
-            new.update(state=(TrialState.COMPLETED if end["rc"] == 0 else TrialState.FAILED).value,
-                       raw_state=_FILE_END, restarts=end["restarts"], exit_code=f"{end['rc']}:0")
-        elif state in terminal and raw == _FILE_END and queue is not None and chunk_id in chunks:
-            q = queue.get((chunks[chunk_id], task))
-            if q is None or _ended(q.state.raw):    # slurmctld no longer holds it
-                new["raw_state"] = "COMPLETED" if state == TrialState.COMPLETED.value else "FAILED"
-        elif job is not None and queue is None and raw == _SUBMITTED and jid in starts:
-            new.update(state=TrialState.RUNNING.value, raw_state="RUNNING")    # its start mark
-        elif job is not None and queue is not None:
+        if job is not None and queue is not None:
             q = queue.get((job, task))
             qst = _STATE.get(q.state.state.value, TrialState.PENDING) if q is not None else None
             if q is not None and not qst.is_terminal:
@@ -1154,20 +1076,11 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
                 v = m.get(spec.metric.name)
                 new["objective"] = float(v) if isinstance(v, (int, float)) else None
         counts[new["state"]] = counts.get(new["state"], 0) + 1
-        if new["state"] != state:
-            if tid in ends or new["raw_state"] == "RUNNING" and raw == _SUBMITTED and queue is None:
-                by_marks += 1
-            elif new["state"] != TrialState.RUNNING.value:      # Slurm's news: an end, a requeue
-                by_slurm += 1
         if any(new[k] != v for k, v in (("state", state), ("raw_state", raw), ("restarts", restarts),
                                          ("gpu_hours", gpu_h), ("metrics", metrics), ("objective", objective))) \
                 or "exit_code" in new:
             updates.append((tid, new))
     all_done = bool(trials) and sum(counts.get(st, 0) for st in terminal) == len(trials)
-    if stats is not None:
-        stats.update(marks=by_marks, slurm=by_slurm)
-    if all_done and status == SweepStatus.RUNNING.value and len(trials) >= n_trials:
-        _account_at_end(c, trials, chunks, updates)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with session(url) as s:
         t = now()
@@ -1178,34 +1091,6 @@ def refresh(sid: int, *, client=None, url: str | None = None, slurm: bool = True
             sw.status = SweepStatus.DONE.value
         sw.updated_at = t
     return counts
-
-
-def _account_at_end(c, trials: Sequence[tuple], chunks: dict[int, str], updates: list) -> None:
-    """The GPU-hours and restarts of the trials that ended by their own mark (no sacct was asked
-    about them): one ``sacct --duplicates`` of all the sweep's arrays when it ends (a task
-    requeued just after its program exited has one run more than its mark says); what
-    accounting has not recorded yet stays as it is."""
-    new_of = dict(updates)
-    where = {t[0]: (chunks[t[3]], t[4]) for t in trials if t[3] in chunks and t[4] is not None}
-    ended = {tid: new_of.setdefault(tid, {}) for tid in where}
-    restarts_of = {t[0]: t[7] for t in trials}
-    arrays = sorted({job for job, _ in where.values()})
-    try:
-        rows = [r for i in range(0, len(arrays), 200)
-                for r in c.accounting(job_ids=arrays[i:i + 200], duplicates=True)]
-    except GpuhpcError:
-        return
-    runs, _ = _runs_by_task(rows)
-    for tid, key in where.items():
-        rs = runs.get(key)
-        if rs:
-            hours = Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in rs)) / 3600
-            if hours:
-                ended[tid]["gpu_hours"] = hours
-            if len(rs) - 1 > ended[tid].get("restarts", restarts_of[tid]):
-                ended[tid]["restarts"] = len(rs) - 1
-    known = {tid for tid, _ in updates}
-    updates += [(tid, new) for tid, new in ended.items() if tid not in known and new]
 
 
 def _utc(t: dt.datetime) -> dt.datetime:

@@ -6,8 +6,8 @@
 - ``sweep_trials``: one row per trial: its parameters, the array task it runs as now, and what
   Slurm's accounting says about it (state, restarts, GPU-hours), plus its reported metrics.
 
-Trial state is *derived* from the trial's own end mark or ``sacct --duplicates`` (never from
-heartbeats), so no trial can be a zombie: see :mod:`gpuhpc.sweeps.engine`.
+Trial state is *derived* from ``sacct --duplicates`` (never from heartbeats), so no trial can
+be a zombie: see :mod:`gpuhpc.sweeps.engine`.
 """
 from __future__ import annotations
 

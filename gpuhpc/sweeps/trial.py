@@ -7,13 +7,6 @@ the trial: ``bash -c`` of the command with every value shell-quoted (command swe
 pickled callable (Python sweeps). Environment: ``GPUHPC_SWEEP_ID``, ``GPUHPC_TRIAL_ID``,
 ``GPUHPC_PARAMS_JSON``, ``GPUHPC_TRIAL_DIR``, ``GPUHPC_METRICS_FILE`` (where
 :func:`gpuhpc.report` appends), ``GPUHPC_CHECKPOINT_DIR``, ``GPUHPC_LATEST_CHECKPOINT``.
-
-It tells the sweep's driver about the task through the shared sweep directory, so that the
-driver need not ask Slurm each round (:func:`gpuhpc.sweeps.engine.refresh`):
-``starts/<array>_<task>`` when it starts, and ``ends/<array>_<task>`` (``{"rc": N, "restarts":
-N}``) when the trial's program exited by itself. A task that was signalled (a preemption
-warning, a time limit, scancel: the job script may requeue it) or that dies writes no end
-file: Slurm's own record decides then.
 """
 from __future__ import annotations
 
@@ -90,53 +83,6 @@ def run_python(sweep_dir: Path, params: dict, metric: str) -> int:
     return 0
 
 
-def _task_id() -> str | None:
-    """``<array job>_<task>``: the trial's job id as the sweep database records it."""
-    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
-    return f"{array}_{task}" if array and task else None
-
-
-def _mark(sweep_dir: Path, kind: str, text: str = "") -> None:
-    """``SWEEP_DIR/<kind>/<array>_<task>`` (``starts``, ``ends``); best effort: the driver
-    falls back to Slurm when a mark is missing."""
-    jid = _task_id()
-    if jid is None:
-        return
-    from gpuhpc.fsutil import write_atomic
-
-    try:
-        (sweep_dir / kind).mkdir(exist_ok=True)
-        write_atomic(sweep_dir / kind / jid, text, fsync=False)
-    except OSError as exc:
-        sys.stderr.write(f"gpuhpc: could not write the trial's {kind} mark: {exc}\n")
-
-
-def _ended(sweep_dir: Path, rc: int) -> None:
-    _mark(sweep_dir, "ends", json.dumps({"rc": rc, "restarts": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}))
-
-
-def run_command(sweep_dir: Path, command: str) -> int:
-    """``bash -c command`` as a child in this process group (the job script signals the whole
-    group, so the program gets SIGUSR2/SIGTERM itself); its exit code, and an end mark when it
-    exited without a signal having reached the job."""
-    import signal
-    import subprocess
-
-    signalled: list[int] = []
-
-    def note(signum, frame):  # noqa: ARG001  (the program got the same signal from the job script)
-        signalled.append(signum)
-
-    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, note)
-    proc = subprocess.Popen(["bash", "-c", command])
-    rc = proc.wait()
-    rc = 128 - rc if rc < 0 else rc
-    if not signalled:
-        _ended(sweep_dir, rc)
-    return rc
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
@@ -168,11 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"params {env['GPUHPC_PARAMS_JSON']}; checkpoints in {env['GPUHPC_CHECKPOINT_DIR']} "
                      f"(latest {env['GPUHPC_LATEST_CHECKPOINT'] or 'none'})\n")
     sys.stderr.flush()
-    _mark(sweep_dir, "starts")
     if meta.get("kind") == "python":
-        rc = run_python(sweep_dir, entry["params"], meta["metric"])
-        _ended(sweep_dir, rc)           # returned: not stopped by a signal (that raises SystemExit)
-        return rc
+        return run_python(sweep_dir, entry["params"], meta["metric"])
     from gpuhpc.sweeps.spec import render_command
 
     command = render_command(meta["command"], entry["params"])
@@ -181,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
         argv = step_argv(meta["container"], ["sh", "-c", command])
         os.execvp(argv[0], argv)
-    return run_command(sweep_dir, command)
+    os.execvp("bash", ["bash", "-c", command])
+    return 127      # not reached
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def _setup(monkeypatch, errors: list[BaseException]):
     monkeypatch.setattr(engine, "recover", lambda *a, **k: None)
     calls = []
 
-    def step(sid, c, url, limits, sched=None):
+    def step(sid, c, url, limits):
         calls.append(sid)
         if errors:
             raise errors.pop(0)
