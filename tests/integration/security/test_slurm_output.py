@@ -92,6 +92,11 @@ def test_ledger_ingest_bills_the_real_user_and_resources(hostile, hostile_jobs, 
         return runs if runs and runs[-1].state.state.is_finished and runs[-1].end != "Unknown" else None
 
     runs = wait_for(settled, 300, f"job {job} to finish and reach accounting")
+    # slurmdbd can hold a placeholder first (name "allocation", QOS Unknown: a step's record that came
+    # before the job's own start record), completed when slurmctld's start record lands
+    runs = wait_for(lambda: (lambda rs: rs if rs[-1].qos != "Unknown" else None)(
+        [r for r in client.job_runs(since, job_ids=[job]) if r.job_id == job]), 120,
+        f"job {job}'s own record (name, QOS) in accounting")
     # sacct kept the newline and 0x1f (slurmdbd cuts a name at 255 bytes); still one row, one name
     assert RUN_NAME.startswith(runs[-1].name) and "\n424243\x1f" in runs[-1].name
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
