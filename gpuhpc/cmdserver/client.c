@@ -55,6 +55,12 @@
 extern char **environ;
 
 static volatile pid_t worker_pid = 0;
+/* The signals forwarded to the worker. They are blocked from the moment the request (with our
+ * stdin) is sent until the handlers are in place, so a Ctrl-C that comes after a worker holds the
+ * command but before its pid is known is delivered, and forwarded, rather than killing us. */
+static const int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
+static sigset_t saved_mask;
+static int mask_saved = 0;
 
 /* Run the command with the plain Python CLI: never returns. */
 static void exec_python(int argc, char **argv)
@@ -64,6 +70,8 @@ static void exec_python(int argc, char **argv)
         perror("gpuhpc");
         _exit(1);
     }
+    if (mask_saved) /* what we blocked is delivered to the Python CLI, as if it had come now */
+        sigprocmask(SIG_SETMASK, &saved_mask, NULL);
     args[0] = GPUHPC_PYTHON;
     args[1] = "-P"; /* no cwd on sys.path: a ./typer.py must not shadow anything */
     args[2] = "-m";
@@ -293,6 +301,12 @@ int main(int argc, char **argv)
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof fds);
     memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    sigset_t block;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        sigaddset(&block, forwarded[i]);
+    if (sigprocmask(SIG_BLOCK, &block, &saved_mask) == 0)
+        mask_saved = 1;
     ssize_t sent;
     do
         sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
@@ -315,9 +329,10 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = forward};
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaction(sigs[i], &sa, NULL);
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        sigaction(forwarded[i], &sa, NULL);
+    if (mask_saved) /* a signal that came meanwhile is forwarded now */
+        sigprocmask(SIG_SETMASK, &saved_mask, NULL);
     if (read_msg(fd, &kind, &value) != 0 || kind != 'X') {
         fprintf(stderr, "gpuhpc: the command server worker (pid %d) ended without an exit code\n",
                 (int)worker_pid);
