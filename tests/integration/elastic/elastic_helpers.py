@@ -10,6 +10,7 @@ loaded CI machine has taken 16 s)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -212,8 +213,11 @@ def start_chaos_cluster() -> Elastic:
     controller-side node; every job may be requeued any number of times (restart budget 1000)."""
     nodes = {"ch-static1": "CPUs=1 RealMemory=500 State=UNKNOWN"}
     nodes.update({n: f"CPUs={CHAOS_CPUS} RealMemory=2000 State=CLOUD" for n in CHAOS_SPOT})
-    # MinJobAge: a job that completed early in a 600 s run must still be known when the run ends
-    extra = {**EXTRA, "SuspendExcNodes": "ch-static1", "MaxJobCount": "1000", "MinJobAge": "3600"}
+    extra = {**EXTRA, "SuspendExcNodes": "ch-static1", "MaxJobCount": "1000"}
+    if int(os.environ.get("GPUHPC_ELASTIC_CHAOS_SECONDS") or 150) > 240:
+        # a job that completed early in the 600 s run must still be known when the run ends (the
+        # CI's 150 s run keeps the default 300 s, with which its nodes were seen to power down)
+        extra["MinJobAge"] = "3600"
     cluster = PrivateSlurm(CHAOS_NAME, CHAOS_PORTS, nodes, [
         "PartitionName=static Nodes=ch-static1 MaxTime=INFINITE State=UP",
         f"PartitionName=spot Nodes={','.join(CHAOS_SPOT)} MaxTime=INFINITE State=UP"], extra=extra,

@@ -155,7 +155,7 @@ def test_twenty_checkpointing_jobs_survive_random_spot_reclaims(tmp_path):
         assert [e["id"] for e in orphan_ends] == ["local-orphan-chaos"]
 
         # the cost report of the run: instance-hours and their parts
-        wait_for(lambda: not el.provider.instances(), 60, "every instance to end after the run (SuspendTime)")
+        wait_for(lambda: not el.provider.instances(), 150, "every instance to end after the run (SuspendTime)")
         url = f"sqlite:///{tmp_path / 'ledger.db'}"
         db.upgrade(url)
         instances.ingest(journal.read(el.config.state_dir), url)
