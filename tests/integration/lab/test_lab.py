@@ -182,7 +182,7 @@ def test_a_new_munge_key_restarts_munged_through_systemd_handlers(lab: Lab, tmp_
 
 
 ORDER_JOB = """#!/bin/bash
-#SBATCH --nodelist={host} --time=5 --output=/shared/order/%j.out
+#SBATCH --nodelist={host} --time=30 --output=/shared/order/%j.out
 touch /shared/order/$SLURM_JOB_ID.started
 while [ ! -e /shared/order/release ]; do sleep 0.2; done
 """
