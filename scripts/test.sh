@@ -35,6 +35,12 @@
 # ansible-lint; bootstrap only makes sure the venv is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A mirror of the enroot/pyxis source archives (docs/containers.md): given, or ../shared/vendor where
+# one is beside the checkout. With it the local cluster gets containers (cluster.sh up) and stage c runs
+# (found before a checkout under /tmp is copied: the copy has no ../shared beside it).
+if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
+  GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
+fi
 # Every job on the local cluster has a private /tmp (job_container/tmpfs): it could not see a
 # checkout under /tmp. Such a checkout (a CI clone, say) is copied to /var/tmp, its tracked and
 # untracked-but-not-ignored files, and the suite runs from the copy.
@@ -45,19 +51,10 @@ case "$PWD/" in
     rm -rf "$dest" && mkdir -p "$dest"
     git ls-files -z --cached --others --exclude-standard | tar --null --ignore-failed-read -T - -cf - | tar -C "$dest" -xf -
     cp -a .git "$dest/.git"
-    # the copy has no ../shared/vendor beside it: keep that source-archive mirror (stage c) as it was
-    if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
-      GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
-    fi
     exec bash "$dest/scripts/test.sh" "$@"
     ;;
 esac
 T0=$(date +%s)
-# A mirror of the enroot/pyxis source archives (docs/containers.md): given, or ../shared/vendor where
-# one is beside the checkout. With it the local cluster gets containers (cluster.sh up) and stage c runs.
-if [ -z "${GPUHPC_VENDOR_DIR:-}" ] && [ -f ../shared/vendor/SHA256SUMS ]; then
-  GPUHPC_VENDOR_DIR=$(cd ../shared/vendor && pwd); export GPUHPC_VENDOR_DIR
-fi
 say() { printf '[test %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 unset SLURM_CONF
 MODE=full
