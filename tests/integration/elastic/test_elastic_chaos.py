@@ -83,7 +83,7 @@ def _orphan(el) -> tuple[str, subprocess.Popen, float]:
 def test_twenty_checkpointing_jobs_survive_random_spot_reclaims(tmp_path):
     rng = random.Random(SEED)
     steps = max(40, DURATION // 3)
-    el = start_chaos_cluster()
+    el = start_chaos_cluster(DURATION)
     rec = Reconciler(el)
     orphan_proc = None
     try:
