@@ -130,20 +130,29 @@ def _tres(want: dict[str, int]) -> str:
 
 def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResult:
     """Apply ``plans`` through the :class:`~gpuhpc.slurm.client.SlurmClient`'s sacctmgr methods
-    (idempotent: only what differs changes). ``dry_run`` lists the command lines, runs nothing."""
+    (idempotent: only what differs changes). ``dry_run`` lists the command lines, runs nothing.
+
+    Every list, add and modify names the client's cluster: one slurmdbd often serves several
+    clusters, and a bare ``sacctmgr add account`` would put the budget on every one of them (and a
+    bare list would read another cluster's association as this one's)."""
     res = SyncResult()
+    cluster = client.cluster_name()
+    on = [("Cluster", cluster)] if cluster else []
 
     def add(entity: str, name: str, *settings: tuple[str, str]) -> None:
-        res.commands.append(client.sacctmgr_add(entity, name, settings, dry_run=dry_run))
+        res.commands.append(client.sacctmgr_add(entity, name, [*on, *settings], dry_run=dry_run))
 
     def modify(entity: str, where: list[tuple[str, str]], *settings: tuple[str, str]) -> None:
-        res.commands.append(client.sacctmgr_modify(entity, where, settings, dry_run=dry_run))
+        res.commands.append(client.sacctmgr_modify(entity, [*where, *((k.lower(), v) for k, v in on)], settings,
+                                                   dry_run=dry_run))
 
-    accts = {r["Account"] for r in client.sacctmgr_list("account", fields=["Account"])}
-    assocs = client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
+    assocs = client.sacctmgr_list("association", *([f"cluster={cluster}"] if cluster else []),
+                                  fields=["Account", "User", "GrpTRESMins"])
     users_of: dict[str, dict[str, dict]] = {}
     for r in assocs:
         users_of.setdefault(r["Account"], {})[r["User"]] = r
+    # an account is on this cluster when its own (user-less) association is
+    accts = {a for a, users in users_of.items() if "" in users}
     for p in plans:
         if p.account not in accts:
             add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"),

@@ -57,11 +57,14 @@ def sshd() -> dict[str, str]:
     env = dict(kv.split("=", 1) for kv in out.split())
     # the user's Slurm association: an account of its own (no budget on it), as a site adds a user
     slurm, user = SlurmClient(LocalRunner()), env["GPUHPC_TEST_SSH_USER"]
-    have = {(r["Account"], r["User"]) for r in slurm.sacctmgr_list("association", fields=["Account", "User"])}
+    # (on this cluster only: a private test cluster may share the slurmdbd)
+    on = ("Cluster", slurm.cluster_name())
+    have = {(r["Account"], r["User"]) for r in slurm.sacctmgr_list("association", f"cluster={on[1]}",
+                                                                    fields=["Account", "User"])}
     if (user, "") not in have:
-        slurm.sacctmgr_add("account", user, [("Description", "laptop tests"), ("Organization", "gpuhpc")])
+        slurm.sacctmgr_add("account", user, [on, ("Description", "laptop tests"), ("Organization", "gpuhpc")])
     if (user, user) not in have:
-        slurm.sacctmgr_add("user", user, [("Account", user), ("DefaultAccount", user)])
+        slurm.sacctmgr_add("user", user, [on, ("Account", user), ("DefaultAccount", user)])
     # the user's own state database on the login node follows this gpuhpc's schema, as after an
     # upgrade of the login node (a home kept from an older checkout's run is otherwise refused)
     subprocess.run(["runuser", "-u", user, "--", env["GPUHPC_TEST_SSH_USER_PYTHON"], "-m", "gpuhpc", "db", "upgrade"],

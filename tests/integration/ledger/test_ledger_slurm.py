@@ -171,7 +171,8 @@ def test_sync_slurm_limit_holds_direct_sbatch(sqlite_url, client, jobs):
         plans = slurm_sync.plan(url=url, accounts=[acct])
         assert slurm_sync.sync(client, plans).commands == []          # idempotent
         # the budget is on the account's association: every user's job under it counts
-        (a,) = [r for r in client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
+        (a,) = [r for r in client.sacctmgr_list("association", f"cluster={client.cluster_name()}",
+                                                fields=["Account", "User", "GrpTRESMins"])
                 if r["Account"] == acct and not r["User"]]
         assert a["GrpTRESMins"] == "gres/gpu=58"                        # 60 GPU-minutes, 2 of headroom
         # a user going around gpuhpc: 8 GPUs × 60 min = 480 GPU-min > 60

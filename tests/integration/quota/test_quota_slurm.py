@@ -83,7 +83,8 @@ def _done(client, ids: list[str]) -> bool:
 
 
 def _assoc(client, account: str) -> dict[str, str]:
-    rows = [r for r in client.sacctmgr_list("association", fields=["Account", "User", "GrpTRESMins"])
+    rows = [r for r in client.sacctmgr_list("association", f"cluster={client.cluster_name()}",
+                                            fields=["Account", "User", "GrpTRESMins"])
             if r["Account"] == account and not r["User"]]
     return rows[0] if rows else {}
 
@@ -124,8 +125,8 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
         assert _assoc(client, acct)["GrpTRESMins"] == "gres/gpu=4"   # 2 minutes of headroom
         # the user joins the account in Slurm only; the ledger never heard of them
         client.sacctmgr("add", "user", unix_user, f"Account={acct}", check=False)   # (kept by an aborted run)
-        assert any(r["User"] == unix_user for r in client.sacctmgr_list("association", fields=["Account", "User"])
-                   if r["Account"] == acct)
+        assert any(r["User"] == unix_user and r["Account"] == acct for r in client.sacctmgr_list(
+            "association", f"cluster={client.cluster_name()}", fields=["Account", "User"]))
         user_env = {"GPUHPC_DB_URL": url, "GPUHPC_DATA_DIR": f"/var/tmp/{unix_user}-gpuhpc",
                     "GPUHPC_BUDGET_SNAPSHOT": str(budget.snapshot_path())}
 
@@ -290,7 +291,8 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
         rows = wait_for(lambda: (rs := client.job_runs(since, job_ids=[a, b]))
                      and {a, b} <= {r.array_job_id for r in rs} and rs, 30, "sacct window")
-        ingest.ingest_rows(rows, since=since, active=set(), url=url)
+        # (this test's jobs only: an earlier run's jobs of the same account are in the window too)
+        ingest.ingest_rows([r for r in rows if r.array_job_id in (a, b)], since=since, active=set(), url=url)
         (st,) = admin.quota_status(acct, url=url)
         slurm_money = sum(budget.billing_minutes_to_money(Decimal(_billing(runs[j])) * runs[j].elapsed_s / 60)
                           for j in (a, b))
@@ -306,7 +308,8 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         (p2,) = slurm_sync.plan(url=url, accounts=[acct], now=tomorrow)
         assert p2.reset
         res = slurm_sync.sync(client, [p2])
-        assert ["sacctmgr", "-i", "modify", "account", "where", f"name={acct}", "set", "RawUsage=0"] in res.commands
+        assert ["sacctmgr", "-i", "modify", "account", "where", f"name={acct}", f"cluster={client.cluster_name()}",
+                "set", "RawUsage=0"] in res.commands
         wait_for(lambda: _used_minutes(client, acct, "billing") == 0, 30, "Slurm's usage reset")
         (st2,) = admin.quota_status(acct, url=url, now=tomorrow)
         assert st2.used_money == 0 and st2.remaining_money == Decimal("1.00")

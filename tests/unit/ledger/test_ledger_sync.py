@@ -17,9 +17,14 @@ class RecordingRunner:
     def __init__(self, qos=(), accounts=(), assocs=()):
         self.tables = {"qos": list(qos), "account": list(accounts), "association": list(assocs)}
         self.calls: list[tuple[str, ...]] = []
+        self.is_local = False
+        self.lists: list[list[str]] = []
 
     def run(self, argv, *, input=None, timeout=None, env=None):
+        if argv == ["scontrol", "show", "config"]:
+            return CommandResult(tuple(argv), 0, "ClusterName = lab\n", "")
         if argv[:4] == ["sacctmgr", "--noheader", "--parsable2", "list"]:
+            self.lists.append(argv)
             fields = argv[-1].removeprefix("format=").split(",")
             out = "".join("|".join(r.get(f, "") for f in fields) + "\n" for r in self.tables[argv[4]])
             return CommandResult(tuple(argv), 0, out, "")
@@ -47,11 +52,13 @@ def test_plan_and_commands(ledger_url):
     c = RecordingClient()
     res = slurm_sync.sync(c, [p])
     # the budget sits on the ACCOUNT association: it binds every user under it, however added
-    assert c.runner.calls[0] == ("add", "account", "proj", "Description=proj", "Organization=gpuhpc",
+    # on this cluster only (one slurmdbd may serve several)
+    assert c.runner.calls[0] == ("add", "account", "proj", "Cluster=lab", "Description=proj", "Organization=gpuhpc",
                                  "GrpTRESMins=billing=749999998,gres/gpu=628")
-    assert ("add", "user", "alice", "Account=proj") in c.runner.calls
-    assert ("add", "user", "bob", "Account=proj", "GrpTRESMins=gres/gpu=58") in c.runner.calls
-    assert c.runner.calls[1] == ("modify", "account", "where", "name=proj", "set", "RawUsage=0")   # first sync
+    assert ("add", "user", "alice", "Cluster=lab", "Account=proj") in c.runner.calls
+    assert ("add", "user", "bob", "Cluster=lab", "Account=proj", "GrpTRESMins=gres/gpu=58") in c.runner.calls
+    assert c.runner.calls[1] == ("modify", "account", "where", "name=proj", "cluster=lab", "set", "RawUsage=0")
+    assert all("cluster=lab" in argv for argv in c.runner.lists)
     assert len(res.commands) == 4
     slurm_sync.record_periods([p], url=ledger_url)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
@@ -67,7 +74,8 @@ def test_plan_and_commands(ledger_url):
     # next month: Slurm's usage of the budget restarts with the ledger's
     (p2,) = slurm_sync.plan(url=ledger_url, now=now + dt.timedelta(days=20))
     again = slurm_sync.sync(done, [p2], dry_run=True)
-    assert again.commands == [["sacctmgr", "-i", "modify", "account", "where", "name=proj", "set", "RawUsage=0"]]
+    assert again.commands == [["sacctmgr", "-i", "modify", "account", "where", "name=proj", "cluster=lab", "set",
+                               "RawUsage=0"]]
     assert done.runner.calls == []                                   # dry run ran nothing
 
 
