@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # registry.sh start|stop|wipe|image - a local container registry for the container tests and the
 # quickstart (docs/containers.md), run directly (no systemd): Debian's docker-registry on
-# 127.0.0.1:$PORT (default 55500), data under $D (default /var/tmp/gpuhpc-registry).
+# 127.0.0.1:$PORT (default 5500: below Linux's ephemeral ports, 32768-60999, so no outgoing
+# connection holds it), data under $D (default /var/tmp/gpuhpc-registry).
 # `start` also builds a tiny image, gpuhpc/test:1 (a busybox root filesystem with an
 # /etc/os-release of its own, made with umoci) and pushes it with `skopeo copy --format v2s2`
 # (enroot gets 404 for an OCI manifest), once, with an NGC-style twin, gpuhpc/test:ngc (the same
@@ -9,12 +10,12 @@
 # as NVIDIA's images do). `start` and `image [TAG]` print, alone on the last line, the image
 # (default tag 1) pinned by the digest the registry reports:
 #   export GPUHPC_TEST_IMAGE=$(scripts/services/registry.sh start | tail -1)
-#   -> 127.0.0.1:55500#gpuhpc/test@sha256:...
+#   -> 127.0.0.1:5500#gpuhpc/test@sha256:...
 # Plain HTTP on the loopback: enroot needs ENROOT_ALLOW_HTTP=yes for it.
 # Debian packages: docker-registry umoci skopeo busybox-static (installed when missing, as root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-D=${D:-/var/tmp/gpuhpc-registry}; PORT=${PORT:-55500}
+D=${D:-/var/tmp/gpuhpc-registry}; PORT=${PORT:-5500}
 PACKAGES=(docker-registry umoci skopeo busybox-static)
 . scripts/services/lib.sh
 private_dir "$D" 755
@@ -60,6 +61,12 @@ start)
   if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || { echo "registry.sh: missing packages: ${missing[*]}" >&2; exit 1; }
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+  fi
+  # a registry running on another port (an older default): restarted on $PORT, its data kept
+  if alive && ! grep -qx "  addr: 127.0.0.1:$PORT" "$D/config.yml" 2>/dev/null; then
+    kill "$(cat "$D/registry.pid")"
+    for _ in $(seq 1 50); do alive || break; sleep 0.1; done
+    rm -f "$D/registry.pid"
   fi
   if ! alive; then
     if (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "registry.sh: port $PORT already in use" >&2; exit 1; fi

@@ -397,7 +397,7 @@ def importer(cluster, tmp_path):
     plugstack = cluster.base / "plugstack.conf"
     before = plugstack.read_text()
     script = cluster.base / "gpuhpc-importer"
-    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m gpuhpc.containers.importer "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -I -m gpuhpc.containers.importer "$@"\n')
     script.chmod(0o755)
     plugstack.write_text(before.rstrip("\n") + f" importer={script}\n")
     try:
@@ -421,9 +421,10 @@ def test_plain_srun_is_held_to_the_site_policy_by_the_importer(cluster, importer
                                "/etc/os-release"], env={**env, "GPUHPC_SITE_CONFIG": str(site)},
                               capture_output=True, text=True, timeout=180)
 
+    registry = image.split("#")[0]                           # 127.0.0.1:PORT
     refused = srun(image, 'allowed_registries = ["nvcr.io"]')
-    assert refused.returncode != 0 and "registry 127.0.0.1:55500 is not allowed" in refused.stderr, refused.stderr
-    pins = 'allowed_registries = ["127.0.0.1:55500"]\nrequire_digest_partitions = ["pyx"]'
+    assert refused.returncode != 0 and f"registry {registry} is not allowed" in refused.stderr, refused.stderr
+    pins = f'allowed_registries = ["{registry}"]\nrequire_digest_partitions = ["pyx"]'
     refused = srun(tag, pins)
     assert refused.returncode != 0 and "runs only images pinned by digest" in refused.stderr, refused.stderr
     ran = srun(image, pins)
