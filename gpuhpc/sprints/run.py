@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from gpuhpc.errors import GpuhpcError
+from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.sprints.analysis import SprintResult, TrialRecord, analyse
 from gpuhpc.sprints.spec import SprintSpec, check_cost, from_mapping, load_file
 
@@ -99,6 +99,21 @@ def rules(spec: SprintSpec, client) -> list[dict[str, Any]]:
     return resource_rules(configs, spec.params_of, **kw)
 
 
+# a shape's request that no node holds, as the sprint field that asked for it, and its fix
+_AXIS_OF = {"gpus": ("axes.gpus_per_node", "smaller axes.gpus_per_node values, or a resources.partition with larger nodes"),
+            "nodes": ("axes.nodes", "smaller axes.nodes values, or fewer GPUs per node"),
+            "gpu_type": ("resources.gpu_type", None)}
+
+
+def as_axis_error(exc: UserInputError) -> UserInputError:
+    """The engine's check of a configuration's request (``gpus: 9 GPUs per node requested ...``)
+    naming the sprint's field instead of the job field it became."""
+    if exc.field not in _AXIS_OF:
+        return exc
+    field, hint = _AXIS_OF[exc.field]
+    return UserInputError(exc.message.removeprefix(f"{exc.field}: "), field=field, hint=hint or exc.hint)
+
+
 def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None = 3600, poll: float = 2.0,
            client=None, url: str | None = None, utilisation: bool = True) -> SprintResult:
     """Run the sprint (a spec, its mapping, or a sprint file's path), wait for every trial and
@@ -119,7 +134,10 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
         client = SlurmClient()
     shapes = rules(spec, client)
     sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping(shapes))
-    sid = engine.create(sweep_spec, client=client, url=url)
+    try:            # every shape is checked against the nodes before anything is written or submitted
+        sid = engine.create(sweep_spec, client=client, url=url)
+    except UserInputError as exc:
+        raise as_axis_error(exc) from None
     handle = Sweep(sid, client=client, url=url)
     handle.wait(timeout=timeout, poll=poll)
     res = collect(spec, sid, rate, client=client, url=url, utilisation=utilisation)

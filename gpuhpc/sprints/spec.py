@@ -31,7 +31,7 @@ import math
 from decimal import Decimal
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gpuhpc.errors import UserInputError
 
@@ -47,13 +47,25 @@ class Axes(BaseModel):
     nodes: tuple[int, ...] = (1,)
     placement: tuple[Literal["one-leaf", "spread", "one-nvlink"], ...] = ("one-leaf",)
 
+    @field_validator("batch_size", "gpus_per_node", "nodes", "placement", mode="before")
+    @classmethod
+    def _a_list(cls, v: Any, info: ValidationInfo) -> Any:
+        """One value is a list of one; a count is a whole number (YAML's ``true`` or ``"x"`` is
+        no number of GPUs or nodes: refused, not read as 1 or parsed)."""
+        v = v if isinstance(v, (list, tuple, dict, set)) else [v]
+        if info.field_name != "placement":
+            for x in v if isinstance(v, (list, tuple)) else ():
+                if isinstance(x, bool) or not isinstance(x, int):
+                    raise ValueError(f"{x!r} is not a whole number >= 1")
+        return v
+
     @field_validator("batch_size", "gpus_per_node", "nodes")
     @classmethod
     def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v:
             raise ValueError("needs at least one value")
         if any(x < 1 for x in v):
-            raise ValueError("every value must be >= 1")
+            raise ValueError(f"{min(v)} is not a whole number >= 1")
         if len(set(v)) != len(v):
             raise ValueError("values repeat")
         return v
@@ -161,13 +173,22 @@ class SprintSpec(BaseModel):
             params[LAYOUT] = {"values": list(dict.fromkeys(layout_of(c) for c in self.configurations()))}
         out = {"name": f"sprint-{self.name}", "command": self.command, "parameters": params, "method": "grid",
                "parallelism": self.parallelism, "resources": dict(self.resources), "template": self.template,
-               "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1}
+               "metric": {"name": self.metric, "goal": "maximize"}, "max_requeues": 1,
+               "grace": min(60, max(1, self.trial_seconds() // 2))}    # the file has no grace: a 1m trial runs
         if rules:
             out["resources_by"] = rules
         return out
 
 
 LAYOUT = "layout"
+
+# the fix for a bad axis value, in the error's one line
+AXIS_HINTS = {
+    "batch_size": "a list of whole numbers >= 1, e.g. axes.batch_size: [32, 64]",
+    "gpus_per_node": "a list of GPU counts >= 1 that a node holds, e.g. axes.gpus_per_node: [1, 2]",
+    "nodes": "a list of node counts >= 1, e.g. axes.nodes: [1, 2]",
+    "placement": "a list of one-leaf, spread, one-nvlink, e.g. axes.placement: [one-leaf, spread]",
+}
 
 
 def layout_of(config: dict[str, Any]) -> str:
@@ -196,7 +217,8 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
             msg = "unknown field"
         if msg.startswith("budget.trials:"):
             field, msg = "budget.trials", msg.removeprefix("budget.trials: ")
-        raise UserInputError(msg, field=field or None, hint="see docs/sprints.md") from None
+        axis = field.split(".")[1].split("[")[0] if field.startswith("axes.") else ""
+        raise UserInputError(msg, field=field or None, hint=AXIS_HINTS.get(axis, "see docs/sprints.md")) from None
     needs = ["batch_size"] if spec.request else list(AXES)        # the others are each trial's own request
     missing = [a for a in needs if len(getattr(spec.axes, a)) > 1 and "{" + a + "}" not in spec.command]
     if missing:

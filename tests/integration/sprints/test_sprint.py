@@ -1,6 +1,7 @@
-"""`gpuhpc sprint examples/sprints/toy.yaml` on the local cluster: 16 configurations run as a
+"""`gpuhpc sprint examples/sprints/toy.yaml` on the local cluster: 12 configurations run as a
 sweep, each its own Slurm request (GPUs per node, nodes, one leaf or spread: the toy reports the
-shape it got), the best $/throughput is found, and the HTML report renders its table and charts
+shape it got, sacct's AllocTRES the GPUs and nodes each trial's job was given, one array per shape),
+the best $/throughput is found, and the HTML report renders its table and charts
 in headless Chromium."""
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from polling import wait_for
+
+from gpuhpc.slurm.client import SlurmClient
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "examples" / "sprints"))
@@ -58,11 +62,29 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
     # every configuration was its own request: the shape each trial's job really had
     from gpuhpc.sweeps import engine
 
-    seen = {t["trial"]: t["metrics"] for t in engine.trial_rows(res["sweep_id"])}
+    trials = {t["trial"]: t for t in engine.trial_rows(res["sweep_id"])}
     for r in rows:
-        got = seen[r["trial"]]
+        got = trials[r["trial"]]["metrics"]
         assert (got["alloc_nodes"], got["alloc_gpus_per_node"]) == (r["nodes"], r["gpus_per_node"]), (r, got)
         assert got["alloc_leaves"] == (2 if r["nodes"] == 2 and r["placement"] == "spread" else 1), (r, got)
+    # ... and Slurm's accounting says so: each trial's job got its configuration's nodes and GPUs
+    # (AllocTRES), one array per shape (GPUs per node, nodes, placement)
+    jobs = {r["trial"]: trials[r["trial"]]["job_id"] for r in rows}
+
+    def alloc() -> dict | None:
+        got = {a.job_id: a.alloc_tres for a in SlurmClient().accounting(job_ids=jobs.values())}
+        return got if all(got.get(j, {}).get("node") for j in jobs.values()) else None
+
+    tres = wait_for(alloc, 30, "sacct AllocTRES of every trial's job")
+    arrays: dict[str, set] = {}
+    for r in rows:
+        t = tres[jobs[r["trial"]]]
+        assert (int(t["node"]), int(t.get("gres/gpu", 0))) == (r["nodes"], r["nodes"] * r["gpus_per_node"]), (r, t)
+        arrays.setdefault(jobs[r["trial"]].split("_")[0], set()).add((r["gpus_per_node"], r["nodes"], r["placement"]
+                                                                       if r["nodes"] > 1 else ""))
+    assert all(len(shapes) == 1 for shapes in arrays.values()), arrays
+    assert len(arrays) == len({(r["gpus_per_node"], r["nodes"], r["placement"] if r["nodes"] > 1 else "")
+                               for r in rows})
     # the toy's model, priced: the configuration the sprint must recommend
     expected = min(rows, key=lambda r: (r["gpus"] / model(r["batch_size"], r["gpus_per_node"], r["nodes"],
                                                           r["placement"])[0],
@@ -77,3 +99,22 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
                          capture_output=True, text=True, timeout=120).stdout
     assert 'id="sprint-table"' in dom and dom.count("<tr") == len(configs) + 1
     assert dom.count("<svg") == 3 and "Recommended:" in dom
+
+
+def test_a_configuration_no_node_holds_exits_2_naming_the_axis_and_submits_nothing(sprint_env):
+    """A GPUs-per-node value past the partition's largest node (checked against the real nodes):
+    the one-line error (exit 2) names the axis and the fix, and no sweep is written (its row comes
+    before any sbatch), so nothing is submitted. In process: the CLI's mapping of the error to one
+    line and exit 2 is the same for every command (tests/unit/test_cli_errors.py)."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.sprints.run import sprint
+    from gpuhpc.sweeps import engine
+
+    with pytest.raises(UserInputError) as exc:
+        sprint({"name": "too-many-gpus", "command": "echo {batch_size}",
+                "axes": {"batch_size": [1, 2], "gpus_per_node": [1, 9]}, "resources": {"partition": "gpu", "time": "1m"}})
+    line = exc.value.one_line()
+    assert exc.value.exit_code == 2 and exc.value.field == "axes.gpus_per_node", line
+    assert "9 GPUs per node requested" in line and "smaller axes.gpus_per_node values" in line
+    with pytest.raises(UserInputError, match="no sweep"):
+        engine.sweep_info(1)

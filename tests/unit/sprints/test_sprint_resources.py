@@ -137,3 +137,52 @@ def test_one_nvlink_is_a_matching_or_constraint_over_the_domains_that_fit():
         from_mapping({"name": "t", "command": "x", "axes": {"placement": ["one-nvlink"]},
                       "resources": {"constraint": "h100"}})
     assert exc.value.field == "resources.constraint"
+
+
+# ---------------------------------------------------------------- an axis value that is no request
+@pytest.mark.parametrize("axis, value, field, said", [
+    ("gpus_per_node", 0, "axes.gpus_per_node", "0 is not a whole number >= 1"),
+    ("gpus_per_node", "x", "axes.gpus_per_node", "'x' is not a whole number"),
+    ("gpus_per_node", ["x"], "axes.gpus_per_node", "'x' is not a whole number"),
+    ("gpus_per_node", [1, True], "axes.gpus_per_node", "True is not a whole number"),   # YAML true is not 1 GPU
+    ("gpus_per_node", [1.5], "axes.gpus_per_node", "1.5 is not a whole number"),
+    ("gpus_per_node", [], "axes.gpus_per_node", "needs at least one value"),
+    ("nodes", [1, 0], "axes.nodes", "0 is not a whole number >= 1"),
+    ("nodes", "2", "axes.nodes", "'2' is not a whole number"),
+    ("nodes", [1, 1], "axes.nodes", "values repeat"),
+    ("placement", ["one-leaf", "rack"], "axes.placement[1]", "Input should be"),
+])
+def test_an_axis_value_that_cannot_be_a_resource_is_refused_naming_the_field_and_the_fix(axis, value, field, said):
+    from gpuhpc.sprints.spec import AXIS_HINTS, from_mapping
+
+    with pytest.raises(UserInputError) as exc:
+        from_mapping({"name": "t", "command": "x {batch_size}", "axes": {"batch_size": [1, 2], axis: value}})
+    e = exc.value
+    assert (e.exit_code, e.field) == (2, field) and said in e.message and e.hint == AXIS_HINTS[axis]
+    assert f"axes.{axis}: [" in e.one_line() and "\n" not in e.one_line()
+
+
+def test_one_value_is_a_list_of_one_and_a_short_trial_gets_a_grace_that_fits():
+    from gpuhpc.sprints.spec import from_mapping
+
+    spec = from_mapping({"name": "t", "command": "x {batch_size}", "axes": {"batch_size": [1, 2], "gpus_per_node": 2,
+                         "nodes": 1}, "resources": {"partition": "all", "time": "1m"}})
+    assert (spec.axes.gpus_per_node, spec.axes.nodes) == ((2,), (1,))
+    sweep = SweepSpec.from_mapping(spec.sweep_mapping())           # grace 60 s would not fit a 1-minute trial
+    assert sweep.grace == 30 and from_mapping({**spec.model_dump(mode="json"), "resources": {"time": "5m"}}
+                                              ).sweep_mapping()["grace"] == 60
+
+
+def test_a_request_no_node_holds_names_the_sprint_axis_not_the_job_field():
+    from gpuhpc.jobs.spec import Resources, check_fits
+    from gpuhpc.sprints.run import as_axis_error
+
+    for res, field in [({"partition": "all", "gpus": 10}, "axes.gpus_per_node"),
+                       ({"partition": "all", "gpus": 8, "nodes": 4}, "axes.nodes")]:
+        with pytest.raises(UserInputError) as exc:
+            check_fits(Resources.from_mapping(res), NODES)
+        got = as_axis_error(exc.value)
+        assert got.field == field and got.exit_code == 2 and not got.message.startswith(field + ": gpus")
+        assert "axes." in (got.hint or "")
+    other = UserInputError("bad", field="grace")
+    assert as_axis_error(other) is other
