@@ -4,8 +4,9 @@ mount namespace of its own (docs/containers.md, "The local cluster"): the local 
 (scripts/services/registry.sh) pinned by digest, ``gpuhpc submit --image …@sha256:… -- cat
 /etc/os-release`` prints the image's OS; an ordinary user's file written to a mount belongs to that
 user; an NGC-style image on a GPU node asks the nvidia-container-cli stand-in (on slurmd's PATH) for
-exactly the job's GPUs; a two-node step in an image gets a container on each node. Skipped, saying
-why, on a local cluster without containers."""
+exactly the job's GPUs; a two-node step in an image gets a container on each node; a plain ``srun
+--container-image`` of an ordinary user meets the site's image policy in pyxis' importer (the role's
+``gpuhpc_containers_importer_python``). Skipped, saying why, on a local cluster without containers."""
 from __future__ import annotations
 
 import json
@@ -94,3 +95,29 @@ def test_a_two_node_step_in_an_image_gets_a_container_on_each_node():
     assert res.returncode == 0, res.stderr
     assert sorted(x for x in res.stdout.splitlines() if x.startswith("node ")) == \
         ["node gpu-node1 ID=gpuhpc-test", "node gpu-node2 ID=gpuhpc-test"], res.stdout
+
+
+def test_a_plain_srun_is_held_to_the_site_policy_by_pyxis_importer(hostile):
+    """Issue 23: pyxis runs the role's importer (gpuhpc.containers.importer) as the job's user before
+    any container exists. With a policy that allows only the local registry and requires pins on
+    ``cpu`` (the job's GPUHPC_SITE_CONFIG, which may add rules to /etc/gpuhpc/config.toml's, never
+    lift them: this shared cluster's own config has none), an image from another registry and a tag
+    are refused with the reason in the step's output; the pinned image runs."""
+    image = registry_image()
+    registry, digest = image.split("#")[0], image.split("@")[1]
+    site = hostile.workdir / "site.toml"
+    site.write_text(f'[containers]\nallowed_registries = ["{registry}"]\nrequire_digest_partitions = ["cpu"]\n')
+
+    def srun(ref: str) -> subprocess.CompletedProcess:
+        return hostile.run(["srun", "--partition=cpu", "--time=1", f"--container-image={ref}", "grep", "^ID=",
+                            "/etc/os-release"], env={"GPUHPC_SITE_CONFIG": str(site)}, timeout=120)
+
+    refused = srun(f"quay.io#gpuhpc/test@{digest}")
+    assert refused.returncode != 0, refused.stdout
+    assert "image refused or not imported: --container-image: registry quay.io is not allowed" in refused.stderr, \
+        refused.stderr
+    refused = srun(image.split("@")[0] + ":1")
+    assert refused.returncode != 0, refused.stdout
+    assert "partition cpu runs only images pinned by digest" in refused.stderr, refused.stderr
+    ran = srun(image)
+    assert ran.returncode == 0 and ran.stdout.strip() == "ID=gpuhpc-test", ran.stderr
