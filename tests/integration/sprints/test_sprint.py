@@ -1,6 +1,6 @@
 """`gpuhpc sprint examples/sprints/toy.yaml` on the local cluster: 12 configurations run as a
 sweep, each its own Slurm request (GPUs per node, nodes, one leaf or spread: the toy reports the
-shape it got, sacct's AllocTRES the GPUs and nodes each trial's job was given, one array per shape),
+shape it got; sacct, the GPUs, nodes and leaves each trial's job was given, one array per shape),
 the best $/throughput is found, and the HTML report renders its table and charts
 in headless Chromium."""
 from __future__ import annotations
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from polling import wait_for
 
+from gpuhpc.hostlist import expand
 from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.topology.placement import leaf_nodes, placement
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "examples" / "sprints"))
@@ -72,14 +74,17 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
     jobs = {r["trial"]: trials[r["trial"]]["job_id"] for r in rows}
 
     def alloc() -> dict | None:
-        got = {a.job_id: a.alloc_tres for a in SlurmClient().accounting(job_ids=jobs.values())}
-        return got if all(got.get(j, {}).get("node") for j in jobs.values()) else None
+        got = {a.job_id: a for a in SlurmClient().accounting(job_ids=jobs.values())}
+        return got if all(j in got and got[j].alloc_tres.get("node") for j in jobs.values()) else None
 
-    tres = wait_for(alloc, 30, "sacct AllocTRES of every trial's job")
+    acct = wait_for(alloc, 30, "sacct AllocTRES of every trial's job")
+    leaves = leaf_nodes(SlurmClient().topology())
     arrays: dict[str, set] = {}
     for r in rows:
-        t = tres[jobs[r["trial"]]]
+        t = acct[jobs[r["trial"]]].alloc_tres
         assert (int(t["node"]), int(t.get("gres/gpu", 0))) == (r["nodes"], r["nodes"] * r["gpus_per_node"]), (r, t)
+        spanned = len(placement(leaves, expand(acct[jobs[r["trial"]]].nodelist)).leaves)
+        assert spanned == (2 if r["nodes"] == 2 and r["placement"] == "spread" else 1), (r, acct[jobs[r["trial"]]])
         arrays.setdefault(jobs[r["trial"]].split("_")[0], set()).add((r["gpus_per_node"], r["nodes"], r["placement"]
                                                                        if r["nodes"] > 1 else ""))
     assert all(len(shapes) == 1 for shapes in arrays.values()), arrays
