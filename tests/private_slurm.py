@@ -41,16 +41,23 @@ second copy beside a running one), starts the daemons and waits until every star
 (or ``ready()`` is true). ``stop()`` cancels the cluster's own jobs by id, shuts the controller
 down, stops every slurmd it started (pid files), and removes the directory (kept when
 ``GPUHPC_KEEP_PRIVATE_SLURM`` is set: the logs are then under ``base/log``).
+
+An ``accounting=True`` cluster whose test reads ``sacct`` runs inside ``with cluster.in_slurmdbd():``
+(instead of ``with cluster:``): its cluster name is added to the shared slurmdbd before it starts
+(FirstJobId past that name's earlier records unless ``extra`` sets one), and at the end its jobs are
+ended and closed in slurmdbd, the cluster stopped and its name removed again, even after a failure.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from gpuhpc.slurm.client import SlurmClient
@@ -256,6 +263,46 @@ class PrivateSlurm:
             return ""
         return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
                          for f in sorted((self.base / "log").glob("*.log")))
+
+    @contextlib.contextmanager
+    def in_slurmdbd(self, **start_kwargs) -> Iterator[PrivateSlurm]:
+        """Start (``start(**start_kwargs)``) this ``accounting=True`` cluster under its own name in the
+        shared slurmdbd and yield it; at the end cancel its jobs, wait (up to 60 s) for slurmdbd to hear
+        of their ends, close what it still counts as running (``runawayjobs``: they would keep the name
+        from being deleted), stop the cluster and delete its name, even after a failure. An
+        interrupted run's leftovers are removed first, so the next run can add the name again."""
+        assert self.accounting, f"{self.name}: in_slurmdbd() is for an accounting=True cluster"
+        # sacctmgr for the cluster name itself: the shared slurm.conf (the private one is gone after stop)
+        shared = SlurmClient(LocalRunner(env={"SLURM_CONF": os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"}))
+        self.extra.setdefault("FirstJobId", str(first_free_job_id(self.name)))   # past the earlier runs' records
+
+        def forget() -> None:
+            shared.sacctmgr("delete", "cluster", self.name, check=False)
+
+        def runaways() -> None:
+            self.client.run(["sacctmgr", "-i", "list", "runawayjobs", f"cluster={self.name}"], check=False)
+
+        def unfinished() -> list[str]:
+            out = self.client.run(["sacct", "-M", self.name, "--allusers", "-X", "-n", "-P", "-o", "JobIDRaw,State",
+                                   "-S", "2000-01-01", "-E", "now"], check=False).stdout
+            return [line for line in out.splitlines() if line.split("|")[-1] in ("PENDING", "RUNNING", "REQUEUED")]
+
+        forget()                                                 # leftovers of an interrupted run
+        try:
+            shared.sacctmgr("add", "cluster", self.name, check=False)   # still there when its jobs kept it
+            self.start(**start_kwargs)
+            try:
+                runaways()
+                yield self
+            finally:
+                self.cancel_all(wait=60)
+                deadline = time.monotonic() + 60               # slurmdbd hears of the ends a little later
+                while unfinished() and time.monotonic() < deadline:
+                    time.sleep(1)
+                runaways()
+                self.stop()
+        finally:
+            forget()
 
     def __enter__(self) -> PrivateSlurm:
         if self.base is None:

@@ -1,5 +1,13 @@
 """Sweeps that hold up (issue 21): trials run where the user ran ``sweep run``, whoever submits
-them; a failing ``squeue``/``sacct`` never ends a trial nor makes ``resume`` run one twice."""
+them; a failing ``squeue``/``sacct`` never ends a trial nor makes ``resume`` run one twice; a
+``resume`` after part of a sweep was cancelled resubmits only the missing trials; a dead driver is
+named with the command that restarts it.
+
+Every test here runs on one private controller for the module (tests/private_slurm.py: its own
+ports, state and logs; partitions ``cpu``, one 16-CPU node, and ``all``, three, as the shared
+cluster's; the shared munged, MaxArraySize and slurmdbd under a cluster name of its own), driver
+included: SLURM_CONF in the environment points gpuhpc, the sweep driver job and every Slurm call
+of the tests at it, so that their minutes run beside the shared-cluster stream (issue 19)."""
 from __future__ import annotations
 
 import json
@@ -10,12 +18,40 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import PY, gpuhpc, results, run_sweep, write_sweep
+from polling import wait_for
+from private_slurm import PrivateSlurm
+from sweeps_helpers import PY, gpuhpc, report_cmd, results, run_sweep, write_sweep
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
+NAME = "gpuhpcswrob"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 16977, 16978, 17461          # unlike every other private cluster's
 CPU = {"partition": "cpu", "time": "5m"}
 ALL = {"partition": "all", "time": "5m"}         # more CPUs than `cpu`: parallelism 20 runs 20 at once
+N_RESUME, P_RESUME = 24, 8
+
+
+@pytest.fixture(scope="module")
+def private_cluster():
+    """The module's private controller (``cpu``: swrob-cpu1; ``all``: every node; 16 CPUs each)
+    under its own cluster name in the shared slurmdbd (``sacct`` works), SLURM_CONF pointing at it
+    for the module's tests and the jobs they submit; stopped and forgotten at the end."""
+    cluster = PrivateSlurm(
+        NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT),
+        {n: "CPUs=16 RealMemory=32000 State=UNKNOWN" for n in ("swrob-node1", "swrob-node2", "swrob-cpu1")},
+        ["PartitionName=cpu Nodes=swrob-cpu1 MaxTime=INFINITE State=UP",
+         "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP"],
+        extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
+               "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
+        accounting=True)
+    with cluster.in_slurmdbd(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
+
+
+@pytest.fixture
+def slurm(private_cluster) -> SlurmClient:
+    return private_cluster.client
 
 
 def _trial_script(work: Path) -> None:
@@ -54,8 +90,8 @@ exec {real} "$@"
     return bin_dir
 
 
-def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacct(sweep_env, sweeps, tmp_path,
-                                                                                   monkeypatch):
+def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacct(sweep_env, sweeps, slurm,
+                                                                                   tmp_path, monkeypatch):
     """``command: bash trial.sh {x}`` (a relative path), more trials than MaxArraySize (51 on
     the CI cluster) and a small max_queued: the driver submits most chunks, from its own
     directory, and every trial still finds trial.sh. Meanwhile every second ``squeue`` and
@@ -74,8 +110,6 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     monkeypatch.chdir(work)
     sid = run_sweep(Path("s.yaml"))
     sweeps(sid)
-    from polling import wait_for
-
     from gpuhpc.sweeps.api import Sweep
 
     sw = Sweep(sid)
@@ -91,7 +125,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     assert {r["attempts"] for r in engine.trial_rows(sid)} == {1}, resumed.stdout     # none resubmitted
     assert all(int((flaky / f"{t}.count").read_text()) >= 3 for t in ("squeue", "sacct"))     # each failed
     monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])     # the real sacct again
-    slurm = SlurmClient()                        # the driver saw the sweep done and ended by itself
+    # the driver saw the sweep done and ended by itself
     wait_for(lambda: [r for r in slurm.accounting(job_ids=[info["driver_job_id"]])
                       if r.state.state.value == "COMPLETED"], 60, "the driver job to complete")
     assert rows
@@ -138,3 +172,53 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert [r["state"] for r in results(sid)] == ["completed"] * 12
+
+
+def _sweep_info(sid: int) -> dict:
+    from gpuhpc.sweeps import engine
+
+    return engine.sweep_info(sid)
+
+
+def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+    f = write_sweep(tmp_path / "r.yaml", name="t-resume", method="grid",
+                    command=f"sleep 1; v={{x}}; {report_cmd('v*3')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": N_RESUME - 1}},
+                    parallelism=P_RESUME, resources=CPU, metric={"name": "loss", "goal": "maximize"}, chunk_size=12)
+    sid = run_sweep(f)
+    sweeps(sid)
+    from gpuhpc.sweeps.api import Sweep
+
+    sw = Sweep(sid)
+    trials = Path(_sweep_info(sid)["directory"]) / "trials"
+    # P+2 reports: the last two started in slots that 2 ended trials gave up
+    wait_for(lambda: len(list(trials.glob("*/metrics.jsonl"))) >= P_RESUME + 2, 240,
+             f"{P_RESUME + 2} trials reported (before accounting says so)", interval=0.2)
+    # "part of the sweep": the driver (so that nothing submits the rest), then every array
+    slurm.cancel(_sweep_info(sid)["driver_job_id"])
+    for c in _sweep_info(sid)["chunks"]:
+        if c["job_id"]:
+            slurm.cancel(c["job_id"])
+    live = ("pending", "running", "requeued")      # until Slurm has ended every cancelled task
+    before = {r["trial"]: r for r in wait_for(lambda: (lambda rows: not any(r["state"] in live for r in rows)
+                                                                and rows)(sw.rows()), 120, "cancelled trials",
+                                              interval=0.5)}
+    done = {t for t, r in before.items() if r["state"] == "completed"}
+    assert 2 <= len(done) < N_RESUME    # one that had just reported may be cancelled on its way out
+    assert all(r["state"] in ("cancelled", "waiting") for t, r in before.items() if t not in done)
+    n_chunks = len(_sweep_info(sid)["chunks"])
+    res = gpuhpc("sweep", "resume", str(sid), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["resubmitted"] == sorted(set(range(N_RESUME)) - done)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=500)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    chunks = _sweep_info(sid)["chunks"]
+    new = [c for c in chunks[n_chunks:] if c["job_id"]]
+    assert sum(c["n_tasks"] for c in new) == N_RESUME - len(done)     # only the missing ones: count the jobs
+    after = {r["trial"]: r for r in results(sid)}
+    for t, r in after.items():
+        assert r["state"] == "completed" and r["metrics"]["loss"] == 3.0 * t
+        if t in done:                                          # never resubmitted
+            assert r["job_id"] == before[t]["job_id"]
+    assert json.loads(gpuhpc("sweep", "resume", str(sid), "--json").stdout)["resubmitted"] == []
+    assert len(_sweep_info(sid)["chunks"]) == len(chunks)
