@@ -224,6 +224,14 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
     if missing:
         raise UserInputError(f"axis {missing[0]} has several values but no {{{missing[0]}}} in command",
                              field=f"axes.{missing[0]}", hint=f"pass it to the program: --x {{{missing[0]}}}")
+    if spec.request:        # what the axes ask for per configuration is not also a fixed resource
+        multi = any(n > 1 for n in spec.axes.nodes)
+        for key, fix in (("gpus", "put the counts in axes.gpus_per_node"), ("nodes", "put the counts in axes.nodes"),
+                         *((k, "drop it: axes.placement picks each multi-node trial's nodes")
+                           for k in ("nodelist", "switches") if multi)):
+            if key in spec.resources:
+                raise UserInputError("each configuration's own request sets it (request: true), so it would be "
+                                     "overridden", field=f"resources.{key}", hint=f"{fix}, or request: false")
     if spec.request and "one-nvlink" in spec.axes.placement and spec.resources.get("constraint"):
         raise UserInputError("placement one-nvlink sets each multi-node trial's constraint ([nvl-a|nvl-b...])",
                              field="resources.constraint", hint="drop resources.constraint, or one-nvlink")

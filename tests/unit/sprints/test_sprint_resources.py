@@ -186,3 +186,22 @@ def test_a_request_no_node_holds_names_the_sprint_axis_not_the_job_field():
         assert "axes." in (got.hint or "")
     other = UserInputError("bad", field="grace")
     assert as_axis_error(other) is other
+
+
+@pytest.mark.parametrize("resources, axes, field", [
+    ({"gpus": 4}, {}, "resources.gpus"),
+    ({"nodes": 2}, {}, "resources.nodes"),
+    ({"nodelist": "gpu-node1,gpu-node2"}, {"nodes": [1, 2]}, "resources.nodelist"),
+    ({"switches": "1"}, {"nodes": [2]}, "resources.switches"),
+])
+def test_a_resource_an_axis_sets_per_configuration_is_refused_not_silently_overridden(resources, axes, field):
+    from gpuhpc.sprints.spec import from_mapping
+
+    data = {"name": "t", "command": "x {batch_size}", "axes": {"batch_size": [1, 2], **axes},
+            "resources": {"partition": "all", "time": "2m", **resources}}
+    with pytest.raises(UserInputError) as exc:
+        from_mapping(data)
+    assert exc.value.field == field and "request: false" in exc.value.hint
+    from_mapping({**data, "request": False, "command": "x {batch_size} {nodes}"})   # the old way: one block for all
+    if "nodelist" in resources:                             # one node: no placement picks nodes, the list stays
+        from_mapping({**data, "axes": {"batch_size": [1, 2]}})
