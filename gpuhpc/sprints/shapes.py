@@ -13,7 +13,8 @@ Pure functions over what Slurm says (topology, partition, nodes); no I/O here.
   that hold ``nodes`` nodes with the GPUs; Slurm picks the domain;
 * a one-node configuration is the same request whatever its placement.
 
-A multi-node configuration is pinned to nodes that realise its placement, so what a trial
+A multi-node configuration is pinned to nodes that realise its placement (nodes drained or down
+when the sprint starts are left out), so what a trial
 measures is the placement it names: ``--switches=N@TIME`` alone lets Slurm take any placement
 after ``max_switch_wait`` on a busy cluster. The price: such a trial waits for those nodes.
 Without a tree topology (no leaves), one-leaf asks nothing more and spread is refused.
@@ -27,6 +28,14 @@ from gpuhpc.errors import UserInputError
 from gpuhpc.hostlist import natural_key
 
 RESOURCE_AXES = ("gpus_per_node", "nodes", "placement")
+
+
+def _up(node: Any) -> bool:
+    """Slurm may start a job there now: not drained or down (a trial pinned to such a node waits
+    until someone resumes it). A record without a state (a test's) counts as up."""
+    from gpuhpc.monitoring.slurm_exporter import node_state
+
+    return node_state(getattr(node, "state", "") or "") not in ("drain", "down")
 
 
 def _gpus(node: Any, gpu_type: str | None) -> int:
@@ -68,14 +77,17 @@ def shape(config: Mapping[str, Any], *, gpu_type: str | None = None, leaves: Map
                                  "switch)", field="axes.placement", hint="drop spread, or configure the fabric's leaves")
         return out
     pool = [x for x in (nodes or []) if not partition or partition in getattr(x, "partitions", ())]
-    eligible = [x.name for x in pool if _gpus(x, gpu_type) >= g] if nodes is not None else \
+    eligible = [x.name for x in pool if _gpus(x, gpu_type) >= g and _up(x)] if nodes is not None else \
         [name for v in leaves.values() for name in v]
     picked = spread_nodelist(leaves, n, eligible) if spread else one_leaf_nodelist(leaves, n, eligible)
     if picked is None:
         where = f"partition {partition}" if partition else "the cluster"
         need = f"{n} leaf switches with a node" if spread else f"a leaf switch with {n} nodes"
+        out_now = sorted((x.name for x in pool if _gpus(x, gpu_type) >= g and not _up(x)), key=natural_key)
+        now = f" (drained or down now: {','.join(out_now)})" if out_now else ""
         raise UserInputError(f"placement {config.get('placement')} over {n} nodes needs {need} of {g} GPU(s) in "
-                             f"{where}; there is none", field="axes.placement", hint="fewer nodes or GPUs per node")
+                             f"{where}; there is none{now}", field="axes.placement",
+                             hint="fewer nodes or GPUs per node" + (", or resume those nodes" if now else ""))
     out.update({"nodelist": picked, "switches": "off" if spread else "1"})
     return out
 
@@ -86,7 +98,7 @@ def one_nvlink(n: int, g: int, *, gpu_type: str | None, nodes: Sequence[Any] | N
     from gpuhpc.topology.placement import nvlink_domains, nvlink_feature
 
     pool = [x for x in (nodes or []) if not partition or partition in getattr(x, "partitions", ())]
-    domains = nvlink_domains({x.name: getattr(x, "features", ()) for x in pool if _gpus(x, gpu_type) >= g})
+    domains = nvlink_domains({x.name: getattr(x, "features", ()) for x in pool if _gpus(x, gpu_type) >= g and _up(x)})
     fit = sorted((d for d, members in domains.items() if len(members) >= n), key=natural_key)
     if not fit:
         where = f"partition {partition}" if partition else "the cluster"

@@ -205,3 +205,18 @@ def test_a_resource_an_axis_sets_per_configuration_is_refused_not_silently_overr
     from_mapping({**data, "request": False, "command": "x {batch_size} {nodes}"})   # the old way: one block for all
     if "nodelist" in resources:                             # one node: no placement picks nodes, the list stays
         from_mapping({**data, "axes": {"batch_size": [1, 2]}})
+
+
+def test_a_multi_node_configuration_is_never_pinned_to_a_drained_or_down_node():
+    from gpuhpc.sprints.shapes import shape
+
+    nodes = [Node("gpu-node1", 8), Node("mig-node1", 9), Node("gpu-node2", 8), Node("gpu-node3", 8)]
+    for n, state in zip(nodes, ("IDLE+DRAIN", "MIXED", "DOWN+NOT_RESPONDING", "IDLE+CLOUD+POWERED_DOWN")):
+        n.state = state
+    leaves = {"leaf1": {"gpu-node1", "mig-node1"}, "leaf2": {"gpu-node2", "gpu-node3"}}
+    got = shape({"gpus_per_node": 4, "nodes": 2, "placement": "spread"}, leaves=leaves, nodes=nodes, partition="all")
+    assert got["nodelist"] == "mig-node1,gpu-node3"                  # a powered-down cloud node is resumed
+    with pytest.raises(UserInputError) as exc:                         # leaf1's pair has a drained node
+        shape({"gpus_per_node": 4, "nodes": 2, "placement": "one-leaf"}, leaves={"leaf1": leaves["leaf1"]},
+              nodes=nodes, partition="all")
+    assert "drained or down now: gpu-node1" in exc.value.message and "resume those nodes" in exc.value.hint
