@@ -3,7 +3,11 @@
 sshd.sh, in a Slurm account of its own made here); the login node behind it is the local
 cluster. Each test gets its own ``remote_dir`` in that user's home, removed afterwards: the
 user's jobs write there, and this process (root, standing in for an observer on the cluster)
-reads it."""
+reads it.
+
+A long test asks for ``private_login`` first: the login node's Slurm is then a private controller
+(tests/private_slurm.py) with a ``cpu`` partition as the local cluster's, and the test is marked
+``isolated`` (it runs beside the shared-cluster stream, issue 19)."""
 from __future__ import annotations
 
 import os
@@ -72,6 +76,35 @@ def sshd() -> dict[str, str]:
                    env={**{k: v for k, v in os.environ.items() if not k.startswith("GPUHPC_")},
                         "HOME": env["GPUHPC_TEST_SSH_USER_HOME"], "USER": user})
     return env
+
+
+LOGIN_NAME = "gpuhpclap"
+LOGIN_PORTS = (16987, 16988, 17471)       # unlike every other private cluster's (grep before reuse)
+
+
+@pytest.fixture
+def private_login(sshd, monkeypatch):
+    """A private controller (partition ``cpu``: one 16-CPU node) under its own cluster name in
+    the shared slurmdbd, where the laptop user has an account of its own as on the local cluster
+    (associations enforced, as there); SLURM_CONF points at it for the test, so the profile
+    ``laptop`` writes sends it to the login node's Slurm commands, and the jobs inherit it. Its
+    directory is readable by the laptop user (the Slurm commands read its slurm.conf). Stopped
+    and forgotten (its associations with it) at the end."""
+    from private_slurm import PrivateSlurm
+
+    cluster = PrivateSlurm(
+        LOGIN_NAME, LOGIN_PORTS, {"lap-cpu1": "CPUs=16 RealMemory=32000 State=UNKNOWN"},
+        ["PartitionName=cpu Nodes=lap-cpu1 Default=YES MaxTime=INFINITE State=UP"],
+        extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
+               "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5",
+               "AccountingStorageEnforce": "associations"},
+        accounting=True)
+    user, on = sshd["GPUHPC_TEST_SSH_USER"], ("Cluster", LOGIN_NAME)
+    with cluster.in_slurmdbd(before_start=lambda base: base.chmod(0o755)):
+        cluster.client.sacctmgr_add("account", user, [on, ("Description", "laptop tests"), ("Organization", "gpuhpc")])
+        cluster.client.sacctmgr_add("user", user, [on, ("Account", user), ("DefaultAccount", user)])
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
 
 
 @pytest.fixture

@@ -1,12 +1,14 @@
 """`gpuhpc --cluster NAME sweep ...` from a laptop (this process) through the real sshd, as the
 non-root user: the sweep command runs on the cluster (its database and trial files are the
 cluster user's), from the code snapshot of the repository it was started in; a sweep file
-with a bad field is refused here, before anything is sent."""
+with a bad field is refused here, before anything is sent. The 20-trial sweep's login node runs
+a private controller (``private_login``)."""
 from __future__ import annotations
 
 import json
 import subprocess
 
+import pytest
 import yaml
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
@@ -28,7 +30,8 @@ def _repo(tmp_path, laptop):
     return r
 
 
-def test_a_20_trial_sweep_with_cluster_then_best(laptop, tmp_path):
+@pytest.mark.isolated                       # a private controller only
+def test_a_20_trial_sweep_with_cluster_then_best(private_login, laptop, tmp_path):
     repo = _repo(tmp_path, laptop)
     res = laptop.gpuhpc("--cluster", "lab", "sweep", "run", "sweep.yaml", "--json", cwd=repo)
     assert res.returncode == 0, res.stderr
