@@ -141,8 +141,14 @@ class Runtime(_Model):
 
 
 class Controller(_Model):
+    """The slurmctld hosts: the first is the primary, the others backups (``SlurmctldHost`` lines in
+    this order). With backups, ``runtime.state_save_location`` must be one directory every
+    controller mounts (NFS): gpuhpc_slurm_controller checks that they see the same files."""
     hosts: list[Name] = Field(min_length=1)
     addr: Word | None = None   # SlurmctldHost=<host>(<addr>) for the first host
+    # SlurmctldTimeout: seconds a backup waits for an unresponsive primary before it takes control
+    # (Slurm's default: 120)
+    timeout: int | None = Field(default=None, ge=3)
 
 
 class Slurmdbd(_Model):

@@ -66,6 +66,8 @@ RESTART = {
 }
 # SlurmctldParameters options that need a slurmctld restart (the rest of the list reconfigures)
 RESTART_CTLD_OPTIONS = frozenset({"enable_configless", "no_backup_scheduling"})
+# parameters given on several lines, each adding a value (the controllers, primary first)
+REPEATED_KEYS = frozenset({"slurmctldhost"})
 # lines that hold several Key=Value pairs, keyed by their first value
 RECORD_KEYS = frozenset({"nodename", "partitionname", "downnodes", "nodeset", "frontendname", "switchname"})
 
@@ -88,7 +90,8 @@ def _records(text: str) -> tuple[dict[str, str], dict[tuple[str, str], dict[str,
         if kind in RECORD_KEYS:
             records[(kind, name)] = {k: v for k, v in pairs[1:]}
         else:
-            params.update(pairs)
+            for k, v in pairs:   # SlurmctldHost repeats (primary, backups): every line counts, in order
+                params[k] = params[k] + " " + v if k in REPEATED_KEYS and k in params else v
     return params, records
 
 
