@@ -6,9 +6,10 @@
 # GPUHPC_LAB_SUITE picks the release: bookworm (Debian 12, Slurm 22.05; the default) or trixie
 # (Debian 13, Slurm 24.11; all 14 lab tests pass there: 1,599 s on a loaded 2-core machine, load 30-70).
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
-#   login   10.213.0.12  srun/sbatch, gpuhpc
+#   login   10.213.0.12  srun/sbatch, gpuhpc, the backup slurmctld
 #   c1, c2  10.213.0.13-14  slurmd
-# Every host mounts $LAB/shared on /shared (the site's shared filesystem: checkpoints, results).
+# Every host mounts $LAB/shared on /shared (the site's shared filesystem: checkpoints, results, and
+# the controllers' StateSaveLocation, /shared/slurm/state, which ctl and login share like NFS).
 # Management network 10.213.0.0/24 on bridge br0 inside namespace lab-sw (the "switch", where the
 # Ansible control node runs: `lab.sh ctl CMD`); every host also has an address on 10.213.1.0/24, the
 # same wire but outside the management network (the nftables test connects from 10.213.1.1).
@@ -270,7 +271,8 @@ case "${1:-}" in
   up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
-  wipe) down; rm -rf "$LAB/hosts" "$LAB/known_hosts" ;;
+  # the controllers' state on the shared filesystem goes with the hosts (a fresh lab has no jobs)
+  wipe) down; rm -rf "$LAB/hosts" "$LAB/known_hosts" "$LAB/shared/slurm" ;;
   ssh) h=$2; shift 2; exec ip netns exec lab-sw ssh "${SSH_OPTS[@]}" "root@$NET.${IP[$h]}" "$@" ;;
   ctl) shift; exec ip netns exec lab-sw "$@" ;;
   bake) bake ;;

@@ -16,7 +16,7 @@ from .conftest import LAB_DIR, REPO, SHARED, Lab, recap
 pytestmark = pytest.mark.integration
 
 DAEMONS = {"ctl": ["munge", "mariadb", "slurmdbd", "slurmctld"], "c1": ["munge", "slurmd"],
-           "c2": ["munge", "slurmd"], "login": ["munge"]}
+           "c2": ["munge", "slurmd"], "login": ["munge", "slurmctld"]}   # login: the backup controller
 
 
 def test_every_host_runs_systemd_as_pid1_and_the_daemons_are_active_units(lab: Lab):
