@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import statistics
 import time
 import uuid
@@ -28,9 +27,8 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.transport.local import LocalRunner
 from polling import wait_for
-from private_slurm import PrivateSlurm, first_free_job_id
+from private_slurm import PrivateSlurm
 from sweeps_helpers import gpuhpc, results, run_sweep, shell_report, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
@@ -43,49 +41,20 @@ CTLD_PORT, SLURMD_PORT, NODE_PORT = 16947, 16948, 17451
 @pytest.fixture
 def private_cluster(monkeypatch):
     """The private controller (two 16-CPU nodes in partition ``all``) under its own cluster
-    name in the shared slurmdbd; SLURM_CONF points at it for the test (and the jobs it
-    submits). Stopped, and its cluster removed from slurmdbd, at the end even after a failure."""
+    name in the shared slurmdbd (``PrivateSlurm.in_slurmdbd``); SLURM_CONF points at it for the
+    test (and the jobs it submits). Stopped, and its cluster removed from slurmdbd, at the end
+    even after a failure."""
     cluster = PrivateSlurm(
         NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT),
         {f"swpar-node{i}": "CPUs=16 RealMemory=32000 State=UNKNOWN" for i in (1, 2)},
         ["PartitionName=all Nodes=swpar-node[1-2] Default=YES MaxTime=INFINITE State=UP"],
         extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
                "AccountingStorageEnforce": "associations,limits,qos,safe", "KillWait": "5",
-               "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5",
-               "FirstJobId": str(first_free_job_id(NAME))},   # past the earlier runs' records
-        accounting=True)
-    # sacctmgr for the cluster itself: the shared slurm.conf (the private one is gone after stop)
-    shared = SlurmClient(LocalRunner(env={"SLURM_CONF": os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"}))
-
-    def forget() -> None:
-        shared.sacctmgr("delete", "cluster", NAME, check=False)
-
-    def runaways() -> None:
-        """Close in slurmdbd the jobs it still counts as running that this controller does not
-        know (an interrupted run's: they keep the cluster from being deleted)."""
-        cluster.client.run(["sacctmgr", "-i", "list", "runawayjobs", f"cluster={NAME}"], check=False)
-
-    def unfinished() -> list[str]:
-        out = cluster.client.run(["sacct", "-M", NAME, "--allusers", "-X", "-n", "-P", "-o", "JobIDRaw,State",
-                                  "-S", "2000-01-01", "-E", "now"], check=False).stdout
-        return [line for line in out.splitlines() if line.split("|")[-1] in ("PENDING", "RUNNING", "REQUEUED")]
-
-    forget()                                                  # leftovers of an interrupted run
-    try:
-        shared.sacctmgr("add", "cluster", NAME, check=False)  # still there when its jobs kept it: closed below
-        with cluster.start():
-            runaways()
-            monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
-            try:
-                yield cluster
-            finally:
-                cluster.cancel_all(wait=60)
-                deadline = time.monotonic() + 60                # slurmdbd hears of the ends a little later
-                while unfinished() and time.monotonic() < deadline:
-                    time.sleep(1)
-                runaways()
-    finally:
-        forget()
+               "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
+        accounting=True)              # in_slurmdbd() sets FirstJobId past the earlier runs' records
+    with cluster.in_slurmdbd():
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster
 
 
 @pytest.fixture
