@@ -1,7 +1,7 @@
 """Python mode from a laptop (this process) through the real sshd: a callable from the
 repository's own module runs from the code snapshot and its result comes back over SFTP; a
-closure is pickled by value; the cluster's Python is checked before anything is sent. The 20-trial
-sweep's login node runs a private controller (``private_login``)."""
+closure is pickled by value; the cluster's Python is checked before anything is sent. The requeue
+and the 20-trial sweep reach a private controller behind the same sshd (``private_login``)."""
 from __future__ import annotations
 
 import os
@@ -95,7 +95,8 @@ class Counter(Checkpointable):
 '''
 
 
-def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(on_laptop, tmp_path):
+@pytest.mark.isolated                       # a private controller only
+def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(private_login, on_laptop, tmp_path):
     import time
 
     from gpuhpc.slurm.client import SlurmClient

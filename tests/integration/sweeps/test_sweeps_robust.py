@@ -1,7 +1,8 @@
 """Sweeps that hold up (issue 21): trials run where the user ran ``sweep run``, whoever submits
 them; a failing ``squeue``/``sacct`` never ends a trial nor makes ``resume`` run one twice; a
 ``resume`` after part of a sweep was cancelled resubmits only the missing trials; a dead driver is
-named with the command that restarts it.
+named with the command that restarts it; hostile parameter values arrive literally; the same
+bookkeeping holds with the sweep state on PostgreSQL.
 
 Every test here runs on one private controller for the module (tests/private_slurm.py: its own
 ports, state and logs; partitions ``cpu``, one 16-CPU node, and ``all``, three, as the shared
@@ -54,8 +55,10 @@ def slurm(private_cluster) -> SlurmClient:
     return private_cluster.client
 
 
-def _trial_script(work: Path) -> None:
-    (work / "trial.sh").write_text(f'v=$1\n{PY} -m gpuhpc report-metric loss $(( v * 2 ))\n')
+def _trial_script(work: Path, gate_from: int) -> None:
+    """trial.sh: trials from ``gate_from`` on wait (polling) until the test creates ``work/go``."""
+    (work / "trial.sh").write_text(f'v=$1\nif (( v >= {gate_from} )); then while [ ! -e "{work}/go" ]; do sleep 0.2; '
+                                   f'done; fi\n{PY} -m gpuhpc report-metric loss $(( v * 2 ))\n')
 
 
 def _all_completed_once(sid: int, n: int, directory: str) -> list[dict]:
@@ -96,12 +99,13 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     the CI cluster) and a small max_queued: the driver submits most chunks, from its own
     directory, and every trial still finds trial.sh. Meanwhile every second ``squeue`` and
     ``sacct`` fails (for the CLI and for the driver job, which inherits PATH): no trial is
-    ended by a query that failed, and a ``resume`` in the middle resubmits nothing."""
+    ended by a query that failed, and a ``resume`` in the middle resubmits nothing (trials 40-59
+    wait for the test's go-ahead after it: the sweep cannot have ended before it)."""
     from gpuhpc.sweeps import engine
 
     work = tmp_path / "work"
     work.mkdir()
-    _trial_script(work)
+    _trial_script(work, gate_from=40)
     f = write_sweep(work / "s.yaml", name="t-cwd", method="grid", command="bash trial.sh {x}",
                     parameters={"x": {"type": "int", "low": 0, "high": 59}}, parallelism=20, resources=ALL,
                     metric={"name": "loss", "goal": "minimize"}, max_queued=24)
@@ -117,6 +121,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
              "12 trials completed (the driver refreshes)", interval=1)
     resumed = wait_for(lambda: (lambda r: r.returncode == 0 and r)(gpuhpc("sweep", "resume", str(sid), "--json")),
                        60, "a resume that could ask squeue", interval=0.2)
+    (work / "go").touch()                        # the rest of the sweep may end now
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=450)
     assert res.returncode == 0, (res.stdout, res.stderr)
     info = engine.sweep_info(sid)
@@ -222,3 +227,40 @@ def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: Slur
             assert r["job_id"] == before[t]["job_id"]
     assert json.loads(gpuhpc("sweep", "resume", str(sid), "--json").stdout)["resubmitted"] == []
     assert len(_sweep_info(sid)["chunks"]) == len(chunks)
+
+
+HOSTILE = ["lion; touch PWNED", "$(touch PWNED)", "`touch PWNED`", "a\nb; touch PWNED", "it's \"q\" | & >x",
+           "-n", "*"]
+
+
+def test_hostile_values_arrive_literally(sweep_env, sweeps, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    f = write_sweep(tmp_path / "h.yaml", name="t-hostile", method="grid",
+                    command=f"printf '%s' {{v}} > \"$GPUHPC_TRIAL_DIR/out\"; {PY} -m gpuhpc report-metric loss 1",
+                    parameters={"v": {"values": HOSTILE}}, parallelism=7, resources=CPU,
+                    metric={"name": "loss"}, workdir=str(work))
+    sid = run_sweep(f)
+    sweeps(sid)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "240", "--poll", "1", timeout=300)
+    assert res.returncode == 0, res.stderr
+    d = Path(_sweep_info(sid)["directory"])
+    for i, v in enumerate(HOSTILE):
+        assert (d / "trials" / str(i) / "out").read_text() == v
+        assert json.loads(json.dumps(results(sid)[i]["params"]))["v"] == v
+    assert list(work.iterdir()) == []              # nothing executed: no PWNED, no x
+
+
+def test_sweep_state_on_postgresql(pg_sweep_db, sweeps, tmp_path):
+    """The same sweep with the gpuhpc database on PostgreSQL (run, driver, resume bookkeeping)."""
+    f = write_sweep(tmp_path / "pg.yaml", name="t-pg", method="grid", command=f"v={{x}}; {report_cmd('v+10')}",
+                    parameters={"x": {"type": "int", "low": 0, "high": 9}}, parallelism=5, resources=CPU,
+                    metric={"name": "loss", "goal": "maximize"}, chunk_size=4, max_queued=8)
+    sid = run_sweep(f)
+    sweeps(sid)
+    assert _sweep_info(sid)["driver_job_id"]
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=400)
+    assert res.returncode == 0, res.stderr
+    rows = results(sid)
+    assert [r["metrics"]["loss"] for r in rows] == [float(x + 10) for x in range(10)]
+    assert json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)["trial"] == 9
