@@ -99,3 +99,27 @@ def restart_slurmctld(timeout: float = 60) -> int:
 
     wait_for(up, timeout, "slurmctld to answer scontrol ping after its restart", interval=0.2)
     return int(Path(pid_file).read_text().split()[0])
+
+
+def on_private_cluster(name: str, ports: tuple[int, int, int]):
+    """For a module-scoped fixture (``yield from``): a private controller (tests/private_slurm.py)
+    shaped as the local cluster for sweeps: partition ``cpu`` (one 16-CPU node, where drivers
+    run) and ``all`` (that node and two more), the shared cluster's MaxArraySize, under its own
+    cluster name in the shared slurmdbd (``sacct`` works); SLURM_CONF points gpuhpc, the sweep
+    drivers and every Slurm call of the module at it. Stopped and forgotten at the end."""
+    import pytest
+
+    from private_slurm import PrivateSlurm
+
+    prefix = name.removeprefix("gpuhpc")[:6]
+    nodes = [f"{prefix}-node1", f"{prefix}-node2", f"{prefix}-cpu1"]
+    cluster = PrivateSlurm(
+        name, ports, {n: "CPUs=16 RealMemory=32000 State=UNKNOWN" for n in nodes},
+        [f"PartitionName=cpu Nodes={nodes[2]} MaxTime=INFINITE State=UP",
+         "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP"],
+        extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
+               "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
+        accounting=True)
+    with cluster.in_slurmdbd(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster

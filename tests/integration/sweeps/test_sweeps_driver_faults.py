@@ -6,9 +6,11 @@ test_driver_supervision.py: here a requeue would cost the cluster's ``cred_expir
 A Python callable stopped at its requeue cap ends FAILED with exit 75 and a ``requeue cap
 reached`` line, as a script job does (docs/jobs.md).
 
-Each case is a real sweep on the local cluster with state on a server or file system of the
-test's own (a private PostgreSQL on a free port, a small tmpfs), so a fault disturbs no other
-test. The wait on a sweep whose driver was killed is test_sweeps_robust's last test."""
+Each case is a real sweep on a private controller for the module (sweeps_helpers.on_private_cluster:
+partitions ``cpu`` and ``all`` as the local cluster's, accounting in the shared slurmdbd; the
+tests are isolated and run beside the shared-cluster stream) with state on a server or file
+system of the test's own (a private PostgreSQL on a free port, a small tmpfs), so a fault
+disturbs no other test. The wait on a sweep whose driver was killed is in test_sweeps_robust."""
 from __future__ import annotations
 
 import errno
@@ -21,11 +23,24 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
-from sweeps_helpers import run_sweep, write_sweep
+from sweeps_helpers import on_private_cluster, run_sweep, write_sweep
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
+NAME = "gpuhpcswdrv"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 16997, 16998, 17481          # unlike every other private cluster's
 CPU = {"partition": "cpu", "time": "5m"}
+
+
+@pytest.fixture(scope="module")
+def private_cluster():
+    """The module's private controller (sweeps_helpers.on_private_cluster)."""
+    yield from on_private_cluster(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
+
+
+@pytest.fixture
+def slurm(private_cluster) -> SlurmClient:
+    return private_cluster.client
 
 
 @pytest.fixture

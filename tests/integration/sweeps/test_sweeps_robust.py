@@ -20,8 +20,7 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
-from private_slurm import PrivateSlurm
-from sweeps_helpers import PY, gpuhpc, report_cmd, results, run_sweep, write_sweep
+from sweeps_helpers import PY, gpuhpc, on_private_cluster, report_cmd, results, run_sweep, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
@@ -34,20 +33,8 @@ N_RESUME, P_RESUME = 24, 8
 
 @pytest.fixture(scope="module")
 def private_cluster():
-    """The module's private controller (``cpu``: swrob-cpu1; ``all``: every node; 16 CPUs each)
-    under its own cluster name in the shared slurmdbd (``sacct`` works), SLURM_CONF pointing at it
-    for the module's tests and the jobs they submit; stopped and forgotten at the end."""
-    cluster = PrivateSlurm(
-        NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT),
-        {n: "CPUs=16 RealMemory=32000 State=UNKNOWN" for n in ("swrob-node1", "swrob-node2", "swrob-cpu1")},
-        ["PartitionName=cpu Nodes=swrob-cpu1 MaxTime=INFINITE State=UP",
-         "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP"],
-        extra={"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
-               "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"},
-        accounting=True)
-    with cluster.in_slurmdbd(), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLURM_CONF", str(cluster.conf))
-        yield cluster
+    """The module's private controller (sweeps_helpers.on_private_cluster)."""
+    yield from on_private_cluster(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
 
 
 @pytest.fixture
