@@ -16,19 +16,26 @@ set -euo pipefail
 D=${D:-/var/tmp/gpuhpc-sshd}; PORT=${PORT:-2222}; LUSER=${LUSER:-gpuhpc-laptop}
 REPO=$(cd "$(dirname "$0")/../.." && pwd); SITE=$REPO/.venv/site
 private_dir "$D" 700
+# put FILE MODE [OWNER]: stdin to FILE by rename, so that a login of another test running at the same
+# time (the laptop tests run in two streams) never reads an empty or half-written file
+put() {
+  local tmp; tmp=$(mktemp "$1.XXXXXX"); cat > "$tmp"; chmod "$2" "$tmp"
+  [ -z "${3:-}" ] || chown "$3" "$tmp"
+  mv -f "$tmp" "$1"
+}
 case "${1:-start}" in
 start)
   mkdir -p /run/sshd
   [ -f "$D/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$D/host_ed25519"
   [ -f "$D/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$D/id_ed25519"
-  cp "$D/id_ed25519.pub" "$D/authorized_keys"; chmod 600 "$D/authorized_keys"
+  put "$D/authorized_keys" 600 < "$D/id_ed25519.pub"
   # the laptop user
   id -u "$LUSER" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$LUSER"
   usermod -p '*' "$LUSER"                       # no password (not "!": sshd refuses locked accounts)
   home=$(getent passwd "$LUSER" | cut -d: -f6)
   [ -f "$D/laptop_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C "$LUSER" -f "$D/laptop_ed25519"
   install -d -m 700 -o "$LUSER" -g "$LUSER" "$home/.ssh"
-  install -m 600 -o "$LUSER" -g "$LUSER" "$D/laptop_ed25519.pub" "$home/.ssh/authorized_keys"
+  put "$home/.ssh/authorized_keys" 600 "$LUSER:$LUSER" < "$D/laptop_ed25519.pub"
   # the site install of gpuhpc: editable, so code changes need nothing; re-made (aside, then
   # swapped in) when the dependencies or constraints.txt change; one sshd.sh at a time does it
   want=$( { /usr/bin/python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"])' \
@@ -46,9 +53,9 @@ start)
     fi
     exec 9>&-
   fi
-  echo "[127.0.0.1]:$PORT $(cat "$D/host_ed25519.pub" | cut -d' ' -f1-2)" > "$D/known_hosts"
+  echo "[127.0.0.1]:$PORT $(cut -d' ' -f1-2 "$D/host_ed25519.pub")" | put "$D/known_hosts" 644
   old=$(cat "$D/sshd_config" 2>/dev/null || true)
-  cat > "$D/sshd_config" <<EOC
+  put "$D/sshd_config" 600 <<EOC
 Port $PORT
 ListenAddress 127.0.0.1
 HostKey $D/host_ed25519
