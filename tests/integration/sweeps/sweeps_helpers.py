@@ -123,3 +123,22 @@ def on_private_cluster(name: str, ports: tuple[int, int, int]):
     with cluster.in_slurmdbd(), pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(cluster.conf))
         yield cluster
+
+
+def private_cluster_fixtures(name: str, ports: tuple[int, int, int]):
+    """A module's two fixtures on :func:`on_private_cluster`: ``private_cluster`` (module-scoped)
+    and ``slurm`` (its SlurmClient, in place of the shared cluster's). In the module::
+
+        private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def private_cluster():
+        yield from on_private_cluster(name, ports)
+
+    @pytest.fixture
+    def slurm(private_cluster):
+        return private_cluster.client
+
+    return private_cluster, slurm

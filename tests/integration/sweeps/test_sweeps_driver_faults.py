@@ -23,7 +23,7 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
-from sweeps_helpers import on_private_cluster, run_sweep, write_sweep
+from sweeps_helpers import private_cluster_fixtures, run_sweep, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
@@ -31,16 +31,7 @@ NAME = "gpuhpcswdrv"
 CTLD_PORT, SLURMD_PORT, NODE_PORT = 16997, 16998, 17481          # unlike every other private cluster's
 CPU = {"partition": "cpu", "time": "5m"}
 
-
-@pytest.fixture(scope="module")
-def private_cluster():
-    """The module's private controller (sweeps_helpers.on_private_cluster)."""
-    yield from on_private_cluster(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
-
-
-@pytest.fixture
-def slurm(private_cluster) -> SlurmClient:
-    return private_cluster.client
+private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
-from sweeps_helpers import PY, gpuhpc, on_private_cluster, report_cmd, results, run_sweep, write_sweep
+from sweeps_helpers import PY, gpuhpc, private_cluster_fixtures, report_cmd, results, run_sweep, write_sweep
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
@@ -30,16 +30,7 @@ CPU = {"partition": "cpu", "time": "5m"}
 ALL = {"partition": "all", "time": "5m"}         # more CPUs than `cpu`: parallelism 20 runs 20 at once
 N_RESUME, P_RESUME = 24, 8
 
-
-@pytest.fixture(scope="module")
-def private_cluster():
-    """The module's private controller (sweeps_helpers.on_private_cluster)."""
-    yield from on_private_cluster(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
-
-
-@pytest.fixture
-def slurm(private_cluster) -> SlurmClient:
-    return private_cluster.client
+private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
 
 
 def _trial_script(work: Path, gate_from: int) -> None:
