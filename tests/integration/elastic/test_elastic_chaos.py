@@ -43,12 +43,16 @@ SEED = int(os.environ.get("GPUHPC_ELASTIC_CHAOS_SEED") or 24)
 
 def _script(d, steps: int) -> str:
     ckpt, progress, log = d / "ckpt", d / "progress", d / "log"
+    # the checkpoint and the progress count are replaced by rename, as a real checkpoint is: a reclaim
+    # that kills the job between a truncate and its write left an empty file (CI read a start line
+    # with no progress count)
     return f"""#!/bin/bash
+put() {{ echo "$2" > "$1.tmp" && mv -f "$1.tmp" "$1"; }}
 n=$(cat {ckpt} 2>/dev/null || echo 0)
 echo "start $n $(cat {progress} 2>/dev/null || echo 0) $(date +%s.%N) $SLURMD_NODENAME" >> {log}
-trap 'echo $n > {ckpt}; echo "usr2 $n" >> {log}' USR2
+trap 'put {ckpt} $n; echo "usr2 $n" >> {log}' USR2
 while [ $n -lt {steps} ]; do
-  n=$((n + 1)); echo $n > {progress}; [ $((n % {CHECKPOINT_EVERY})) -eq 0 ] && echo $n > {ckpt}; sleep 1
+  n=$((n + 1)); put {progress} $n; [ $((n % {CHECKPOINT_EVERY})) -eq 0 ] && put {ckpt} $n; sleep 1
 done
 echo "done $n $(date +%s.%N)" >> {log}
 """
