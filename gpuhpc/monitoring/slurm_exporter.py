@@ -13,16 +13,7 @@ import sys
 from collections import defaultdict
 
 from gpuhpc.monitoring import METRICS
-
-
-def node_state(state: str) -> str:
-    """``IDLE+DRAIN`` -> drain, ``DOWN+NOT_RESPONDING`` -> down, ``MIXED`` -> mixed ..."""
-    parts = state.upper().split("+")
-    if "DRAIN" in parts or parts[0] in ("DRAINED", "DRAINING"):
-        return "drain"
-    if parts[0] == "DOWN" or "NOT_RESPONDING" in parts:
-        return "down"
-    return {"ALLOCATED": "alloc"}.get(parts[0], parts[0].lower())
+from gpuhpc.slurm.state import node_state
 
 
 def tres_gpus(tres_per_node: str) -> dict[str, int]:

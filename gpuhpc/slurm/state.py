@@ -1,4 +1,4 @@
-"""Slurm job states as an enum, with the raw string Slurm printed kept alongside."""
+"""Slurm job states as an enum, with the raw string Slurm printed kept alongside; a node's state in one word."""
 from __future__ import annotations
 
 import enum
@@ -83,3 +83,13 @@ class SlurmState:
 
     def __str__(self) -> str:
         return self.state.value
+
+
+def node_state(state: str) -> str:
+    """``IDLE+DRAIN`` -> drain, ``DOWN+NOT_RESPONDING`` -> down, ``MIXED`` -> mixed ..."""
+    parts = state.upper().split("+")
+    if "DRAIN" in parts or parts[0] in ("DRAINED", "DRAINING"):
+        return "drain"
+    if parts[0] == "DOWN" or "NOT_RESPONDING" in parts:
+        return "down"
+    return {"ALLOCATED": "alloc"}.get(parts[0], parts[0].lower())

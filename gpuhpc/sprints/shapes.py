@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.hostlist import natural_key
+from gpuhpc.slurm.state import node_state
 
 RESOURCE_AXES = ("gpus_per_node", "nodes", "placement")
 
@@ -33,8 +34,6 @@ RESOURCE_AXES = ("gpus_per_node", "nodes", "placement")
 def _up(node: Any) -> bool:
     """Slurm may start a job there now: not drained or down (a trial pinned to such a node waits
     until someone resumes it). A record without a state (a test's) counts as up."""
-    from gpuhpc.monitoring.slurm_exporter import node_state
-
     return node_state(getattr(node, "state", "") or "") not in ("drain", "down")
 
 
