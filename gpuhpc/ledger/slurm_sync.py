@@ -137,16 +137,16 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
     bare list would read another cluster's association as this one's)."""
     res = SyncResult()
     cluster = client.cluster_name()
-    on = [("Cluster", cluster)] if cluster else []
+    setting = [("Cluster", cluster)] if cluster else []      # add ... Cluster=
+    where_on = [("cluster", cluster)] if cluster else []     # list/modify ... where cluster=
 
     def add(entity: str, name: str, *settings: tuple[str, str]) -> None:
-        res.commands.append(client.sacctmgr_add(entity, name, [*on, *settings], dry_run=dry_run))
+        res.commands.append(client.sacctmgr_add(entity, name, [*setting, *settings], dry_run=dry_run))
 
     def modify(entity: str, where: list[tuple[str, str]], *settings: tuple[str, str]) -> None:
-        res.commands.append(client.sacctmgr_modify(entity, [*where, *((k.lower(), v) for k, v in on)], settings,
-                                                   dry_run=dry_run))
+        res.commands.append(client.sacctmgr_modify(entity, [*where, *where_on], settings, dry_run=dry_run))
 
-    assocs = client.sacctmgr_list("association", *([f"cluster={cluster}"] if cluster else []),
+    assocs = client.sacctmgr_list("association", *(f"{k}={v}" for k, v in where_on),
                                   fields=["Account", "User", "GrpTRESMins"])
     users_of: dict[str, dict[str, dict]] = {}
     for r in assocs:
