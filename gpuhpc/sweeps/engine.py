@@ -992,8 +992,11 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     terminal = {st.value for st in TrialState if st.is_terminal}
 
     def live(t) -> str | None:
+        # a waiting trial has no task now, whatever array it ran in before (a resume gives it back):
+        # that array's record (cancelled, failed) is not this trial's
         job = chunks.get(t[3]) if t[3] is not None else None
-        return job if job is not None and t[2] not in terminal and t[4] is not None else None
+        return job if job is not None and t[2] not in terminal and t[2] != TrialState.WAITING.value \
+            and t[4] is not None else None
 
     live_jobs = sorted({j for j in map(live, trials) if j})
     queue = _queue_by_task(c, live_jobs) if live_jobs else {}
@@ -1117,7 +1120,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         created = s.query(SweepTrial).filter(SweepTrial.sweep_id == sid).count()
         if numbers:
             s.execute(update(SweepTrial).where(SweepTrial.sweep_id == sid, SweepTrial.number.in_(numbers)).values(
-                state=TrialState.WAITING.value, updated_at=now()))
+                state=TrialState.WAITING.value, chunk_id=None, task_id=None, raw_state=None, updated_at=now()))
         sw.status = SweepStatus.RUNNING.value
         sw.message = None
         driver = sw.driver_job_id

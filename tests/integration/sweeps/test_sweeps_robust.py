@@ -135,11 +135,13 @@ def test_tpe_proposes_40_distinct_parameter_sets(sweep_env, sweeps, tmp_path):
 def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(sweep_env, sweeps, slurm: SlurmClient,
                                                                            tmp_path):
     """`sweep wait` reads what the driver writes; when the driver's heartbeat stops and its job
-    is gone, it exits 1 in one line naming the command that restarts it, which works."""
+    is gone, it exits 1 in one line naming the command that restarts it, which works.
+    16 trials in chunks of 4 at parallelism 4: the driver may have submitted the second chunk
+    before it was killed, and ``resume`` still leaves trials waiting for a new driver."""
     from gpuhpc.sweeps import engine
 
     f = write_sweep(tmp_path / "d.yaml", name="t-dead", method="grid", command=f"sleep 1; {PY} -m gpuhpc "
-                    "report-metric loss {x}", parameters={"x": {"type": "int", "low": 0, "high": 11}},
+                    "report-metric loss {x}", parameters={"x": {"type": "int", "low": 0, "high": 15}},
                     parallelism=4, resources=CPU, metric={"name": "loss", "goal": "minimize"}, chunk_size=4)
     sid = run_sweep(f)
     sweeps(sid)
@@ -154,7 +156,7 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     assert engine.sweep_info(sid)["driver_job_id"] not in (None, driver)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
     assert res.returncode == 0, (res.stdout, res.stderr)
-    assert [r["state"] for r in results(sid)] == ["completed"] * 12
+    assert [r["state"] for r in results(sid)] == ["completed"] * 16
 
 
 def _sweep_info(sid: int) -> dict:
@@ -177,6 +179,10 @@ def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: Slur
     # P+2 reports: the last two started in slots that 2 ended trials gave up
     wait_for(lambda: len(list(trials.glob("*/metrics.jsonl"))) >= P_RESUME + 2, 240,
              f"{P_RESUME + 2} trials reported (before accounting says so)", interval=0.2)
+    # and the driver has submitted the second array: trials resumed beyond the first new chunk then
+    # wait with the record of a cancelled array behind them, which must never be read as theirs
+    wait_for(lambda: sum(1 for c in _sweep_info(sid)["chunks"] if c["job_id"]) >= 2, 240,
+             "the second array submitted", interval=0.2)
     # "part of the sweep": the driver (so that nothing submits the rest), then every array
     slurm.cancel(_sweep_info(sid)["driver_job_id"])
     for c in _sweep_info(sid)["chunks"]:
