@@ -10,6 +10,12 @@
   from the price book, applied by the collection with `scontrol reconfigure`: slurmctld keeps its
   pid, a running job is untouched); after ingest the ledger and Slurm agree per job; a period
   rollover frees the budget in both.
+* that `scripts/cluster.sh up` is the local cluster's second converge (the CI's set-up ran the
+  first): idempotence, as README/DEVELOPING promise ("a second run reports changed=0 and restarts
+  nothing"), asserted on the one input that changed: only slurm.conf's TRESBillingWeights line
+  differs among the deployed files, only the tasks that write it and reconfigure report changed,
+  and no daemon (slurmctld, any slurmd) restarts. (This was a test of its own,
+  test_local_cluster.py's second `cluster.sh up` with nothing changed: a whole site play more.)
 
 Own accounts only (quota-t1, quota-t2); every limit and the published snapshot are removed in
 finally blocks, so no other test's job pends on them.
@@ -235,6 +241,38 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
     assert not _assoc(client, acct)
 
 
+# the files a converge of the local cluster deploys (cluster.sh's `deployed`), and its daemons' pid files
+DEPLOYED = ("/etc/slurm/*.conf", "/etc/slurm/job_submit.lua", "/etc/gpuhpc/*")
+PID_FILES = ("/run/slurm/slurmctld.pid", "/run/slurm/slurmd-*.pid")
+# what a changed billing weight alone changes in a converge: the rendered files (slurm.conf), the
+# reconfigure their change asks for, and the copy of what the daemons now run with
+BILLING_TASKS = {"gpuhpc.cluster.gpuhpc_slurm_common : Render Slurm config files from the slurm-conf templates",
+                 "gpuhpc.cluster.gpuhpc_slurm_controller : Reconfigure Slurm (scontrol reconfigure)",
+                 "gpuhpc.cluster.gpuhpc_slurm_common : Record the config files the daemons applied"}
+
+
+def _files(patterns: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pattern in patterns:
+        for f in sorted(Path("/").glob(pattern.lstrip("/"))):
+            if f.is_file():
+                out[str(f)] = f.read_text(errors="replace")
+    return out
+
+
+def changed_tasks(stdout: str) -> list[str]:
+    """The tasks and handlers of an ansible-playbook run (default output) that reported changed."""
+    out: list[str] = []
+    name = ""
+    for line in stdout.splitlines():
+        m = re.match(r"(?:TASK|RUNNING HANDLER) \[(.*)\] \*+$", line)
+        if m:
+            name = m.group(1)
+        elif line.startswith("changed:") and (not out or out[-1] != name):
+            out.append(name)
+    return out
+
+
 def _billing(row) -> int:
     return int(row.alloc_tres.get("billing", 0))
 
@@ -267,12 +305,26 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
                                                                        "-o", "/dev/null", "-J", "quota-t2-long"])
         jobs.append(long)
         wait_for(lambda: (q := client.queue(job_ids=[long])) and q[0].state.state.value == "RUNNING", 60, "the long job")
-        pid = Path("/run/slurm/slurmctld.pid").read_text().strip()
+        pids, files = _files(PID_FILES), _files(DEPLOYED)
+        assert "/run/slurm/slurmctld.pid" in pids and len(pids) >= 5, pids    # slurmctld and the 4 slurmd
         up = subprocess.run(["bash", str(REPO / "scripts" / "cluster.sh"), "up"], capture_output=True, text=True,
                             timeout=600)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
-        assert Path("/run/slurm/slurmctld.pid").read_text().strip() == pid            # reconfigured, not restarted
-        assert "TRESBillingWeights" in Path("/etc/slurm/slurm.conf").read_text()
+        # reconfigured, not restarted: slurmctld and every slurmd keep their pids
+        assert _files(PID_FILES) == pids, (pids, up.stdout[up.stdout.rindex("PLAY RECAP"):])
+        # a second converge (idempotence): among the deployed files only slurm.conf's billing line differs ...
+        after = _files(DEPLOYED)
+        assert after.keys() == files.keys(), sorted(after.keys() ^ files.keys())
+        diff = {p: sorted(set(files[p].splitlines()) ^ set(after[p].splitlines())) for p in files if files[p] != after[p]}
+        assert list(diff) == ["/etc/slurm/slurm.conf"], diff
+        weights = re.compile(r"TRESBillingWeights=\S*")
+        assert weights.sub("", files["/etc/slurm/slurm.conf"]) == weights.sub("", after["/etc/slurm/slurm.conf"]), diff
+        # ... and only the tasks that write it and reconfigure report changed (any other would be a task
+        # that is not idempotent, or a restart)
+        changed = changed_tasks(up.stdout)
+        assert set(changed) == BILLING_TASKS, changed
+        print(f"cluster.sh up with a new billing weight: changed {changed}", file=sys.stderr)
+        assert re.search(r"failed=0 ", up.stdout[up.stdout.rindex("PLAY RECAP"):]), up.stdout[-3000:]
         (q,) = client.queue(job_ids=[long])
         assert q.state.state.value == "RUNNING", q                                     # untouched
         del weights
