@@ -5,8 +5,8 @@ mount namespace of its own (docs/containers.md, "The local cluster"): the local 
 /etc/os-release`` prints the image's OS; an ordinary user's file written to a mount belongs to that
 user; an NGC-style image on a GPU node asks the nvidia-container-cli stand-in (on slurmd's PATH) for
 exactly the job's GPUs; a two-node step in an image gets a container on each node; a plain ``srun
---container-image`` of an ordinary user meets the site's image policy in pyxis' importer (the role's
-``gpuhpc_containers_importer_python``). Skipped, saying why, on a local cluster without containers."""
+--container-image`` or ``sbatch --container-image`` of an ordinary user meets the site's image policy
+in pyxis' importer (the role's ``gpuhpc_containers_importer_python``). Skipped, saying why, on a local cluster without containers."""
 from __future__ import annotations
 
 import json
@@ -121,3 +121,37 @@ def test_a_plain_srun_is_held_to_the_site_policy_by_pyxis_importer(hostile):
     assert "partition cpu runs only images pinned by digest" in refused.stderr, refused.stderr
     ran = srun(image)
     assert ran.returncode == 0 and ran.stdout.strip() == "ID=gpuhpc-test", ran.stderr
+
+
+def test_a_plain_sbatch_is_held_to_the_site_policy_by_pyxis_importer(hostile):
+    """The same binding point holds a plain ``sbatch --container-image`` of an ordinary user: pyxis
+    imports the batch step's image through the importer before the script starts, so a refused image
+    runs nothing (the job FAILED, the reason in its output file) and the pinned one runs the script
+    in the image. The three jobs are submitted at once and polled until slurmctld has ended each."""
+    image = registry_image()
+    registry, digest = image.split("#")[0], image.split("@")[1]
+    site = hostile.workdir / "site-sbatch.toml"
+    site.write_text(f'[containers]\nallowed_registries = ["{registry}"]\nrequire_digest_partitions = ["cpu"]\n')
+    refs = {"registry": f"quay.io#gpuhpc/test@{digest}", "tag": image.split("@")[0] + ":1", "pinned": image}
+    jobs = {}
+    for name, ref in refs.items():
+        res = hostile.run(["sbatch", "--parsable", "--partition=cpu", "--time=1", f"--container-image={ref}",
+                           f"--output={hostile.workdir / name}.out", "--wrap", "grep ^ID= /etc/os-release"],
+                          env={"GPUHPC_SITE_CONFIG": str(site)})
+        assert res.returncode == 0, res.stderr
+        jobs[name] = res.stdout.strip().split(";", 1)[0]
+        hostile.jobs.append(jobs[name])
+
+    def state(job: str) -> str | None:
+        out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True,
+                             env=_env(), timeout=30).stdout
+        word = next((f.split("=", 1)[1] for f in out.split() if f.startswith("JobState=")), None)
+        return word if word in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None
+
+    ended = wait_for(lambda: (lambda s: s if all(s.values()) else None)({n: state(j) for n, j in jobs.items()}),
+                     180, "the three sbatch jobs ended")
+    assert ended == {"registry": "FAILED", "tag": "FAILED", "pinned": "COMPLETED"}, ended
+    out = {n: (hostile.workdir / f"{n}.out").read_text() for n in jobs}
+    assert "registry quay.io is not allowed" in out["registry"] and "ID=" not in out["registry"], out["registry"]
+    assert "partition cpu runs only images pinned by digest" in out["tag"] and "ID=" not in out["tag"], out["tag"]
+    assert out["pinned"].strip().splitlines()[-1] == "ID=gpuhpc-test", out["pinned"]
