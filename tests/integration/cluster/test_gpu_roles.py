@@ -10,7 +10,8 @@ change that destroys and creates only what differs, regenerates gres.conf and te
 Both roles converge once per module, in one play (check, apply, re-apply); the layout change, the
 boot-time unit after a "reboot" of the stand-in and the slurmd -G isolation check start from that
 state. The GPUDirect decision and DGX OS run once, as four hosts of one --check play, each with its
-own recorded driver, OFED and /etc/dgx-release facts. Nothing touches the shared cluster: the spec's conf_dir, the applied record and
+own recorded driver, OFED and /etc/dgx-release facts (gpuhpc_slurm_common's context and pending
+decision only, and no MIG layout: the converged host covers those). Nothing touches the shared cluster: the spec's conf_dir, the applied record and
 the NCCL profile live under the test's tmp directory.
 """
 from __future__ import annotations
@@ -315,11 +316,17 @@ def decisions(collection, tmp_path_factory, fixtures_dir) -> dict[str, str]:
         # facts (set_fact) outrank the roles' private vars, which point at /proc, /sys and /etc
         "pre_tasks": [{"name": "Point the roles at this host's facts files",
                        "ansible.builtin.set_fact": {k: f"{{{{ test_facts['{k}'] }}}}" for k in
-                                                    inventory["all"]["hosts"]["dgx"]["test_facts"]}}],
-        "roles": [{"role": "gpuhpc.cluster.gpuhpc_slurm_common"}, {"role": f"gpuhpc.cluster.{NVIDIA}"},
-                  {"role": f"gpuhpc.cluster.{RDMA}"}]}]))
+                                                    inventory["all"]["hosts"]["dgx"]["test_facts"]}},
+                      # the decisions read gpuhpc_slurm_common's outputs (the spec's context and the
+                      # daemons' pending actions), not the Slurm files it writes: those and the MIG
+                      # layout (--skip-tags mig) are the converged host's, above
+                      *({"name": f"gpuhpc_slurm_common's {part}", "ansible.builtin.import_role": {
+                          "name": "gpuhpc.cluster.gpuhpc_slurm_common", "tasks_from": f"{part}.yml"}}
+                        for part in ("context", "pending"))],
+        "roles": [{"role": f"gpuhpc.cluster.{NVIDIA}"}, {"role": f"gpuhpc.cluster.{RDMA}"}]}]))
     proc = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(h.inventory), str(playbook),
-                           "--check", "--forks", "4"], cwd=REPO, env=h.env(), capture_output=True, text=True, timeout=300)
+                           "--check", "--forks", "4", "--skip-tags", "mig"], cwd=REPO, env=h.env(), capture_output=True,
+                          text=True, timeout=300)
     out = proc.stdout.replace(str(h.tmp), "TMP")
     per_host = {name: "\n".join(re.findall(rf"^(?:ok|changed|fatal|skipping): \[{name}\].*$|^\[ERROR\].*$", out, re.M)
                                  + re.findall(rf'\[{name}\][^\n]*=> \{{\n\s+"msg": "([^\n]*)"', out))
