@@ -3,7 +3,11 @@
 trials it picks), at least 10 running trials are force-requeued (``scontrol requeue``), the
 driver job itself is requeued once and slurmctld is restarted once. Every trial still finishes
 exactly once, with the right metric; the restarts show (sacct --duplicates); the ledger has
-exactly one charge per run."""
+exactly one charge per run.
+
+It runs on a private controller of its own, shaped as the local cluster's GPU nodes and partitions
+(sweeps_helpers.on_private_cluster with gpu=True): it restarts that slurmctld, not the shared one,
+and runs beside the shared-cluster stream (marked isolated; about 4 min off CI's critical path)."""
 from __future__ import annotations
 
 import random
@@ -14,13 +18,16 @@ import pytest
 
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.slurm.durations import reported_seconds
-from sweeps_helpers import (assert_one_charge_per_run, research_quota, restart_slurmctld, results, run_sweep,
-                            shell_report, write_sweep)
+from sweeps_helpers import (assert_one_charge_per_run, private_cluster_fixtures, research_quota, restart_slurmctld,
+                            results, run_sweep, shell_report, write_sweep)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 N = 128
-NODES = ("gpu-node1", "gpu-node2")
+NAME = "gpuhpcswchaos"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17017, 17018, 17521          # unlike every other private cluster's
+
+private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), gpu=True)
 
 
 def _started(directory: Path, job_id_raw: str) -> bool:
@@ -51,13 +58,16 @@ def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track, directory:
 
 
 def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_restart(
-        sweep_env, sweeps, track, slurm: SlurmClient, tmp_path, monkeypatch):
+        private_cluster, sweep_env, sweeps, track, slurm: SlurmClient, tmp_path, monkeypatch):
     from gpuhpc.sweeps import engine
+
+    nodes = private_cluster.gpu_nodes
     from gpuhpc.sweeps.api import Sweep
 
     research_quota(monkeypatch, 1000)           # the ledger on: reservations per chunk, a charge per run
     f = write_sweep(tmp_path / "chaos.yaml", name="t-chaos", method="grid",
-                    command=f"sleep 5; v={{x}}; {shell_report('v*v+1')}",
+                    # 8 s: a preemptor waits for 8 trials running >= 3 s on one node (slurmd starts them at once here)
+                    command=f"sleep 8; v={{x}}; {shell_report('v*v+1')}",
                     parameters={"x": {"type": "int", "low": 0, "high": N - 1}}, parallelism=16,
                     resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "time": "10m"},
                     metric={"name": "loss", "goal": "minimize"}, max_queued=64, max_requeues=8)
@@ -80,7 +90,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
                 slurm.requeue(job)
                 requeued.add(job)
         if len(preemptors) < 2 and len(requeued) >= 2 + 4 * len(preemptors):
-            for node in rng.sample(NODES, len(NODES)):      # the first node the trials fill
+            for node in rng.sample(nodes, len(nodes)):      # the first node the trials fill
                 job = _preempt(slurm, node, chunks, track, Path(engine.sweep_info(sid)["directory"]))
                 if job:
                     preemptors.append(job)
@@ -91,7 +101,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
                 slurm.requeue(driver)
                 driver_requeued = True
         if not restarted and driver_requeued and len(requeued) >= 6:
-            restart_slurmctld()                  # mid-sweep: trials keep running on the nodes
+            restart_slurmctld()                  # (the private one) mid-sweep: trials keep running on the nodes
             restarted = True
         time.sleep(1)
     assert len(requeued) >= 10 and len(preemptors) >= 2 and driver_requeued and restarted, (
