@@ -42,7 +42,7 @@ second copy beside a running one), starts the daemons and waits until every star
 down, stops every slurmd it started (pid files), and removes the directory (kept when
 ``GPUHPC_KEEP_PRIVATE_SLURM`` is set: the logs are then under ``base/log``).
 
-``gpu_shape(["x-node1", "x-node2"])``: the local cluster's GPU nodes (8 ``h100`` GRES each) and its
+``gpu_shape(["x-node1", "x-node2"], accounting=False)``: the local cluster's GPU nodes (8 ``h100`` GRES each) and its
 ``gpu``/``gpu-hi`` partitions and preemption, as ``nodes``, ``partitions``, ``extra`` and the
 ``before_start`` that writes gres.conf and the devices.
 
@@ -317,14 +317,16 @@ class PrivateSlurm:
         self.stop()
 
 
-def gpu_shape(gpu_nodes: list[str]) -> dict:
+def gpu_shape(gpu_nodes: list[str], accounting: bool = False) -> dict:
     """The local cluster's GPU nodes and partitions for a :class:`PrivateSlurm`: ``gpu_nodes`` as its
     gpu-node1/2 (16 CPUs, 8 ``h100`` GRES each: character devices of NVIDIA's major under the
     cluster's directory, as the local cluster's fake GPUs), partitions ``gpu`` (PriorityTier 1,
     requeued on preemption after GraceTime 30) and ``gpu-hi`` (PriorityTier 10) with its per-GPU CPU
     and memory defaults, and its preemption (partition_prio, REQUEUE, preempt_send_user_signal).
     Returns ``nodes`` (name -> line), ``partitions``, ``extra`` (to merge into the cluster's) and
-    ``before_start`` (writes gres.conf and the devices: pass it to ``start``/``in_slurmdbd``)."""
+    ``before_start`` (writes gres.conf and the devices: pass it to ``start``/``in_slurmdbd``).
+    ``accounting``: for an ``accounting=True`` cluster, the GPUs are TRES too (AccountingStorageTRES:
+    in nodes' AllocTRES, sacct's AllocTRES, the ledger's charges; slurmctld refuses it without slurmdbd)."""
     import stat
 
     names = ",".join(gpu_nodes)
@@ -342,8 +344,8 @@ def gpu_shape(gpu_nodes: list[str]) -> dict:
         "nodes": {n: "CPUs=16 RealMemory=64000 Gres=gpu:h100:8 State=UNKNOWN" for n in gpu_nodes},
         "partitions": [f"PartitionName=gpu Nodes={names} PriorityTier=1 PreemptMode=REQUEUE GraceTime=30 {per_gpu}",
                        f"PartitionName=gpu-hi Nodes={names} PriorityTier=10 PreemptMode=OFF {per_gpu}"],
-        # AccountingStorageTRES: the GPUs in each job's and node's TRES (GresUsed, sacct's AllocTRES, charges)
         "extra": {"GresTypes": "gpu", "PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE",
-                  "SlurmctldParameters": "preempt_send_user_signal", "AccountingStorageTRES": "gres/gpu,gres/gpu:h100"},
+                  "SlurmctldParameters": "preempt_send_user_signal",
+                  **({"AccountingStorageTRES": "gres/gpu,gres/gpu:h100"} if accounting else {})},
         "before_start": before_start,
     }

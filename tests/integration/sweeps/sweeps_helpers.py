@@ -124,7 +124,7 @@ def on_private_cluster(name: str, ports: tuple[int, int, int], gpu: bool = False
              "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"}
     start: dict = {}
     if gpu:
-        shape = gpu_shape(nodes[:2])
+        shape = gpu_shape(nodes[:2], accounting=True)
         attrs.update(shape["nodes"])
         partitions += shape["partitions"]
         extra.update(shape["extra"])

@@ -1,6 +1,9 @@
 """The Python API: a 24-trial sweep of a callable returns the right results in trial order,
 including after its array tasks are preempted (gpu partition, a gpu-hi job on the node): a
-preempted trial resumes from its checkpoint, not from step 0."""
+preempted trial resumes from its checkpoint, not from step 0.
+
+It runs on a private controller of its own, shaped as the local cluster's GPU nodes and partitions
+(sweeps_helpers.on_private_cluster with gpu=True): isolated, beside the shared-cluster stream."""
 from __future__ import annotations
 
 import sys
@@ -10,11 +13,15 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
-from sweeps_helpers import HERE, assert_one_charge_per_run, research_quota
+from sweeps_helpers import HERE, assert_one_charge_per_run, private_cluster_fixtures, research_quota
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
-NODE, GRES = "gpu-node2", "gpu:h100:8"
+NAME = "gpuhpcswpy"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17037, 17038, 17541          # unlike every other private cluster's
+GRES = "gpu:h100:8"
+
+private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), gpu=True)
 N = 24                  # 3 waves of 8: the preemption lands in one, the chunking (2 arrays) shows
 
 
@@ -23,8 +30,11 @@ def _progress(d: Path, trial: int) -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
-def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, track, slurm: SlurmClient, monkeypatch):
+def test_python_sweep_results_in_order_after_a_preemption(private_cluster, sweep_env, sweeps, track, slurm: SlurmClient,
+                                                          monkeypatch):
     import gpuhpc as api
+
+    node = private_cluster.gpu_nodes[1]
 
     research_quota(monkeypatch, 1000)               # the ledger on: one reservation per chunk, charges per run
     monkeypatch.setenv("PYTHONPATH", f"{HERE}:{sys.path[0]}")
@@ -33,7 +43,7 @@ def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, tra
 
     sw = api.sweep(Objective(steps=30, step_s=0.1), {"x": {"type": "int", "low": 0, "high": N - 1}},
                       method="grid", parallelism=8, metric={"name": "objective", "goal": "minimize"},
-                      resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "nodelist": NODE, "time": "10m"},
+                      resources={"partition": "gpu", "gpus": 1, "gpu_type": "h100", "nodelist": node, "time": "10m"},
                       chunk_size=N // 2, name="t-pysweep")
     sweeps(sw.id)
     assert isinstance(sw, api.Sweep)
@@ -45,7 +55,7 @@ def test_python_sweep_results_in_order_after_a_preemption(sweep_env, sweeps, tra
         time.sleep(1)
     running = [t for t in range(N) if 5 < len(_progress(d, t)) < 30]
     pid = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
-        "--partition=gpu-hi", f"--nodelist={NODE}", f"--gres={GRES}", "--time=1",
+        "--partition=gpu-hi", f"--nodelist={node}", f"--gres={GRES}", "--time=1",
         "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
     track(pid)
     assert sw.wait(timeout=480, poll=1) is True
