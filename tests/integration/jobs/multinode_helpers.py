@@ -25,11 +25,12 @@ PREEMPT_NODE = "gpu-node2"
 
 
 def submit(name: str, progress: Path, result: Path, *extra: str, steps: int = STEPS, opts=(),
-           partition: str = "gpu", slow_runs: int = 0) -> str:
+           partition: str = "gpu", slow_runs: int = 0, nodelist: str = "gpu-node[1-2]") -> str:
     """``slow_runs``: only runs restarted fewer times than this wait STEP_S per step (0: every run),
-    so the run after a test's last interruption counts its remaining steps at once."""
+    so the run after a test's last interruption counts its remaining steps at once. ``nodelist``:
+    the two GPU nodes (a private cluster's, say)."""
     res = gpuhpc("submit", "--template", "torchrun", "--nodes", str(NODES), "--gpus", str(GPUS),
-                 "--gpu-type", "h100", "--partition", partition, "--nodelist", "gpu-node[1-2]", "--time", "15m",
+                 "--gpu-type", "h100", "--partition", partition, "--nodelist", nodelist, "--time", "15m",
                  "--name", name, "--json", *opts, "--",
                  sys.executable, "-u", str(EXAMPLE), "--steps", str(steps), "--ckpt-every", str(EVERY),
                  "--step-seconds", str(STEP_S), "--backend", "tcp", "--progress", str(progress),
@@ -67,9 +68,9 @@ def runs(progress: Path, world: int = WORLD) -> list[list[dict]]:
     return out
 
 
-def preemptor_gres(slurm, ours: int = GPUS) -> str:
-    """Our ``ours`` GPUs on PREEMPT_NODE plus its free ones: preemption then takes only our job."""
-    rec = slurm.run(["scontrol", "--oneliner", "show", "node", PREEMPT_NODE]).stdout
+def preemptor_gres(slurm, ours: int = GPUS, node: str = PREEMPT_NODE) -> str:
+    """Our ``ours`` GPUs on ``node`` plus its free ones: preemption then takes only our job."""
+    rec = slurm.run(["scontrol", "--oneliner", "show", "node", node]).stdout
     alloc = next((w for w in rec.split() if w.startswith("AllocTRES=")), "AllocTRES=")
     used = [int(kv.split("=")[1]) for kv in alloc.split("=", 1)[1].split(",") if kv.startswith("gres/gpu=")]
     return f"gpu:h100:{min(8, ours + 8 - (used[0] if used else 0))}"

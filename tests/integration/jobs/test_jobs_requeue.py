@@ -2,7 +2,10 @@
 one checkpoint interval per interruption, and ends as an uninterrupted run would. (Three
 preemptions of one job, two in a row and one of a run restarted after a forced requeue:
 test_multinode_chaos.py, whose torchrun script shares this one's stop/requeue logic,
-job-templates/_base.sbatch.j2.)"""
+job-templates/_base.sbatch.j2.) It runs on a private controller of its own
+(jobs_helpers.private_gpu_cluster_fixtures: the local cluster's gpu/gpu-hi partitions and
+preemption, the shared munged and its cred_expire, the shared slurmdbd for sacct): isolated,
+beside the shared-cluster stream."""
 from __future__ import annotations
 
 import json
@@ -10,17 +13,23 @@ import sys
 
 import pytest
 
-from jobs_helpers import HERE, gpuhpc, interrupt, job_state, progress_runs
+from jobs_helpers import HERE, gpuhpc, interrupt, job_state, private_gpu_cluster_fixtures, progress_runs
 from polling import wait_for
 
 sys.path.insert(0, str(HERE))
 from counter_train import uninterrupted  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 STEPS, EVERY, STEP_S = 1500, 10, 0.05
 ACTIONS = ["preempt", "requeue", "time_limit"]
-NODE, GRES = "gpu-node2", "gpu:h100:8"
+NAME = "gpuhpcjrq"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17057, 17058, 17561          # unlike every other private cluster's
+NODES = ["jrq-node1", "jrq-node2"]
+NODE, GRES = NODES[1], "gpu:h100:8"
+
+private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), NODES,
+                                                      accounting=True)
 
 
 def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_path, slurm, track):

@@ -2,7 +2,11 @@
 shard per rank, launched by fake_torchrun.py) under chaos on the real cluster: preempted 3
 times, force-requeued once, time-limited once. Every time all ranks stop after the same step,
 `latest` only ever names a complete checkpoint, the job resumes from it, and the result
-equals an uninterrupted run. A rank killed during a save leaves `latest` where it was."""
+equals an uninterrupted run. A rank killed during a save leaves `latest` where it was.
+
+Both run on a private controller of their own (tests/private_slurm.py, ``gpu_shape``: two GPU nodes
+and the local cluster's gpu/gpu-hi partitions and preemption, the shared munged and its
+cred_expire): isolated, beside the shared-cluster stream (about 2.5 min off CI's critical path)."""
 from __future__ import annotations
 
 import json
@@ -10,19 +14,25 @@ import json
 import pytest
 
 from gpuhpc.jobs import checkpoint as ckpt
-from jobs_helpers import interrupt, job_state
-from multinode_helpers import (EVERY, PREEMPT_NODE, STEPS, WORLD, LatestWatcher, preemptor_gres, reference, runs,
-                               submit)
+from jobs_helpers import interrupt, job_state, private_gpu_cluster_fixtures
+from multinode_helpers import EVERY, STEPS, WORLD, LatestWatcher, preemptor_gres, reference, runs, submit
 from polling import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
+
+NAME = "gpuhpcmnchaos"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17027, 17028, 17531          # unlike every other private cluster's
+NODES = ["mnchao-node1", "mnchao-node2"]
+NODELIST, PREEMPT_NODE = ",".join(NODES), NODES[1]
+
+private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), NODES)
 
 
 def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path, slurm, track):
     progress, result = tmp_path / "progress", tmp_path / "result.json"
     actions = ["preempt", "preempt", "requeue", "preempt", "time_limit"]
     job_id = submit("gpuhpc-test-multinode", progress, result, opts=("--grace", "60", "--max-requeues", "8"),
-                    slow_runs=len(actions))
+                    slow_runs=len(actions), nodelist=NODELIST)
     track(job_id)
     ck_dir = jobs_env / "checkpoints" / job_id
     watcher = LatestWatcher(ck_dir)
@@ -38,7 +48,8 @@ def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path,
 
     for i, action in enumerate(actions):
         wait_for(running_and_progressed(i + 1), 150, f"job {job_id} running again before {action} #{i}")
-        interrupt(slurm, job_id, action, node=PREEMPT_NODE, gres=preemptor_gres(slurm), track=track)
+        interrupt(slurm, job_id, action, node=PREEMPT_NODE, gres=preemptor_gres(slurm, node=PREEMPT_NODE),
+                  track=track)
 
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 300,
              f"job {job_id} to end")
@@ -78,7 +89,7 @@ def test_two_nodes_survive_preemption_requeue_and_time_limit(jobs_env, tmp_path,
 def test_a_rank_killed_during_a_save_leaves_latest_on_the_previous_checkpoint(jobs_env, tmp_path, slurm, track):
     progress, result = tmp_path / "progress", tmp_path / "result.json"
     job_id = submit("gpuhpc-test-killed-save", progress, result, "--fail-rank", "5", "--fail-at", str(2 * EVERY),
-                     steps=4 * EVERY, opts=("--no-requeue", "--env", "GPUHPC_SHARD_TIMEOUT=10"))
+                     steps=4 * EVERY, opts=("--no-requeue", "--env", "GPUHPC_SHARD_TIMEOUT=10"), nodelist=NODELIST)
     track(job_id)
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 240,
              f"job {job_id} to end")
