@@ -1,21 +1,31 @@
 """Python mode: a Checkpointable submitted with gpuhpc.submit survives a preemption, a
-manual requeue and the time limit; its result equals an uninterrupted run."""
+manual requeue and the time limit; its result equals an uninterrupted run.
+
+Both run on a private controller of their own (jobs_helpers.private_gpu_cluster_fixtures: two GPU
+nodes and the local cluster's gpu/gpu-hi partitions and preemption, the shared munged and its
+cred_expire, the shared slurmdbd): isolated, beside the shared-cluster stream."""
 from __future__ import annotations
 
 import sys
 
 import pytest
 
-from jobs_helpers import HERE, job_state, preempt, progress_runs
+from jobs_helpers import HERE, job_state, preempt, private_gpu_cluster_fixtures, progress_runs
 from polling import wait_for
 
 sys.path.insert(0, str(HERE))
 from jobs_counter_lib import Counter, uninterrupted  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 STEPS, STEP_S = 1200, 0.05
-NODE, GRES = "gpu-node2", "gpu:h100:8"
+NAME = "gpuhpcpyapi"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17047, 17048, 17551          # unlike every other private cluster's
+NODES = ["pyapi-node1", "pyapi-node2"]
+NODE, GRES = NODES[1], "gpu:h100:8"
+
+private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), NODES,
+                                                      accounting=True)
 
 
 def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slurm, track, monkeypatch):
