@@ -60,12 +60,14 @@ def interrupt(slurm: SlurmClient, job_id: str, action: str, *, node: str, gres: 
         slurm.update_job(job_id, TimeLimit="15")
 
 
-def private_gpu_cluster_fixtures(name: str, ports: tuple[int, int, int], nodes: list[str], accounting: bool = False):
+def private_gpu_cluster_fixtures(name: str, ports: tuple[int, int, int], nodes: list[str], accounting: bool = False,
+                                 partitions: tuple[str, ...] = ()):
     """A module's ``private_cluster`` (module-scoped) and ``slurm`` fixtures: a private controller
     (tests/private_slurm.py) with ``nodes`` as the local cluster's GPU nodes, in its ``gpu`` and
     ``gpu-hi`` partitions with its preemption (``gpu_shape``), the shared munged and its cred_expire;
     ``accounting=True``: under its own name in the shared slurmdbd (``sacct`` works). ``slurm`` is
-    its SlurmClient, and SLURM_CONF points gpuhpc and the jobs at it for the test. In the module::
+    its SlurmClient, and SLURM_CONF points gpuhpc and the jobs at it for the test. ``partitions``:
+    more ``PartitionName=`` lines. In the module::
 
         private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD, SLURMD, NODE_PORT), NODES)
     """
@@ -76,7 +78,7 @@ def private_gpu_cluster_fixtures(name: str, ports: tuple[int, int, int], nodes: 
     @pytest.fixture(scope="module")
     def private_cluster():
         shape = gpu_shape(nodes, accounting=accounting)
-        cluster = PrivateSlurm(name, ports, shape["nodes"], shape["partitions"], accounting=accounting,
+        cluster = PrivateSlurm(name, ports, shape["nodes"], [*shape["partitions"], *partitions], accounting=accounting,
                                extra={"SlurmdParameters": "config_overrides", "JobRequeue": "1", "KillWait": "5",
                                       "MinJobAge": "600", **shape["extra"]})
         if accounting:

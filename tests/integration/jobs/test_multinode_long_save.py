@@ -5,7 +5,10 @@ requeue a few seconds after the signal: now the template's deadline is the preem
 partition's GraceTime, so the save completes (all shards, the manifest, `latest` moved) before
 the job is requeued, nothing is killed, and the next run resumes from that checkpoint.
 (The save only has to outlast --grace for that; 12 s instead of 90 s keeps the test short, and
-the run after the requeue counts its remaining steps at once.)"""
+the run after the requeue counts its remaining steps at once.) It runs on a private controller of
+its own (jobs_helpers.private_gpu_cluster_fixtures: two GPU nodes, the local cluster's gpu-hi and a
+gpu-grace partition as local.yaml's, the shared slurmdbd for sacct): isolated, beside the
+shared-cluster stream."""
 from __future__ import annotations
 
 import datetime as dt
@@ -15,13 +18,23 @@ import re
 import pytest
 
 from gpuhpc.jobs import checkpoint as ckpt
-from jobs_helpers import job_state, preempt
-from multinode_helpers import EVERY, PREEMPT_NODE, WORLD, preemptor_gres, reference, runs, submit
+from jobs_helpers import job_state, preempt, private_gpu_cluster_fixtures
+from multinode_helpers import EVERY, WORLD, preemptor_gres, reference, runs, submit
 from polling import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
 
 PARTITION, GRACE_TIME = "gpu-grace", 300
+NAME = "gpuhpclsave"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17077, 17078, 17581          # unlike every other private cluster's
+GPU_NODES = ["lsave-node1", "lsave-node2"]
+PREEMPT_NODE = GPU_NODES[1]
+
+# gpu-grace as examples/clusters/local.yaml makes it on the local cluster
+private_cluster, slurm = private_gpu_cluster_fixtures(
+    NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), GPU_NODES, accounting=True,
+    partitions=(f"PartitionName={PARTITION} Nodes={','.join(GPU_NODES)} PriorityTier=1 PreemptMode=REQUEUE "
+                f"GraceTime={GRACE_TIME} MaxTime=INFINITE DefCpuPerGPU=2 DefMemPerGPU=8000 State=UP",))
 SAVE_S, GRACE = 12, 5         # the save outlasts the job's --grace; GraceTime allows it
 STEPS = 6 * EVERY
 
@@ -34,12 +47,12 @@ def _epoch(slurm_time: str) -> float:
 def test_a_save_longer_than_grace_after_a_preemption_with_grace_time_300_completes_before_the_requeue(
         jobs_env, tmp_path, slurm, track):
     parts = {p.name: p for p in slurm.partitions()}
-    assert PARTITION in parts, f"the local cluster has no {PARTITION} partition (examples/clusters/local.yaml)"
+    assert PARTITION in parts, f"the private cluster has no {PARTITION} partition"
     assert parts[PARTITION].grace_time == GRACE_TIME
 
     progress, result = tmp_path / "progress", tmp_path / "result.json"
     job_id = submit("gpuhpc-test-long-save", progress, result, "--stop-save-seconds", str(SAVE_S), steps=STEPS,
-                    partition=PARTITION, slow_runs=1, opts=("--max-requeues", "2", "--grace", str(GRACE),
+                    partition=PARTITION, slow_runs=1, nodelist=",".join(GPU_NODES), opts=("--max-requeues", "2", "--grace", str(GRACE),
                                                        # keep every checkpoint: the stop step's is checked at the end
                                                        "--env", "GPUHPC_KEEP_CHECKPOINTS=0"))
     track(job_id)
@@ -49,7 +62,7 @@ def test_a_save_longer_than_grace_after_a_preemption_with_grace_time_300_complet
         return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in per_rank)
 
     wait_for(progressed, 150, f"job {job_id} to run")
-    preemptor = preempt(slurm, PREEMPT_NODE, preemptor_gres(slurm), track)
+    preemptor = preempt(slurm, PREEMPT_NODE, preemptor_gres(slurm, node=PREEMPT_NODE), track)
 
     def preempt_time():
         rec = slurm.show_job(job_id) or {}

@@ -2,7 +2,9 @@
 (the deepspeed template, 2 nodes x 2 GPUs) call the exported ``gpuhpc_should_stop`` and
 ``gpuhpc_save_shard`` after every step. They have no collective to keep them in step, so only
 the stop protocol makes them stop after the same step. After a preemption every rank stops
-there, the checkpoint is complete, and the next run resumes from it to the uninterrupted result."""
+there, the checkpoint is complete, and the next run resumes from it to the uninterrupted result.
+It runs on a private controller of its own (jobs_helpers.private_gpu_cluster_fixtures: two GPU nodes,
+the local cluster's gpu/gpu-hi partitions and preemption): isolated, beside the shared-cluster stream."""
 from __future__ import annotations
 
 import json
@@ -11,11 +13,18 @@ import sys
 import pytest
 
 from gpuhpc.jobs import checkpoint as ckpt
-from jobs_helpers import gpuhpc, job_state, preempt
-from multinode_helpers import PREEMPT_NODE, preemptor_gres, runs
+from jobs_helpers import gpuhpc, job_state, preempt, private_gpu_cluster_fixtures
+from multinode_helpers import preemptor_gres, runs
 from polling import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
+
+NAME = "gpuhpcshrank"
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17067, 17068, 17571          # unlike every other private cluster's
+GPU_NODES = ["shrank-node1", "shrank-node2"]
+PREEMPT_NODE = GPU_NODES[1]
+
+private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT), GPU_NODES)
 
 NODES, GPUS = 2, 2
 WORLD = NODES * GPUS
@@ -56,7 +65,7 @@ def test_shell_ranks_stop_after_the_same_step_and_resume(jobs_env, tmp_path, slu
     script, progress = tmp_path / "rank.sh", tmp_path / "progress"
     script.write_text(RANK_SH.replace("EVERY", str(EVERY)))
     res = gpuhpc("submit", "--template", "deepspeed", "--nodes", str(NODES), "--gpus", str(GPUS), "--gpu-type",
-                 "h100", "--partition", "gpu", "--nodelist", "gpu-node[1-2]", "--time", "15m",
+                 "h100", "--partition", "gpu", "--nodelist", ",".join(GPU_NODES), "--time", "15m",
                  "--name", "gpuhpc-test-shell-ranks", "--max-requeues", "2", "--json", "--",
                  "bash", str(script), str(progress), str(STEPS))
     assert res.returncode == 0, res.stderr
@@ -68,7 +77,7 @@ def test_shell_ranks_stop_after_the_same_step_and_resume(jobs_env, tmp_path, slu
         return job_state(slurm, job_id) == "RUNNING" and all(len(r) == 1 and r[0]["last"] >= EVERY for r in per_rank)
 
     wait_for(progressed, 150, f"job {job_id} to run")
-    preempt(slurm, PREEMPT_NODE, preemptor_gres(slurm, ours=GPUS), track)
+    preempt(slurm, PREEMPT_NODE, preemptor_gres(slurm, ours=GPUS, node=PREEMPT_NODE), track)
     wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"), 300,
              f"job {job_id} to end")
     from gpuhpc.jobs.api import Job
