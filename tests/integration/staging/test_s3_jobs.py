@@ -63,6 +63,30 @@ def slurm():
         client.cancel(j)
 
 
+# the checkpoint test's private controller (tests/private_slurm.py): two GPU nodes as the local
+# cluster's, its gpu/gpu-hi partitions and preemption; its own ports
+CTLD_PORT, SLURMD_PORT, NODE_PORT = 17087, 17088, 17591          # unlike every other private cluster's
+GPU_NODES = ["s3ck-node1", "s3ck-node2"]
+
+
+@pytest.fixture
+def private_gpu(monkeypatch):
+    """A private GPU-shaped controller; SLURM_CONF points gpuhpc and the jobs at it. Yields (client, ids)
+    as ``slurm`` does: the ids are cancelled, then the cluster stopped."""
+    from private_slurm import PrivateSlurm, gpu_shape
+
+    shape = gpu_shape(GPU_NODES)
+    cluster = PrivateSlurm("gpuhpcs3ck", (CTLD_PORT, SLURMD_PORT, NODE_PORT), shape["nodes"], shape["partitions"],
+                           extra={"SlurmdParameters": "config_overrides", "JobRequeue": "1", "KillWait": "5",
+                                  "MinJobAge": "600", **shape["extra"]})
+    cluster.start(before_start=shape["before_start"])
+    try:
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        yield cluster.client, []
+    finally:
+        cluster.stop()
+
+
 def _finish(client, job_id, timeout=240) -> str:
     from gpuhpc.jobs.api import Job
 
@@ -201,8 +225,9 @@ while True:
 '''
 
 
-def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, bucket, slurm, tmp_path):
-    client, ids = slurm
+@pytest.mark.isolated          # S3 and a private controller of its own: beside the shared cluster
+def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, bucket, private_gpu, tmp_path):
+    client, ids = private_gpu
     script = tmp_path / "counter.py"
     script.write_text(COUNTER)
     url = f"s3://{bucket}/run-x/"
@@ -217,8 +242,8 @@ def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, buc
         assert time.time() < deadline, "no checkpoint reached S3"
         time.sleep(1)
     first = client.show_job(job.job_id)["NodeList"]
-    assert first in ("gpu-node1", "gpu-node2")
-    other = "gpu-node2" if first == "gpu-node1" else "gpu-node1"
+    assert first in GPU_NODES
+    other = GPU_NODES[1] if first == GPU_NODES[0] else GPU_NODES[0]
     pre = client.submit_script("#!/bin/bash\nsleep 1\n", extra=[
         "--partition=gpu-hi", f"--nodelist={first}", "--gres=gpu:h100:8", "--time=1",
         "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
@@ -236,7 +261,7 @@ def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, buc
     events = [ln.split() for ln in log.splitlines() if ln.startswith(("start ", "stopped at"))]
     assert events[0] == ["start", "0", "on", first], log
     # every restart resumes from the step the run before it stopped at (the newest complete
-    # checkpoint; other tests may preempt the shared GPU nodes again), the first one on the other node
+    # checkpoint), the first one on the other node
     resumed = [(int(e[1]), e[3], int(prev[2])) for prev, e in zip(events, events[1:]) if e[0] == "start"]
     assert resumed and all(step == stop for step, _node, stop in resumed), log
     assert resumed[0][1] == other and resumed[0][0] > 0, log
