@@ -230,6 +230,7 @@ up() {
 stop_host() {
   local h=$1 d=$LAB/hosts/$1 p
   p=$(pid1 "$h")
+  mux_exit "$h"
   # SIGKILL to the namespace's init: the kernel ends every process of the host (a power cut)
   [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true
   [ -f "$d/unshare.pid" ] && { wait_gone "$(cat "$d/unshare.pid")"; rm -f "$d/unshare.pid"; }
@@ -265,6 +266,24 @@ status() {
 }
 
 SSH_OPTS=(-o BatchMode=yes -o StrictHostKeyChecking=yes -o "UserKnownHostsFile=$LAB/known_hosts" -i "$KEY")
+# `lab.sh ssh HOST` goes through one master connection per host, $LAB/mux-HOST (a handshake costs ~1 s
+# on a loaded machine, and the tests run hundreds of commands); Ansible keeps its own (the inventory's)
+# A master is started unless one answers: one at a time (flock), over no socket left behind, detached
+# with its output to /dev/null (a ControlPersist master forked by the command itself would keep the
+# caller's stdout/stderr pipes open until it exits)
+mux() {
+  local ip=$NET.${IP[$1]} cp=$LAB/mux-$1
+  ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$cp" -O check "root@$ip" 2>/dev/null && return 0
+  ( flock 9
+    ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$cp" -O check "root@$ip" 2>/dev/null && exit 0
+    rm -f "$cp"
+    ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$cp" -o ControlMaster=yes -o ControlPersist=60 \
+      -fN "root@$ip" </dev/null >/dev/null 2>&1 9>&- || true   # the master must not hold the lock
+  ) 9>"$LAB/mux.lock"
+}
+mux_exit() {
+  ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$LAB/mux-$1" -O exit "root@$NET.${IP[$1]}" >/dev/null 2>&1 || true
+}
 
 case "${1:-}" in
   _init) host_init "$2" ;;
@@ -273,7 +292,8 @@ case "${1:-}" in
   status) status ;;
   # the controllers' state on the shared filesystem goes with the hosts (a fresh lab has no jobs)
   wipe) down; rm -rf "$LAB/hosts" "$LAB/known_hosts" "$LAB/shared/slurm" ;;
-  ssh) h=$2; shift 2; exec ip netns exec lab-sw ssh "${SSH_OPTS[@]}" "root@$NET.${IP[$h]}" "$@" ;;
+  ssh) h=$2; shift 2; mux "$h"
+       exec ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$LAB/mux-$h" -o ControlMaster=no "root@$NET.${IP[$h]}" "$@" ;;
   ctl) shift; exec ip netns exec lab-sw "$@" ;;
   bake) bake ;;
   *) echo "usage: scripts/lab.sh bake|up|down|status|wipe|ssh HOST [CMD]|ctl CMD" >&2; exit 2 ;;

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import secrets
 import shutil
-import time
+import subprocess
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -32,10 +34,8 @@ def test_srun_from_the_login_host_spans_both_compute_hosts(lab: Lab):
     out = lab.ssh("login", "srun --nodes=2 --ntasks-per-node=1 --label hostname", timeout=120)
     assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
     # and the job is in slurmdbd's accounting (the controller host's MariaDB)
-    deadline = time.monotonic() + 60
-    while "c[1-2]|COMPLETED" not in (acct := lab.ssh("ctl", "sacct -naX -P -o JobID,NodeList,State -S now-1hour")):
-        assert time.monotonic() < deadline, acct
-        time.sleep(2)
+    wait_for(lambda: "c[1-2]|COMPLETED" in lab.ssh("ctl", "sacct -naX -P -o JobID,NodeList,State -S now-1hour"),
+             60, "the srun job in slurmdbd's accounting")
 
 
 def test_a_job_gets_slurmds_memlock_limit_not_the_login_shells(lab: Lab):
@@ -134,18 +134,6 @@ def test_compute_ssh_takes_keys_only_and_users_without_a_job_are_refused(lab: La
     assert "pam_slurm_adopt" in lab.ssh("c1", "journalctl --no-pager -o cat -u ssh | tail -20")
 
 
-def test_check_diff_shows_a_spec_change_and_changes_nothing(lab: Lab, tmp_path):
-    spec = tmp_path / "cluster.yaml"
-    text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
-    spec.write_text(text.replace("def_mem_per_cpu: 500", "def_mem_per_cpu: 600"))
-    proc = lab.play("--check", "--diff", "-e", f"gpuhpc_slurm_common_spec={spec}")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "-DefMemPerCPU=500" in proc.stdout and "+DefMemPerCPU=600" in proc.stdout
-    assert all(r["changed"] >= 1 for r in recap(proc.stdout).values())
-    for host in DAEMONS:
-        assert "DefMemPerCPU=500" in lab.ssh(host, "cat /etc/slurm/slurm.conf"), host
-
-
 def _failed_tasks(out: str) -> list[str]:
     """Each failed task's header and its failure lines, from ansible-playbook's output."""
     lines, task, keep = out.splitlines(), "", []
@@ -161,26 +149,6 @@ def _main_pid(lab: Lab, host: str, unit: str) -> str:
     return lab.ssh(host, f"systemctl show --property MainPID --value {unit}").strip()
 
 
-def test_a_new_munge_key_restarts_munged_through_systemd_handlers(lab: Lab, tmp_path):
-    before = {h: _main_pid(lab, h, "munge") for h in DAEMONS}
-    key = tmp_path / "munge.key"
-    key.write_bytes(secrets.token_bytes(1024))
-    key.chmod(0o600)
-    proc = lab.play("-e", f"gpuhpc_munge_key_src={key}")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "RUNNING HANDLER [gpuhpc.cluster.gpuhpc_munge : Restart munged]" in proc.stdout
-    for host in DAEMONS:
-        after = _main_pid(lab, host, "munge")
-        assert after not in ("0", before[host]), host
-        # systemd started it: the new munged is the unit's main process, in the unit's cgroup
-        assert lab.ssh(host, f"grep name=systemd /proc/{after}/cgroup").strip().endswith("/system.slice/munge.service")
-    # the cluster works with the new key everywhere
-    out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
-    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
-    # the site's key is now this one: later runs (without -e) copy it from the first host
-    (LAB_DIR / "secrets" / "munge.key").write_bytes(key.read_bytes())
-
-
 ORDER_JOB = """#!/bin/bash
 #SBATCH --nodelist={host} --time=30 --output=/shared/order/%j.out
 touch /shared/order/$SLURM_JOB_ID.started
@@ -188,21 +156,93 @@ while [ ! -e /shared/order/release ]; do sleep 0.2; done
 """
 
 
+# changes to the lab's cluster spec: a node feature (a node-definition change: slurmctld and slurmd
+# restart) and a default memory per CPU (scontrol reconfigure)
+NEW_FEATURE = ("    memory_mb: 2000\n", "    memory_mb: 2000\n    features: [lab-order]\n")
+NEW_DEF_MEM = ("def_mem_per_cpu: 500", "def_mem_per_cpu: 600")
+
+
+def _lab_spec(tmp_path: Path, *changes: tuple[str, str]) -> Path:
+    """The lab's cluster spec (ansible/inventories/lab/cluster.yaml) with the changes made, as a file."""
+    text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
+    for old, new in changes:
+        assert old in text, old
+        text = text.replace(old, new)
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(text)
+    return spec
+
+
 def _node_states(lab: Lab) -> dict[str, str]:
     return dict(line.split() for line in lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'").splitlines())
 
 
-def test_a_node_definition_change_stops_slurmd_restarts_slurmctld_and_keeps_running_jobs(lab: Lab, tmp_path):
+def _until_task_after(play: subprocess.Popen, task: str) -> str:
+    """The play's output up to the header of the task after ``task`` (every host has then reported
+    ``task``: the linear strategy starts a task once all hosts finished the one before)."""
+    seen, past = [], False
+    for line in play.stdout:
+        seen.append(line)
+        if line.startswith("TASK ["):
+            if past:
+                break
+            past = task in line
+    return "".join(seen)
+
+
+# The next two tests share their plays (they were five full plays): a check run during which c2 is
+# stopped, then one real run that changes the node definitions under running jobs, brings c2 back and
+# installs a new munge key. Each claim keeps its assertions.
+
+def test_check_diff_shows_a_spec_change_and_changes_nothing_while_a_host_is_stopped_mid_play(lab: Lab, tmp_path):
+    spec = _lab_spec(tmp_path, NEW_DEF_MEM)
+    play = lab.popen_play("--check", "--diff", "-e", f"gpuhpc_slurm_common_spec={spec}",
+                          "-e", "gpuhpc_slurm_compute_start_timeout=120")
+    watchdog = threading.Timer(900, play.kill)
+    watchdog.start()
+    try:
+        # once every host has shown its slurm.conf diff, stop c2 (SIGKILL to its PID 1: every process
+        # of the host ends); the next test's run brings it back
+        out = _until_task_after(play, "Render Slurm config files from the slurm-conf templates")
+        lab.sh("down", "c2")
+        out += play.stdout.read()
+        play.wait()
+    finally:
+        watchdog.cancel()
+        if play.poll() is None:
+            play.kill()
+    rows = recap(out)
+    assert set(rows) == set(DAEMONS), out[-3000:]
+    assert rows["c2"]["unreachable"] + rows["c2"]["failed"] >= 1, out[-3000:]
+    # the play went on with the other hosts
+    assert all(rows[h]["failed"] == 0 and rows[h]["unreachable"] == 0 for h in ("ctl", "login", "c1")), \
+        "\n".join(_failed_tasks(out)) + out[-3000:]
+    assert "-DefMemPerCPU=500" in out and "+DefMemPerCPU=600" in out
+    assert all(r["changed"] >= 1 for r in rows.values()), rows
+    lab.sh("up", "c2")
+    for host in DAEMONS:
+        assert "DefMemPerCPU=500" in lab.ssh(host, "cat /etc/slurm/slurm.conf"), host
+
+
+def test_a_node_definition_change_keeps_running_jobs_brings_a_stopped_host_back_and_restarts_munged_for_a_new_key(
+        lab: Lab, tmp_path):
+    # jobs on both compute hosts (c2 just booted after the test above: it takes jobs again by itself)
     work = SHARED / "order"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     jobs = [lab.sbatch(ORDER_JOB.format(host=h)) for h in ("c1", "c2")]
-    wait_for(lambda: all((work / f"{j}.started").exists() for j in jobs), 90, f"jobs {jobs} to start")
-    # a new node feature: slurm.conf's NodeName lines change, which restarts slurmctld and slurmd
-    spec = tmp_path / "cluster.yaml"
-    text = (REPO / "ansible/inventories/lab/cluster.yaml").read_text()
-    spec.write_text(text.replace("    memory_mb: 2000\n", "    memory_mb: 2000\n    features: [lab-order]\n"))
-    proc = lab.timed("order_play_s", lab.play, "-e", f"gpuhpc_slurm_common_spec={spec}")
+    wait_for(lambda: all((work / f"{j}.started").exists() for j in jobs), 120, f"jobs {jobs} to start")
+    before = {h: _main_pid(lab, h, "munge") for h in DAEMONS}
+    key = tmp_path / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o600)
+    # a new node feature: slurm.conf's NodeName lines change, which restarts slurmctld and slurmd;
+    # and a new munge key, which restarts munged
+    spec = _lab_spec(tmp_path, NEW_FEATURE)
+    proc = lab.timed("order_play_s", lab.play, "-e", f"gpuhpc_slurm_common_spec={spec}",
+                     "-e", f"gpuhpc_munge_key_src={key}")
+    # the site's key is now this one: later runs (without -e) copy it from the first host
+    (LAB_DIR / "secrets" / "munge.key").write_bytes(key.read_bytes())
     assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
     out = proc.stdout
     # slurmd stopped on both hosts before slurmctld restarted, then came back in a checked batch
@@ -216,35 +256,22 @@ def test_a_node_definition_change_stops_slurmd_restarts_slurmctld_and_keeps_runn
     assert set(states) == {"c1", "c2"} and all(st in ("alloc", "mix") for st in states.values()), states
     assert [lab.job_state(j) for j in jobs] == ["RUNNING", "RUNNING"]
     assert "AvailableFeatures=lab-order" in lab.ssh("ctl", "scontrol show node c1")
+    # the host stopped mid-play is back: its slurmd runs under systemd
+    assert lab.ssh("c2", "systemctl is-active slurmd").strip() == "active"
+    # munged restarted on every host through the handlers: systemd started it, the new munged is the
+    # unit's main process, in the unit's cgroup
+    assert "RUNNING HANDLER [gpuhpc.cluster.gpuhpc_munge : Restart munged]" in out
+    for host in DAEMONS:
+        after = _main_pid(lab, host, "munge")
+        assert after not in ("0", before[host]), host
+        assert lab.ssh(host, f"grep name=systemd /proc/{after}/cgroup").strip().endswith("/system.slice/munge.service")
+    # the cluster works with the new key everywhere, c2 included, beside the running jobs
+    srun = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
+    assert sorted(line.split(": ")[1] for line in srun.split("\n") if line) == ["c1", "c2"]
     (work / "release").touch()
     wait_for(lambda: all(lab.job_state(j) == "COMPLETED" for j in jobs), 90, f"jobs {jobs} to complete")
-    # the next plays (below) go back to the inventory's spec: the same ordered restart
-
-
-def test_a_compute_host_stopped_mid_play_rejoins_on_the_next_run(lab: Lab):
-    play = lab.popen_play("-e", "gpuhpc_slurm_compute_start_timeout=120")
-    try:
-        # stop c2 (SIGKILL to its PID 1: every process of the host ends) while the play runs
-        time.sleep(8)
-        lab.sh("down", "c2")
-        out, _ = play.communicate(timeout=900)
-    finally:
-        if play.poll() is None:
-            play.kill()
-    rows = recap(out)
-    assert rows["c2"]["unreachable"] + rows["c2"]["failed"] >= 1, out[-3000:]
-    assert rows["c1"]["failed"] == 0 and rows["ctl"]["failed"] == 0
-    lab.sh("up", "c2")
-    proc = lab.timed("rejoin_play_s", lab.play)
-    assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
-    assert lab.ssh("c2", "systemctl is-active slurmd").strip() == "active"
-    deadline = time.monotonic() + 90
-    while "c2 idle" not in (state := lab.ssh("ctl", "sinfo --noheader --Node --format '%N %t'")) and time.monotonic() < deadline:
-        time.sleep(2)
-    assert "c2 idle" in state, state
-    out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
-    assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
-
+    # the cluster keeps this spec: the plays below load the spec only for its version and
+    # controllers (upgrade) or check the state directory (test_lab_ha.py)
 
 
 def test_a_rebooted_compute_host_comes_back_idle_without_ansible(lab: Lab):
