@@ -17,6 +17,7 @@ root (then the second run); the check-mode tests share one --check --diff play.
 """
 from __future__ import annotations
 
+import json
 import re
 import stat
 import subprocess
@@ -187,23 +188,13 @@ def test_compute_host_sessions_stay_in_the_job(converged):
     assert first.returncode == 0 and recap(converged["again"])["changed"] == 0
 
 
-def test_a_missing_vault_secret_is_one_line_naming_the_mount(collection, tmp_path):
-    play = _playbook(tmp_path, "beegfs.yml", ("gpuhpc_beegfs_client", ""))
-    proc = _run(play, tmp_path, "-e", f"gpuhpc_beegfs_client_conf_dir={tmp_path}/beegfs",
-                "-e", f"vault_beegfs_home_connauth={SECRETS['vault_beegfs_home_connauth']}")
-    assert proc.returncode != 0
-    assert ("BeeGFS mount(s) scratch: the connection-auth secret is missing or shorter than 8 characters; set the "
-            "variable the spec's connauth_secret names in an ansible-vault file") in proc.stdout, proc.stdout[-3000:]
-    assert SECRETS["vault_beegfs_home_connauth"] not in proc.stdout
-    assert not (tmp_path / "beegfs").exists()
-
-
 RESCUED = """\
     - name: {name}
       block:
         - name: {name}
           ansible.builtin.include_role:
             name: gpuhpc.cluster.{name}
+          vars: {vars}
       rescue:
         - name: Show why {name} failed
           ansible.builtin.debug:
@@ -213,19 +204,24 @@ RESCUED = """\
 
 def test_a_missing_client_fails_the_play_saying_why_and_beegfs_8_has_no_helperd(collection, tmp_path):
     """By default a host without the Lustre or BeeGFS client fails (one line each: the roles run in
-    rescue blocks of one play here); BeeGFS 8 writes no helperd configuration and pins 8.*."""
+    rescue blocks of one play here); BeeGFS 8 writes no helperd configuration and pins 8.*. A third
+    block, with the home mount's vault secret only: a missing secret is one line naming the mount,
+    before anything is written."""
     root = tmp_path / "root"
     root.mkdir()
     play = tmp_path / "missing.yml"
+    blocks = (("gpuhpc_lustre_client", {}),
+              ("gpuhpc_beegfs_client", {"gpuhpc_beegfs_client_conf_dir": f"{root}/etc/beegfs", **SECRETS}),
+              ("gpuhpc_beegfs_client", {"gpuhpc_beegfs_client_conf_dir": f"{tmp_path}/beegfs",
+                                        "vault_beegfs_home_connauth": SECRETS["vault_beegfs_home_connauth"]}))
     play.write_text(PLAY.format(title="Filesystem clients missing on this host",
-                                roles="".join(RESCUED.format(name=n) for n in ("gpuhpc_lustre_client", "gpuhpc_beegfs_client"))))
+                                roles="".join(RESCUED.format(name=n, vars=json.dumps(v)) for n, v in blocks)))
     proc = _run(play, tmp_path, "-e", f"gpuhpc_lustre_client_lnet_conf={root}/etc/lnet.conf",
-                "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab", "-e", f"gpuhpc_beegfs_client_conf_dir={root}/etc/beegfs",
-                "-e", f"gpuhpc_beegfs_client_apt_pin_file={root}/pin", "-e", "gpuhpc_beegfs_client_major=8",
-                *(f"-e={k}={v}" for k, v in SECRETS.items()))
+                "-e", f"gpuhpc_lustre_client_fstab={root}/etc/fstab",
+                "-e", f"gpuhpc_beegfs_client_apt_pin_file={root}/pin", "-e", "gpuhpc_beegfs_client_major=8")
     assert proc.returncode == 0, proc.stdout[-3000:]
     rescued = [line.split("RESCUED ", 1)[1] for line in proc.stdout.splitlines() if "RESCUED " in line and "msg" in line]
-    assert len(rescued) == 2, proc.stdout[-3000:]
+    assert len(rescued) == 3, proc.stdout[-3000:]
     assert rescued[0].startswith("lustre_client: the cluster spec mounts /lustre/lfs1 but this host has no lnet kernel "
                                  "module (modinfo lnet), no /sbin/mount.lustre; set gpuhpc_lustre_client_apt_repo"), rescued[0]
     assert rescued[1].startswith("beegfs_client: the cluster spec mounts /beegfs/home, /beegfs/scratch but this host has "
@@ -235,6 +231,13 @@ def test_a_missing_client_fails_the_play_saying_why_and_beegfs_8_has_no_helperd(
     assert (beegfs / "scratch.d" / "beegfs-client.conf").is_file()
     assert not (beegfs / "scratch.d" / "beegfs-helperd.conf").exists()
     assert "Pin: version 8.*" in (root / "pin").read_text()
+
+    # the missing vault secret
+    assert rescued[2].startswith("BeeGFS mount(s) scratch: the connection-auth secret is missing or shorter than 8 "
+                                 "characters; set the variable the spec's connauth_secret names in an ansible-vault file"), \
+        rescued[2]
+    assert not any(secret in proc.stdout for secret in SECRETS.values())
+    assert not (tmp_path / "beegfs").exists()
 
 
 @pytest.fixture(scope="module")
