@@ -317,8 +317,8 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         assert after.keys() == files.keys(), sorted(after.keys() ^ files.keys())
         diff = {p: sorted(set(files[p].splitlines()) ^ set(after[p].splitlines())) for p in files if files[p] != after[p]}
         assert list(diff) == ["/etc/slurm/slurm.conf"], diff
-        weights = re.compile(r"TRESBillingWeights=\S*")
-        assert weights.sub("", files["/etc/slurm/slurm.conf"]) == weights.sub("", after["/etc/slurm/slurm.conf"]), diff
+        field = re.compile(r"TRESBillingWeights=\S*")
+        assert field.sub("", files["/etc/slurm/slurm.conf"]) == field.sub("", after["/etc/slurm/slurm.conf"]), diff
         # ... and only the tasks that write it and reconfigure report changed (any other would be a task
         # that is not idempotent, or a restart)
         changed = changed_tasks(up.stdout)
