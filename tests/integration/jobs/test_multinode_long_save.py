@@ -52,9 +52,10 @@ def test_a_save_longer_than_grace_after_a_preemption_with_grace_time_300_complet
 
     progress, result = tmp_path / "progress", tmp_path / "result.json"
     job_id = submit("gpuhpc-test-long-save", progress, result, "--stop-save-seconds", str(SAVE_S), steps=STEPS,
-                    partition=PARTITION, slow_runs=1, nodelist=",".join(GPU_NODES), opts=("--max-requeues", "2", "--grace", str(GRACE),
-                                                       # keep every checkpoint: the stop step's is checked at the end
-                                                       "--env", "GPUHPC_KEEP_CHECKPOINTS=0"))
+                    partition=PARTITION, slow_runs=1, nodelist=",".join(GPU_NODES),
+                    opts=("--max-requeues", "2", "--grace", str(GRACE),
+                          # keep every checkpoint: the stop step's is checked at the end
+                          "--env", "GPUHPC_KEEP_CHECKPOINTS=0"))
     track(job_id)
 
     def progressed():

@@ -315,7 +315,8 @@ def test_money_budget_two_gpu_types_price_change_by_reconfigure_and_rollover(tmp
         # a second converge (idempotence): among the deployed files only slurm.conf's billing line differs ...
         after = _files(DEPLOYED)
         assert after.keys() == files.keys(), sorted(after.keys() ^ files.keys())
-        diff = {p: sorted(set(files[p].splitlines()) ^ set(after[p].splitlines())) for p in files if files[p] != after[p]}
+        diff = {p: sorted(set(files[p].splitlines()) ^ set(after[p].splitlines()))
+                for p in files if files[p] != after[p]}
         assert list(diff) == ["/etc/slurm/slurm.conf"], diff
         field = re.compile(r"TRESBillingWeights=\S*")
         assert field.sub("", files["/etc/slurm/slurm.conf"]) == field.sub("", after["/etc/slurm/slurm.conf"]), diff
