@@ -15,10 +15,11 @@
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
 #     stage i   tests/unit and the collection's isolated role tests (tests/integration/cluster)
 #     stage p   at the same time, the other integration tests marked `isolated` (own private
-#               slurmctld, services only), then stage c
+#               slurmctld, services only), in two streams: p1 (jobs/ and elastic/: preemption
+#               scenarios on private GPU-shaped controllers) then stage c, and p2 (the rest)
 #     lab       at the same time, the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0
 #               skips it)
-#     stage c   after stage p: containers built from third-party source archives (enroot, pyxis): only where a
+#     stage c   after stage p1: containers built from third-party source archives (enroot, pyxis): only where a
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
 #               and says so
@@ -211,18 +212,24 @@ if [ "$MODE" = full ]; then
       bg_stage lab python -m pytest -p no:cacheprovider --timeout=1800 -s tests/integration/lab
     fi
   }
-  p_stream() {   # stage p, then stage c (enroot/pyxis on a private controller: only with the mirror)
-    isolated_stream "stage p" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
-      "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+  # stage p in two streams: its tests mostly wait on their own controllers (each file has its own
+  # ports, state and cluster name), so two files at once share the CPU well
+  P1=(tests/integration/jobs tests/integration/elastic)
+  p1_stream() {   # stage p1, then stage c (enroot/pyxis on a private controller: only with the mirror)
+    isolated_stream "stage p1" "${P1[@]}"
     if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
-      export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="${GPUHPC_DATA_DIR%/stage-p}/vendor"
+      export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="${GPUHPC_DATA_DIR%/stage-p1}/vendor"
       mkdir -p -m 1777 "$TMPDIR" && chmod 1777 "$TMPDIR" && mkdir -p "$GPUHPC_DATA_DIR"
       bg_stage "stage c" "${PYTEST[@]}" "${VENDOR[@]}"
     else
       echo "[test] stage c skipped: no mirror of the enroot/pyxis source archives (set GPUHPC_VENDOR_DIR; docs/containers.md)"
     fi
   }
-  say "stage i, stage p then stage c, and the lab start beside the shared-cluster stream (their output: at the end)"
+  p2_stream() {   # stage p2: every other isolated integration test
+    isolated_stream "stage p2" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
+      "${P1[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+  }
+  say "stage i, stage p1 then stage c, stage p2 and the lab start beside the shared-cluster stream (their output: at the end)"
   # i: the unit tests and the collection's role tests (Ansible: CPU); p: the other isolated tests
   # (private controllers, services: mostly waiting)
   # stage i is nearly all CPU (Ansible) and has time to spare: at nice 5 it yields the CPU to the
@@ -230,7 +237,9 @@ if [ "$MODE" = full ]; then
   ( renice -n 5 -p "$BASHPID" >/dev/null; isolated_stream "stage i" tests/unit tests/integration/cluster ) \
     >"$RUNDIR/isolated-i.log" 2>&1 &
   BG_PIDS+=($!)
-  p_stream >"$RUNDIR/isolated-p.log" 2>&1 &
+  p1_stream >"$RUNDIR/isolated-p1.log" 2>&1 &
+  BG_PIDS+=($!)
+  p2_stream >"$RUNDIR/isolated-p2.log" 2>&1 &
   BG_PIDS+=($!)
   lab_stream >"$RUNDIR/lab.log" 2>&1 &
   BG_PIDS+=($!)
@@ -243,9 +252,9 @@ if [ "$MODE" = full ]; then
   }
   stage "stage q" smoke || FAILED+=" q"
   t=$(date +%s)
-  say "waiting for stages i, p, c and the lab"
+  say "waiting for stages i, p1, c, p2 and the lab"
   wait "${BG_PIDS[@]}" || true
-  for log in isolated-i isolated-p lab; do
+  for log in isolated-i isolated-p1 isolated-p2 lab; do
     [ -f "$RUNDIR/$log.log" ] || continue
     echo "================ $log stream (run beside the shared-cluster stream) ================"
     cat "$RUNDIR/$log.log"
