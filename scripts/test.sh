@@ -181,7 +181,7 @@ stage prometheus prometheus
 # Every test is in exactly one stream: `-m "not isolated"` here, `-m "not integration or isolated"`
 # there. A background stage's output is printed when it ends, whole, under its name.
 LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
-      tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota tests/integration/cluster/test_collection.py)
+      tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota)
 SMOKE=(tests/integration/core/test_examples.py)
 # the tests that build enroot and pyxis from their source archives (docs/containers.md)
 VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py
