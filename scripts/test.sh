@@ -9,7 +9,7 @@
 #   then the shared-cluster stream and, beside it, three more:
 #   shared-cluster stream, serial:
 #     stage a   the integration tests of every feature on the local cluster
-#     stage b   the long fault-injection runs (LONG below)
+#     stage b   the budgets that bind plain sbatch and reconfigure the cluster (LONG below)
 #     stage q   README smoke: quickstart steps 3-6 on the running cluster (scripts/quickstart.sh demo)
 #               and every file under examples/ (tests/integration/core/test_examples.py)
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
@@ -173,15 +173,14 @@ stage prometheus prometheus
 
 # Two streams run at once (the suite mostly waits on Slurm, so they share the two cores well):
 # - the shared-cluster stream, serial, on the local cluster: (a) the integration tests of every
-#   feature, (b) the long fault-injection runs (preemption/requeue chaos, slurmctld restarts, budgets
-#   binding plain sbatch, reconfiguring the cluster), (q) the README smoke;
+#   feature, (b) the budgets binding plain sbatch and reconfiguring the cluster, (q) the README smoke;
 # - beside it, what never touches that cluster: (i) the unit tests and the integration tests marked
 #   `isolated` (their own private slurmctld, Ansible roles into scratch roots, services only), then
 #   (c) enroot/pyxis from source archives, and the lab (own namespaces, own hosts).
 # Every test is in exactly one stream: `-m "not isolated"` here, `-m "not integration or isolated"`
 # there. A background stage's output is printed when it ends, whole, under its name.
-LONG=(tests/integration/jobs/test_multinode_chaos.py tests/integration/jobs/test_multinode_long_save.py tests/integration/jobs/test_jobs_requeue.py
-      tests/integration/sweeps/test_sweeps_chaos.py tests/integration/quota)
+# (the long preemption scenarios run isolated, on private controllers shaped as the local GPU nodes)
+LONG=(tests/integration/quota)
 SMOKE=(tests/integration/core/test_examples.py)
 # the tests that build enroot and pyxis from their source archives (docs/containers.md)
 VENDOR=(tests/integration/containers/test_build_containers.py tests/integration/containers/test_pyxis_private.py
