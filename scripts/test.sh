@@ -15,8 +15,8 @@
 #   beside it, what never touches the local cluster (output printed when the streams have ended):
 #     stage i   tests/unit and the collection's isolated role tests (tests/integration/cluster)
 #     stage p   at the same time, the other integration tests marked `isolated` (own private
-#               slurmctld, services only), in two streams: p1 (jobs/ and elastic/: preemption
-#               scenarios on private GPU-shaped controllers) then stage c, and p2 (the rest)
+#               slurmctld, services only), in two streams: p1 (jobs/: preemption scenarios on
+#               private GPU-shaped controllers) then stage c, and p2 (the rest)
 #     lab       at the same time, the multi-host lab (tests/integration/lab, scripts/lab.sh; LAB=0
 #               skips it)
 #     stage c   after stage p1: containers built from third-party source archives (enroot, pyxis): only where a
@@ -213,8 +213,8 @@ if [ "$MODE" = full ]; then
   }
   # stage p in two streams: its tests mostly wait on their own controllers (each file has its own
   # ports, state and cluster name), so two files at once share the CPU well
-  P1=(tests/integration/jobs tests/integration/elastic)
-  p1_stream() {   # stage p1, then stage c (enroot/pyxis on a private controller: only with the mirror)
+  P1=(tests/integration/jobs)
+  p1_stream() {   # stage p1 (about 500 s alone), then stage c (about 250 s; p2: about 800 s) (enroot/pyxis on a private controller: only with the mirror)
     isolated_stream "stage p1" "${P1[@]}"
     if [ -n "${GPUHPC_VENDOR_DIR:-}" ]; then
       export TMPDIR=/var/tmp/gpuhpc-pytest-vendor GPUHPC_DATA_DIR="${GPUHPC_DATA_DIR%/stage-p1}/vendor"
