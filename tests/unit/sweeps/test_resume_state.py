@@ -4,6 +4,8 @@ the race this closes: trials resumed beyond the first chunk were turned ``cancel
 next refresh, from their old array's sacct rows, and ``sweep wait`` exited 1."""
 from __future__ import annotations
 
+import pytest
+
 from gpuhpc.ledger import db
 from gpuhpc.sweeps import engine
 from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
@@ -43,20 +45,15 @@ def _sweep(url: str, tmp_path, state: str) -> int:
         return sw.id
 
 
-def test_a_waiting_trial_is_not_read_from_the_array_it_ran_in_before(tmp_path):
+@pytest.mark.parametrize("state, asked", [("waiting", False), ("pending", True)])
+def test_only_a_trial_with_a_task_now_is_followed_in_its_array(tmp_path, state, asked):
+    """waiting (given back by a resume): its old array is never asked about and it stays waiting;
+    pending, with the same rows otherwise: followed in its array (the guard is the state)."""
     url = f"sqlite:///{tmp_path / 'sweeps.db'}"
     db.upgrade(url)
-    sid = _sweep(url, tmp_path, "waiting")
+    sid = _sweep(url, tmp_path, state)
     c = _Client()
     engine.refresh(sid, client=c, url=url)
-    assert c.asked == []                                # its old array is not asked about
-    assert [r["state"] for r in engine.trial_rows(sid, url=url)] == ["waiting"]
-
-
-def test_a_pending_trial_is_still_followed_in_its_array(tmp_path):
-    url = f"sqlite:///{tmp_path / 'sweeps.db'}"
-    db.upgrade(url)
-    sid = _sweep(url, tmp_path, "pending")
-    c = _Client()
-    engine.refresh(sid, client=c, url=url)
-    assert "500" in c.asked                             # the same set-up, followed: the guard is the state
+    assert ("500" in c.asked) is asked, c.asked
+    if not asked:
+        assert c.asked == [] and [r["state"] for r in engine.trial_rows(sid, url=url)] == ["waiting"]
