@@ -4,7 +4,9 @@
 # network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian image
 # baked once with debootstrap (cached in $LAB/image-$SUITE); its sshd is Debian's ssh.service.
 # GPUHPC_LAB_SUITE picks the release: bookworm (Debian 12, Slurm 22.05; the default) or trixie
-# (Debian 13, Slurm 24.11; all 14 lab tests pass there: 1,599 s on a loaded 2-core machine, load 30-70).
+# (Debian 13, Slurm 24.11; the 15 lab tests pass there, and a play takes no longer than on bookworm at the
+# same load: first play 130 s against bookworm's 202-233 s on a 2-core machine at load 3-7; any play
+# takes up to 4 times as long at load 30-70).
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
 #   login   10.213.0.12  srun/sbatch, gpuhpc, the backup slurmctld
 #   c1, c2  10.213.0.13-14  slurmd
