@@ -92,8 +92,9 @@ def half_idle_job(tmp_path_factory):
         def decided() -> bool:
             """What the tests below need is in: the job's report (as `report efficiency` gives it
             while the job runs) has 2 idle GPUs with >= 34 s of idle samples each (the tests' lower
-            bound is 30 s), an sstat sample after the busy loop (JobAcctGatherFrequency 30 s), and the
-            notifier has written the alert for both idle GPUs."""
+            bound is 30 s), 2 busy ones with a mean over 82 % (the tests': 80 %), an sstat sample
+            after the busy loop (JobAcctGatherFrequency 30 s), and the notifier has written the alert
+            for both idle GPUs."""
             if time.monotonic() - t_map < 30:
                 return False
             proc = _gpuhpc("report", "efficiency", job, "--json", env=env)
@@ -101,7 +102,11 @@ def half_idle_job(tmp_path_factory):
                 return False
             rep = json.loads(proc.stdout)
             idle = [d for d in rep["devices"] if d["idle"]]
+            # the busy pair's mean counts the seconds between the job's start and the busy state above
+            # (0 %), more of them on a loaded machine: held until it is over the tests' 80 %
+            busy = [d for d in rep["devices"] if not d["idle"]]
             return (len(idle) == 2 and min(d["idle_gpu_hours"] for d in idle) >= 0.0095     # 34 s (4 decimals)
+                    and len(busy) == 2 and min(d["mean_util_percent"] for d in busy) > 82
                     and bool(rep["cpu_used_seconds"]) and bool(rep["peak_rss_bytes"])
                     and len([w for w in notified() if w["job_id"] == job]) >= 2)
 
