@@ -59,10 +59,12 @@ def test_the_backup_takes_over_with_the_running_job_and_accepts_a_new_one(lab: L
         # the primary saves its state a few seconds after a change (Slurm batches the writes): a crash
         # just after a job started would lose that start. A job update after the start, then the
         # save after it: what the backup must find
+        # (the saved file itself holds the comment: a save that began before the update, and ended
+        # after it, does not)
         saved = SHARED / "slurm" / "state" / "job_state"
-        updated = time.time()
         lab.ssh("login", f"scontrol update jobid={job} comment=before-failover")
-        wait_for(lambda: saved.stat().st_mtime > updated, 30, "the primary to save the running job")
+        wait_for(lambda: saved.exists() and b"before-failover" in saved.read_bytes(), 30,
+                 "the primary to save the running job with its comment")
         # the primary's slurmctld dies (SIGKILL: no shutdown, no hand-over; the unit has no Restart=)
         t = time.monotonic()
         lab.ssh("ctl", "systemctl kill --signal=SIGKILL slurmctld")
