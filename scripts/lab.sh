@@ -3,10 +3,10 @@
 # the multi-host deploy test (tests/integration/lab). Each host boots systemd as its PID 1 in its own
 # network, mount, PID and UTS namespaces, on an overlay root whose lower layer is one Debian image
 # baked once with debootstrap (cached in $LAB/image-$SUITE); its sshd is Debian's ssh.service.
-# GPUHPC_LAB_SUITE picks the release: bookworm (Debian 12, Slurm 22.05; the default) or trixie
-# (Debian 13, Slurm 24.11; the 15 lab tests pass there, and a play takes no longer than on bookworm at the
-# same load: first play 130 s against bookworm's 202-233 s on a 2-core machine at load 3-7; any play
-# takes up to 4 times as long at load 30-70).
+# GPUHPC_LAB_SUITE picks the release: trixie (Debian 13, Slurm 24.11; the default: the 15 lab tests
+# pass there, and a play takes no longer than on bookworm at the same load: first play 130 s against
+# bookworm's 202-233 s on a 2-core machine at load 3-7; any play takes up to 4 times as long at load
+# 30-70) or bookworm (Debian 12, Slurm 22.05, which the local cluster also runs).
 #   ctl     10.213.0.11  slurmctld + slurmdbd + MariaDB
 #   login   10.213.0.12  srun/sbatch, gpuhpc, the backup slurmctld
 #   c1, c2  10.213.0.13-14  slurmd
@@ -20,7 +20,7 @@
 # is baked (PRESEED) and apt's index is the baked one.
 set -euo pipefail
 LAB=${GPUHPC_LAB_DIR:-/var/tmp/gpuhpc-lab}
-SUITE=${GPUHPC_LAB_SUITE:-bookworm}
+SUITE=${GPUHPC_LAB_SUITE:-trixie}
 case "$SUITE" in trixie|bookworm) ;; *) echo "lab.sh: GPUHPC_LAB_SUITE=$SUITE: use trixie or bookworm" >&2; exit 2 ;; esac
 IMAGE=$LAB/image-$SUITE
 KEY=$LAB/id_ed25519

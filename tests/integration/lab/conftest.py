@@ -1,5 +1,5 @@
-"""The multi-host lab (scripts/lab.sh): four Debian 12 hosts with Slurm 22.05 (GPUHPC_LAB_SUITE=trixie:
-Debian 13, 24.11) on this machine, each with systemd as its
+"""The multi-host lab (scripts/lab.sh): four Debian 13 hosts with Slurm 24.11 (GPUHPC_LAB_SUITE=bookworm:
+Debian 12, 22.05) on this machine, each with systemd as its
 PID 1 in its own network/mount/PID/UTS namespaces, stood up from a fresh overlay and deployed with
 the installed gpuhpc.cluster collection over real SSH (host keys checked), in systemd service mode.
 
