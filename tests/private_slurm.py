@@ -317,6 +317,36 @@ class PrivateSlurm:
         self.stop()
 
 
+def module_fixtures(make: Callable[[], tuple[PrivateSlurm, dict]]):
+    """A test module's two fixtures on one private controller: ``private_cluster`` (module-scoped:
+    ``make()`` returns the cluster and its ``start`` keyword arguments; started, in the shared
+    slurmdbd when it is an ``accounting=True`` one (:meth:`PrivateSlurm.in_slurmdbd`), with
+    SLURM_CONF pointing gpuhpc, the jobs and every Slurm call of the module at it; stopped at the
+    end) and ``slurm`` (its SlurmClient, in place of the shared cluster's). In the module::
+
+        private_cluster, slurm = module_fixtures(lambda: (PrivateSlurm(...), {}))
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def private_cluster():
+        cluster, start = make()
+        if cluster.accounting:
+            life = cluster.in_slurmdbd(**start)
+        else:
+            cluster.start(**start)
+            life = cluster                      # `with cluster:` stops it
+        with life, pytest.MonkeyPatch.context() as mp:
+            mp.setenv("SLURM_CONF", str(cluster.conf))
+            yield cluster
+
+    @pytest.fixture
+    def slurm(private_cluster):
+        return private_cluster.client
+
+    return private_cluster, slurm
+
+
 def gpu_shape(gpu_nodes: list[str], accounting: bool = False) -> dict:
     """The local cluster's GPU nodes and partitions for a :class:`PrivateSlurm`: ``gpu_nodes`` as its
     gpu-node1/2 (16 CPUs, 8 ``h100`` GRES each: character devices of NVIDIA's major under the

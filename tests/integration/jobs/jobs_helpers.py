@@ -62,38 +62,21 @@ def interrupt(slurm: SlurmClient, job_id: str, action: str, *, node: str, gres: 
 
 def private_gpu_cluster_fixtures(name: str, ports: tuple[int, int, int], nodes: list[str], accounting: bool = False,
                                  partitions: tuple[str, ...] = ()):
-    """A module's ``private_cluster`` (module-scoped) and ``slurm`` fixtures: a private controller
-    (tests/private_slurm.py) with ``nodes`` as the local cluster's GPU nodes, in its ``gpu`` and
+    """A module's ``private_cluster`` and ``slurm`` fixtures (private_slurm.module_fixtures) on a
+    private controller with ``nodes`` as the local cluster's GPU nodes, in its ``gpu`` and
     ``gpu-hi`` partitions with its preemption (``gpu_shape``), the shared munged and its cred_expire;
-    ``accounting=True``: under its own name in the shared slurmdbd (``sacct`` works). ``slurm`` is
-    its SlurmClient, and SLURM_CONF points gpuhpc and the jobs at it for the test. ``partitions``:
+    ``accounting=True``: under its own name in the shared slurmdbd (``sacct`` works). ``partitions``:
     more ``PartitionName=`` lines. In the module::
 
         private_cluster, slurm = private_gpu_cluster_fixtures(NAME, (CTLD, SLURMD, NODE_PORT), NODES)
     """
-    import pytest
+    from private_slurm import PrivateSlurm, gpu_shape, module_fixtures
 
-    from private_slurm import PrivateSlurm, gpu_shape
-
-    @pytest.fixture(scope="module")
-    def private_cluster():
+    def make():
         shape = gpu_shape(nodes, accounting=accounting)
         cluster = PrivateSlurm(name, ports, shape["nodes"], [*shape["partitions"], *partitions], accounting=accounting,
                                extra={"SlurmdParameters": "config_overrides", "JobRequeue": "1", "KillWait": "5",
                                       "MinJobAge": "600", **shape["extra"]})
-        if accounting:
-            with cluster.in_slurmdbd(before_start=shape["before_start"]):
-                yield cluster
-        else:
-            cluster.start(before_start=shape["before_start"])
-            try:
-                yield cluster
-            finally:
-                cluster.stop()
+        return cluster, {"before_start": shape["before_start"]}
 
-    @pytest.fixture
-    def slurm(private_cluster, monkeypatch):
-        monkeypatch.setenv("SLURM_CONF", str(private_cluster.conf))
-        return private_cluster.client
-
-    return private_cluster, slurm
+    return module_fixtures(make)

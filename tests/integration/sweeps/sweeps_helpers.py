@@ -101,55 +101,36 @@ def restart_slurmctld(timeout: float = 60) -> int:
     return int(Path(pid_file).read_text().split()[0])
 
 
-def on_private_cluster(name: str, ports: tuple[int, int, int], gpu: bool = False):
-    """For a module-scoped fixture (``yield from``): a private controller (tests/private_slurm.py)
-    shaped as the local cluster for sweeps: partition ``cpu`` (one 16-CPU node, where drivers
-    run) and ``all`` (that node and two more), the shared cluster's MaxArraySize, under its own
-    cluster name in the shared slurmdbd (``sacct`` works); SLURM_CONF points gpuhpc, the sweep
-    drivers and every Slurm call of the module at it. Stopped and forgotten at the end.
+def private_cluster_fixtures(name: str, ports: tuple[int, int, int], gpu: bool = False):
+    """A module's ``private_cluster`` and ``slurm`` fixtures (private_slurm.module_fixtures) on a
+    private controller shaped as the local cluster for sweeps: partition ``cpu`` (one 16-CPU node,
+    where drivers run) and ``all`` (that node and two more), the shared cluster's MaxArraySize,
+    under its own cluster name in the shared slurmdbd (``sacct`` works). In the module::
+
+        private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
 
     ``gpu=True``: the two other nodes are GPU nodes as the local cluster's gpu-node1/2, in its
     partitions ``gpu`` and ``gpu-hi`` with its preemption (private_slurm.gpu_shape); their names
     are ``cluster.gpu_nodes``."""
-    import pytest
+    from private_slurm import PrivateSlurm, gpu_shape, module_fixtures
 
-    from private_slurm import PrivateSlurm, gpu_shape
+    def make():
+        prefix = name.removeprefix("gpuhpc")[:6]
+        nodes = [f"{prefix}-node1", f"{prefix}-node2", f"{prefix}-cpu1"]
+        attrs = {n: "CPUs=16 RealMemory=32000 State=UNKNOWN" for n in nodes}
+        partitions = [f"PartitionName=cpu Nodes={nodes[2]} MaxTime=INFINITE State=UP",
+                      "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
+        extra = {"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
+                 "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"}
+        start: dict = {}
+        if gpu:
+            shape = gpu_shape(nodes[:2], accounting=True)
+            attrs.update(shape["nodes"])
+            partitions += shape["partitions"]
+            extra.update(shape["extra"])
+            start["before_start"] = shape["before_start"]
+        cluster = PrivateSlurm(name, ports, attrs, partitions, extra=extra, accounting=True)
+        cluster.gpu_nodes = nodes[:2] if gpu else []
+        return cluster, start
 
-    prefix = name.removeprefix("gpuhpc")[:6]
-    nodes = [f"{prefix}-node1", f"{prefix}-node2", f"{prefix}-cpu1"]
-    attrs = {n: "CPUs=16 RealMemory=32000 State=UNKNOWN" for n in nodes}
-    partitions = [f"PartitionName=cpu Nodes={nodes[2]} MaxTime=INFINITE State=UP",
-                  "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP"]
-    extra = {"SlurmdParameters": "config_overrides", "MaxArraySize": "51", "MinJobAge": "600", "JobRequeue": "1",
-             "KillWait": "5", "SchedulerParameters": "batch_sched_delay=0,sched_interval=2,bf_interval=5"}
-    start: dict = {}
-    if gpu:
-        shape = gpu_shape(nodes[:2], accounting=True)
-        attrs.update(shape["nodes"])
-        partitions += shape["partitions"]
-        extra.update(shape["extra"])
-        start["before_start"] = shape["before_start"]
-    cluster = PrivateSlurm(name, ports, attrs, partitions, extra=extra, accounting=True)
-    cluster.gpu_nodes = nodes[:2] if gpu else []
-    with cluster.in_slurmdbd(**start), pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLURM_CONF", str(cluster.conf))
-        yield cluster
-
-
-def private_cluster_fixtures(name: str, ports: tuple[int, int, int], gpu: bool = False):
-    """A module's two fixtures on :func:`on_private_cluster`: ``private_cluster`` (module-scoped)
-    and ``slurm`` (its SlurmClient, in place of the shared cluster's). In the module::
-
-        private_cluster, slurm = private_cluster_fixtures(NAME, (CTLD_PORT, SLURMD_PORT, NODE_PORT))
-    """
-    import pytest
-
-    @pytest.fixture(scope="module")
-    def private_cluster():
-        yield from on_private_cluster(name, ports, gpu=gpu)
-
-    @pytest.fixture
-    def slurm(private_cluster):
-        return private_cluster.client
-
-    return private_cluster, slurm
+    return module_fixtures(make)

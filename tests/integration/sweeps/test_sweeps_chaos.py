@@ -6,7 +6,7 @@ exactly once, with the right metric; the restarts show (sacct --duplicates); the
 exactly one charge per run.
 
 It runs on a private controller of its own, shaped as the local cluster's GPU nodes and partitions
-(sweeps_helpers.on_private_cluster with gpu=True): it restarts that slurmctld, not the shared one,
+(sweeps_helpers.private_cluster_fixtures with gpu=True): it restarts that slurmctld, not the shared one,
 and runs beside the shared-cluster stream (marked isolated; about 4 min off CI's critical path)."""
 from __future__ import annotations
 

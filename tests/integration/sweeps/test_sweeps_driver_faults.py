@@ -6,7 +6,7 @@ test_driver_supervision.py: here a requeue would cost the cluster's ``cred_expir
 A Python callable stopped at its requeue cap ends FAILED with exit 75 and a ``requeue cap
 reached`` line, as a script job does (docs/jobs.md).
 
-Each case is a real sweep on a private controller for the module (sweeps_helpers.on_private_cluster:
+Each case is a real sweep on a private controller for the module (sweeps_helpers.private_cluster_fixtures:
 partitions ``cpu`` and ``all`` as the local cluster's, accounting in the shared slurmdbd; the
 tests are isolated and run beside the shared-cluster stream) with state on a server or file
 system of the test's own (a private PostgreSQL on a free port, a small tmpfs), so a fault

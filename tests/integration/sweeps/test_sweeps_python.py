@@ -3,7 +3,7 @@ including after its array tasks are preempted (gpu partition, a gpu-hi job on th
 preempted trial resumes from its checkpoint, not from step 0.
 
 It runs on a private controller of its own, shaped as the local cluster's GPU nodes and partitions
-(sweeps_helpers.on_private_cluster with gpu=True): isolated, beside the shared-cluster stream."""
+(sweeps_helpers.private_cluster_fixtures with gpu=True): isolated, beside the shared-cluster stream."""
 from __future__ import annotations
 
 import sys
