@@ -33,7 +33,7 @@ declare -A IP=([ctl]=11 [login]=12 [c1]=13 [c2]=14)
 BASE="systemd systemd-sysv dbus python3 python3-apt openssh-server iproute2 procps sudo ca-certificates"
 # only downloaded into the image's apt cache, with their recommends (as Ansible's apt installs them):
 # the roles install them, for real, from there
-PRESEED="munge slurm-client slurmd slurmctld slurmdbd mariadb-server libpam-slurm-adopt nftables mdadm xfsprogs python3-venv"
+PRESEED="munge slurm-client slurmd slurmctld slurmdbd mariadb-server libpam-slurm-adopt nftables mdadm xfsprogs python3-venv python3-packaging"
 
 log() { echo "lab: $*" >&2; }
 

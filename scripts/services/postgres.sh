@@ -9,7 +9,8 @@
 # superusers): the superuser's is generated at initdb into $D/postgres.password, which only the
 # caller (root) may read, and into the caller's ~/.pgpass (0600), so that the caller's URLs without
 # a password keep working. A cluster made by an older postgres.sh with `-A trust` is given a
-# password and scram on its next `start`.
+# password and scram on its next `start`. PG_LISTEN (an address) and PG_HBA_NET (a network allowed to log
+# in with the password) make a fresh cluster listen there as well (the lab's: tests/integration/lab).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 D=${D:-/var/tmp/gpuhpc-pg}; PORT=${PORT:-${PGPORT_TEST:-55432}}
@@ -39,7 +40,7 @@ start)
         --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
       rm -f "$D/sock/.pw"
       cat >> "$D/pgdata/postgresql.conf" <<EOC
-listen_addresses = '127.0.0.1'
+listen_addresses = '127.0.0.1${PG_LISTEN:+,$PG_LISTEN}'
 port = $PORT
 unix_socket_directories = '$D/sock'
 max_connections = 200
@@ -47,6 +48,7 @@ fsync = off
 synchronous_commit = off
 full_page_writes = off
 EOC
+      [ -z "${PG_HBA_NET:-}" ] || echo "host all all $PG_HBA_NET scram-sha-256" >> "$D/pgdata/pg_hba.conf"
     fi
     if (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "port $PORT already in use" >&2; exit 1; fi
     "${AS[@]}" "$BIN/pg_ctl" -D "$D/pgdata" -l "$D/pgdata/pg.log" -w -t 60 start >/dev/null
