@@ -16,6 +16,9 @@
 # Ansible control node runs: `lab.sh ctl CMD`); every host also has an address on 10.213.1.0/24, the
 # same wire but outside the management network (the nftables test connects from 10.213.1.1).
 # Nothing is added to the root network namespace and nothing here listens on 127.0.0.1.
+# `lab.sh registry`: a container registry for the hosts on the switch, 10.213.0.1:5500
+# (scripts/services/registry.sh, data in $LAB/registry), with its test image; prints the image pinned
+# by digest and keeps it in $LAB/registry/image (the lab inventory's gpuhpc_containers_verify_image).
 # Lab hosts have no route out: the packages the roles install are downloaded into the image when it
 # is baked (PRESEED) and apt's index is the baked one.
 set -euo pipefail
@@ -34,6 +37,8 @@ BASE="systemd systemd-sysv dbus python3 python3-apt openssh-server iproute2 proc
 # only downloaded into the image's apt cache, with their recommends (as Ansible's apt installs them):
 # the roles install them, for real, from there
 PRESEED="munge slurm-client slurmd slurmctld slurmdbd mariadb-server libpam-slurm-adopt nftables mdadm xfsprogs python3-venv python3-packaging"
+# and what gpuhpc_containers' build of enroot and pyxis needs and enroot runs (its script's list)
+PRESEED+=" $(bash "${SELF%/*}/../ansible/roles/gpuhpc_containers/files/build-containers.sh" --packages)"
 
 log() { echo "lab: $*" >&2; }
 
@@ -250,6 +255,7 @@ down() {
     stop_host "$h"
     [ $# -gt 0 ] || { ip netns del "lab-$h" 2>/dev/null || true; }
   done
+  [ $# -gt 0 ] || { D=$LAB/registry bash "${SELF%/*}/services/registry.sh" stop 2>/dev/null || true; }
   [ $# -gt 0 ] || { ip netns del lab-sw 2>/dev/null || true; }
   log "down: ${*:-all}"
 }
@@ -298,5 +304,9 @@ case "${1:-}" in
        exec ip netns exec lab-sw ssh "${SSH_OPTS[@]}" -o "ControlPath=$LAB/mux-$h" -o ControlMaster=no "root@$NET.${IP[$h]}" "$@" ;;
   ctl) shift; exec ip netns exec lab-sw "$@" ;;
   bake) bake ;;
-  *) echo "usage: scripts/lab.sh bake|up|down|status|wipe|ssh HOST [CMD]|ctl CMD" >&2; exit 2 ;;
+  registry) mkdir -p "$LAB/registry"
+            D=$LAB/registry ADDR=$NET.1 ip netns exec lab-sw bash "${SELF%/*}/services/registry.sh" start \
+              | tail -n 1 | tee "$LAB/registry/image.new"
+            mv "$LAB/registry/image.new" "$LAB/registry/image" ;;
+  *) echo "usage: scripts/lab.sh bake|up|down|status|wipe|registry|ssh HOST [CMD]|ctl CMD" >&2; exit 2 ;;
 esac

@@ -2,7 +2,8 @@
 # registry.sh start|stop|wipe|image - a local container registry for the container tests and the
 # quickstart (docs/containers.md), run directly (no systemd): Debian's docker-registry on
 # 127.0.0.1:$PORT (default 5500: below Linux's ephemeral ports, 32768-60999, so no outgoing
-# connection holds it), data under $D (default /var/tmp/gpuhpc-registry).
+# connection holds it), data under $D (default /var/tmp/gpuhpc-registry). ADDR: the address it
+# listens on and is named by (default 127.0.0.1; the lab's runs on its switch: scripts/lab.sh registry).
 # `start` also builds a tiny image, gpuhpc/test:1 (a busybox root filesystem with an
 # /etc/os-release of its own, made with umoci) and pushes it with `skopeo copy --format v2s2`
 # (enroot gets 404 for an OCI manifest), once, with an NGC-style twin, gpuhpc/test:ngc (the same
@@ -15,18 +16,18 @@
 # Debian packages: docker-registry umoci skopeo busybox-static (installed when missing, as root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-D=${D:-/var/tmp/gpuhpc-registry}; PORT=${PORT:-5500}
+D=${D:-/var/tmp/gpuhpc-registry}; PORT=${PORT:-5500}; ADDR=${ADDR:-127.0.0.1}
 PACKAGES=(docker-registry umoci skopeo busybox-static)
 . scripts/services/lib.sh
 private_dir "$D" 755
 REPO=gpuhpc/test TAG=1 TAGS=(1 ngc)
 alive() { [ -s "$D/registry.pid" ] && kill -0 "$(cat "$D/registry.pid")" 2>/dev/null; }
-up() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT" && printf 'GET /v2/ HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200 ') 2>/dev/null; }
+up() { (exec 3<>"/dev/tcp/$ADDR/$PORT" && printf 'GET /v2/ HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200 ') 2>/dev/null; }
 pinned() {
   local digest tag=${1:-$TAG}
   case " ${TAGS[*]} " in *" $tag "*) ;; *) echo "registry.sh: no tag $tag (one of: ${TAGS[*]})" >&2; exit 2 ;; esac
-  digest=$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://127.0.0.1:$PORT/$REPO:$tag")
-  echo "127.0.0.1:$PORT#$REPO@$digest"
+  digest=$(skopeo inspect --tls-verify=false --format '{{.Digest}}' "docker://$ADDR:$PORT/$REPO:$tag")
+  echo "$ADDR:$PORT#$REPO@$digest"
 }
 build_and_push() {
   local oci="$D/oci" bundle="$D/bundle" rootfs
@@ -48,8 +49,8 @@ build_and_push() {
   umoci config --image "$oci:test" --config.cmd /bin/sh --config.env PATH=/bin
   umoci config --image "$oci:test" --tag ngc --config.env NVIDIA_VISIBLE_DEVICES=all \
     --config.env NVIDIA_DRIVER_CAPABILITIES=compute,utility
-  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:test" "docker://127.0.0.1:$PORT/$REPO:1"
-  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:ngc" "docker://127.0.0.1:$PORT/$REPO:ngc"
+  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:test" "docker://$ADDR:$PORT/$REPO:1"
+  skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:ngc" "docker://$ADDR:$PORT/$REPO:ngc"
   rm -rf -- "$oci" "$bundle"
 }
 case "${1:-start}" in
@@ -62,14 +63,15 @@ start)
     [ "$(id -u)" = 0 ] || { echo "registry.sh: missing packages: ${missing[*]}" >&2; exit 1; }
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
   fi
-  # a registry running on another port (an older default): restarted on $PORT, its data kept
-  if alive && ! grep -qx "  addr: 127.0.0.1:$PORT" "$D/config.yml" 2>/dev/null; then
+  # a registry running on another port (an older default), or not answering (the lab's, left in the
+  # network namespace of a lab since taken down): restarted on $ADDR:$PORT, its data kept
+  if alive && { ! grep -qx "  addr: $ADDR:$PORT" "$D/config.yml" 2>/dev/null || ! up; }; then
     kill "$(cat "$D/registry.pid")"
     for _ in $(seq 1 50); do alive || break; sleep 0.1; done
     rm -f "$D/registry.pid"
   fi
   if ! alive; then
-    if (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then echo "registry.sh: port $PORT already in use" >&2; exit 1; fi
+    if (echo > "/dev/tcp/$ADDR/$PORT") 2>/dev/null; then echo "registry.sh: port $PORT already in use" >&2; exit 1; fi
     mkdir -p "$D/data"
     cat > "$D/config.yml" <<EOC
 version: 0.1
@@ -78,7 +80,7 @@ storage:
   filesystem: {rootdirectory: $D/data}
   delete: {enabled: true}
 http:
-  addr: 127.0.0.1:$PORT
+  addr: $ADDR:$PORT
 EOC
     setsid docker-registry serve "$D/config.yml" > "$D/registry.log" 2>&1 < /dev/null &
     echo $! > "$D/registry.pid"
@@ -86,7 +88,7 @@ EOC
     up || { echo "registry.sh: the registry did not start (log: $D/registry.log)" >&2; tail -n 5 "$D/registry.log" >&2; exit 1; }
   fi
   for tag in "${TAGS[@]}"; do
-    skopeo inspect --tls-verify=false --raw "docker://127.0.0.1:$PORT/$REPO:$tag" >/dev/null 2>&1 || { build_and_push; break; }
+    skopeo inspect --tls-verify=false --raw "docker://$ADDR:$PORT/$REPO:$tag" >/dev/null 2>&1 || { build_and_push; break; }
   done
   pinned
   ;;

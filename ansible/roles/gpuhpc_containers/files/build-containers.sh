@@ -4,6 +4,8 @@
 # host and runs it; scripts/build-containers.sh runs it here.
 #
 #   scripts/build-containers.sh [--prefix DIR] [--sysconfdir DIR] [--no-setcap] [--force]
+#   scripts/build-containers.sh --packages   # print PACKAGES (a host without a route out needs
+#                                            # them in its apt cache: scripts/lab.sh bakes them in)
 #
 # Sources: $GPUHPC_VENDOR_DIR, a local mirror holding enroot-4.1.2.tar.gz and pyxis-0.24.0.tar.gz
 # (`git archive` of the release tags; their sha256 is pinned below), for hosts that reach no
@@ -32,7 +34,7 @@ SOURCES=(
   "enroot $ENROOT_VERSION 817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3 417e3fd63b9de725e09f7eaab2200f67992a6ab77b31a372583324019137b06f https://github.com/NVIDIA/enroot/archive/refs/tags/v$ENROOT_VERSION.tar.gz"
   "pyxis $PYXIS_VERSION 063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681 462f8425fbbad073a8d2242885fe55ee19d2fe618266edbd091eb3babc854152 https://github.com/NVIDIA/pyxis/archive/refs/tags/v$PYXIS_VERSION.tar.gz"
 )
-PACKAGES=(make gcc makeself linux-libc-dev libbsd-dev libslurm-dev libcap2-bin curl ca-certificates
+PACKAGES=(make gcc libc6-dev makeself linux-libc-dev libbsd-dev libslurm-dev libcap2-bin curl ca-certificates
           jq squashfs-tools parallel zstd pigz)   # the last line: what enroot runs (image import)
 
 prefix=/usr/local sysconfdir= setcap=auto force=0
@@ -42,6 +44,7 @@ while [ $# -gt 0 ]; do
     --sysconfdir) sysconfdir=$2; shift 2 ;;
     --no-setcap) setcap=0; shift ;;
     --force) force=1; shift ;;
+    --packages) echo "${PACKAGES[*]}"; exit 0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-containers: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
