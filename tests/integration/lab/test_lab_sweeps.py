@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sqlite3
 import shutil
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 USER, UID = "sweeper", 2101
 HOME = f"/shared/home/{USER}"
+HOME_HERE = SHARED / "home" / USER     # the same directory, as this machine sees it
 # software on the shared filesystem: the venv the driver and the trials run with (the submitter's
 # sys.executable) has the same path on every host
 PREFIX = "/shared/gpuhpc"
@@ -86,7 +88,7 @@ def site(lab: Lab):
     assert play.returncode == 0, play.stdout[-6000:]
 
     # 2. an ordinary user: the same uid on every host, its home on the shared filesystem, an association
-    home = SHARED / HOME.removeprefix("/shared/")
+    home = HOME_HERE
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     for h in ("ctl", "login", "c1", "c2"):
@@ -101,6 +103,9 @@ def site(lab: Lab):
 
     # 3. PostgreSQL on the lab's network: the existing helper, in the switch namespace
     d = LAB_DIR / "pg-sweeps"
+    if d.exists():      # a session that was killed: its server goes first
+        _pg({"D": str(d), "PGPASSFILE": str(d / "pgpass")}, "wipe")
+        shutil.rmtree(d)
     port = lab.sh("ctl", "python3", "-c", "import socket; s = socket.socket(); s.bind(('10.213.0.1', 0)); "
                                           "print(s.getsockname()[1])").stdout.strip()
     env = {"D": str(d), "PORT": port, "PGPASSFILE": str(d / "pgpass"), "PG_LISTEN": "10.213.0.1",
@@ -109,8 +114,8 @@ def site(lab: Lab):
         url = lab.timed("sweeps_pg_start_s", _pg, env, "start").strip().splitlines()[-1]
         url = url.replace("@127.0.0.1:", "@10.213.0.1:")
         # the user's credentials in a file of its own; a short driver poll for trials of a second
-        (home / "db.env").write_text(f"export GPUHPC_DB_URL={shlex.quote(url)}\nexport GPUHPC_SWEEP_DRIVER_POLL=2\n")
-        (home / "db.env").chmod(0o600)
+        with open(os.open(home / "db.env", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(f"export GPUHPC_DB_URL={shlex.quote(url)}\nexport GPUHPC_SWEEP_DRIVER_POLL=2\n")
         _local("chown", "-R", f"{UID}:{UID}", str(home))
         yield {"url": url}
     finally:
@@ -129,7 +134,7 @@ def test_sqlite_state_is_refused_when_the_driver_may_run_on_another_host(lab: La
     assert "GPUHPC_DB_URL" in lines[0] and "PostgreSQL" in lines[0], lines
     # nothing submitted, no sweep written (the SQLite file may hold the ledger's tables, no sweep)
     assert as_user(lab, f"squeue --noheader --user={USER}").stdout.strip() == ""
-    data = SHARED / HOME.removeprefix("/shared/") / ".local" / "share" / "gpuhpc"     # the user's data dir
+    data = HOME_HERE / ".local" / "share" / "gpuhpc"     # the user's data dir
     db = data / "ledger.db"
     if db.exists():
         with sqlite3.connect(db) as c:
@@ -155,19 +160,28 @@ def test_sweep_with_its_driver_on_a_compute_host_writes_its_state_to_postgresql(
     assert sorted(r["trial"] for r in rows) == list(range(TRIALS)), rows
     assert all(r["state"] == "completed" and r["restarts"] == 0 for r in rows), rows
     # every trial ran exactly once, on the compute hosts
-    ran = [line.split() for line in (SHARED / HOME.removeprefix("/shared/") / "work" / "ran.txt").read_text().splitlines()]
+    ran = [line.split() for line in (HOME_HERE / "work" / "ran.txt").read_text().splitlines()]
     assert sorted(int(x) for x, _, _ in ran) == list(range(TRIALS)), ran
     assert {h for _, h, _ in ran} <= {"c1", "c2"}, ran
     arrays = {r["job_id"].split("_")[0] for r in rows}
     assert len(arrays) == TRIALS // CHUNK, rows          # the later arrays came from the driver
     # the driver ran on a compute host: a host other than the login host wrote the sweep's state
-    def driver():
-        rows = lab.ssh("login", f"sacct --noheader --parsable2 -X --user={USER} --name=lab-sweep-s{sid}-driver "
-                                "--format=JobID,NodeList,State").strip().splitlines()
-        return rows if len(rows) == 1 and rows[0].split("|")[2] not in ("PENDING", "RUNNING") else None
+    status = as_user(lab, f". ./db.env && gpuhpc sweep status {sid} --json")
+    assert status.returncode == 0, status.stderr
+    driver_job = json.loads(status.stdout)["driver_job_id"]
 
-    acct = wait_for(driver, 60, f"sweep {sid}'s driver job to end")
-    driver_job, node, state = acct[0].split("|")
-    assert node in ("c1", "c2") and state == "COMPLETED", acct
+    def driver():
+        rows = lab.ssh("login", f"sacct --noheader --parsable2 -X --jobs={driver_job} --format=NodeList,State"
+                       ).strip().splitlines()
+        return rows if len(rows) == 1 and rows[0].split("|")[1] not in ("PENDING", "RUNNING") else None
+
+    node, state = wait_for(driver, 60, f"sweep {sid}'s driver job {driver_job} to end")[0].split("|")
+    assert node in ("c1", "c2") and state == "COMPLETED", (node, state)
+    # ... and submitted every array after the first, which it recorded in PostgreSQL from there
+    logs = HOME_HERE / ".local/share/gpuhpc/sweeps" / str(sid) / "logs"
+    log = (logs / f"lab-sweep-s{sid}-driver-{driver_job}.out").read_text()
+    submitted = set(re.findall(r"submitted \d+ trial\(s\) as (\d+)", log))
+    assert len(submitted) == len(arrays) - 1 and submitted < arrays, (log, arrays)
     sys.stderr.write(f"\nsweep {sid}: {TRIALS} trials, parallelism {PARALLELISM}, {len(arrays)} arrays, "
-                     f"{wall:.1f} s from `sweep run` to `sweep wait`'s exit 0; driver job {driver_job} on {node}\n")
+                     f"{wall:.1f} s from `sweep run` to `sweep wait`'s exit 0; driver job {driver_job} on {node} "
+                     f"submitted {len(submitted)} of them\n")
