@@ -16,8 +16,8 @@ import json
 import os
 import re
 import shlex
-import sqlite3
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
