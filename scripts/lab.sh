@@ -305,6 +305,7 @@ case "${1:-}" in
   ctl) shift; exec ip netns exec lab-sw "$@" ;;
   bake) bake ;;
   registry) mkdir -p "$LAB/registry"
+            bash "${SELF%/*}/services/registry.sh" packages   # here: the switch has no route out
             D=$LAB/registry ADDR=$NET.1 ip netns exec lab-sw bash "${SELF%/*}/services/registry.sh" start \
               | tail -n 1 | tee "$LAB/registry/image.new"
             mv "$LAB/registry/image.new" "$LAB/registry/image" ;;

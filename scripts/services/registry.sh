@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# registry.sh start|stop|wipe|image - a local container registry for the container tests and the
+# registry.sh start|stop|wipe|packages|image - a local container registry for the container tests and the
 # quickstart (docs/containers.md), run directly (no systemd): Debian's docker-registry on
 # 127.0.0.1:$PORT (default 5500: below Linux's ephemeral ports, 32768-60999, so no outgoing
 # connection holds it), data under $D (default /var/tmp/gpuhpc-registry). ADDR: the address it
@@ -53,16 +53,20 @@ build_and_push() {
   skopeo copy --quiet --format v2s2 --dest-tls-verify=false "oci:$oci:ngc" "docker://$ADDR:$PORT/$REPO:ngc"
   rm -rf -- "$oci" "$bundle"
 }
-case "${1:-start}" in
-start)
-  missing=()
+install_packages() {
+  local p missing=()
   for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || { echo "registry.sh: missing packages: ${missing[*]}" >&2; exit 1; }
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=300 --no-install-recommends "${missing[@]}" >&2
   fi
+}
+case "${1:-start}" in
+packages) install_packages ;;   # only that (the lab's registry: before it starts in a namespace with no route out)
+start)
+  install_packages
   # a registry running on another port (an older default), or not answering (the lab's, left in the
   # network namespace of a lab since taken down): restarted on $ADDR:$PORT, its data kept
   if alive && { ! grep -qx "  addr: $ADDR:$PORT" "$D/config.yml" 2>/dev/null || ! up; }; then
@@ -98,5 +102,5 @@ stop)
   rm -f "$D/registry.pid"
   ;;
 wipe) "$0" stop; rm -rf -- "$D/data" "$D/config.yml" "$D/registry.log" ;;
-*) echo "usage: registry.sh start|stop|wipe|image [TAG]" >&2; exit 2 ;;
+*) echo "usage: registry.sh start|stop|wipe|packages|image [TAG]" >&2; exit 2 ;;
 esac
