@@ -14,9 +14,10 @@
 # sha256 of its files' sha256sum list and its symlinks), which does not depend on how the
 # archive was compressed; a mirror's archive must match its pinned sha256 as well.
 #
-# Build (checked on Debian 12 / Slurm 22.05): enroot's git submodules (makeself, musl, libbsd,
-# linux-headers) are not in the archives; Debian's makeself, linux-libc-dev and libbsd-dev
-# replace them (FORCE_GLIBC=1; glibc 2.36 has no strlcpy: libbsd's string.h and libbsd.so);
+# Build (checked on Debian 12 / Slurm 22.05, and on Debian 13 / 24.11 in the lab): enroot's git
+# submodules (makeself, musl, libbsd, linux-headers) are not in the archives; Debian's makeself,
+# linux-libc-dev and libbsd-dev replace them (FORCE_GLIBC=1; glibc 2.36 has no strlcpy: libbsd's
+# string.h and libbsd.so; libc6-dev named: trixie's gcc only recommends it);
 # pyxis builds against Debian's libslurm-dev unchanged. As root, `make setcap` gives enroot's
 # helpers the capabilities image import needs as an ordinary user (--no-setcap: not).
 # Missing packages (PACKAGES: the build's and enroot's run-time tools) are installed with apt-get
