@@ -49,7 +49,11 @@ def report(step: int | None = None, **metrics: float) -> None:
     """Record figures for the current Slurm job, e.g. ``report(samples_per_s=1234.5)`` or, in a
     sweep trial, ``report(step=100, loss=0.25)``.
 
-    Values must be finite numbers, ``step`` a whole number. Only rank 0 writes when
+    Values must be numbers, ``step`` a whole number. A value that is not finite (NaN, inf: a
+    diverging run) never raises (one rank raising while its peers wait in the next collective
+    would hang the job): it is recorded as a *failed* value, ``"failed": {"loss": "nan"}`` in
+    the line, never among ``metrics``, so no reader takes it for a result (a sweep trial whose
+    objective only ever failed has no objective), and a warning says so. Only rank 0 writes when
     ``SLURM_PROCID``/``RANK`` says this process is another rank, so multi-rank jobs are not
     counted N times.
     """
@@ -58,13 +62,20 @@ def report(step: int | None = None, **metrics: float) -> None:
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ValueError(f"step {step!r} is not a whole number >= 0")
     clean: dict[str, float] = {}
+    failed: dict[str, str] = {}
     for key, value in metrics.items():
         if not key.isidentifier():
             raise ValueError(f"metric name {key!r} is not an identifier")
         v = float(value)
-        if not math.isfinite(v):
-            raise ValueError(f"metric {key}={value!r} is not a finite number")
-        clean[key] = v
+        if math.isfinite(v):
+            clean[key] = v
+        else:
+            failed[key] = repr(v)           # 'nan', 'inf', '-inf': valid JSON, unlike NaN
+    if failed:
+        import warnings
+
+        warnings.warn(f"gpuhpc.report(): {', '.join(f'{k}={v}' for k, v in failed.items())} not finite; "
+                      "recorded as failed values", RuntimeWarning, stacklevel=2)
     for rank_var in ("RANK", "SLURM_PROCID"):
         rank = os.environ.get(rank_var)
         if rank is not None and rank.strip() not in ("", "0"):
@@ -72,6 +83,7 @@ def report(step: int | None = None, **metrics: float) -> None:
     trial_file = os.environ.get("GPUHPC_METRICS_FILE")
     if trial_file:
         _append_line(trial_file, {"ts": time.time(), "step": step, "metrics": clean,
+                                  **({"failed": failed} if failed else {}),
                                   "trial": os.environ.get("GPUHPC_TRIAL_ID"),
                                   "job_id": os.environ.get("SLURM_JOB_ID"),
                                   "restart": os.environ.get("SLURM_RESTART_COUNT", "0")})
@@ -95,4 +107,5 @@ def report(step: int | None = None, **metrics: float) -> None:
     name = f"{job}_{task}" if task is not None else job
     # one write() of a short line with O_APPEND is atomic enough for concurrent ranks
     _append_line(str(folder / f"{name}.jsonl"), {"ts": time.time(), "cluster": cluster, "job_id": job,
-                                                 "array_task_id": task, "metrics": clean})
+                                                 "array_task_id": task, "metrics": clean,
+                                                 **({"failed": failed} if failed else {})})
