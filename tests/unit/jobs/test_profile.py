@@ -1,5 +1,7 @@
 """Profiling switches: the wrapped command, one nsys command per rank with distinct names and the
 step window, the spec's checks, trace listing."""
+from pathlib import Path
+
 import pytest
 
 from gpuhpc.errors import UserInputError
@@ -53,8 +55,13 @@ def test_traces_and_open_commands(tmp_path):
 
 
 def test_step_is_a_no_op_unprofiled(monkeypatch):
+    import sys
+
     monkeypatch.delenv("GPUHPC_PROFILE", raising=False)
-    profile.step(10)          # no torch needed
+    monkeypatch.setenv("GPUHPC_PROFILE_STEPS", "2-5")
+    for i in range(8):        # across the window: nothing starts, torch is never imported
+        profile.step(i)
+    assert "torch" not in sys.modules
 
 
 def test_torch_profile_renders_one_wrapped_rank_per_worker(tmp_path, capsys):
@@ -76,18 +83,21 @@ def test_torch_profile_renders_one_wrapped_rank_per_worker(tmp_path, capsys):
 TORCH_LOOP = """
 from gpuhpc.jobs import profile
 import torch
-x = torch.ones(64, 64)
 for i in range({steps}):
     profile.step(i)
-    x = (x @ x).clamp(max=1.0)
+    with torch.profiler.record_function(f"step {{i}}"):
+        pass
 """
+# PyTorch's subset that gpuhpc.jobs.profile calls, for its runtime path where torch is not installed
+TORCH_STANDIN = Path(__file__).resolve().parents[2] / "standins" / "torch_profiler"
 
 
-@pytest.mark.parametrize("steps", [6, 3])          # the whole window, and a program that ends inside it
-def test_torch_profiler_writes_one_trace_per_rank(tmp_path, steps):
-    """The runtime path: each rank's ``torch.profiler`` writes its own Chrome trace."""
-    pytest.importorskip("torch", reason="torch is not installed here: the torch profiler's runtime path (one trace "
-                                        "per rank) runs only where torch is; the rendered path is tested above")
+@pytest.mark.parametrize("steps, recorded", [(6, [1, 2, 3]),     # the whole window 1-4: steps 1..3
+                                             (3, [1, 2])])       # a program that ends inside it: at exit
+def test_torch_profiler_writes_one_trace_per_rank_of_the_step_window(tmp_path, steps, recorded):
+    """The runtime path: each rank's ``torch.profiler`` (the ``torch`` stand-in in
+    tests/standins/torch_profiler: torch is not a test dependency) starts at the window's first
+    step, stops at its last (or at exit inside it) and writes its own Chrome trace."""
     import json
     import os
     import subprocess
@@ -95,13 +105,15 @@ def test_torch_profiler_writes_one_trace_per_rank(tmp_path, steps):
 
     procs = []
     for rank in range(2):
-        env = dict(os.environ, SLURM_JOB_ID="55", RANK=str(rank))
+        env = dict(os.environ, SLURM_JOB_ID="55", RANK=str(rank),
+                   PYTHONPATH=os.pathsep.join([str(TORCH_STANDIN), *filter(None, [os.environ.get("PYTHONPATH")])]))
         env.pop("SLURM_RESTART_COUNT", None)
         procs.append(subprocess.Popen([sys.executable, "-m", "gpuhpc.jobs.profile", "--tool", "torch", "--steps", "1-4",
                                        "--dir", str(tmp_path), "--", sys.executable, "-c",
-                                       TORCH_LOOP.format(steps=steps)], env=env))
-    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+                                       TORCH_LOOP.format(steps=steps)], env=env, stderr=subprocess.PIPE, text=True))
+    assert [(p.wait(timeout=60), p.stderr.read()) for p in procs] == [(0, ""), (0, "")]
     got = [p.name for p in profile.traces(str(tmp_path), "55")]
     assert got == ["55-r0-rank0.pt.trace.json", "55-r0-rank1.pt.trace.json"]
     for name in got:
-        assert json.loads((tmp_path / name).read_text())["traceEvents"]
+        events = json.loads((tmp_path / name).read_text())["traceEvents"]
+        assert [e["name"] for e in events if e.get("cat") == "user_annotation"] == [f"step {i}" for i in recorded]
