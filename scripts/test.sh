@@ -26,8 +26,8 @@
 #   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
 # and at the end each stage's wall time. Every stage runs; the script fails if any did.
 #
-# pytest arguments (e.g. scripts/test.sh -k ledger -x): that selection of tests/unit and
-# tests/integration (not the lab), reusing services and a cluster that are already up and current
+# pytest arguments (e.g. scripts/test.sh -k ledger -x, or scripts/test.sh tests/integration/x/test_y.py):
+# that selection (paths given: only those; else of tests/unit and tests/integration, not the lab), reusing services and a cluster that are already up and current
 # (scripts/cluster.sh ensure skips the play); at the end it stops only what it started itself
 # (KEEP_UP=1: nothing), so a developer iterates in seconds.
 #
@@ -266,7 +266,11 @@ if [ "$MODE" = full ]; then
   TIMES+=("$(printf '%-12s %6ss' "(waited)" "$(( $(date +%s) - t ))")")
   rm -rf "$RUNDIR"
 else
-  stage selection "${PYTEST[@]}" tests/unit tests/integration --ignore=tests/integration/lab "$@" || FAILED+=" selection"
+  # paths among the arguments (tests/integration/x/test_y.py, a directory): only those; else every test
+  # (the lab apart) that the arguments select (-k, -m)
+  where=(tests/unit tests/integration --ignore=tests/integration/lab)
+  for a in "$@"; do case "$a" in -*) ;; *) [ -e "${a%%::*}" ] && where=() && break ;; esac; done
+  stage selection "${PYTEST[@]}" "${where[@]}" "$@" || FAILED+=" selection"
 fi
 if [ -n "$FAILED" ]; then
   say "failed stages:$FAILED"
