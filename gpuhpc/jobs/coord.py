@@ -160,7 +160,10 @@ class StopCoordinator:
         if dist.get_backend() == "nccl":
             device = torch.device("cuda", _own_cuda_index(torch))
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if flag:    # in the stop handshake: a peer that never comes fails it within the grace
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait(stop_timeout())
+        else:       # the run's own (long) timeout: a slow evaluation is not a hang
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if int(t.item()):
             self.stop_step = step
             return True
@@ -244,18 +247,41 @@ def _torch_dist() -> Any | None:
     return None
 
 
-def collective_timeout(default_s: float = 600.0) -> Any:
-    """``datetime.timedelta`` of ``$GPUHPC_COLLECTIVE_TIMEOUT_S`` (the job templates set it to
-    three quarters of the grace period) for ``init_process_group(timeout=...)``: a hung
-    collective then fails while the job can still be requeued, not after NCCL's 10 minutes."""
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0       # torch's own default for NCCL
+DEFAULT_STOP_TIMEOUT_S = 45.0              # three quarters of the default 60 s grace
+
+
+def _seconds(name: str, default_s: float) -> Any:
     import datetime
 
-    raw = os.environ.get("GPUHPC_COLLECTIVE_TIMEOUT_S", "")
+    raw = os.environ.get(name, "")
     try:
         seconds = float(raw) if raw else default_s
     except ValueError:
         seconds = default_s
+    if not seconds > 0:
+        seconds = default_s
     return datetime.timedelta(seconds=seconds)
+
+
+def collective_timeout(default_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> Any:
+    """The run's collective timeout for ``init_process_group(timeout=...)``: a
+    ``datetime.timedelta`` of ``$GPUHPC_COLLECTIVE_TIMEOUT_S`` (the job templates set 600 s,
+    torch's default, unless you set it). Long on purpose: with
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` a collective that outlasts it kills the job, and an
+    evaluation, a compilation or rank 0 writing a checkpoint is a stall, not a hang. The short
+    timeout is :func:`stop_timeout`'s, inside the stop handshake only."""
+    return _seconds("GPUHPC_COLLECTIVE_TIMEOUT_S", default_s)
+
+
+def stop_timeout(default_s: float = DEFAULT_STOP_TIMEOUT_S) -> Any:
+    """The stop handshake's timeout: a ``datetime.timedelta`` of
+    ``$GPUHPC_STOP_COLLECTIVE_TIMEOUT_S`` (the job templates set three quarters of the grace
+    period, at least 10 s), so that a peer that died fails the handshake while the job can still
+    be requeued. :func:`should_stop`'s all-reduce waits this long once a stop was requested; use
+    it for the collectives of the save that follows, e.g.
+    ``dist.barrier(async_op=True).wait(stop_timeout())``."""
+    return _seconds("GPUHPC_STOP_COLLECTIVE_TIMEOUT_S", default_s)
 
 
 _coordinator: StopCoordinator | None = None

@@ -31,7 +31,7 @@ _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
 _SENTINEL = re.compile("\x00([a-z_]+)\x00")
 VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "env_lines",
              "checkpoint_dir", "command", "nproc_per_node", "mpi", "python", "collective_timeout",
-             "torchrun_args", "container")
+             "torchrun_args", "container", "stop_timeout")
 
 
 _BUNDLED_TEMPLATES = bundled_dir("job-templates")
@@ -74,9 +74,15 @@ def _runs_python(spec: JobSpec) -> bool:
     return spec.template == "torchrun" and bool(re.fullmatch(r"python[0-9.]*", os.path.basename(cmd[0])))
 
 
-def collective_timeout_s(grace_s: int) -> int:
-    """``GPUHPC_COLLECTIVE_TIMEOUT_S``: three quarters of the grace period (at least 10 s), so a
-    hung collective fails while there is still time to requeue."""
+def collective_timeout_s(grace_s: int) -> int:  # noqa: ARG001  (the run's: not tied to the grace)
+    """``GPUHPC_COLLECTIVE_TIMEOUT_S``, the run's collective timeout: 600 s, torch's default (a
+    slow evaluation or compilation is not a hang); the short one is :func:`stop_timeout_s`."""
+    return 600
+
+
+def stop_timeout_s(grace_s: int) -> int:
+    """``GPUHPC_STOP_COLLECTIVE_TIMEOUT_S``, the stop handshake's: three quarters of the grace
+    period (at least 10 s), so a hung collective there fails while there is still time to requeue."""
     return max(10, grace_s * 3 // 4)
 
 
@@ -100,6 +106,7 @@ def context(spec: JobSpec) -> dict[str, str]:
         "mpi": _q(spec.mpi),
         "python": _q(sys.executable or "python3"),
         "collective_timeout": str(collective_timeout_s(spec.grace_s)),
+        "stop_timeout": str(stop_timeout_s(spec.grace_s)),
         "torchrun_args": "--no-python " if _runs_python(spec) else "",
         **container_context(spec),
     }

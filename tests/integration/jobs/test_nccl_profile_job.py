@@ -1,8 +1,8 @@
 """The NCCL/IB profile on the real cluster: a 2-node deepspeed job whose nodes have the DGX
 example's profile (rendered as `gpuhpc conf render` and the gpudirect_rdma role write it; the
 job names it with GPUHPC_NCCL_PROFILE instead of /etc/gpuhpc/nccl.env) gives every srun task
-the profile's HCAs in rail order, the job's own --env wins, and the collective timeout is
-shorter than the grace period."""
+the profile's HCAs in rail order, the job's own --env wins, the run's collective timeout is
+torch's 600 s and the stop handshake's is shorter than the grace period."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,7 @@ from polling import wait_for
 pytestmark = pytest.mark.integration
 
 PROBE = ("import json, os, sys; keys = ('NCCL_IB_HCA', 'TORCH_NCCL_ASYNC_ERROR_HANDLING', "
-         "'GPUHPC_COLLECTIVE_TIMEOUT_S', 'SLURMD_NODENAME'); "
+         "'GPUHPC_COLLECTIVE_TIMEOUT_S', 'GPUHPC_STOP_COLLECTIVE_TIMEOUT_S', 'SLURMD_NODENAME'); "
          "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w')"
          ".write(json.dumps({k: os.environ.get(k) for k in keys}))")
 
@@ -47,4 +47,5 @@ def test_every_rank_gets_the_profile_and_the_job_wins(jobs_env, tmp_path, slurm,
     assert len(ranks) == 2 and len({r["SLURMD_NODENAME"] for r in ranks}) == 2, ranks
     assert rails.startswith("=mlx5_0:1,mlx5_3:1") and {r["NCCL_IB_HCA"] for r in ranks} == {rails}, ranks
     assert {r["TORCH_NCCL_ASYNC_ERROR_HANDLING"] for r in ranks} == {"3"}       # the job's own setting wins
-    assert {r["GPUHPC_COLLECTIVE_TIMEOUT_S"] for r in ranks} == {"45"}           # 3/4 of the 60 s grace
+    assert {r["GPUHPC_COLLECTIVE_TIMEOUT_S"] for r in ranks} == {"600"}          # the run's: torch's default
+    assert {r["GPUHPC_STOP_COLLECTIVE_TIMEOUT_S"] for r in ranks} == {"45"}      # the handshake's: 3/4 of the 60 s grace

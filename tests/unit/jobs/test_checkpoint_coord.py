@@ -107,7 +107,25 @@ def test_shell_entry_point_agrees_with_python(tmp_path):
 
 
 def test_collective_timeout_from_the_environment(monkeypatch):
-    monkeypatch.setenv("GPUHPC_COLLECTIVE_TIMEOUT_S", "45")
-    assert coord.collective_timeout().total_seconds() == 45
+    monkeypatch.setenv("GPUHPC_COLLECTIVE_TIMEOUT_S", "1800")
+    assert coord.collective_timeout().total_seconds() == 1800
     monkeypatch.delenv("GPUHPC_COLLECTIVE_TIMEOUT_S")
     assert coord.collective_timeout().total_seconds() == 600
+
+
+def test_the_runs_timeout_is_long_and_the_stop_handshakes_short(monkeypatch):
+    """In a job (the template's values for --grace 60): the run's collective timeout is torch's
+    600 s, not 3/4 of the grace (a 45 s evaluation stall would kill a healthy job); the short
+    one is stop_timeout()'s."""
+    from gpuhpc.jobs.render import context
+    from gpuhpc.jobs.spec import JobSpec
+
+    ctx = context(JobSpec(command=("true",), grace=60))
+    monkeypatch.setenv("GPUHPC_COLLECTIVE_TIMEOUT_S", ctx["collective_timeout"])
+    monkeypatch.setenv("GPUHPC_STOP_COLLECTIVE_TIMEOUT_S", ctx["stop_timeout"])
+    assert coord.collective_timeout().total_seconds() == 600
+    assert coord.stop_timeout().total_seconds() == 45
+    monkeypatch.delenv("GPUHPC_STOP_COLLECTIVE_TIMEOUT_S")
+    assert coord.stop_timeout().total_seconds() == 45
+    monkeypatch.setenv("GPUHPC_STOP_COLLECTIVE_TIMEOUT_S", "bogus")
+    assert coord.stop_timeout().total_seconds() == 45
