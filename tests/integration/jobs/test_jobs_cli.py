@@ -26,10 +26,26 @@ def _held(track, name: str) -> str:
     return job_id
 
 
-def _sacct_names(slurm, name: str) -> list[str]:
-    out = slurm.run(["sacct", "--noheader", "--allocations", "--parsable2", "--format=JobID",
-                     f"--name={name}", "--starttime=now-1hours"]).stdout
-    return [line for line in out.splitlines() if line.strip()]
+@pytest.fixture
+def sbatch_calls(jobs_env, tmp_path, monkeypatch):
+    """A recording ``sbatch`` first on PATH (tests/recording.py) for this test's ``gpuhpc``
+    commands; returns ``calls()``, each call's argv."""
+    import os
+
+    from recording import record_calls
+
+    calls = record_calls(tmp_path / "bin", "sbatch")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def _sbatch_sees_a_submission(track, calls) -> None:
+    """A held job submitted the same way is one more call: the recording sbatch is on the path the
+    refused submissions took (were gpuhpc to run sbatch from elsewhere, "no call" would prove nothing)."""
+    before = len(calls())
+    job_id = _held(track, _name())
+    after = calls()
+    assert len(after) == before + 1 and "--parsable" in after[-1], (job_id, after)
 
 
 def test_cancel_of_a_job_that_does_not_exist_fails(jobs_env):
@@ -60,16 +76,17 @@ def _scontrol_gpus(slurm) -> dict[str, dict[str, int]]:
     return nodes
 
 
-def test_unknown_gpu_type_is_refused_before_sbatch(jobs_env, slurm):
+def test_unknown_gpu_type_is_refused_before_sbatch(jobs_env, slurm, sbatch_calls, track):
     name = _name()
     res = gpuhpc("submit", "--gpu-type", "nosuch", "--gpus", "1", "--name", name, "--", "true")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     types = sorted({t for gpus in _scontrol_gpus(slurm).values() for t in gpus})
     assert "'nosuch'" in res.stderr and f"it has: {', '.join(types)}" in res.stderr
-    assert _sacct_names(slurm, name) == []          # sbatch never saw it
+    assert sbatch_calls() == []          # sbatch never saw it
+    _sbatch_sees_a_submission(track, sbatch_calls)
 
 
-def test_more_gpus_than_the_largest_node_is_refused(jobs_env, slurm):
+def test_more_gpus_than_the_largest_node_is_refused(jobs_env, slurm, sbatch_calls, track):
     name = _name()
     res = gpuhpc("submit", "--gpus", "100000", "--name", name, "--", "true")
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
@@ -77,7 +94,8 @@ def test_more_gpus_than_the_largest_node_is_refused(jobs_env, slurm):
     assert "100000 GPUs per node" in res.stderr and f"has {largest} " in res.stderr
     res = gpuhpc("submit", "--gpus", "9", "--gpu-type", "h100", "--partition", "gpu", "--name", name, "--", "true")
     assert res.returncode == 2 and "largest node of partition gpu" in res.stderr and "has 8" in res.stderr
-    assert _sacct_names(slurm, name) == []
+    assert sbatch_calls() == []          # sbatch never saw either
+    _sbatch_sees_a_submission(track, sbatch_calls)
 
 
 def test_logs_follow_prints_each_line_once_and_ends_with_the_job(jobs_env, track):
