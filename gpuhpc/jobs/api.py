@@ -62,20 +62,21 @@ def _reserve(resources: Resources, name: str, client, array_size: int = 1) -> An
         partition=resources.partition, qos=resources.qos, gpu_type=resources.gpu_type,
         gpus=resources.total_gpus, time_limit_s=resources.time_s, array_size=array_size, job_name=name,
     )
-    if url is None or not hooks.writable(url):
-        import sys
+    if url is not None and hooks.writable(url):
+        import dataclasses
 
-        account = resources.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
-        for line in hooks.submit_budget(req, account):
-            sys.stderr.write(f"budget: {line}\n")
-        return None
-    try:
-        cluster = client.cluster_name() or "default"
-    except GpuhpcError:
-        cluster = "default"
-    import dataclasses
+        try:
+            cluster = client.cluster_name() or "default"
+        except GpuhpcError:
+            cluster = "default"
+        req = dataclasses.replace(req, cluster=cluster)
+    import sys
 
-    return hooks.reserve(dataclasses.replace(req, cluster=cluster))
+    account = resources.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
+    hold, lines = hooks.reserve_or_snapshot(req, account)     # a reader's role, a database down: the snapshot
+    for line in lines:
+        sys.stderr.write(f"budget: {line}\n")
+    return hold
 
 
 def _with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str],

@@ -47,8 +47,7 @@ def require_admin(what: str, url: str | None = None) -> None:
     from sqlalchemy import text
 
     with db.get_engine(url).connect() as conn:
-        ok = conn.execute(text("SELECT has_table_privilege(current_user, 'quotas', 'UPDATE') AND "
-                               "has_table_privilege(current_user, 'charges', 'INSERT')")).scalar()
+        ok = conn.execute(text(quota.WRITE_RIGHTS_SQL)).scalar()
         conn.rollback()
     if not ok:
         raise LedgerError(f"permission denied: {what} changes the ledger, which only its admin may do "

@@ -23,7 +23,7 @@ from gpuhpc.ledger.types import ChargeRequest
 if TYPE_CHECKING:
     from gpuhpc.ledger.quota import Reservation
 
-__all__ = ["ChargeRequest", "ledger_in_use", "reserve", "submit_budget", "writable"]
+__all__ = ["ChargeRequest", "ledger_in_use", "reserve", "reserve_or_snapshot", "submit_budget", "writable"]
 
 
 def ledger_in_use() -> str | None:
@@ -79,6 +79,32 @@ def submit_budget(req: ChargeRequest, account: str | None) -> list[str]:
     if refusal:
         raise QuotaExceeded(refusal)
     return lines
+
+
+def reserve_or_snapshot(req: ChargeRequest, account: str | None) -> tuple[Reservation | None, list[str]]:
+    """The submit path's budget decision: a committed hold (:func:`reserve`) where this process
+    may write the ledger; else the budget snapshot's decision (:func:`submit_budget`, as
+    job_submit.lua decides for plain sbatch), with a first line saying why: the ledger is off or
+    not set up, it is read-only for this user (a reader's database role, a file the admin owns),
+    or its database cannot be reached. Returns the hold (or None) and the lines to show."""
+    url = ledger_in_use()
+    if url is None:
+        return None, submit_budget(req, account)
+    if not writable(url):
+        why = "the ledger is read-only for this user"
+    else:
+        from gpuhpc.ledger import quota
+
+        try:
+            return reserve(req), []
+        except quota.LedgerUnwritable as exc:
+            why = str(exc)
+    lines = submit_budget(req, account)
+    from gpuhpc.ledger import budget
+
+    source = "the budget snapshot" if budget.read_snapshot() is not None else \
+        f"Slurm's own limits (no budget snapshot at {budget.snapshot_path()})"
+    return None, [f"{why}: deciding from {source}", *lines]
 
 
 def reserve(req: ChargeRequest) -> Reservation | None:

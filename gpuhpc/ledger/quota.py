@@ -95,6 +95,25 @@ class Tx:
         return v.replace(tzinfo=UTC) if v.tzinfo is None else v.astimezone(UTC)
 
 
+class LedgerUnwritable(LedgerError):
+    """This process may not write the ledger (a reader's database role), or cannot reach it. The
+    submit path then decides from the budget snapshot (:func:`gpuhpc.ledger.hooks.submit_budget`),
+    as job_submit.lua does for plain sbatch; the message says which of the two it was."""
+
+
+# The rights a reservation (and every admin change) needs on PostgreSQL: the migrations grant
+# them to gpuhpc_admin and not to gpuhpc_reader (0004, 0006).
+WRITE_RIGHTS_SQL = ("SELECT has_table_privilege(current_user, 'quotas', 'UPDATE') AND "
+                    "has_table_privilege(current_user, 'reservations', 'INSERT') AND "
+                    "has_table_privilege(current_user, 'charges', 'INSERT')")
+
+
+def pg_role_may_write(cursor: Any) -> bool:
+    """Does the connected PostgreSQL role hold :data:`WRITE_RIGHTS_SQL`'s rights?"""
+    cursor.execute(WRITE_RIGHTS_SQL)
+    return bool(cursor.fetchone()[0])
+
+
 def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
@@ -157,8 +176,8 @@ class Connection:
             try:
                 self.conn = psycopg.connect(re.sub(r"^postgresql\+\w+://", "postgresql://", url))
             except psycopg.OperationalError as exc:
-                raise LedgerError(f"cannot connect to the ledger database {redact(url)}: "
-                                  f"{str(exc).strip().splitlines()[-1]}") from None
+                raise LedgerUnwritable(f"cannot connect to the ledger database {redact(url)}: "
+                                       f"{str(exc).strip().splitlines()[-1]}") from None
         else:
             raise LedgerError(f"the ledger supports SQLite and PostgreSQL, not {redact(url)}")
 
@@ -363,6 +382,11 @@ def reserve(req: ChargeRequest, *, url: str | None = None, now: dt.datetime | No
     url = url or paths.db_url()
     conn = Connection(url)
     try:
+        if conn.dialect == "postgresql":
+            may = pg_role_may_write(conn.conn.cursor())
+            conn.conn.rollback()
+            if not may:
+                raise LedgerUnwritable(f"the ledger is read-only for database role {conn.conn.info.user}")
         with conn.transaction() as tx:
             res = reserve_in(tx, req, now or dt.datetime.now(UTC), url)
     except BaseException:

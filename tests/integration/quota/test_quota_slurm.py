@@ -241,6 +241,74 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
     assert not _assoc(client, acct)
 
 
+def test_a_postgresql_reader_submits_and_is_refused_from_the_budget_snapshot(tmp_path, client, unix_user, pg_url):
+    """Issue 34.3: on a PostgreSQL ledger an ordinary user holds the reader role (what the login role
+    installs). `gpuhpc submit` used to end `unexpected InsufficientPrivilege` (exit 1) for every job
+    of such a user, and `cannot connect` (exit 1) while the database was down. Now both decide from
+    the published budget snapshot, as job_submit.lua decides for plain sbatch, and say which: a job
+    that fits is submitted, one that alone cannot fit is refused (exit 3) by gpuhpc and by plain
+    sbatch alike, and the reader wrote nothing to the ledger."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    acct = "quota-t3"
+    db.upgrade(pg_url)
+    admin.add_account(acct, description="issue 34 test", url=pg_url)
+    admin.set_price("h100", rate=Decimal("2.50"), url=pg_url)
+    admin.set_quota(acct, gpu_hours=Decimal("0.1"), period="day", url=pg_url)     # 6 GPU-minutes
+    tag = uuid.uuid4().hex[:8]
+    role = f"gpuhpc_r_{tag}"
+    sup = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    with sup.connect() as c:
+        c.execute(text(f"CREATE ROLE {role} LOGIN PASSWORD '{tag}' IN ROLE gpuhpc_reader"))
+    reader_url = make_url(pg_url).set(username=role, password=tag).render_as_string(hide_password=False)
+    jobs: list[str] = []
+    try:
+        admin.add_user(role, acct, url=pg_url)
+        plans = slurm_sync.plan(url=pg_url, accounts=[acct])
+        slurm_sync.sync(client, plans)
+        slurm_sync.record_periods(plans, url=pg_url)
+        slurm_sync.publish(url=pg_url, billing_file=tmp_path / "billing.json")
+        client.sacctmgr("add", "user", unix_user, f"Account={acct}", check=False)
+        user_env = {"GPUHPC_DB_URL": reader_url, "GPUHPC_DATA_DIR": f"/var/tmp/{unix_user}-gpuhpc",
+                    "GPUHPC_BUDGET_SNAPSHOT": str(budget.snapshot_path())}
+        down_env = {**user_env, "GPUHPC_DB_URL": "postgresql+psycopg://nobody@127.0.0.1:1/gpuhpc"}
+        fits = ["submit", "-A", acct, "-p", "gpu", "--gpus", "1", "--gpu-type", "h100", "-t", "1m", "--grace", "10s",
+                "--hold", "--log-dir", f"/var/tmp/{unix_user}-logs", "--", "true"]
+        too_big = [*fits[:fits.index("-t")], "-t", "10m", *fits[fits.index("-t") + 2:]]
+        for env, why in ((user_env, f"budget: the ledger is read-only for database role {role}: "
+                                    "deciding from the budget snapshot"),
+                         (down_env, "budget: cannot connect to the ledger database postgresql+psycopg://nobody@"
+                                    "127.0.0.1:1/gpuhpc: ")):
+            r = gpuhpc_as(unix_user, fits, env)
+            assert r.returncode == 0, r.stderr
+            jobs.append(r.stdout.strip().splitlines()[-1].strip())
+            assert why in r.stderr and "deciding from the budget snapshot" in r.stderr, r.stderr
+            assert "budget: account quota-t3: budget 0.10 GPU-hours for" in r.stderr, r.stderr
+            assert client.queue(job_ids=jobs[-1:]), jobs           # it reached Slurm
+            r = gpuhpc_as(unix_user, too_big, env)
+            assert r.returncode == 3 and "this job may use 0.17 GPU-hours" in r.stderr, r.stderr
+            assert r.stdout == "", r.stdout
+        # plain sbatch decides the same from the same snapshot (job_submit.lua)
+        r = as_user(unix_user, cmd.sbatch(extra=["-A", acct, "-p", "gpu", "--gres=gpu:h100:1", "-t", "10",
+                                                 "-o", "/dev/null", "--wrap", "sleep 1"]))
+        assert r.returncode != 0 and "account quota-t3: budget 0.10 GPU-hours" in r.stderr, r.stderr
+        # the reader held nothing and wrote nothing: the ledger has no reservation
+        with create_engine(pg_url).connect() as c:
+            assert c.execute(text("SELECT count(*) FROM reservations")).scalar() == 0
+        mine = [row for row in client.queue(user=unix_user) if row.job_id in jobs]
+        assert len(mine) == 2, mine
+    finally:
+        _cleanup(client, acct, [unix_user], jobs)
+        with sup.connect() as c:
+            c.execute(text(f"DROP OWNED BY {role}"))
+            c.execute(text(f"DROP ROLE {role}"))
+        sup.dispose()
+    assert not _assoc(client, acct)
+
+
 # the files a converge of the local cluster deploys (cluster.sh's `deployed`), and its daemons' pid files
 DEPLOYED = ("/etc/slurm/*.conf", "/etc/slurm/job_submit.lua", "/etc/gpuhpc/*")
 PID_FILES = ("/run/slurm/slurmctld.pid", "/run/slurm/slurmd-*.pid")
