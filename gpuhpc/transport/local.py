@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 
 from gpuhpc.errors import TransportError
 from gpuhpc.transport.base import CommandResult
@@ -11,19 +12,30 @@ from gpuhpc.transport.base import CommandResult
 class LocalRunner:
     is_local = True
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, *, base: Mapping[str, str] | None = None) -> None:
         self._env = env
+        self._base = dict(base) if base is not None else None     # None: this process's environment
 
     def getenv(self, key: str) -> str | None:
         """``key`` as the commands this runner starts see it."""
-        return (self._env or {}).get(key) or os.environ.get(key)
+        return (self._env or {}).get(key) or (os.environ if self._base is None else self._base).get(key)
+
+    def environment(self) -> dict[str, str]:
+        """The whole environment the commands this runner starts get (before a call's ``env``)."""
+        full = dict(os.environ if self._base is None else self._base)
+        full.update(self._env or {})
+        return full
+
+    def with_environment(self, env: Mapping[str, str]) -> "LocalRunner":
+        """A runner whose commands get exactly ``env`` (plus a call's own ``env``), not this
+        process's environment: what a sweep's arrays inherit (gpuhpc.sweeps.engine)."""
+        return LocalRunner(base=env)
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
         full_env = None
-        if self._env or env:
-            full_env = dict(os.environ)
-            full_env.update(self._env or {})
+        if self._base is not None or self._env or env:
+            full_env = self.environment()
             full_env.update(env or {})
         try:
             proc = subprocess.run(argv, input=input, capture_output=True, text=True,

@@ -248,3 +248,45 @@ def test_sweep_state_on_postgresql(pg_sweep_db, sweeps, tmp_path):
     rows = results(sid)
     assert [r["metrics"]["loss"] for r in rows] == [float(x + 10) for x in range(10)]
     assert json.loads(gpuhpc("sweep", "best", str(sid), "--json").stdout)["trial"] == 9
+
+
+#: per trial or per job by design: compared by name only
+_PER_TRIAL = {"GPUHPC_TRIAL_ID", "GPUHPC_PARAMS_JSON", "GPUHPC_TRIAL_DIR", "GPUHPC_METRICS_FILE",
+              "GPUHPC_CHECKPOINT_DIR", "GPUHPC_LATEST_CHECKPOINT", "GPUHPC_JOB_ID", "GPUHPC_STOP_DIR",
+              "GPUHPC_SCRATCH"}
+
+
+def _trial_env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def test_chunks_the_driver_submits_run_with_the_same_environment_as_the_first(sweep_env, sweeps, tmp_path):
+    """Issue 32.1: 6 trials, at most 2 queued, in arrays of 2: `sweep run` submits the first
+    array, the driver job (its own ``--cpus-per-task=1``, SLURM_*, GPUHPC_* and the node's NCCL
+    profile in its environment) the two others. Every trial sees the same CPU count, the same
+    SLURM_* names, no SLURM_CPUS_PER_TASK it did not ask for, and the same GPUHPC_*/NCCL_*."""
+    from gpuhpc.sweeps import engine
+
+    out = tmp_path / "env"
+    out.mkdir()
+    f = write_sweep(tmp_path / "e.yaml", name="t-env", method="grid",
+                    command=f'(env; echo "NPROC=$(nproc)") > "{out}/{{x}}.env"',
+                    parameters={"x": {"type": "int", "low": 0, "high": 5}}, parallelism=2, chunk_size=2, max_queued=2,
+                    resources=CPU, metric={"name": "loss", "goal": "minimize"})
+    sid = run_sweep(f)
+    sweeps(sid)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    info = engine.sweep_info(sid)
+    assert info["driver_job_id"] and len([c for c in info["chunks"] if c["job_id"]]) == 3, info["chunks"]
+    envs = {i: _trial_env(out / f"{i}.env") for i in range(6)}
+    first = envs[0]                              # chunk 0, submitted by `sweep run`
+
+    def shape(env: dict[str, str]) -> tuple:
+        slurm_names = sorted(k for k in env if k.startswith("SLURM_"))
+        ours = {k: ("" if k in _PER_TRIAL else v) for k, v in env.items() if k.startswith(("GPUHPC_", "NCCL_"))}
+        return env.get("NPROC"), env.get("SLURM_CPUS_PER_TASK"), slurm_names, ours
+
+    for i in range(2, 6):                        # chunks 1 and 2, submitted by the driver
+        assert shape(envs[i]) == shape(first), (i, {k: v for k, v in envs[i].items() if first.get(k) != v},
+                                                {k: v for k, v in first.items() if k not in envs[i]})
