@@ -75,10 +75,6 @@ def gpu_model(name: str) -> GpuModel | None:
     return GPU_MODELS.get(name.lower())
 
 
-def known_types() -> list[str]:
-    return sorted(GPU_MODELS)
-
-
 def check_mig_layout(model: GpuModel, layout: list[str]) -> str | None:
     """Return why ``layout`` does not fit one GPU of ``model``, or None when it fits."""
     if not model.mig_capable:
