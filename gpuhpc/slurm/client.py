@@ -46,8 +46,9 @@ class SlurmClient:
     # ------------------------------------------------------------ plumbing
     def run(self, argv: list[str], *, input: str | None = None, check: bool = True,
             timeout: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
+        # times in the one format the parsers read (ISO 8601), whatever the user's SLURM_TIME_FORMAT
         res = self.runner.run(argv, input=input, timeout=timeout or self.timeout,
-                              **({"env": env} if env else {}))
+                              env={"SLURM_TIME_FORMAT": "standard", **(env or {})})
         if check and not res.ok:
             raise SlurmError(f"{argv[0]} failed (exit {res.returncode})", argv=argv,
                              stderr=res.stderr or res.stdout, returncode=res.returncode)

@@ -214,4 +214,4 @@ def test_squeue_row_tag_stays_out_of_every_argv():
         fmt = env["SQUEUE_FORMAT"] if local else inp
         assert not any(fmt.split("%")[0] in a for a in argv)
         if not local:
-            assert argv[:2] == ["sh", "-c"] and "squeue" in argv and env is None
+            assert argv[:2] == ["sh", "-c"] and "squeue" in argv and "SQUEUE_FORMAT" not in (env or {})
