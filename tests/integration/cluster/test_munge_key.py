@@ -7,7 +7,7 @@ create the trusted key on the control node (never on a managed host) and install
 re-run: changed=0; `--limit n2` after n2's key was deleted restores the trusted key there and no
 other host's key changes; without the trusted key a limited run stops with one line; hosts that
 disagree stop the play naming them; hosts that agree are adopted (their key becomes the trusted one,
-no host's key changes).
+no host's key changes), into a control-node directory made private (0700) before the key lands.
 """
 from __future__ import annotations
 
@@ -131,10 +131,14 @@ def test_without_the_trusted_key_a_limited_run_stops_and_changes_nothing(cluster
     assert "c1,n1 have sha1" in line and "n2 have sha1" in line, line
     assert cluster.sums() == after_reimage and not cluster.cache.exists()
 
-    # n2's key removed: every host that has a key agrees; that key is adopted and n2 gets it
+    # n2's key removed: every host that has a key agrees; that key is adopted and n2 gets it. The
+    # control node's directory was left open (0755, as other tools make ~/.gpuhpc): the fetch writes
+    # with the control node's umask, so the directory must be private before the key lands there
     cluster.key("n2").unlink()
+    os.chmod(cluster.cache.parent, 0o755)
     proc = cluster.run()
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert cluster.sums() == before
     assert hashlib.sha256(cluster.cache.read_bytes()).hexdigest() == before["c1"]
     assert stat.S_IMODE(cluster.cache.stat().st_mode) == 0o600         # fetched, then made private
+    assert stat.S_IMODE(cluster.cache.parent.stat().st_mode) == 0o700  # never readable by others meanwhile
