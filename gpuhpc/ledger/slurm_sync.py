@@ -13,7 +13,8 @@ user association keeps its own QOS list (``sacctmgr add user`` or the Ansible ro
 the budget QOS), so a QOS budget leaks. The cost: association usage decays with
 ``PriorityDecayHalfLife``; budgets need ``PriorityDecayHalfLife=0`` and
 ``PriorityUsageResetPeriod=NONE`` (the cluster spec's ``priority``), so fair-share sees undecayed
-usage; the ledger resets an account's usage (``RawUsage=0``) when its quota period rolls over.
+usage; the ledger resets an association's usage (``RawUsage=0``) when its quota's period rolls over:
+the account's on the account quota's period, each user's on that user quota's own period.
 
 Requirements in slurm.conf: ``PriorityType=priority/multifactor`` (usage accumulates only
 there) and ``AccountingStorageEnforce=associations,limits,qos,safe`` (``safe``: a job starts
@@ -55,6 +56,9 @@ class AccountPlan:
     user_limits: dict[str, dict[str, int]]       # per-user quotas: user -> GrpTRESMins
     period_start: dt.datetime | None             # of the account quota
     reset: bool = False                          # a new period: Slurm's usage starts again
+    # per-user quotas keep periods of their own: each user's association restarts on its own period
+    user_periods: dict[str, dt.datetime] = field(default_factory=dict)
+    user_resets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -65,8 +69,15 @@ class SyncResult:
         return {"commands": [" ".join(c) for c in self.commands]}
 
 
-def _state_key(account: str) -> str:
-    return "budget:" + hashlib.sha1(account.encode()).hexdigest()[:24]
+def _state_key(account: str, user: str | None = None) -> str:
+    """The ingest-state row that remembers the period a quota's Slurm usage was last reset for."""
+    what = account if user is None else f"{account}\0{user}"
+    return "budget:" + hashlib.sha1(what.encode()).hexdigest()[:24]
+
+
+def _new_period(s, key: str, start: dt.datetime) -> bool:
+    st = s.get(IngestState, key)
+    return st is None or st.last_since != start
 
 
 def plan(*, url: str | None = None, accounts: list[str] | None = None,
@@ -78,31 +89,34 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
         if accounts:
             stmt = stmt.where(Account.name.in_(accounts))
         for a in s.scalars(stmt):
-            limits, start, user_limits = _limit(None, None), None, {}
+            limits, start, user_limits, user_periods = _limit(None, None), None, {}, {}
             for q in s.scalars(select(Quota).where(Quota.account_id == a.id)):
                 if q.user_id is None:
                     limits = _limit(q.gpu_hours, q.money)
                     start = pricing.period_start(q.period.value, now)
                 else:
                     user_limits[q.user.name] = _limit(q.gpu_hours, q.money)
-            st = s.get(IngestState, _state_key(a.name))
-            reset = start is not None and (st is None or st.last_since != start)
+                    user_periods[q.user.name] = pricing.period_start(q.period.value, now)
+            reset = start is not None and _new_period(s, _state_key(a.name), start)
+            user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(s, _state_key(a.name, u), us)))
             users = tuple(sorted(m.user.name for m in a.memberships))
-            out.append(AccountPlan(a.name, a.description or a.name, users, limits, user_limits, start, reset))
+            out.append(AccountPlan(a.name, a.description or a.name, users, limits, user_limits, start, reset,
+                                   user_periods, user_resets))
     return out
 
 
 def record_periods(plans: list[AccountPlan], *, url: str | None = None) -> None:
-    """After a sync: remember each account's period, so that the next period resets Slurm's usage once."""
+    """After a sync: remember each quota's period (the account's and each user's), so that the next
+    period resets that association's Slurm usage once."""
     with db.session_scope(url) as s:
         for p in plans:
-            if p.period_start is None:
-                continue
-            key = _state_key(p.account)
-            st = s.get(IngestState, key) or IngestState(name=key, last_detail=p.account)
-            st.last_since = p.period_start
-            st.last_run_at = utcnow()
-            s.add(st)
+            periods = [(_state_key(p.account), p.account, p.period_start)] if p.period_start is not None else []
+            periods += [(_state_key(p.account, u), f"{p.account}/{u}", us) for u, us in sorted(p.user_periods.items())]
+            for key, detail, start in periods:
+                st = s.get(IngestState, key) or IngestState(name=key, last_detail=detail)
+                st.last_since = start
+                st.last_run_at = utcnow()
+                s.add(st)
 
 
 def parse_tres(text: str) -> dict[str, int]:
@@ -174,6 +188,9 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
                     *((("GrpTRESMins", _tres(_set_only(want))),) if _set_only(want) else ()))
             elif _differs(ua.get("GrpTRESMins", ""), want) and (u in p.user_limits or ua.get("GrpTRESMins")):
                 modify("user", [("name", u), ("account", p.account)], ("GrpTRESMins", _tres(want)))
+            if u in p.user_resets:
+                # the user's quota entered a new period of its own: that association's usage starts again
+                modify("user", [("name", u), ("account", p.account)], ("RawUsage", "0"))
     return res
 
 

@@ -59,7 +59,10 @@ def test_plan_and_commands(ledger_url):
     assert ("add", "user", "bob", "Cluster=lab", "Account=proj", "GrpTRESMins=gres/gpu=58") in c.runner.calls
     assert c.runner.calls[1] == ("modify", "account", "where", "name=proj", "cluster=lab", "set", "RawUsage=0")
     assert all("cluster=lab" in argv for argv in c.runner.lists)
-    assert len(res.commands) == 4
+    # bob's own quota restarts bob's own association (a first sync, like the account's)
+    assert c.runner.calls[-1] == ("modify", "user", "where", "name=bob", "account=proj", "cluster=lab", "set",
+                                  "RawUsage=0")
+    assert len(res.commands) == 5
     slurm_sync.record_periods([p], url=ledger_url)
     (p,) = slurm_sync.plan(url=ledger_url, now=now)
     assert not p.reset
@@ -75,8 +78,40 @@ def test_plan_and_commands(ledger_url):
     (p2,) = slurm_sync.plan(url=ledger_url, now=now + dt.timedelta(days=20))
     again = slurm_sync.sync(done, [p2], dry_run=True)
     assert again.commands == [["sacctmgr", "-i", "modify", "account", "where", "name=proj", "cluster=lab", "set",
-                               "RawUsage=0"]]
+                               "RawUsage=0"],
+                              ["sacctmgr", "-i", "modify", "user", "where", "name=bob", "account=proj", "cluster=lab",
+                               "set", "RawUsage=0"]]
     assert done.runner.calls == []                                   # dry run ran nothing
+
+
+def test_each_quota_restarts_its_own_association_on_its_own_period(ledger_url):
+    """Issue 34.2: a user quota with a period of its own, and an account with user quotas only:
+    each association's Slurm usage restarts when its own quota's period rolls over, never another's
+    (the account's usage used to be the only one reset, so these budgets stayed spent in Slurm)."""
+    admin.add_account("lab1", url=ledger_url)
+    admin.add_user("dana", "lab1", url=ledger_url)
+    admin.add_user("eve", "lab1", url=ledger_url)
+    admin.set_quota("lab1", user="dana", gpu_hours=Decimal("2"), period="day", url=ledger_url)
+    admin.set_quota("lab1", user="eve", gpu_hours=Decimal("5"), period="month", url=ledger_url)
+    state = dict(accounts=[{"Account": "lab1"}],
+                 assocs=[{"Account": "lab1", "User": "", "GrpTRESMins": ""},
+                         {"Account": "lab1", "User": "dana", "GrpTRESMins": "gres/gpu=118"},
+                         {"Account": "lab1", "User": "eve", "GrpTRESMins": "gres/gpu=298"}])
+    reset = ("set", "RawUsage=0")
+    now = dt.datetime(2026, 11, 15, 12, tzinfo=dt.timezone.utc)
+    (p,) = slurm_sync.plan(url=ledger_url, now=now)
+    assert not p.reset and p.user_resets == ("dana", "eve")           # first sync: both start from zero
+    slurm_sync.sync(RecordingClient(**state), [p])
+    slurm_sync.record_periods([p], url=ledger_url)
+    for when, who in ((now + dt.timedelta(hours=1), []),               # same day, same month: nothing
+                      (now + dt.timedelta(days=1), ["dana"]),          # dana's day rolled over, eve's month did not
+                      (now + dt.timedelta(days=16), ["dana", "eve"])):  # December: both
+        (p,) = slurm_sync.plan(url=ledger_url, now=when)
+        c = RecordingClient(**state)
+        slurm_sync.sync(c, [p])
+        assert [argv for argv in c.runner.calls if argv[-2:] == reset] == [
+            ("modify", "user", "where", f"name={u}", "account=lab1", "cluster=lab", *reset) for u in who], when
+        slurm_sync.record_periods([p], url=ledger_url)
 
 
 def test_billing_document_and_snapshot(ledger_url, tmp_path):
