@@ -86,6 +86,9 @@ class Sweep:
         self.id = int(sweep_id)
         self._client = client
         self._url = url
+        #: why the driver is pending for good (squeue's Reason), as :meth:`follow` last saw it
+        self.driver_stuck: str | None = None
+        self._said: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Sweep({self.id})"
@@ -121,10 +124,12 @@ class Sweep:
 
         info = engine.sweep_info(self.id, url=self._url)
         if info["driver_job_id"] and info["status"] == "running":
-            gone = engine.driver_gone(self.id, client=self.client, url=self._url)
+            gone, stuck = engine.driver_check(self.id, client=self.client, url=self._url)
             if gone:
                 raise DriverGone(gone)
+            self.driver_stuck = stuck
             return engine.counts_of(self.id, url=self._url)
+        self.driver_stuck = None
         return self.refresh()
 
     def info(self) -> dict[str, Any]:
@@ -149,13 +154,21 @@ class Sweep:
         return total >= info["n_trials"] and all(TrialState(s).is_terminal for s in counts)
 
     def wait(self, timeout: float | None = None, poll: float = 3.0) -> bool:
-        """Block until every trial has finished; True when all completed. Raises TimeoutError."""
+        """Block until every trial has finished; True when all completed. Raises TimeoutError.
+        A driver pending for a reason it never leaves by itself (PartitionTimeLimit...) is said
+        on stderr, once."""
         from gpuhpc.sweeps.models import SweepStatus, TrialState
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             # a database restart (or a locked or full SQLite file) while waiting is waited out
             counts, info = retrying(lambda: (self.follow(), self.info()), f"sweep {self.id}")
+            if self.driver_stuck and self.driver_stuck not in self._said:     # once: never a silent hang
+                import sys
+
+                self._said.add(self.driver_stuck)
+                sys.stderr.write(f"gpuhpc: {self.driver_stuck}\n")
+                sys.stderr.flush()
             total = sum(counts.values())
             if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value) and \
                     not any(counts.get(s.value) for s in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED)):

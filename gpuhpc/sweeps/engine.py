@@ -900,8 +900,31 @@ def check_state_db(url: str, driver_nodes) -> None:
                                                          "parallelism and MaxArraySize allow at once")
 
 
+#: the driver's time limit where its partition sets none (the job template requeues it before)
+DRIVER_TIME = "7-00:00:00"
+
+
+def driver_time(partitions: Iterable[Any], partition: str | None) -> str:
+    """The driver's ``--time``: its partition's MaxTime (``partition``, else the default one)
+    when that is shorter than :data:`DRIVER_TIME`, which it is otherwise (no limit, an unknown
+    partition, a value that does not parse). Under ``EnforcePartLimits=NO`` a longer limit
+    would leave the driver pending (PartitionTimeLimit) for ever; the job template requeues
+    the driver before its limit, and the new run carries on from the database."""
+    from gpuhpc.slurm.durations import parse_duration
+
+    part = next((p for p in partitions if (p.name == partition if partition else p.default)), None)
+    if part is None:
+        return DRIVER_TIME
+    try:
+        limit = parse_duration(part.max_time)
+    except UserInputError:
+        return DRIVER_TIME
+    return part.max_time if limit is not None and 0 < limit < parse_duration(DRIVER_TIME) else DRIVER_TIME
+
+
 def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
-    """Submit the sweep driver: a requeueable CPU job running ``python -m gpuhpc.sweeps.driver``."""
+    """Submit the sweep driver: a requeueable CPU job running ``python -m gpuhpc.sweeps.driver``
+    for its partition's MaxTime at most (:func:`driver_time`)."""
     from gpuhpc.jobs.api import submit_spec
     from gpuhpc.jobs.spec import JobSpec, Resources
 
@@ -911,7 +934,12 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
         directory = Path(sw.directory)
-    partition = _driver_partition(spec, c)
+    try:
+        partitions = c.partitions()
+    except GpuhpcError:
+        partitions = []
+    partition = spec.driver_partition if spec.driver_partition is not None else \
+        ("cpu" if any(p.name == "cpu" for p in partitions) else None)
     env = {"GPUHPC_DB_URL": db_url(url)}
     if os.environ.get("GPUHPC_SWEEP_ROOT"):
         env["GPUHPC_SWEEP_ROOT"] = os.environ["GPUHPC_SWEEP_ROOT"]
@@ -919,8 +947,8 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
         if os.environ.get(k):
             env[k] = os.environ[k]
     jspec = JobSpec(command=(sys.executable, "-m", "gpuhpc.sweeps.driver", str(sid)),
-                    resources=Resources(partition=partition, account=spec.res.account, time="7-00:00:00",
-                                        cpus_per_task=1),
+                    resources=Resources(partition=partition, account=spec.res.account,
+                                        time=driver_time(partitions, partition), cpus_per_task=1),
                     name=f"{spec.name}-s{sid}-driver", env=env, log_dir=str(directory / "logs"),
                     checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory))
     job = submit_spec(jspec, client=submit_client(c, url))
@@ -1242,11 +1270,23 @@ def driver_poll_s() -> float:
     return float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
 
 
-def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
-    """None while the sweep's driver follows it (or it has none); else what to tell the user,
-    with the command that restarts it. Dead: no heartbeat (the driver writes the sweep's
-    ``updated_at`` every round) for 6 rounds, and squeue, asked only then, does not show its
-    job (pending or running). When squeue cannot say, it is taken for alive."""
+#: squeue reasons a pending job does not leave by itself: the partition, account or QOS refuses
+#: it as it is, or someone must release it
+NEVER_CLEARS = frozenset({
+    "PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig", "AccountNotAllowed", "QOSNotAllowed",
+    "InvalidAccount", "InvalidQOS", "QOSMaxWallDurationPerJobLimit", "BadConstraints", "DependencyNeverSatisfied",
+    "JobHeldUser", "JobHeldAdmin",
+})
+
+
+def driver_check(sid: int, *, client=None, url: str | None = None) -> tuple[str | None, str | None]:
+    """(gone, stuck): ``gone`` is None while the sweep's driver follows it (or it has none),
+    else what to tell the user, with the command that restarts it; ``stuck`` names why a
+    pending driver does not start when squeue's Reason is one it never leaves by itself
+    (:data:`NEVER_CLEARS`, e.g. PartitionTimeLimit), else None. Dead: no heartbeat (the
+    driver writes the sweep's ``updated_at`` every round) for 6 rounds, and squeue, asked only
+    then, does not show its job (pending or running). When squeue cannot say, it is taken for
+    alive."""
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with session(url) as s:
         sw = s.get(Sweep, sid)
@@ -1254,14 +1294,27 @@ def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
             raise UserInputError(f"no sweep {sid}", field="ID")
         status, driver, beat = sw.status, sw.driver_job_id, sw.updated_at
     if status != SweepStatus.RUNNING.value or not driver:
-        return None
+        return None, None
     if beat is not None and (now() - _utc(beat)).total_seconds() < max(15.0, 6 * driver_poll_s()):
-        return None
-    active = slurm_client(client).active_job_ids([driver])
-    if active is None or driver in active:
-        return None
-    return (f"sweep {sid}: its driver (job {driver}) is gone and nothing submits or follows its trials; "
-            f"restart it with: gpuhpc sweep resume {sid}")
+        return None, None
+    try:
+        rows = [r for r in slurm_client(client).queue(job_ids=[driver]) if not r.state.state.is_finished]
+    except GpuhpcError:
+        return None, None
+    if not rows:
+        return (f"sweep {sid}: its driver (job {driver}) is gone and nothing submits or follows its trials; "
+                f"restart it with: gpuhpc sweep resume {sid}"), None
+    reason = rows[0].reason.strip("()") if rows[0].state.state.value == "PENDING" else ""
+    if reason in NEVER_CLEARS:
+        return None, (f"sweep {sid}: its driver (job {driver}) is pending ({reason}) and will not start as it is: "
+                      f"nothing submits the trials still waiting; see scontrol show job {driver}, or "
+                      f"gpuhpc sweep cancel {sid}")
+    return None, None
+
+
+def driver_gone(sid: int, *, client=None, url: str | None = None) -> str | None:
+    """:func:`driver_check`'s ``gone``."""
+    return driver_check(sid, client=client, url=url)[0]
 
 
 def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:

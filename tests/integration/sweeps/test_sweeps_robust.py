@@ -290,3 +290,26 @@ def test_chunks_the_driver_submits_run_with_the_same_environment_as_the_first(sw
     for i in range(2, 6):                        # chunks 1 and 2, submitted by the driver
         assert shape(envs[i]) == shape(first), (i, {k: v for k, v in envs[i].items() if first.get(k) != v},
                                                 {k: v for k, v in first.items() if k not in envs[i]})
+
+
+def test_the_driver_takes_its_partitions_max_time(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+    """Issue 32.2: the driver's partition (``cpu``) allows 30 minutes: the driver asks for 30
+    minutes, not 7 days (which, under this controller's EnforcePartLimits=NO, would leave it
+    pending with PartitionTimeLimit for ever), starts, and finishes the sweep."""
+    from gpuhpc.sweeps import engine
+
+    slurm.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=30"])
+    try:
+        f = write_sweep(tmp_path / "t.yaml", name="t-drvtime", method="grid", command="true",
+                        parameters={"x": {"type": "int", "low": 0, "high": 3}}, parallelism=2, chunk_size=2,
+                        max_queued=2, resources=CPU, metric={"name": "loss", "goal": "minimize"})
+        sid = run_sweep(f)
+        sweeps(sid)
+        driver = engine.sweep_info(sid)["driver_job_id"]
+        assert driver
+        job = slurm.show_job(driver)
+        assert job is not None and job["TimeLimit"] == "00:30:00" and job["Partition"] == "cpu", job
+        res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
+        assert res.returncode == 0, (res.stdout, res.stderr)
+    finally:
+        slurm.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"])
