@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuhpc.health.checks import Report, Result, Status
+from gpuhpc.health.checks import PERF, Report, Result, Status
 from gpuhpc.health.gate import PREFIX, Action, Decision, decide, is_ours, reason_for
 from gpuhpc.health.spec import HealthSpec
 
@@ -32,33 +32,65 @@ class Outcome:
 
 
 def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None = None, mode: str = "full",
-               apply: bool = False, baselines=None) -> Outcome:
+               apply: bool = False, baselines=None, now: float | None = None) -> Outcome:
     """Run ``mode``'s checks (``prolog``, ``full`` or ``deep``) for ``node`` through ``runner``
     and decide drain/resume from the node's Slurm state (asked through ``client``, a
     SlurmClient); with ``apply``, do it. ``baselines``: the deep checks' per-node baselines
-    (:class:`gpuhpc.health.deep.Baselines`)."""
+    (:class:`gpuhpc.health.deep.Baselines`). ``now``: the clock (epoch seconds) of the perf
+    hysteresis (default: the time now).
+
+    Only a run with ``apply`` writes the gate's state on the node (``spec.state_dir``: the XID
+    mark, the perf samples): a look without it changes nothing, and leaves what it saw for the
+    run that acts."""
+    import time
+
     from gpuhpc.health import collect, gate
     from gpuhpc.slurm.client import SlurmClient
     from gpuhpc.transport import default_runner
 
     runner = runner or default_runner()
+    spec = spec or HealthSpec()
+    t = time.time() if now is None else now
     deep = mode == "deep"
     if deep:
         from gpuhpc.health.deep import run_deep
 
-        report = run_deep(node, runner, spec or HealthSpec(), baselines=baselines)
+        report = run_deep(node, runner, spec, baselines=baselines)
     else:
-        report = collect.run_checks(node, runner, spec or HealthSpec(), mode=mode)
+        report = collect.run_checks(node, runner, spec, mode=mode, record=apply)
     if mode == "prolog" and report.healthy:
         # every job start runs the prolog: a healthy node asks slurmctld nothing (resuming a node
         # gpuhpc drained is HealthCheckProgram's job; a drained node starts no jobs anyway)
         return Outcome(report, Decision(Action.NONE, None, "healthy (prolog: slurmctld not asked)"))
     client = client or SlurmClient(runner)
     info = client.node(node)
+    perf, held = None, None
+    if mode == "full":
+        # one throttled sample drains nothing: perf failures count over the last samples
+        perf_path = collect.perf_state_path(spec.state_dir, node)
+        perf = gate.PerfState.from_text(collect.read_or_none(runner, perf_path))
+        before = perf.to_text()
+        if info is not None and gate.is_drained(info.state) and gate.is_perf_drain(info.reason):
+            perf.drained_at = perf.drained_at if perf.drained_at is not None else t
+            held = t - perf.drained_at
+        elif info is not None and perf.drained_at is not None:
+            # no longer drained for perf (an admin resumed it, or another reason replaced it):
+            # the count starts again
+            perf.samples, perf.drained_at = {}, None
+        report.results, perf.samples = gate.damp(report.results, perf.samples, spec.hysteresis)
     if info is None:
         return Outcome(report)
-    decision = gate.decide(info.state, info.reason, report.results, deep=deep)
-    if apply and decision.action is not Action.NONE:
+    decision = gate.decide(info.state, info.reason, report.results, deep=deep, held_s=held,
+                           min_drain_s=spec.hysteresis.min_drain_s)
+    if not apply:
+        return Outcome(report, decision, False)
+    if decision.action is not Action.NONE:
         gate.apply(client, node, decision, deep=deep)
-        return Outcome(report, decision, True)
-    return Outcome(report, decision, False)
+    if perf is not None:
+        if decision.action is Action.DRAIN:
+            perf.drained_at = t if gate.category(decision.reason) == PERF else None
+        elif decision.action is Action.RESUME:
+            perf.samples, perf.drained_at = {}, None      # after a resume the count starts again
+        if perf.to_text() != before and not collect.write_state(runner, spec.state_dir, perf_path, perf.to_text()):
+            report.results.append(Result("perf-state", Status.WARN, f"cannot record the perf samples in {perf_path}"))
+    return Outcome(report, decision, decision.action is not Action.NONE)

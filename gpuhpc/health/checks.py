@@ -2,8 +2,17 @@
 
 Meta GCM's shape: a check returns a status and a message, never raises on what it reads and
 never runs anything itself; :mod:`gpuhpc.health.collect` fetches the text through a runner.
-A failing check names its drain category (:data:`HW`, :data:`SW`, :data:`PERF`), from which
-:mod:`gpuhpc.health.gate` builds the drain reason (``gpuhpc:hw: gpu count 7/8``).
+A failing check names its drain category, from which :mod:`gpuhpc.health.gate` builds the drain
+reason (``gpuhpc:hw: gpu count 7/8``):
+
+- :data:`HW`: a hardware fault (a lost GPU, a double-bit ECC error, a failed row remap, XID
+  48/74/79/94/95/119/140). Such a drain is *sticky*: a later clean regular run does not return
+  the node, only an admin (``scontrol update ... State=RESUME``) or a passing deep check does.
+- :data:`DEV`: device or link state that can clear by itself (an IB port down, a MIG layout that
+  differs from gres.conf, a GPU reset pending, the other critical XIDs): the node returns once
+  the checks pass.
+- :data:`SW`: software (munge, mounts, scratch); :data:`PERF`: performance (clock throttling;
+  drained only when several recent samples fail, :class:`Hysteresis`).
 
 Messages never contain ``=`` (``scontrol show node`` prints the reason among ``Key=Value`` pairs).
 """
@@ -15,8 +24,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-HW, SW, PERF = "hw", "sw", "perf"
-CATEGORIES = (HW, SW, PERF)
+HW, DEV, SW, PERF = "hw", "dev", "sw", "perf"
+CATEGORIES = (HW, DEV, SW, PERF)         # the order of seriousness (the drain reason names the first)
 
 
 class Status(str, enum.Enum):
@@ -157,7 +166,7 @@ def check_gpu_listing(expected: Mapping[str, int], listing_text: str) -> Result:
     try:
         gpus = parse_list(listing_text)
     except UserInputError as exc:
-        return fail(name, f"nvidia-smi -L unreadable: {exc.message[:80]}")
+        return fail(name, f"nvidia-smi -L unreadable: {exc.message[:80]}", DEV)
     seen: Counter = Counter()
     for g in gpus:
         if g.mig:
@@ -174,7 +183,10 @@ def check_gpu_listing(expected: Mapping[str, int], listing_text: str) -> Result:
     mig = any(g.mig for g in gpus)
     diff = ", ".join(f"{t} {seen.get(t, 0)}/{want.get(t, 0)}" for t in sorted(set(want) | set(seen))
                      if seen.get(t, 0) != want.get(t, 0))
-    return fail(name, f"{'mig layout' if mig else 'gpu count'} {sum(seen.values())}/{sum(want.values())} ({diff})")
+    # a GPU the driver lost is a hardware fault (sticky); a MIG layout other than gres.conf's is
+    # state an admin or the MIG role changes back (DEV: the node returns once it matches)
+    return fail(name, f"{'mig layout' if mig else 'gpu count'} {sum(seen.values())}/{sum(want.values())} ({diff})",
+                DEV if mig else HW)
 
 
 # ------------------------------------------------------------------ XID errors
@@ -182,6 +194,10 @@ _XID = re.compile(r"^\[\s*([\d.]+)\]\s+NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)
 # XIDs that mean the GPU needs attention (NVIDIA's XID catalogue: "reset GPU"/"contact support");
 # application errors (13, 31, 43, 45 ...) are the job's own and do not drain a node.
 CRITICAL_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 140})
+# of those, the hardware faults whose drain sticks (category HW): double-bit ECC (48), NVLink (74),
+# fallen off the bus (79), contained/uncontained ECC (94, 95), GSP timeout (119), unrecovered ECC
+# (140). The others drain as DEV and return with the next clean run.
+STICKY_XIDS = frozenset({48, 74, 79, 94, 95, 119, 140})
 
 
 def parse_xids(dmesg_text: str) -> list[tuple[float, str, int]]:
@@ -194,17 +210,46 @@ def parse_xids(dmesg_text: str) -> list[tuple[float, str, int]]:
     return out
 
 
+def xid_since(mark_text: str | None, boot_id: str) -> float | None:
+    """The previous run's XID high-water mark for this boot, from the mark file's text
+    (``"<boot id> <seconds since boot>"``): None (every XID is new) when there is none or it was
+    written in another boot (dmesg's clock restarts at 0 with every boot). A mark without a boot
+    id (written before marks had one) counts as this boot's."""
+    words = (mark_text or "").split()
+    if not words:
+        return None
+    if len(words) == 1:
+        boot, value = boot_id, words[0]
+    else:
+        boot, value = words[0], words[1]
+    if boot != boot_id:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def xid_mark_text(boot_id: str, mark: float) -> str:
+    """The mark file's text for :func:`xid_since`."""
+    return f"{boot_id} {mark}\n" if boot_id else f"{mark}\n"
+
+
 def check_xid(dmesg_text: str, since: float | None) -> tuple[Result, float | None]:
-    """Critical XIDs logged after ``since`` (the newest timestamp the previous run saw; None:
-    all). Returns the result and the new high-water mark to store for the next run."""
+    """Critical XIDs logged after ``since`` (the newest timestamp the previous run saw in this
+    boot, :func:`xid_since`; None: all). Returns the result and the new high-water mark to store
+    for the next run. A :data:`STICKY_XIDS` one fails as HW (the drain sticks), another critical
+    one as DEV."""
     name = "xid"
     xids = parse_xids(dmesg_text)
     mark = max((t for t, _, _ in xids), default=since)
     new = [(t, bus, x) for t, bus, x in xids if since is None or t > since]
     bad = [(bus, x) for _, bus, x in new if x in CRITICAL_XIDS]
     if bad:
-        bus, x = bad[-1]
-        return fail(name, f"xid {x} on {bus}" + (f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")), mark
+        sticky = [(bus, x) for bus, x in bad if x in STICKY_XIDS]
+        bus, x = (sticky or bad)[-1]
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        return fail(name, f"xid {x} on {bus}{more}", HW if sticky else DEV), mark
     if new:
         return warn(name, f"{len(new)} non-critical xid(s): {sorted({x for _, _, x in new})}"), mark
     return ok(name, "no new XID"), mark
@@ -215,8 +260,12 @@ COUNTER_FIELDS = ("index", "ecc.errors.uncorrected.volatile.total", "retired_pag
                   "remapped_rows.failure", "remapped_rows.pending", "clocks_throttle_reasons.active",
                   "clocks.sm", "clocks.max.sm")
 
-# clocks_throttle_reasons bits that mean the hardware, not the workload, slows the GPU
-_BAD_THROTTLE = {0x8: "hw slowdown", 0x20: "sw thermal", 0x40: "hw thermal", 0x80: "hw power brake"}
+# clocks_throttle_reasons bits (NVML's nvmlClocksThrottleReason*) that mean the hardware, not the
+# workload, slows the GPU. The others are benign and never count: GpuIdle 0x1,
+# ApplicationsClocksSetting 0x2, SwPowerCap 0x4 (the workload at its power limit),
+# DisplayClockSetting 0x100, and any bit NVML adds later.
+BAD_THROTTLE = {0x8: "hw slowdown", 0x10: "sync boost", 0x20: "sw thermal", 0x40: "hw thermal",
+                0x80: "hw power brake"}
 
 
 @dataclass(frozen=True)
@@ -230,6 +279,18 @@ class Thresholds:
     min_sm_clock_ratio: float = 0.0   # < this of max SM clock with a bad throttle reason: perf
 
 
+@dataclass(frozen=True)
+class Hysteresis:
+    """When a perf check's failures drain a node, and how long such a drain lasts at least
+    (spec ``perf:``): drain once ``fail_samples`` of the last ``window`` samples (runs of the
+    full checks on the node) failed; resume on a clean sample once ``min_drain_s`` have passed
+    since the drain. After a resume the count starts again from zero."""
+
+    fail_samples: int = 3
+    window: int = 5
+    min_drain_s: float = 600.0
+
+
 def _num(v: str) -> int | None:
     v = v.strip()
     try:
@@ -240,8 +301,9 @@ def _num(v: str) -> int | None:
 
 def check_gpu_counters(csv_text: str, th: Thresholds = Thresholds()) -> list[Result]:
     """``nvidia-smi --query-gpu=<COUNTER_FIELDS> --format=csv,noheader,nounits`` -> an ECC
-    result (hw) and a clocks result (perf)."""
-    hw_bad, perf_bad = [], []
+    result and a clocks result (perf). The ECC result is HW (sticky) for uncorrected errors and
+    failed row remaps, DEV when only a reset is pending (retired pages, row remap)."""
+    hw_bad, dev_bad, perf_bad = [], [], []
     rows = 0
     for line in csv_text.splitlines():
         cells = [c.strip() for c in line.split(",")]
@@ -254,19 +316,23 @@ def check_gpu_counters(csv_text: str, th: Thresholds = Thresholds()) -> list[Res
         if ecc is not None and ecc > th.ecc_uncorrected:
             hw_bad.append(f"gpu{i} ecc uncorrected {ecc}")
         if th.retired_pages_pending and r["retired_pages.pending"].lower() == "yes":
-            hw_bad.append(f"gpu{i} retired pages pending")
+            dev_bad.append(f"gpu{i} retired pages pending")
         if th.row_remap_failure and (_num(r["remapped_rows.failure"]) or r["remapped_rows.failure"].lower() == "yes"):
             hw_bad.append(f"gpu{i} row remap failure")
         if th.row_remap_pending and (_num(r["remapped_rows.pending"]) or r["remapped_rows.pending"].lower() == "yes"):
-            hw_bad.append(f"gpu{i} row remap pending")
+            dev_bad.append(f"gpu{i} row remap pending")
         reasons = _num(r["clocks_throttle_reasons.active"]) or 0
-        bad = [txt for bit, txt in _BAD_THROTTLE.items() if reasons & bit]
+        bad = [txt for bit, txt in BAD_THROTTLE.items() if reasons & bit]
         sm, smax = _num(r["clocks.sm"]), _num(r["clocks.max.sm"])
         if bad and (not th.min_sm_clock_ratio or (sm and smax and sm / smax < th.min_sm_clock_ratio)):
             perf_bad.append(f"gpu{i} throttled ({', '.join(bad)}" + (f", sm {sm}/{smax} MHz)" if sm and smax else ")"))
     if not rows:
         return [skip("gpu-ecc", "no nvidia-smi counters"), skip("gpu-clocks", "no nvidia-smi counters", PERF)]
-    return [fail("gpu-ecc", "; ".join(hw_bad)) if hw_bad else ok("gpu-ecc", f"{rows} GPUs clean"),
+    if hw_bad or dev_bad:
+        ecc = fail("gpu-ecc", "; ".join(hw_bad + dev_bad), HW if hw_bad else DEV)
+    else:
+        ecc = ok("gpu-ecc", f"{rows} GPUs clean")
+    return [ecc,
             fail("gpu-clocks", "; ".join(perf_bad), PERF) if perf_bad else ok("gpu-clocks", "no hw throttling", PERF)]
 
 
@@ -317,9 +383,9 @@ def check_ib(text: str | None, *, min_rate: int | None, ports: int | None = None
     Skipped when the spec asks for no IB (``min_rate`` and ``ports`` None)."""
     name = "ib"
     if min_rate is None and ports is None:
-        return skip(name, "no IB in the spec")
+        return skip(name, "no IB in the spec", DEV)
     if text is None:
-        return fail(name, "ibstat missing")
+        return fail(name, "ibstat missing", DEV)
     found = [p for p in parse_ibstat(text) if not link_layer or p.link_layer == link_layer]
     bad = [f"{p.ca}/{p.port} {p.state.lower() or '?'}" for p in found if p.state != "Active"]
     bad += [f"{p.ca}/{p.port} rate {p.rate}<{min_rate}" for p in found
@@ -327,8 +393,8 @@ def check_ib(text: str | None, *, min_rate: int | None, ports: int | None = None
     if ports is not None and len(found) < ports:
         bad.insert(0, f"ib ports {len(found)}/{ports}")
     if bad:
-        return fail(name, "ib " + "; ".join(bad) if not bad[0].startswith("ib ") else "; ".join(bad))
-    return ok(name, f"{len(found)} ports active")
+        return fail(name, "ib " + "; ".join(bad) if not bad[0].startswith("ib ") else "; ".join(bad), DEV)
+    return ok(name, f"{len(found)} ports active", DEV)
 
 
 # ------------------------------------------------------------------ filesystems, munge

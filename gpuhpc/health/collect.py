@@ -44,8 +44,14 @@ def read_or_none(runner: Runner, path: str) -> str | None:
         return None
 
 
-def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mode: str = "full") -> c.Report:
-    """All checks of ``mode`` for ``node`` (the Slurm node name: gres.conf lines are per node)."""
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mode: str = "full",
+               record: bool = True) -> c.Report:
+    """All checks of ``mode`` for ``node`` (the Slurm node name: gres.conf lines are per node).
+    ``record``: store the XID high-water mark for the next run (a run that acts on its findings
+    does; a look that changes nothing leaves the XIDs it saw for the run that acts)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {MODES}")
     t0 = time.perf_counter()
@@ -83,12 +89,12 @@ def run_checks(node: str, runner: Runner, spec: HealthSpec = HealthSpec(), *, mo
         add(c.check_munge(enc.returncode, dec.returncode if dec else 1, dec.stdout if dec else ""))
 
     if mode == "full":
-        _full(node, runner, spec, lines, add)
+        _full(node, runner, spec, lines, add, record)
     report.elapsed_s = time.perf_counter() - t0
     return report
 
 
-def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], add) -> None:
+def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], add, record: bool) -> None:
     expected = c.expected_counts(lines)
     listing = run_if_installed(runner, list(SMI_LIST)) if expected else None
     if not expected:
@@ -96,7 +102,7 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     elif listing is None:
         add(c.skip("gpu-listing", "no nvidia-smi on this node"))
     elif not listing.ok:
-        add(c.fail("gpu-listing", f"nvidia-smi -L failed (exit {listing.returncode})"))
+        add(c.fail("gpu-listing", f"nvidia-smi -L failed (exit {listing.returncode})", c.DEV))
     else:
         add(c.check_gpu_listing(expected, listing.stdout))
 
@@ -112,18 +118,17 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     if dmesg is None or not dmesg.ok:
         add(c.skip("xid", "no GPUs" if not expected else "kernel log not readable here"))
     else:
+        # the mark is dmesg's clock (seconds since boot), which restarts with every boot: it is
+        # kept with the boot id, and a mark of another boot means every XID of this one is new
         mark_file = os.path.join(spec.state_dir, f"xid-{node}")
+        boot = (read_or_none(runner, BOOT_ID) or "").strip()
         prev = read_or_none(runner, mark_file)
-        try:
-            since = float(prev) if prev and prev.strip() else None
-        except ValueError:
-            since = None
+        since = c.xid_since(prev, boot)
         result, mark = c.check_xid(dmesg.stdout, since)
         add(result)
-        if mark is not None and mark != since:
-            try:
-                runner.write_file(mark_file, f"{mark}\n")
-            except (OSError, TransportError):
+        text = c.xid_mark_text(boot, mark) if mark is not None else None
+        if record and text is not None and text.split() != (prev or "").split():
+            if not write_state(runner, spec.state_dir, mark_file, text):
                 add(c.warn("xid-state", f"cannot record the XID mark in {mark_file}"))
 
     if spec.ib_min_rate is None and spec.ib_ports is None:
@@ -131,3 +136,19 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
     else:
         ib = run_if_installed(runner, ["ibstat"])
         add(c.check_ib(ib.stdout if ib and ib.ok else None, min_rate=spec.ib_min_rate, ports=spec.ib_ports))
+
+
+def write_state(runner: Runner, state_dir: str, path: str, text: str) -> bool:
+    """Write one of the gate's state files (``state_dir`` made when missing); False when it
+    cannot be written."""
+    try:
+        runner.makedirs(state_dir)
+        runner.write_file(path, text)
+    except (OSError, TransportError):
+        return False
+    return True
+
+
+def perf_state_path(state_dir: str, node: str) -> str:
+    return os.path.join(state_dir, f"perf-{node}")
+

@@ -8,7 +8,8 @@ the rest is here::
     mounts: [/home, /shared]
     ib: {min_rate: 400, ports: 8}       # Gb/s per active port; omit for no IB
     thresholds: {ecc_uncorrected: 0, min_sm_clock_ratio: 0.0}
-    state_dir: /var/lib/gpuhpc/health   # XID high-water marks
+    state_dir: /var/lib/gpuhpc/health   # XID high-water marks, perf samples
+    perf: {fail_samples: 3, window: 5, min_drain_s: 600}   # perf drains: 3 of the last 5 samples
     deep: {dcgm_level: 2, nccl_min_ratio: 0.9, timeout_s: 1800}   # gpuhpc.health.deep
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.health.checks import Thresholds
+from gpuhpc.health.checks import Hysteresis, Thresholds
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class HealthSpec:
     deep_dcgm_level: int = 2                 # dcgmi diag -r 2 (medium) or 3 (long)
     deep_nccl_min_ratio: float = 0.9         # all-reduce bus bandwidth below this × the baseline drains
     deep_timeout_s: float = 1800
+    hysteresis: Hysteresis = field(default_factory=Hysteresis)
 
     def gres_conf_path(self, slurm_conf: str | None) -> str:
         if self.gres_conf:
@@ -43,7 +45,7 @@ class HealthSpec:
         return os.path.join(os.path.dirname(slurm_conf or "/etc/slurm/slurm.conf"), "gres.conf")
 
 
-_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir", "deep"}
+_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir", "deep", "perf"}
 
 
 def load(text: str, source: str = "health spec") -> HealthSpec:
@@ -76,6 +78,8 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
     deep = sub("deep", {"dcgm_level", "nccl_min_ratio", "timeout_s"})
     if deep.get("dcgm_level", 2) not in (1, 2, 3, 4):
         raise UserInputError("dcgm_level must be 1, 2, 3 or 4", field=f"{source}.deep.dcgm_level")
+    perf = sub("perf", {"fail_samples", "window", "min_drain_s"})
+    hyst = _hysteresis(perf, f"{source}.perf")
     th_names = {f.name for f in fields(Thresholds)}
     th = sub("thresholds", th_names)
     mounts = data.get("mounts") or []
@@ -94,6 +98,30 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
             deep_dcgm_level=int(deep.get("dcgm_level", 2)),
             deep_nccl_min_ratio=float(deep.get("nccl_min_ratio", 0.9)),
             deep_timeout_s=float(deep.get("timeout_s", 1800)),
+            hysteresis=hyst,
         )
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"bad value: {exc}", field=source) from None
+
+
+def _hysteresis(perf: dict, where: str) -> Hysteresis:
+    d = Hysteresis()
+
+    def num(key: str, kind, default):
+        v = perf.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
+            raise UserInputError(f"expected a {'whole ' if kind is int else ''}number, got {v!r}",
+                                 field=f"{where}.{key}")
+        return kind(v)
+
+    window = num("window", int, d.window)
+    fail_samples = num("fail_samples", int, d.fail_samples)
+    min_drain_s = num("min_drain_s", float, d.min_drain_s)
+    if not 1 <= window <= 100:
+        raise UserInputError("must be 1 to 100 samples", field=f"{where}.window")
+    if not 1 <= fail_samples <= window:
+        raise UserInputError(f"must be 1 to window ({window})", field=f"{where}.fail_samples",
+                             hint="drain after this many failed samples of the last `window`")
+    if min_drain_s < 0:
+        raise UserInputError("must be 0 or more seconds", field=f"{where}.min_drain_s")
+    return Hysteresis(fail_samples, window, min_drain_s)

@@ -160,7 +160,8 @@ def test_reason_taxonomy_orders_hw_first_and_has_no_equals():
 @pytest.mark.parametrize("state,reason,failing,action", [
     ("IDLE", "", True, Action.DRAIN),
     ("MIXED", "", False, Action.NONE),
-    ("IDLE+DRAIN", "gpuhpc:hw: gpu count 7/8 [root@2026-11-30T13:00:00]", False, Action.RESUME),
+    ("IDLE+DRAIN", "gpuhpc:dev: ib mlx5_1/1 down [root@2026-11-30T13:00:00]", False, Action.RESUME),
+    ("IDLE+DRAIN", "gpuhpc:hw: gpu count 7/8 [root@2026-11-30T13:00:00]", False, Action.NONE),   # sticks
     ("IDLE+DRAIN", "gpuhpc:hw: gpu count 7/8 [root@2026-11-30T13:00:00]", True, Action.NONE),   # same reason
     ("IDLE+DRAIN", "gpuhpc:sw: munge [root@2026-11-30T13:00:00]", True, Action.DRAIN),          # new reason
     ("IDLE+DRAIN", "bad fan, ticket 42 [alice@2026-11-30T13:00:00]", False, Action.NONE),       # an admin's

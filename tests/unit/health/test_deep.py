@@ -59,8 +59,12 @@ def test_each_check_set_undoes_only_its_own_drain():
     # the regular checks pass every 30 s: they must not return the node the deep check drained
     assert gate.decide("IDLE+DRAIN", nccl, healthy).action is gate.Action.NONE
     assert gate.decide("IDLE+DRAIN", nccl, healthy, deep=True).action is gate.Action.RESUME
-    assert gate.decide("IDLE+DRAIN", hw, healthy, deep=True).action is gate.Action.NONE
-    assert gate.decide("IDLE+DRAIN", hw, healthy).action is gate.Action.RESUME
+    # a regular hardware drain sticks through clean regular runs: a passing deep run returns it
+    assert gate.decide("IDLE+DRAIN", hw, healthy, deep=True).action is gate.Action.RESUME
+    assert gate.decide("IDLE+DRAIN", hw, healthy).action is gate.Action.NONE
+    sw = "gpuhpc:sw: munge"
+    assert gate.decide("IDLE+DRAIN", sw, healthy, deep=True).action is gate.Action.NONE
+    assert gate.decide("IDLE+DRAIN", sw, healthy).action is gate.Action.RESUME
     # a deep failure leaves the regular checks' reason (and an admin's) alone
     slow = [fail(deep.NCCL, "nccl 300<391 GB/s", "perf")]
     assert gate.decide("IDLE+DRAIN", hw, slow, deep=True).action is gate.Action.NONE
