@@ -1011,6 +1011,32 @@ def old_enough(created: dt.datetime | None, seconds: float = 600) -> bool:
 #: was until this mark is older than _GONE_AFTER (accounting confirms a state, or it never will)
 _GONE = "gone from the queue"
 _GONE_AFTER = 300.0
+#: raw_state of a trial accounting lost whose metrics file says it finished (:func:`gone_verdict`)
+FINISHED_BY_METRICS = "COMPLETED (its metrics file; no accounting record)"
+
+
+def gone_verdict(runs: Sequence[Any], rng: Any | None, finished: bool, had_runs: bool) -> tuple[TrialState, str]:
+    """The state of a trial neither squeue nor sacct has shown for :data:`_GONE_AFTER` (a
+    lagging slurmdbd, a lost record), and its raw state, from one direct ``sacct -j ARRAY`` of
+    its array: ``runs`` (its task's rows there, oldest first) and ``rng`` (a pending range row
+    holding it). A terminal state there is the answer; else a trial whose metrics file says it
+    finished (``finished``: the sweep's metric in it, or a Python trial's result) is completed,
+    never failed; else it failed (``had_runs``: accounting knew runs of it) or was cancelled."""
+    for row in ((runs[-1],) if runs else ()) + ((rng,) if rng is not None else ()):
+        st = _STATE.get(row.state.state.value, TrialState.PENDING)
+        if st.is_terminal:
+            return st, row.state.raw[:64]
+    if finished:
+        return TrialState.COMPLETED, FINISHED_BY_METRICS
+    st = TrialState.FAILED if (had_runs or runs) else TrialState.CANCELLED
+    return st, (runs[-1].state.raw[:64] if runs else _GONE)
+
+
+def _finished_by_files(trial_dir: Path, metric: str) -> bool:
+    """Does a trial's directory say it finished: its metrics file holds the sweep's metric, or
+    (a Python sweep) its result was kept?"""
+    m = _read_metrics(trial_dir / "metrics.jsonl")
+    return (m is not None and metric in m) or (trial_dir / "result.pkl").exists()
 _CONFIRM_AFTER = 15.0
 _metric_cache: dict[str, tuple[int, dict[str, float]]] = {}
 
@@ -1113,6 +1139,18 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         elif asked:
             acct = None                         # not asked this round
     runs, ranges = _runs_by_task(acct or [])
+    direct: dict[str, Any] = {}
+
+    def confirm(job: str):
+        """One direct ``sacct -j ARRAY`` per array (and refresh) before a gone trial is decided;
+        None when it failed (decided another round)."""
+        if job not in direct:
+            try:
+                direct[job] = _runs_by_task(c.accounting(job_ids=[job], duplicates=True))
+            except GpuhpcError:
+                direct[job] = None
+        return direct[job]
+
     updates = []
     counts: dict[str, int] = {}
     for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw, changed in trials:
@@ -1151,8 +1189,17 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                     if raw != _GONE:
                         new["raw_state"] = _GONE
                     elif changed is not None and (now() - _utc(changed)).total_seconds() > _GONE_AFTER \
-                            and old_enough(chunk_created.get(chunk_id), _GONE_AFTER):
-                        new["state"] = (TrialState.FAILED if rs else TrialState.CANCELLED).value
+                            and old_enough(chunk_created.get(chunk_id), _GONE_AFTER) \
+                            and confirm(job) is not None:
+                        druns, dranges = confirm(job)
+                        drs = druns.get((job, task)) or []
+                        st, why = gone_verdict(drs, dranges.get((job, task)), _finished_by_files(
+                            directory / "trials" / str(number), spec.metric.name), bool(rs))
+                        new.update(state=st.value, raw_state=why)
+                        if drs:
+                            new.update(restarts=len(drs) - 1, exit_code=drs[-1].exit_code,
+                                       job_id_raw=drs[-1].job_id_raw,
+                                       gpu_hours=Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in drs)) / 3600)
         if new["state"] in (TrialState.COMPLETED.value, TrialState.RUNNING.value, TrialState.FAILED.value,
                             TrialState.REQUEUED.value) and (objective is None or new["state"] != state
                                                 or new["state"] == TrialState.RUNNING.value):
