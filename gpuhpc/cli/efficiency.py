@@ -1,6 +1,6 @@
 """``gpuhpc report efficiency``: one job's GPU efficiency (jobstats-style), or an account's
 jobs ranked by idle GPU-hours and their cost. Added to the ``report`` group of
-:mod:`gpuhpc.cli.ledger`; the work is :mod:`gpuhpc.monitoring.efficiency`."""
+:mod:`gpuhpc.cli.report`; the work is :mod:`gpuhpc.monitoring.efficiency`."""
 from __future__ import annotations
 
 import sys
