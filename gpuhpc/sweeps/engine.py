@@ -1082,7 +1082,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     ``squeue`` or ``sacct`` fails (an error, a timeout) every trial keeps its state, and a
     terminal state is only ever taken from Slurm's own record of the task, never inferred
     from its absence (unless neither the queue nor accounting has known it for minutes)."""
-    from sqlalchemy import update
+    from sqlalchemy import func, update
 
     c = slurm_client(client)
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
@@ -1094,11 +1094,16 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         chunk_rows = [ch for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id]
         chunks = {ch.id: ch.job_id for ch in chunk_rows}
         chunk_created = {ch.id: ch.created_at for ch in chunk_rows}
+        terminal = {st.value for st in TrialState if st.is_terminal}
+        # only the live trials: a finished one never changes again (its metrics were read in the
+        # round it finished), so a driver's round costs what is queued, not the sweep's size
         trials = [(t.id, t.number, t.state, t.chunk_id, t.task_id, t.metrics, t.objective, t.restarts, t.gpu_hours,
-                   t.raw_state, t.updated_at) for t in s.query(SweepTrial).filter_by(sweep_id=sid)]
+                   t.raw_state, t.updated_at) for t in s.query(SweepTrial).filter(
+                       SweepTrial.sweep_id == sid, SweepTrial.state.notin_(sorted(terminal)))]
+        finished = {st: n for st, n in s.query(SweepTrial.state, func.count(SweepTrial.id)).filter(
+            SweepTrial.sweep_id == sid, SweepTrial.state.in_(sorted(terminal))).group_by(SweepTrial.state)}
         directory = Path(sw.directory)
         status = sw.status
-    terminal = {st.value for st in TrialState if st.is_terminal}
 
     def live(t) -> str | None:
         # a waiting trial has no task now, whatever array it ran in before (a resume gives it back):
@@ -1152,7 +1157,7 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         return direct[job]
 
     updates = []
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = dict(finished)
     for tid, number, state, chunk_id, task, metrics, objective, restarts, gpu_h, raw, changed in trials:
         job = live((tid, number, state, chunk_id, task))
         new = dict(state=state, raw_state=raw, restarts=restarts, gpu_hours=gpu_h, metrics=metrics,
@@ -1213,14 +1218,15 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                                          ("gpu_hours", gpu_h), ("metrics", metrics), ("objective", objective))) \
                 or "exit_code" in new:
             updates.append((tid, new))
-    all_done = bool(trials) and sum(counts.get(st, 0) for st in terminal) == len(trials)
+    total = sum(counts.values())
+    all_done = total > 0 and sum(counts.get(st, 0) for st in terminal) == total
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with session(url) as s:
         t = now()
         for tid, new in updates:
             s.execute(update(SweepTrial).where(SweepTrial.id == tid).values(updated_at=t, **new))
         sw = s.get(Sweep, sid)
-        if all_done and len(trials) >= sw.n_trials and status == SweepStatus.RUNNING.value:
+        if all_done and total >= sw.n_trials and status == SweepStatus.RUNNING.value:
             sw.status = SweepStatus.DONE.value
         sw.updated_at = t
     return counts
