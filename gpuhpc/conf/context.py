@@ -266,26 +266,12 @@ def _nvlink_blocks(spec: ClusterSpec, release: tuple[int, int]) -> list[dict[str
     return [{"name": d, "nodes": hostlist.compress(nodes)} for d, nodes in by.items()]
 
 
-def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
-                  slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, Any]:
-    """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
-    ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition.
-    ``slurm_version``: the release the daemons run; what later releases renamed or removed is
-    written their way (checked against each release's slurm.conf(5)):
-    ``topology/none`` is ``topology/default`` from 23.11, and so is a tree without switches (24.11's
-    topology/tree refuses every job then); ``PrivateData=cloud`` is gone from 23.02
-    (cloud nodes are shown); ``SlurmctldParameters=preempt_send_user_signal`` is
-    ``PreemptParameters=send_user_signal`` from 23.02; ``task/none``, ``preempt/none`` and
-    ``jobcomp/none`` are no longer listed in 24.11, where leaving the parameter out means the same."""
-    release = slurm_release(slurm_version)
+def _nodes(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """The node groups: for the roles (one entry per node), slurm.conf's NodeName rows, gres.conf's
+    rows, and the GPU types in the order they first appear."""
     rt = spec.runtime
-    pn = "-%n" if rt.multiple_slurmd else ""
     run = rt.run_dir
     log = rt.log_dir
-    power = _power(spec, release)
-    cred_expire = rt.cred_expire or (ELASTIC_CRED_EXPIRE if power else None)
-    auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={cred_expire}" if cred_expire else "")
-
     nodes: list[dict[str, Any]] = []
     node_rows: list[dict[str, Any]] = []
     gres_rows: list[dict[str, Any]] = []
@@ -347,6 +333,12 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
                 "log_file": posixpath.join(log, f"slurmd-{name}.log" if rt.multiple_slurmd else "slurmd.log"),
             })
 
+    return nodes, node_rows, gres_rows, gpu_types
+
+
+def _partitions(spec: ClusterSpec, node_rows: list[dict[str, Any]], billing: dict[str, Any] | None,
+                gpu_types: list[str]) -> list[dict[str, Any]]:
+    """slurm.conf's PartitionName rows, with the price book's TRESBillingWeights."""
     partitions = []
     for p in spec.partitions:
         per_gpu = _per_gpu_defaults(spec, p, node_rows)
@@ -372,27 +364,44 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         if p["name"] in weights:
             p["tres_billing_weights"] = weights[p["name"]]
 
-    dbd = spec.slurmdbd
-    accounting = None
-    if dbd is not None:
-        tres = ["gres/gpu"] + ([f"gres/gpu:{t}" for t in gpu_types] if dbd.track_gpu_types else []) if gpu_types else []
-        accounting = {
-            "host": dbd.host,
-            "port": dbd.port,
-            # the slurmctld -> slurmdbd connection ignores AuthInfo; it takes the munge socket from here
-            "pass": rt.munge_socket,
-            "enforce": ",".join(dbd.enforce) or None,
-            "tres": ",".join(tres) or None,
-            "storage_host": dbd.storage_host,
-            "storage_port": dbd.storage_port,
-            "storage_user": dbd.storage_user,
-            "storage_db": dbd.storage_db,
-            "log_file": posixpath.join(log, "slurmdbd.log"),
-            "pid_file": posixpath.join(run, "slurmdbd.pid"),
-        }
+    weights = billing_weights(billing, partitions, node_rows, gpu_types)
+    for p in partitions:
+        if p["name"] in weights:
+            p["tres_billing_weights"] = weights[p["name"]]
+    return partitions
 
+
+def _accounting(spec: ClusterSpec, gpu_types: list[str]) -> dict[str, Any] | None:
+    """slurmdbd and the accounting lines of slurm.conf (None: no accounting)."""
+    rt = spec.runtime
+    run = rt.run_dir
+    log = rt.log_dir
+    dbd = spec.slurmdbd
+    if dbd is None:
+        return None
+    tres = ["gres/gpu"] + ([f"gres/gpu:{t}" for t in gpu_types] if dbd.track_gpu_types else []) if gpu_types else []
+    return {
+        "host": dbd.host,
+        "port": dbd.port,
+        # the slurmctld -> slurmdbd connection ignores AuthInfo; it takes the munge socket from here
+        "pass": rt.munge_socket,
+        "enforce": ",".join(dbd.enforce) or None,
+        "tres": ",".join(tres) or None,
+        "storage_host": dbd.storage_host,
+        "storage_port": dbd.storage_port,
+        "storage_user": dbd.storage_user,
+        "storage_db": dbd.storage_db,
+        "log_file": posixpath.join(log, "slurmdbd.log"),
+        "pid_file": posixpath.join(run, "slurmdbd.pid"),
+    }
+
+
+def _preemption_parameters(spec: ClusterSpec, release: tuple[int, int],
+                           power: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """SlurmctldParameters and PreemptParameters: where each release wants the user-signal switch,
+    and what power saving adds."""
+    rt = spec.runtime
     pre = spec.preemption
-    preempt_mode = pre.mode + (",GANG" if pre.gang else "")
     # with preemption on, a preempted job gets its --signal (SIGUSR2) at the start of GraceTime
     # instead of SIGTERM, which srun answers by killing every task (docs/jobs.md, issue 15)
     ctld_params = list(rt.slurmctld_parameters)
@@ -405,12 +414,45 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
     for param in (power or {}).get("slurmctld_parameters", []):
         if param not in ctld_params:
             ctld_params.append(param)
-    switches = [{
+    return ctld_params, preempt_params
+
+
+def _switches(spec: ClusterSpec) -> list[dict[str, Any]]:
+    """topology.conf's SwitchName rows."""
+    return [{
         "name": s.name,
         "nodes": hostlist.compress(resolve_nodes(spec, list(s.nodes), "")) if s.nodes else None,
         "switches": hostlist.compress(s.switches) if s.switches else None,
         "link_speed": s.link_speed,
     } for s in spec.topology.switches]
+
+
+def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
+                  slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, Any]:
+    """The template context for ``spec`` (call :func:`gpuhpc.conf.validate.validate` first).
+    ``billing``: the ledger's billing document, rendered as ``TRESBillingWeights`` per partition.
+    ``slurm_version``: the release the daemons run; what later releases renamed or removed is
+    written their way (checked against each release's slurm.conf(5)):
+    ``topology/none`` is ``topology/default`` from 23.11, and so is a tree without switches (24.11's
+    topology/tree refuses every job then); ``PrivateData=cloud`` is gone from 23.02
+    (cloud nodes are shown); ``SlurmctldParameters=preempt_send_user_signal`` is
+    ``PreemptParameters=send_user_signal`` from 23.02; ``task/none``, ``preempt/none`` and
+    ``jobcomp/none`` are no longer listed in 24.11, where leaving the parameter out means the same."""
+    release = slurm_release(slurm_version)
+    rt = spec.runtime
+    pn = "-%n" if rt.multiple_slurmd else ""
+    run = rt.run_dir
+    log = rt.log_dir
+    power = _power(spec, release)
+    cred_expire = rt.cred_expire or (ELASTIC_CRED_EXPIRE if power else None)
+    auth_info = f"socket={rt.munge_socket}" + (f",cred_expire={cred_expire}" if cred_expire else "")
+    nodes, node_rows, gres_rows, gpu_types = _nodes(spec)
+    partitions = _partitions(spec, node_rows, billing, gpu_types)
+    accounting = _accounting(spec, gpu_types)
+    pre = spec.preemption
+    preempt_mode = pre.mode + (",GANG" if pre.gang else "")
+    ctld_params, preempt_params = _preemption_parameters(spec, release, power)
+    switches = _switches(spec)
 
     constrain = set(rt.cgroup_constrain)
     ctld_host = spec.controller.hosts[0] + (f"({spec.controller.addr})" if spec.controller.addr else "")
