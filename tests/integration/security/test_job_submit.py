@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.ledger import budget
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -193,9 +194,24 @@ def test_scontrol_update_enlarging_a_pending_job_is_refused(hostile, user_budget
                          "--wrap", "true")
     client = SlurmClient()
     before = client.show_job(job)
-    for update in (["Gres=gpu:h100:8"], ["NumNodes=4"], ["TresPerNode=gres:gpu:8"]):
+    # Slurm 22.05 shows the user no log_user message on modify: the job_submit plugin's refusal
+    # reaches scontrol as "Unspecified error" (a permission refusal reads "Access/permission
+    # denied", a bad field "Invalid ..."), and slurmctld's log says why: the budget, in words
+    log = Path(client.config()["SlurmctldLogFile"])
+    start = log.stat().st_size
+    reason = f"user {hostile.name} in account research: budget 1.00 GPU-hours for test, 0.50 GPU-hours left"
+    for update, need in ((["Gres=gpu:h100:8"], "1.33"), (["NumNodes=4"], "0.67"), (["TresPerNode=gres:gpu:8"], "1.33")):
         r = hostile.run(["scontrol", "update", f"JobId={job}", *update])
-        assert r.returncode != 0, (update, r.stdout, r.stderr)
+        assert (r.returncode, r.stdout, r.stderr) == (1, "", f"Unspecified error for job {job}\n"), update
+        line = (f"gpuhpc budget: refused an update of job {job} by uid {hostile.uid}: {reason}; "
+                f"this job may use {need} GPU-hours")
+
+        def logged(line=line):
+            with log.open("rb") as fh:
+                fh.seek(start)
+                return line in fh.read().decode(errors="replace")
+        wait_for(logged, 10, lambda line=line: f"slurmctld's log ({log}) to say {line!r}")
+        start = log.stat().st_size
     after = client.show_job(job)
     assert {k: after.get(k) for k in ("TresPerNode", "NumNodes", "TimeLimit", "JobState")} == \
         {k: before.get(k) for k in ("TresPerNode", "NumNodes", "TimeLimit", "JobState")}
