@@ -95,14 +95,25 @@ def _preempted_by(spec: ClusterSpec, index: int) -> list[str]:
 
 
 def validate(spec: ClusterSpec) -> list[str]:
-    """Raise SpecError on the first problem; return warnings."""
+    """Raise SpecError on the first problem (sections in this order); return warnings."""
     warnings: list[str] = []
-    rt = spec.runtime
-
     if d := _dupes(list(spec.controller.hosts)):
         raise SpecError(f"duplicate controller host {d!r}", field="controller.hosts")
+    _check_node_groups(spec, warnings)
+    known_qos, acct_names = _check_qos_and_accounts(spec)
+    _check_preemption(spec)
+    _check_partitions(spec, known_qos, acct_names)
+    _check_preempt_plugin(spec)
+    _check_isolation(spec, warnings)
+    _check_topology(spec)
+    _check_power(spec)
+    _check_filesystems(spec)
+    return warnings
 
-    # ---- node groups and nodes
+
+def _check_node_groups(spec: ClusterSpec, warnings: list[str]) -> None:
+    """Node groups and nodes: unique names, ports, memory, each group's GPUs."""
+    rt = spec.runtime
     if d := _dupes([g.name for g in spec.node_groups]):
         i = [g.name for g in spec.node_groups].index(d, [g.name for g in spec.node_groups].index(d) + 1)
         raise SpecError(f"duplicate node group name {d!r}", field=f"node_groups[{i}].name")
@@ -147,42 +158,48 @@ def validate(spec: ClusterSpec) -> list[str]:
         if g.node_hostname and g.count > 1 and not rt.multiple_slurmd:
             raise SpecError("several nodes share one node_hostname", field="runtime.multiple_slurmd",
                             hint="set runtime.multiple_slurmd: true (one slurmd per node on the same host)")
-        if g.gpus is None:
-            continue
-        gp = g.gpus
-        model = gpu_model(gp.type)
-        cores = g.sockets * g.cores_per_socket
-        if gp.cpu_affinity is not None:
-            if len(gp.cpu_affinity) != gp.count:
-                raise SpecError(f"has {len(gp.cpu_affinity)} entries for {gp.count} GPUs",
-                                field=f"{gf}.gpus.cpu_affinity", hint="one core list per GPU, e.g. '0-27'")
-            for ai, aff in enumerate(gp.cpu_affinity):
-                try:
-                    ids = hostlist.expand_ranges(aff)
-                except UserInputError as exc:
-                    raise SpecError(exc.message, field=f"{gf}.gpus.cpu_affinity[{ai}]", hint=exc.hint) from None
-                if not ids:
-                    raise SpecError("empty core list", field=f"{gf}.gpus.cpu_affinity[{ai}]", hint="e.g. '0-27'")
-                if max(ids) >= cores:
-                    raise SpecError(f"core {max(ids)} does not exist (the node has {cores} cores, 0-{cores - 1})",
-                                    field=f"{gf}.gpus.cpu_affinity[{ai}]")
-        if gp.mig is not None:
-            if model is None:
-                raise SpecError(f"unknown GPU type {gp.type!r} cannot be MIG-partitioned",
-                                field=f"{gf}.gpus.type", hint="MIG types: a100-40gb, a100-80gb, h100, h200, gh200, a30")
-            if len(gp.mig) != gp.count:
-                raise SpecError(f"has {len(gp.mig)} layouts for {gp.count} GPUs", field=f"{gf}.gpus.mig",
-                                hint="one layout per GPU; [] leaves a GPU whole")
-            for mi, layout in enumerate(gp.mig):
-                if why := check_mig_layout(model, list(layout)):
-                    raise SpecError(why, field=f"{gf}.gpus.mig[{mi}]")
-        n_gpus = gp.count   # physical GPUs: MIG slices share their GPU's CPUs
-        if g.cpus / max(n_gpus, 1) < MIN_CPUS_PER_GPU:
-            warnings.append(
-                f"{gf} ({g.name}): {g.cpus} vCPUs for {n_gpus} GPUs is below {MIN_CPUS_PER_GPU} vCPU/GPU "
-                f"(training wants 2 to 8 vCPU per GPU)")
+        if g.gpus is not None:
+            _check_gpus(g, gf, warnings)
 
-    # ---- QOS and accounts
+
+def _check_gpus(g: NodeGroup, gf: str, warnings: list[str]) -> None:
+    """One node group's GPUs: CPU affinity, MIG layouts, CPUs per GPU."""
+    gp = g.gpus
+    model = gpu_model(gp.type)
+    cores = g.sockets * g.cores_per_socket
+    if gp.cpu_affinity is not None:
+        if len(gp.cpu_affinity) != gp.count:
+            raise SpecError(f"has {len(gp.cpu_affinity)} entries for {gp.count} GPUs",
+                            field=f"{gf}.gpus.cpu_affinity", hint="one core list per GPU, e.g. '0-27'")
+        for ai, aff in enumerate(gp.cpu_affinity):
+            try:
+                ids = hostlist.expand_ranges(aff)
+            except UserInputError as exc:
+                raise SpecError(exc.message, field=f"{gf}.gpus.cpu_affinity[{ai}]", hint=exc.hint) from None
+            if not ids:
+                raise SpecError("empty core list", field=f"{gf}.gpus.cpu_affinity[{ai}]", hint="e.g. '0-27'")
+            if max(ids) >= cores:
+                raise SpecError(f"core {max(ids)} does not exist (the node has {cores} cores, 0-{cores - 1})",
+                                field=f"{gf}.gpus.cpu_affinity[{ai}]")
+    if gp.mig is not None:
+        if model is None:
+            raise SpecError(f"unknown GPU type {gp.type!r} cannot be MIG-partitioned",
+                            field=f"{gf}.gpus.type", hint="MIG types: a100-40gb, a100-80gb, h100, h200, gh200, a30")
+        if len(gp.mig) != gp.count:
+            raise SpecError(f"has {len(gp.mig)} layouts for {gp.count} GPUs", field=f"{gf}.gpus.mig",
+                            hint="one layout per GPU; [] leaves a GPU whole")
+        for mi, layout in enumerate(gp.mig):
+            if why := check_mig_layout(model, list(layout)):
+                raise SpecError(why, field=f"{gf}.gpus.mig[{mi}]")
+    n_gpus = gp.count   # physical GPUs: MIG slices share their GPU's CPUs
+    if g.cpus / max(n_gpus, 1) < MIN_CPUS_PER_GPU:
+        warnings.append(
+            f"{gf} ({g.name}): {g.cpus} vCPUs for {n_gpus} GPUs is below {MIN_CPUS_PER_GPU} vCPU/GPU "
+            f"(training wants 2 to 8 vCPU per GPU)")
+
+
+def _check_qos_and_accounts(spec: ClusterSpec) -> tuple[set[str], list[str]]:
+    """QOS and accounts; returns the QOS names a reference may use and the account names."""
     qos_names = [q.name for q in spec.qos]
     if d := _dupes(qos_names):
         raise SpecError(f"duplicate QOS {d!r}", field=f"qos[{qos_names.index(d, qos_names.index(d) + 1)}].name")
@@ -205,15 +222,22 @@ def validate(spec: ClusterSpec) -> list[str]:
                             field=f"accounts[{ai}].default_qos")
     if (spec.qos or spec.accounts) and spec.slurmdbd is None:
         raise SpecError("QOS and accounts need accounting", field="slurmdbd", hint="add a slurmdbd section")
+    return known_qos, acct_names
 
-    # ---- preemption
+
+def _check_preemption(spec: ClusterSpec) -> None:
+    """The preemption section on its own."""
     pre = spec.preemption
     if pre.type == "qos" and spec.slurmdbd is None:
         raise SpecError("preempt/qos needs slurmdbd accounting", field="preemption.type")
     if pre.mode == "SUSPEND" and not pre.gang:
         raise SpecError("PreemptMode=SUSPEND requires GANG", field="preemption.mode", hint="set preemption.gang: true")
 
-    # ---- partitions
+
+def _check_partitions(spec: ClusterSpec, known_qos: set[str], acct_names: list[str]) -> None:
+    """Partitions: names, the default, nodes, preemption, limits, the QOS and accounts they name."""
+    rt = spec.runtime
+    pre = spec.preemption
     part_names = [p.name for p in spec.partitions]
     if d := _dupes(part_names):
         raise SpecError(f"duplicate partition {d!r}", field=f"partitions[{part_names.index(d, part_names.index(d) + 1)}].name")
@@ -258,7 +282,11 @@ def validate(spec: ClusterSpec) -> list[str]:
         if (p.allow_qos or p.qos) and spec.slurmdbd is None:
             raise SpecError("QOS need slurmdbd accounting", field=f"{pf}.allow_qos")
 
-    # cluster-wide, after the partitions' own rules; read_config.c: "PreemptType and PreemptMode values incompatible" (slurmctld does not start)
+
+def _check_preempt_plugin(spec: ClusterSpec) -> None:
+    """Cluster-wide, after the partitions' own rules; read_config.c: "PreemptType and PreemptMode
+    values incompatible" (slurmctld does not start)."""
+    pre = spec.preemption
     if pre.type != "none" and pre.mode == "OFF":
         raise SpecError(f"preempt/{pre.type} with PreemptMode=OFF: Slurm refuses this config", field="preemption.mode",
                         hint="set preemption.mode (REQUEUE, CANCEL, SUSPEND) or preemption.type: none")
@@ -266,7 +294,10 @@ def validate(spec: ClusterSpec) -> list[str]:
         raise SpecError(f"PreemptMode={pre.mode} without a preempt plugin: Slurm refuses this config",
                         field="preemption.mode", hint="set preemption.type: partition_prio or qos, or mode: OFF")
 
-    # ---- isolation: what one user can do to others
+
+def _check_isolation(spec: ClusterSpec, warnings: list[str]) -> None:
+    """What one user can do to others: GPUs fenced by cgroups, a submit limit per user."""
+    rt = spec.runtime
     gpu_groups = [g.name for g in spec.node_groups if g.gpus is not None]
     constrained = (rt.proctrack == "cgroup" and "cgroup" in rt.task_plugins and "devices" in rt.cgroup_constrain)
     if gpu_groups and not constrained and not rt.unconstrained_gpus_reason:
@@ -279,7 +310,9 @@ def validate(spec: ClusterSpec) -> list[str]:
         warnings.append("no QOS sets max_submit_jobs_per_user: one user can fill MaxJobCount and stop everyone's "
                         "submissions")
 
-    # ---- topology
+
+def _check_topology(spec: ClusterSpec) -> None:
+    """topology.switches: unique names, one leaf per node, known children, a plugin that reads them."""
     sw_names = [s.name for s in spec.topology.switches]
     if d := _dupes(sw_names):
         raise SpecError(f"duplicate switch {d!r}", field=f"topology.switches[{sw_names.index(d, sw_names.index(d) + 1)}].name")
@@ -299,9 +332,6 @@ def validate(spec: ClusterSpec) -> list[str]:
                 raise SpecError("a switch cannot contain itself", field=f"topology.switches[{si}].switches[{ci}]")
     if spec.topology.switches and spec.topology.plugin == "none":
         raise SpecError("switches are listed but topology.plugin is none", field="topology.plugin")
-    _check_power(spec)
-    _check_filesystems(spec)
-    return warnings
 
 
 def _check_power(spec: ClusterSpec) -> None:
