@@ -364,10 +364,18 @@ def _forbid_requeue() -> None:
 
 
 def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None,
-                     requeue: bool = True) -> dict:
+                     requeue: bool = True, checkpoint_dir: str | None = None) -> dict:
     """submitit parameters from THE sbatch translation (no second mapping). ``requeue``
     (the default, as script mode's): ``--requeue``, so a preemption or a spot reclaim (its node
-    set DOWN) requeues the call; False: ``--no-requeue``, the user's explicit opt-out."""
+    set DOWN) requeues the call; False: ``--no-requeue``, the user's explicit opt-out.
+    As script mode's template: one checkpoint directory per job (``checkpoint_dir``, ``%j`` the
+    job id, default :func:`~gpuhpc.jobs.render.default_checkpoint_dir`), the same across its
+    requeues, and the node's NCCL profile with the collective timeouts."""
+    import shlex
+
+    from gpuhpc.jobs.render import collective_timeout_s, default_checkpoint_dir, stop_timeout_s
+
+    ckpt = check_text(checkpoint_dir or default_checkpoint_dir(), "checkpoint_dir")
     additional: dict[str, Any] = {}
     for opt, value in sbatch_options(resources, None, batch_signal=False):
         additional[opt] = True if value is None else value
@@ -379,6 +387,17 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
         'export GPUHPC_SCRATCH="${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-$SLURM_JOB_ID"',
         'mkdir -p -- "$GPUHPC_SCRATCH"',
         "trap 'rm -rf -- \"$GPUHPC_SCRATCH\"' EXIT",
+        # the job's own checkpoint dir: jobs from one directory never share .gpuhpc-latest or prune
+        # each other's checkpoints (./checkpoints, checkpoint_dir()'s fallback, was shared)
+        f"_gpuhpc_ckpt={shlex.quote(ckpt)}; _gpuhpc_pat='%j'",
+        'export GPUHPC_CHECKPOINT_DIR="${_gpuhpc_ckpt//"$_gpuhpc_pat"/$SLURM_JOB_ID}"',
+        'mkdir -p -- "$GPUHPC_CHECKPOINT_DIR"',
+        # the node's NCCL/IB profile; each of its lines keeps a value already set
+        '_gpuhpc_profile="${GPUHPC_NCCL_PROFILE:-/etc/gpuhpc/nccl.env}"',
+        'if [ -r "$_gpuhpc_profile" ]; then . "$_gpuhpc_profile"; fi',
+        f'export GPUHPC_COLLECTIVE_TIMEOUT_S="${{GPUHPC_COLLECTIVE_TIMEOUT_S:-{collective_timeout_s(grace)}}}"',
+        f'export GPUHPC_STOP_COLLECTIVE_TIMEOUT_S="${{GPUHPC_STOP_COLLECTIVE_TIMEOUT_S:-{stop_timeout_s(grace)}}}"',
+        'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"',
     ]
     params = {"time": minutes, "signal_delay_s": grace, "job_name": name, "setup": setup,
               "additional_parameters": additional}
@@ -431,7 +450,10 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         from gpuhpc.jobs import remote
 
         check_fits_on(resources, c)
-        params = _submitit_params(resources, name, grace_s, None, requeue)
+        from gpuhpc.jobs import snapshot     # checkpoints on the cluster, not in this machine's data dir
+
+        params = _submitit_params(resources, name, grace_s, None, requeue,
+                                  posixpath.join(snapshot.remote_base(c.runner), "checkpoints", "%j"))
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
                                      max_requeues=max_requeues, client=c,
                                      reserve=lambda do: _with_reservation(resources, name, c, do))

@@ -36,3 +36,17 @@ class Counter(Checkpointable):
                 self.state = (step, value)
                 log.write(f"step {step}\n")
         return {"step": step, "value": value}
+
+
+def save_checkpoints(tag: str, count: int) -> dict:
+    """A plain Python-mode call that saves ``count`` checkpoints ``<tag>-1``.. with save_atomic
+    (keep-last-3 pruning) where gpuhpc puts this job's checkpoints, and returns that directory and
+    the NCCL settings the job got."""
+    import os
+
+    from gpuhpc.jobs import checkpoint as ckpt
+
+    for i in range(1, count + 1):
+        ckpt.save_atomic(f"{tag} {i}\n".encode(), f"{tag}-{i}")
+    keys = ("GPUHPC_CHECKPOINT_DIR", "NCCL_IB_HCA", "GPUHPC_COLLECTIVE_TIMEOUT_S", "GPUHPC_STOP_COLLECTIVE_TIMEOUT_S")
+    return {"dir": str(ckpt.checkpoint_dir()), **{k: os.environ.get(k) for k in keys}}
