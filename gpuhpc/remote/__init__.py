@@ -3,5 +3,6 @@
 
 A single Python call over SSH (``gpuhpc.submit(fn, cluster="NAME")``) is the job layer's own
 (:mod:`gpuhpc.jobs.remote`); a sweep from a laptop (``gpuhpc.sweep(fn, space,
-cluster="NAME")``) is a job that runs a sweep on the cluster: :mod:`gpuhpc.remote.sweeps`.
+cluster="NAME")``) is made on the cluster by one command there and followed by a job:
+:mod:`gpuhpc.remote.sweeps`.
 """

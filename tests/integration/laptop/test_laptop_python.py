@@ -145,3 +145,66 @@ def test_a_20_trial_sweep_from_the_laptop_gives_best(private_login, on_laptop, t
         assert best["trial"] == 7, best
     finally:
         sw.cancel()                         # the driver (its trials are 5-minute jobs at most)
+
+
+@pytest.mark.isolated                       # a private controller only
+def test_a_laptop_sweep_is_made_once_and_a_requeue_of_its_driver_follows_the_same_sweep(private_login, on_laptop):
+    """The sweep exists (its id known) when gpuhpc.sweep returns; its driver job, requeued while
+    the trials run (held there by a gate file), runs again and follows that same sweep: one
+    sweep row, each trial started once."""
+    import sqlite3
+    import threading
+
+    from polling import wait_for
+
+    import gpuhpc
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.transport.local import LocalRunner
+
+    data, gate, started = on_laptop.remote / "cluster-data", str(on_laptop.remote / "gate"), \
+        str(on_laptop.remote / "started.log")
+
+    def objective(x):
+        import os
+        import time
+
+        with open(started, "a") as f:
+            f.write(f"{x}\n")
+        while not os.path.exists(gate):     # held until the test has requeued the driver
+            time.sleep(0.2)
+        return float(x)
+
+    sw = gpuhpc.sweep(objective, {"x": [0, 1, 2, 3]}, method="grid", parallelism=4, name="laptop-once",
+                      metric={"name": "objective", "goal": "maximize"}, resources={"partition": "cpu", "time": "5m"},
+                      cluster="lab", driver_resources={"partition": "cpu", "time": "10m"},
+                      driver_env={"GPUHPC_DATA_DIR": str(data), "GPUHPC_LEDGER": "off", "GPUHPC_SWEEP_DRIVER_POLL": "2"})
+    slurm = SlurmClient(LocalRunner())
+
+    def sweeps():
+        with sqlite3.connect(data / "ledger.db") as db:
+            return db.execute("SELECT id, n_trials FROM sweeps ORDER BY id").fetchall()
+
+    def driver() -> dict:
+        return slurm.show_job(sw.job.job_id) or {}
+
+    try:
+        got: dict = {}                      # the id without waiting for the driver (which the gate holds)
+        threading.Thread(target=lambda: got.setdefault("id", sw.id), daemon=True).start()
+        sid = wait_for(lambda: got.get("id"), 60, "RemoteSweep.id while the sweep runs")
+        assert sweeps() == [(sid, 4)]               # made before gpuhpc.sweep returned
+        wait_for(lambda: os.path.exists(started) and driver().get("JobState") == "RUNNING", 120,
+                 lambda: f"a trial and the driver running (driver: {driver().get('JobState')})")
+        slurm.requeue(sw.job.job_id)
+        wait_for(lambda: driver().get("Restarts") == "1" and driver().get("JobState") == "RUNNING", 120,
+                 lambda: f"the requeued driver running again ({driver().get('JobState')})")
+        open(gate, "w").close()
+        assert sw.wait(timeout=300) is True
+        assert sw.results() == [0.0, 1.0, 2.0, 3.0]
+        assert sweeps() == [(sid, 4)]               # the rerun made no second sweep
+        with open(started) as f:
+            assert sorted(f.read().split()) == ["0", "1", "2", "3"]     # each trial started once
+        log = open(sw.job.remote_call.log).read()
+        assert f"following sweep {sid} (run 2)" in log, log
+    finally:
+        open(gate, "w").close()
+        sw.cancel()
