@@ -25,12 +25,19 @@ from gpuhpc.elastic.store import NodeRecord, Store
 from gpuhpc.fsutil import write_atomic
 
 RESUME_FILE_ENV = "SLURM_RESUME_FILE"
+CAP_REASON = "gpuhpc max_nodes"      # the reason on a node whose launch max_nodes refused
+
+
+def cap_reason(pool: str, in_use: int, max_nodes: int, asked: int) -> str:
+    """The Reason a node refused for ``max_nodes`` carries (the reconciler matches its prefix)."""
+    more = f", {asked} more asked" if asked else ""
+    return f"{CAP_REASON} pool {pool}: {in_use} of {max_nodes} in use{more}"
 
 
 @dataclass(frozen=True)
 class Plan:
     """One unit of work for the worker."""
-    op: str                       # launch | terminate | failed
+    op: str                       # launch | refuse (past max_nodes) | terminate | failed
     pool: str
     nodes: tuple[str, ...]
     token: str
@@ -48,7 +55,9 @@ def resume_plans(config: ElasticConfig, nodes: list[str], resume_text: str | Non
                  now: float) -> list[Plan]:
     """The launches for ``nodes`` (one per job and pool, all or nothing), recorded in ``store``.
     Nodes that already have a live record (a second call for the same resume) and nodes of no
-    cloud pool are left out."""
+    cloud pool are left out. A launch that would take a pool past its ``max_nodes`` (records
+    held: launches asked for, in flight or up) is refused whole, every pool of it: a ``refuse``
+    plan per pool, nothing recorded (the worker sets its nodes DOWN with the reason)."""
     plans = []
     with store.update() as state:
         for launch in plan_launches(nodes, resume_text):
@@ -59,6 +68,21 @@ def resume_plans(config: ElasticConfig, nodes: list[str], resume_text: str | Non
                 if pool is None or (rec is not None and now - rec.requested_at < config.resume_timeout):
                     continue
                 by_pool.setdefault(pool.name, []).append(n)
+            refused = None
+            for pool_name, members in by_pool.items():
+                cap = config.pool(pool_name).max_nodes
+                in_use = sum(1 for r in state.nodes.values() if r.pool == pool_name and r.node not in members)
+                if cap and in_use + len(members) > cap:
+                    refused = cap_reason(pool_name, in_use, cap, len(members))
+                    break
+            if refused:
+                for pool_name, members in by_pool.items():
+                    for n in members:
+                        state.nodes.pop(n, None)          # a stale record of a refused node: gone with it
+                    plans.append(Plan("refuse", pool_name, tuple(members), _token(config.cluster, launch.job_id,
+                                                                                  tuple(members), now),
+                                      launch.job_id, reason=refused))
+                continue
             for pool_name, members in by_pool.items():
                 token = _token(config.cluster, launch.job_id, tuple(members), now)
                 for n in members:

@@ -7,6 +7,12 @@ The decision table (first match per node; orphans per instance):
 ================================  =====================================================
 what it sees                      what it does
 ================================  =====================================================
+a node up (not powered down) with adopt it: record that instance for the node (Slurm is the
+a live instance in its Comment    truth; a failover to a controller whose state_dir never
+(else: the one live instance      saw the launch, or a lost or stale state.json, loses no
+tagged with its name) and no      record and ends nothing)
+record, or a record whose
+instance is gone
 an instance of ours that no node  after ``orphan_grace`` from its launch: terminate it
 record names (orphan)             (never before: a launch in flight is not yet recorded; nor
                                   while a suspend's worker is ending it: ``releasing``)
@@ -29,43 +35,98 @@ a pool whose cooldown ended       its nodes DOWN for that cooldown: back to the 
                                   (POWER_DOWN, or RESUME when already powered down);
                                   not while one of them is still POWERING_UP (Slurm's
                                   ResumeTimeout and resume-fail come first)
+a pool with room under max_nodes  as many of its nodes DOWN for ``max_nodes`` as there is
+                                  room: back to the pool (not while cooling or protected)
 ================================  =====================================================
+
+:func:`reconcile_once` acts only on the controller in charge (:mod:`gpuhpc.elastic.ha`): on a
+standby it returns one ``standby`` action and touches nothing.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from gpuhpc import hostlist
-from gpuhpc.elastic import journal
+from gpuhpc.elastic import ha, journal
 from gpuhpc.elastic.config import ElasticConfig
+from gpuhpc.elastic.power import CAP_REASON
 from gpuhpc.elastic.providers.base import Instance
-from gpuhpc.elastic.store import State, Store
+from gpuhpc.elastic.store import NodeRecord, State, Store
 from gpuhpc.slurm.power import PowerNode, PowerSlurm, slurm_timestamp
 
 COOLDOWN_REASON = "gpuhpc cooldown"      # the prefix gpuhpc.elastic.worker writes
 PROTECTED_REASON = "gpuhpc protected"    # a pool after protect_after boot failures in a row
 CHECKPOINT_WINDOW = 30                   # seconds between the checkpoint signal and DOWN on a reclaim
 CHECKPOINT_SIGNAL = "USR2"               # gpuhpc jobs checkpoint on it (docs/jobs.md)
+ADOPTED_TOKEN = "adopted"                # the token of a record taken from Slurm's Comment / the tags
+
+log = logging.getLogger("gpuhpc.elastic")
 
 
 @dataclass(frozen=True)
 class Action:
     kind: str           # terminate | down | power_down | resume | drain | signal | forget | end_cooldown |
-                        # note_interrupt | hold | boot_ok
-    target: str         # instance id, node name, job id or pool name
-    reason: str = ""
+                        # note_interrupt | hold | boot_ok | adopt | standby
+    target: str         # instance id, node name, job id or pool name (adopt: the node; standby: the
+                        # controller in charge)
+    reason: str = ""    # adopt: the instance id
+    at: float | None = None     # adopt: the instance's launch time
 
 
 @dataclass
 class Decision:
     actions: list[Action] = field(default_factory=list)
 
-    def add(self, kind: str, target: str, reason: str = "") -> None:
-        self.actions.append(Action(kind, target, reason))
+    def add(self, kind: str, target: str, reason: str = "", at: float | None = None) -> None:
+        self.actions.append(Action(kind, target, reason, at))
 
     def kinds(self, target: str) -> list[str]:
         return [a.kind for a in self.actions if a.target == target]
+
+
+def instance_of(comment: str) -> str | None:
+    """The instance id in a node's Comment (``gpuhpc instance <id> pool ...``, written at launch)."""
+    words = comment.split()
+    return words[2] if words[:2] == ["gpuhpc", "instance"] and len(words) > 2 else None
+
+
+def adoptions(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instance], state: State,
+              now: float) -> dict[str, Instance]:
+    """Node -> the live instance Slurm says it has, for the nodes whose record is missing or names
+    an instance that is gone. Slurm's Comment first (the worker writes it at launch), else the one
+    live instance tagged with the node's name (a launch whose Comment was not written yet). Never
+    for a node powered down or powering down (its Comment is the last instance's), a node whose
+    launch is in flight (a record with no instance yet), an instance another record holds or a
+    suspend is ending, or an instance tagged for another node or pool."""
+    live = {i.id: i for i in instances if i.state != "terminated"}
+    taken = {r.instance_id for r in state.nodes.values() if r.instance_id in live}
+    taken |= {i for i, t in state.releasing.items() if now - t < config.orphan_grace}
+    tagged: dict[str, list[Instance]] = {}
+    for i in live.values():
+        if i.node:
+            tagged.setdefault(i.node, []).append(i)
+    out: dict[str, Instance] = {}
+    for n in nodes:
+        pool = config.pool_of(n.name)
+        if pool is None or n.flags & {"POWERED_DOWN", "POWERING_DOWN"}:
+            continue
+        rec = state.nodes.get(n.name)
+        if rec is not None and (rec.instance_id is None or rec.instance_id in live):
+            continue
+        named = instance_of(n.comment)
+        if named in live:
+            inst = live[named]
+        elif len(tagged.get(n.name, [])) == 1:
+            inst = tagged[n.name][0]
+        else:
+            continue
+        if inst.id in taken or inst.node not in (None, n.name) or inst.pool not in (None, pool.name):
+            continue
+        out[n.name] = inst
+        taken.add(inst.id)
+    return out
 
 
 def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instance], state: State,
@@ -86,7 +147,16 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
                                    f"then {why} of {name}); scontrol release {job} runs it again")
     by_node = {n.name: n for n in nodes}
     live = {i.id: i for i in instances if i.state != "terminated"}
-    recorded = {r.instance_id for r in state.nodes.values() if r.instance_id}
+    # Slurm is the truth of which instance a node has: a record lost or stale is taken from there
+    adopted = adoptions(config, nodes, instances, state, now)
+    records = dict(state.nodes)
+    for name, inst in sorted(adopted.items()):
+        pool = config.pool_of(name)
+        d.add("adopt", name, inst.id, inst.launched_at)
+        records[name] = NodeRecord(node=name, pool=pool.name if pool else "", token=ADOPTED_TOKEN,
+                                   requested_at=inst.launched_at, instance_id=inst.id,
+                                   launched_at=inst.launched_at, job_started=True)
+    recorded = {r.instance_id for r in records.values() if r.instance_id}
     # suspend and resume-fail forget a node before their worker ends its instance: not an orphan
     # meanwhile (for at most orphan_grace: a worker that died leaves it to the orphan rule)
     recorded |= {i for i, t in state.releasing.items() if now - t < config.orphan_grace}
@@ -99,7 +169,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
         if age >= config.orphan_grace:
             d.add("terminate", inst.id, f"orphan for {int(age)}s (grace {config.orphan_grace}s)")
 
-    for name, rec in sorted(state.nodes.items()):
+    for name, rec in sorted(records.items()):
         pool = config.pool_of(name)
         boot = (pool.boot_timeout if pool and pool.boot_timeout else config.resume_timeout)
         node = by_node.get(name)
@@ -140,7 +210,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
         pool = next((p for p in config.pools if p.name == pool_name), None)
         if pool is None or pool_name in state.protected or not state.boot_failures[pool_name]:
             continue
-        if any(state.nodes.get(n) is not None and state.nodes[n].instance_id in live and n in by_node
+        if any(records.get(n) is not None and records[n].instance_id in live and n in by_node
                and not by_node[n].flags & {"POWERING_UP", "POWERED_DOWN", "DOWN", "NOT_RESPONDING"} for n in pool.nodes):
             d.add("boot_ok", pool_name)
 
@@ -157,6 +227,17 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
         d.add("end_cooldown", pool_name)
         for node in cooled:
             d.add("resume" if "POWERED_DOWN" in node.flags else "power_down", node.name, "cooldown over")
+
+    gone = {a.target for a in d.actions if a.kind == "forget"}
+    for pool in config.pools:
+        if not pool.max_nodes or pool.name in state.protected or \
+                (pool.name in state.cooldowns and state.cooldowns[pool.name]["until"] > now):
+            continue
+        capped = [by_node[n] for n in pool.nodes if n in by_node and "DOWN" in by_node[n].flags
+                  and "POWERING_UP" not in by_node[n].flags and by_node[n].reason.startswith(CAP_REASON)]
+        room = pool.max_nodes - sum(1 for n, r in records.items() if r.pool == pool.name and n not in gone)
+        for node in capped[:max(room, 0)]:
+            d.add("resume" if "POWERED_DOWN" in node.flags else "power_down", node.name, "room under max_nodes")
     return d.actions
 
 
@@ -198,7 +279,16 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
             provider.terminate(ends)
     with store.update() as state:
         for a in actions:
-            if a.kind == "forget":
+            if a.kind == "adopt":
+                cur = state.nodes.get(a.target)
+                # not over a record a resume wrote since the pass read the state
+                if cur is None or (cur.instance_id is not None and cur.requested_at <= now):
+                    pool = config.pool_of(a.target)
+                    state.nodes[a.target] = NodeRecord(
+                        node=a.target, pool=pool.name if pool else "", token=ADOPTED_TOKEN,
+                        requested_at=a.at if a.at is not None else now, instance_id=a.reason,
+                        launched_at=a.at, job_started=True)
+            elif a.kind == "forget":
                 state.nodes.pop(a.target, None)
                 state.interrupted.pop(a.target, None)
             elif a.kind == "note_interrupt":
@@ -213,11 +303,17 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
 
 
 def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, providers: dict | None = None,
-                   now: float | None = None) -> list[Action]:
-    """One pass: read nodes, instances (every provider the pools use) and records; decide; apply."""
+                   now: float | None = None, host: str | None = None) -> list[Action]:
+    """One pass: read nodes, instances (every provider the pools use) and records; decide; apply.
+    Only on the controller in charge (``scontrol ping``; ``host``: this controller's name, default
+    :func:`gpuhpc.elastic.ha.this_host`): elsewhere one ``standby`` action and nothing done."""
     from gpuhpc.elastic.providers import provider_for
 
     slurm = slurm or PowerSlurm()
+    verdict = ha.verdict(slurm.controllers(), host or ha.this_host())
+    if not verdict.acts:
+        log.info("reconcile: standby: %s", verdict.reason)
+        return [Action("standby", verdict.in_charge or "-", verdict.reason)]
     now = time.time() if now is None else now
     if providers is None:
         providers = {p.provider: provider_for(p.provider, config) for p in config.pools}

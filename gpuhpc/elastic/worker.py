@@ -4,7 +4,12 @@
 A launch that fails for capacity (or any provider error) sets its nodes DOWN at once with the
 code, so Slurm requeues the job without waiting for ResumeTimeout, and cools the pool down: its
 other powered-down nodes go DOWN with the same reason until the reconciler ends the cooldown, so
-the requeued job runs in the next price tier."""
+the requeued job runs in the next price tier.
+
+A launch past the pool's ``max_nodes`` (refused by the resume program, under the records' lock)
+sets its nodes DOWN with the reason ``gpuhpc max_nodes pool P: ...`` (the job requeues, and its
+nodes show why), and the pool's idle powered-down nodes with it; the reconciler returns them as
+room frees up."""
 from __future__ import annotations
 
 import json
@@ -16,10 +21,10 @@ from pathlib import Path
 from gpuhpc import hostlist
 from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig, load_config
-from gpuhpc.elastic.power import Plan
+from gpuhpc.elastic.power import Plan, cap_reason
 from gpuhpc.elastic.providers import provider_for
 from gpuhpc.elastic.providers.base import ProviderError
-from gpuhpc.elastic.reconcile import COOLDOWN_REASON, PROTECTED_REASON
+from gpuhpc.elastic.reconcile import COOLDOWN_REASON, PROTECTED_REASON, instance_of
 from gpuhpc.elastic.store import Store
 from gpuhpc.slurm.power import PowerSlurm
 
@@ -111,10 +116,28 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         slurm.update(node, **fields)
 
 
-def instance_of(comment: str) -> str | None:
-    """The instance id in a node's Comment (``gpuhpc instance <id> pool ...``)."""
-    words = comment.split()
-    return words[2] if words[:2] == ["gpuhpc", "instance"] and len(words) > 2 else None
+def refuse(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+    """A launch past ``max_nodes``: its nodes DOWN with the reason (the job requeues at once, as on
+    a capacity error), and the pool's idle powered-down nodes too, so Slurm does not try them one
+    by one; the reconciler returns them when the pool has room (:func:`gpuhpc.elastic.reconcile.decide`)."""
+    pool = config.pool(plan.pool)
+    log.warning("launch %s on %s refused: %s", plan.nodes, pool.name, plan.reason)
+    journal.append(config.state_dir, {"event": "launch_refused", "cluster": config.cluster, "pool": pool.name,
+                                      "code": "MaxNodes", "nodes": list(plan.nodes), "at": now})
+    slurm.down(hostlist.compress(plan.nodes), plan.reason)
+    spare = [n.name for n in slurm.nodes(hostlist.compress(pool.nodes))
+             if "POWERED_DOWN" in n.flags and not n.flags & {"DOWN", "POWERING_UP"} and n.name not in plan.nodes]
+    if spare:
+        slurm.down(hostlist.compress(spare), plan.reason)
+
+
+def pool_full(config: ElasticConfig, store: Store, pool_name: str) -> str | None:
+    """The max_nodes reason when ``pool_name`` has no room left (None: room, or no cap)."""
+    pool = config.pool(pool_name)
+    if not pool.max_nodes:
+        return None
+    in_use = sum(1 for r in store.read().nodes.values() if r.pool == pool_name)
+    return cap_reason(pool_name, in_use, pool.max_nodes, 0) if in_use >= pool.max_nodes else None
 
 
 def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
@@ -141,6 +164,10 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
             # a launch a capacity error refused: Slurm has just set it DOWN ("ResumeTimeout
             # reached"); the cooldown that holds the pool takes it back (its cause and end kept)
             cool_down(config, slurm, store, pool.name, plan.nodes, cd["code"], now)
+        elif full := pool_full(config, store, pool.name):
+            # a launch max_nodes refused, and the pool is still full: DOWN with the cap's reason
+            # again (the reconciler returns it when there is room)
+            slurm.down(hostlist.compress(plan.nodes), full)
         else:
             # ... and that cooldown is over already: the node is back in the pool
             slurm.resume(hostlist.compress(plan.nodes))
@@ -151,7 +178,8 @@ def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None
     store = Store(config.state_dir)
     for plan in plans:
         try:
-            (launch if plan.op == "launch" else release)(config, slurm, store, plan, time.time())
+            step = {"launch": launch, "refuse": refuse}.get(plan.op, release)
+            step(config, slurm, store, plan, time.time())
         except Exception:                       # one plan's failure must not stop the others
             log.exception("plan %s for %s failed", plan.op, plan.nodes)
 

@@ -230,3 +230,9 @@ def srun_step(options: Sequence[str], argv: Sequence[str]) -> list[str]:
     """``srun`` of ``argv`` as one task on this node, a step of the current job (a sweep trial
     in its image: pyxis' ``--container-*`` options in ``options``)."""
     return ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=0", *options, "--", *argv]
+
+
+# ---------------------------------------------------------------- controllers (elastic HA)
+def scontrol_ping() -> list[str]:
+    """``scontrol ping``: one line per SlurmctldHost, in slurm.conf's order (parsers.parse_ping)."""
+    return ["scontrol", "ping"]

@@ -523,3 +523,30 @@ def parse_assoc_tres_mins(text: str) -> list[AssocBudget]:
                 used[m.group(1)] = int(m.group(3))
             out.append(AssocBudget(acct, user or "", limits, used))
     return out
+
+
+# ---------------------------------------------------------------- scontrol ping (elastic HA)
+@dataclass(frozen=True)
+class ControllerPing:
+    """One line of ``scontrol ping``: ``role`` is ``primary``, ``backup`` or ``backupN`` (the
+    SlurmctldHost order), ``host`` the SlurmctldHost name (``localhost`` is printed as the host's
+    short name), ``up`` whether it answered the ping (a standby backup answers too)."""
+
+    role: str
+    host: str
+    up: bool
+
+
+_PING = re.compile(r"^Slurmctld\((primary|backup\d*)\) at (\S+) is (UP|DOWN)\s*$")
+
+
+def parse_ping(text: str) -> list[ControllerPing]:
+    """``scontrol ping`` (22.05: ``Slurmctld(primary) at vm is UP``, then ``Slurmctld(backup) at
+    host2 is UP`` with one backup, ``backup2``... with more); other lines (the banner printed when
+    one is DOWN) are skipped."""
+    out = []
+    for line in text.splitlines():
+        m = _PING.match(line.strip())
+        if m:
+            out.append(ControllerPing(m.group(1), m.group(2), m.group(3) == "UP"))
+    return out

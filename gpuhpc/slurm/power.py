@@ -10,7 +10,8 @@ import subprocess
 from dataclasses import dataclass
 
 from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.slurm.parsers import parse_oneliner_records
+from gpuhpc.slurm.commands import scontrol_ping
+from gpuhpc.slurm.parsers import ControllerPing, parse_oneliner_records, parse_ping
 
 
 # ---------------------------------------------------------------- builders (pure)
@@ -134,6 +135,11 @@ class PowerSlurm:
     def signal_job(self, job_id: str, signal: str) -> bool:
         """``scancel --signal=SIG --full JOB``: the batch shell too, not only the job's steps."""
         return self.client.run(["scancel", f"--signal={signal}", "--full", str(job_id)], check=False).ok
+
+    def controllers(self) -> list[ControllerPing]:
+        """``scontrol ping``: every SlurmctldHost in order and whether it answers ([] when the
+        command gave nothing; it exits 1 when one is DOWN, its lines still parse)."""
+        return parse_ping(self.client.run(scontrol_ping(), check=False).stdout)
 
 
 def spawn_slurmd(name: str, *, conf: str | None = None, log: str = os.devnull) -> int:
