@@ -12,6 +12,7 @@ say() { printf '[bootstrap] %s\n' "$*"; }
 pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
       postgresql-15 openssh-server openssh-client python3 python3-venv python3-dev gcc libc6-dev curl ca-certificates openssl iproute2 util-linux bc
       prometheus prometheus-node-exporter chromium
+      prometheus-alertmanager   # the local stack's Alertmanager (scripts/services/prometheus.sh)
       rdma-core infiniband-diags perftest   # what gpuhpc_gpudirect_rdma installs (its test then runs changed=0)
       debootstrap)   # the multi-host lab's image (scripts/lab.sh bake)
 missing=()

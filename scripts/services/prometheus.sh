@@ -7,11 +7,17 @@
 #   files $D/nvml/<node>.json, built from tests/fixtures/nvidia-smi).
 # The job map the Prolog/Epilog hook writes is $D/jobmap. Scrape and rule interval: $SCRAPE (5s).
 # The rules are the monitoring role's template with `for: $IDLE_FOR` (20s) for the waste alert.
-# `start` on a running set re-renders the rules and config and reloads Prometheus (SIGHUP).
+# Debian's prometheus-alertmanager (0.25) on 127.0.0.1:$AM_PORT (9093), Prometheus' alerting target:
+#   alerts go nowhere except those with a `gpuhpc_test` label, which go to a webhook on
+#   127.0.0.1:$WEBHOOK_PORT (9096) that a test listens on (tests/integration/monitoring/test_alerting.py).
+#   The scrape job `probe` reads its targets from $D/probe-targets.json (file_sd; `[]` at start):
+#   a test points it at a closed port and the real GpuhpcTargetDown rule (`for: $TARGET_DOWN_FOR`, 0s) fires.
+# `start` on a running set re-renders the rules and config and reloads Prometheus and Alertmanager (SIGHUP).
 # `start` prints the environment the monitoring tests read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=${D:-/var/tmp/gpuhpc-prometheus}; PORT=${PORT:-9090}; SCRAPE=${SCRAPE:-5s}; IDLE_FOR=${IDLE_FOR:-20s}
+AM_PORT=${AM_PORT:-9093}; WEBHOOK_PORT=${WEBHOOK_PORT:-9096}; TARGET_DOWN_FOR=${TARGET_DOWN_FOR:-0s}
 # root runs this and `stop` signals the pids under $D, the Prolog writes $D/jobmap: refuse a $D
 # that another user made or can write (lib.sh), for every subcommand
 . scripts/services/lib.sh
@@ -44,26 +50,49 @@ stop_all() {
 }
 case "${1:-start}" in
 start)
-  mkdir -p "$D/data" "$D/nvml" "$D/jobmap"
+  mkdir -p "$D/data" "$D/nvml" "$D/jobmap" "$D/alertmanager"
+  echo '[]' > "$D/probe-targets.json.tmp" && mv "$D/probe-targets.json.tmp" "$D/probe-targets.json"
   "${STANDINS[@]}" "$PY" -m standins.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
   # the rules the monitoring role installs, rendered with its defaults except a short `for:` (IDLE_FOR),
   # so that the waste alert fires within a test; production keeps the role's 10m
-  "$PY" - "$D/rules.yml" "$IDLE_FOR" <<'PYEOF'
+  "$PY" - "$D/rules.yml" "$IDLE_FOR" "$TARGET_DOWN_FOR" <<'PYEOF'
 import sys, jinja2, yaml
 role = "ansible/roles/gpuhpc_monitoring"
 env = jinja2.Environment(loader=jinja2.FileSystemLoader(f"{role}/templates"), undefined=jinja2.StrictUndefined,
                          keep_trailing_newline=True)
 variables = yaml.safe_load(open(f"{role}/defaults/main.yml"))
-variables.update(ansible_managed="rendered by scripts/services/prometheus.sh", gpuhpc_monitoring_idle_for=sys.argv[2])
+variables.update(ansible_managed="rendered by scripts/services/prometheus.sh", gpuhpc_monitoring_idle_for=sys.argv[2],
+                 gpuhpc_monitoring_target_down_for=sys.argv[3])
 open(sys.argv[1], "w").write(env.get_template("gpuhpc-rules.yml.j2").render(**variables))
 PYEOF
   /usr/bin/promtool check rules "$D/rules.yml" > /dev/null
+  cat > "$D/alertmanager.yml" <<AMEOF
+route:
+  receiver: none
+  group_by: [alertname, instance]
+  routes:
+    - matchers: ['gpuhpc_test=~".+"']
+      receiver: test-webhook
+      group_by: [alertname, gpuhpc_test]
+      group_wait: 0s
+      group_interval: 1s
+      repeat_interval: 1h
+receivers:
+  - name: none
+  - name: test-webhook
+    webhook_configs:
+      - url: http://127.0.0.1:$WEBHOOK_PORT/alert
+        send_resolved: true
+AMEOF
+  /usr/bin/amtool check-config "$D/alertmanager.yml" > /dev/null
   {
     echo "global: {scrape_interval: $SCRAPE, evaluation_interval: $SCRAPE}"
     echo "rule_files: [$D/rules.yml]"
+    echo "alerting: {alertmanagers: [{static_configs: [{targets: ['127.0.0.1:$AM_PORT']}]}]}"
     echo "scrape_configs:"
     echo "  - {job_name: node, static_configs: [{targets: ['127.0.0.1:9100'], labels: {node: $(hostname -s)}}]}"
     echo "  - {job_name: slurm, static_configs: [{targets: ['127.0.0.1:9410']}]}"
+    echo "  - {job_name: probe, file_sd_configs: [{files: ['$D/probe-targets.json']}]}"
     echo "  - job_name: gpu"
     echo "    honor_labels: true"
     echo "    static_configs:"
@@ -78,6 +107,9 @@ PYEOF
       launch "gpu-exporter-$n" "${STANDINS[@]}" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
     port=$((port + 1))
   done
+  alive alertmanager && kill -HUP "$(cat "$D/alertmanager.pid")"  # already up: reload its config
+  launch alertmanager /usr/bin/prometheus-alertmanager --config.file="$D/alertmanager.yml" \
+    --storage.path="$D/alertmanager" --web.listen-address=127.0.0.1:$AM_PORT --cluster.listen-address=
   alive prometheus && kill -HUP "$(cat "$D/prometheus.pid")"     # already up: reload rules and config
   launch prometheus /usr/bin/prometheus --config.file="$D/prometheus.yml" --storage.tsdb.path="$D/data" \
     --web.listen-address=127.0.0.1:$PORT --storage.tsdb.retention.time=7d
@@ -85,8 +117,11 @@ PYEOF
   wait_http slurm-exporter http://127.0.0.1:9410/metrics
   port=9411
   for n in "${NODES[@]}"; do wait_http "gpu-exporter-$n" "http://127.0.0.1:$port/metrics"; port=$((port + 1)); done
+  wait_http alertmanager "http://127.0.0.1:$AM_PORT/-/ready"
   wait_http prometheus "http://127.0.0.1:$PORT/-/ready"
-  echo "GPUHPC_PROMETHEUS_URL=http://127.0.0.1:$PORT GPUHPC_NVML_STATE_DIR=$D/nvml GPUHPC_JOBMAP_DIR=$D/jobmap"
+  echo "GPUHPC_PROMETHEUS_URL=http://127.0.0.1:$PORT GPUHPC_NVML_STATE_DIR=$D/nvml GPUHPC_JOBMAP_DIR=$D/jobmap" \
+    "GPUHPC_ALERTMANAGER_URL=http://127.0.0.1:$AM_PORT GPUHPC_ALERT_WEBHOOK_PORT=$WEBHOOK_PORT" \
+    "GPUHPC_ALERT_PROBE_FILE=$D/probe-targets.json"
   ;;
 stop) stop_all ;;
 wipe) stop_all; rm -rf "$D" ;;

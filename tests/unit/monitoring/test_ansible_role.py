@@ -89,3 +89,57 @@ def test_waste_alert_fires_within_15_minutes_of_a_held_gpu_going_idle(tmp_path):
                           timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_site_alerts_fire_on_their_conditions(tmp_path):
+    """promtool's rule unit test on the site alerts the role installs (its defaults): a target down
+    for 5m, the Slurm exporter failing for 5m, a GPU over 85 °C for 5m, NVML errors in 10m. A target
+    that comes back, a 70 °C GPU and an error counter that stays put never fire."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool (Debian's prometheus package) is needed; scripts/bootstrap.sh installs it"
+    (tmp_path / "rules.yml").write_text(render("gpuhpc-rules.yml.j2"))
+    temp = 'gpuhpc_gpu_temperature_celsius{node="n1",gpu="%s",uuid="GPU-%s"}'
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "30s", "tests": [{
+        "interval": "30s",
+        "input_series": [
+            {"series": 'up{job="gpu",instance="n1:9411",node="n1"}', "values": "1x4 0x40"},     # down from 2m
+            {"series": 'up{job="gpu",instance="n2:9411",node="n2"}', "values": "1 0x4 1x40"},   # 2m down, back
+            {"series": 'gpuhpc_slurm_scrape_ok{job="slurm",instance="c1:9410"}', "values": "0x40"},
+            {"series": temp % ("0", "a"), "values": "91x40"},
+            {"series": temp % ("1", "b"), "values": "70x40"},
+            {"series": 'gpuhpc_gpu_exporter_errors_total{node="n1"}', "values": "0x10 3x30"},   # 3 errors at 5m
+            {"series": 'gpuhpc_gpu_exporter_errors_total{node="n2"}', "values": "7x40"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "6m", "alertname": "GpuhpcTargetDown", "exp_alerts": []},
+            {"eval_time": "8m", "alertname": "GpuhpcTargetDown", "exp_alerts": [{
+                "exp_labels": {"job": "gpu", "instance": "n1:9411", "node": "n1", "severity": "critical"},
+                "exp_annotations": {"summary": "gpu target n1:9411 (n1) is down",
+                                    "description": "Prometheus has not scraped n1:9411 (job gpu) for 5m: its "
+                                                   "metrics and the alerts on them are blind."}}]},
+            {"eval_time": "4m", "alertname": "GpuhpcSlurmScrapeFailing", "exp_alerts": []},
+            {"eval_time": "6m", "alertname": "GpuhpcSlurmScrapeFailing", "exp_alerts": [{
+                "exp_labels": {"job": "slurm", "instance": "c1:9410", "severity": "critical"},
+                "exp_annotations": {"summary": "the Slurm exporter on c1:9410 cannot ask Slurm",
+                                    "description": "scontrol, squeue or sstat failed on every scrape for 5m: "
+                                                   "partition, job and pending series are empty."}}]},
+            {"eval_time": "6m", "alertname": "GpuhpcGpuHot", "exp_alerts": [{
+                "exp_labels": {"node": "n1", "gpu": "0", "uuid": "GPU-a", "severity": "warning"},
+                "exp_annotations": {"summary": "GPU 0 on n1 at 91 °C",
+                                    "description": "GPU GPU-a on n1 has been over 85 °C for 5m (it throttles "
+                                                   "near its slowdown temperature)."}}]},
+            {"eval_time": "4m", "alertname": "GpuhpcGpuExporterErrors", "exp_alerts": []},
+            {"eval_time": "6m", "alertname": "GpuhpcGpuExporterErrors", "exp_alerts": [{
+                "exp_labels": {"node": "n1", "severity": "warning"},
+                "exp_annotations": {"summary": "the GPU exporter on n1 had NVML errors",
+                                    "description": "3 NVML calls failed in 10m on n1 (other than 'not "
+                                                   "supported'): the driver or a GPU is in trouble."}}]},
+            {"eval_time": "18m", "alertname": "GpuhpcGpuExporterErrors", "exp_alerts": []},
+        ]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests, allow_unicode=True))
+    proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
