@@ -8,8 +8,6 @@ is taken. The node is shared with other tests: its state is restored in ``finall
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -23,36 +21,7 @@ from gpuhpc.slurm.client import SlurmClient
 pytestmark = pytest.mark.integration
 
 NODE = "gpu-node1"
-FIX = Path(__file__).resolve().parents[2] / "unit" / "health" / "fixtures"
 ADMIN_REASON = "gpuhpc-test admin: fan"
-STANDIN = """#!/bin/sh
-# test stand-in: prints the recorded output the test put next to it, exits with its code
-d=$(dirname "$0")
-cat "$d/{name}.out"
-exit "$(cat "$d/{name}.rc" 2>/dev/null || echo 0)"
-"""
-
-
-@pytest.fixture
-def standins(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("dcgmi", "all_reduce_perf"):
-        p = bin_dir / name
-        p.write_text(STANDIN.format(name=name))
-        p.chmod(0o755)
-
-    def use(dcgm: str, nccl: str, dcgm_rc: int = 0) -> None:
-        shutil.copy(FIX / dcgm, bin_dir / "dcgmi.out")
-        (bin_dir / "dcgmi.rc").write_text(f"{dcgm_rc}\n")
-        shutil.copy(FIX / nccl, bin_dir / "all_reduce_perf.out")
-
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUHPC_DATA_DIR": str(tmp_path / "data")}
-    env.pop("GPUHPC_DB_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "gpuhpc", "db", "upgrade"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return use, env
 
 
 def _deep(env: dict) -> tuple[int, dict]:

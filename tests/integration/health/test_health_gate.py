@@ -2,7 +2,9 @@
 HealthCheckInterval, from the spec's ``health`` block; the test never runs the checks on
 gpu-node2): a fake GPU device of gpu-node2 removed -> Slurm's health run drains the node with a
 ``gpuhpc:hw`` reason within one interval and a 16-H100 job stays PENDING; the device restored ->
-the next run resumes it; a drain an admin set stays, whether the node fails or passes. gpu-node2
+the node stays drained through Slurm's next run (a lost GPU is a hardware fault: the drain sticks)
+until the admin resumes it, after which the gate leaves it in service; a drain an admin set stays,
+whether the node fails or passes. gpu-node2
 is shared with other tests: the device and the node state are restored in ``finally`` whatever
 happens. Figures (drain and return latency) go to stdout (``pytest -s``)."""
 from __future__ import annotations
@@ -12,7 +14,6 @@ import os
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -25,53 +26,6 @@ pytestmark = pytest.mark.integration
 NODE = "gpu-node2"
 ADMIN_REASON = "gpuhpc-test admin maintenance"
 SLACK = 15          # s past one interval: the run itself (~1 s on a loaded 2-core machine), polling
-
-
-def _boot_s() -> float:
-    """Seconds since boot: the clock of /proc/PID/stat's start time."""
-    with open("/proc/uptime") as fh:
-        return float(fh.read().split()[0])
-
-
-class FullRuns(threading.Thread):
-    """Watches /proc for gpuhpc's full health runs on NODE (Slurm's HealthCheckProgram, and the
-    Epilog of a job there: ``python -m gpuhpc.health --apply`` with SLURMD_NODENAME=NODE), so that
-    a test waiting for a run that changes nothing it can see ends when such a run has ended."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.done = threading.Event()
-        self.running: dict[int, float] = {}        # pid -> start (s since boot)
-        self.ended: list[float] = []               # the starts of the runs that ended
-        self._tick = os.sysconf("SC_CLK_TCK")
-
-    def _full_runs(self) -> dict[int, float]:
-        out = {}
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    argv = fh.read().split(b"\0")
-                if b"gpuhpc.health" not in argv or b"--apply" not in argv or b"--mode" in argv:
-                    continue
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if f"SLURMD_NODENAME={NODE}".encode() not in fh.read().split(b"\0"):
-                        continue
-                with open(f"/proc/{pid}/stat") as fh:
-                    out[int(pid)] = int(fh.read().rsplit(")", 1)[1].split()[19]) / self._tick
-            except (OSError, IndexError, ValueError):
-                continue
-        return out
-
-    def run(self) -> None:
-        while not self.done.wait(0.1):
-            now = self._full_runs()
-            self.ended += [start for pid, start in self.running.items() if pid not in now]
-            self.running = now
-
-    def wait_for_one_since(self, since: float, timeout: float) -> None:
-        """Until a full run that started after ``since`` (s since boot) has ended."""
-        wait_for(lambda: any(start > since for start in self.ended), timeout,
-                 f"a full health run on {NODE} that started after the change to end", interval=0.1)
 
 
 def _device(client: SlurmClient) -> str:
@@ -118,7 +72,7 @@ def _wait(client: SlurmClient, pred, timeout: float) -> tuple[float, tuple[str, 
         time.sleep(0.25)
 
 
-def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_path):
+def test_slurm_health_check_drains_missing_gpu_until_admin_resume_keeps_admin_drain(tmp_path, full_runs):
     client = SlurmClient()
     interval = _interval(client)
     dev = _device(client)
@@ -127,8 +81,7 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
     state0, reason0 = _state(client)
     assert "DRAIN" not in state0, f"{NODE} is already drained ({reason0}): cannot run the test"
     job_id = None
-    runs = FullRuns()
-    runs.start()
+    runs = full_runs(NODE)
     try:
         os.unlink(dev)
         drained_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" in s, interval + SLACK)
@@ -147,23 +100,28 @@ def test_slurm_health_check_drains_missing_gpu_returns_it_keeps_admin_drain(tmp_
         client.cancel(job_id)
         job_id = None
 
+        # the device back (as after a reboot): Slurm's next run passes but leaves the hardware drain
         _restore(dev, st)
-        back_in, (state, reason) = _wait(client, lambda s, r: "DRAIN" not in s, interval + SLACK)
-        print(f"health: {NODE} resumed by Slurm's health run {back_in:.1f} s after the device came back")
+        runs.wait_for_one_since(runs.now(), interval + SLACK)
+        state, reason = _state(client)
+        assert "DRAIN" in state and reason.startswith("gpuhpc:hw: gpu count 7/8"), (state, reason)
+        # the admin returns it (scontrol update State=RESUME), and the passing gate leaves it in service
+        client.resume_node(NODE)
+        runs.wait_for_one_since(runs.now(), interval + SLACK)
+        assert "DRAIN" not in _state(client)[0]
 
         # an admin's drain, on a failing node: the next run leaves it (no gpuhpc reason over it) ...
         client.drain_node(NODE, ADMIN_REASON)
         os.unlink(dev)
-        runs.wait_for_one_since(_boot_s(), interval + SLACK)
+        runs.wait_for_one_since(runs.now(), interval + SLACK)
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
         # ... and on a healthy one: the next run does not resume it
         _restore(dev, st)
-        runs.wait_for_one_since(_boot_s(), interval + SLACK)
+        runs.wait_for_one_since(runs.now(), interval + SLACK)
         state, reason = _state(client)
         assert "DRAIN" in state and reason.startswith(ADMIN_REASON), (state, reason)
     finally:
-        runs.done.set()
         if job_id:
             client.cancel(job_id)
         _restore(dev, st)

@@ -1,6 +1,6 @@
 """The full health checks through the SSH runner (the node asked over SSH, as from a login
 node): nvidia-smi, dmesg and ibstat are stand-ins on the remote PATH only, scripted per test;
-gres.conf, /proc/mounts, the device files and munge are the real ones. Nothing is applied."""
+gres.conf, /proc/mounts, the device files, the boot id and munge are the real ones. Nothing is applied."""
 from __future__ import annotations
 
 import os
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.health import Action, HealthSpec, check_node
+from gpuhpc.health.collect import BOOT_ID, run_checks
 from gpuhpc.transport.ssh import SSHRunner
 
 pytestmark = pytest.mark.integration
@@ -71,8 +72,19 @@ def test_full_checks_over_ssh_find_an_xid_and_keep_a_mark(ssh_env, tmp_path):
     assert status["xid"] == ("fail", "xid 79 on 0000:3b:00")
     assert out.decision.action is Action.DRAIN and out.decision.reason == "gpuhpc:hw: xid 79 on 0000:3b:00"
     assert not out.applied
-    # the mark was written on the node (over SFTP): the same XID is not news the next time
-    assert (tmp_path / "state" / "xid-gpu-node1").read_text().strip() == "200.5"
+    # a look without --apply leaves the XID for the run that acts; that run (here the checks
+    # alone, so that nothing is drained) writes the mark on the node over SFTP, with the node's
+    # boot id: the same XID is not news the next time
+    mark = tmp_path / "state" / "xid-gpu-node1"
+    assert not mark.exists()
+    runner = SSHRunner.from_env(ssh_env)
+    runner.env["PATH"] = f"{bin_}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+    try:
+        run_checks("gpu-node1", runner, HealthSpec(state_dir=str(tmp_path / "state")), record=True)
+    finally:
+        runner.close()
+    boot = Path(BOOT_ID).read_text().strip()
+    assert mark.read_text() == f"{boot} 200.5\n"
     again = _check(ssh_env, bin_, "gpu-node1", tmp_path)
     assert {r.check: r.status.value for r in again.report.results}["xid"] == "ok"
 
