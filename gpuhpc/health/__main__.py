@@ -1,7 +1,9 @@
 """``python -m gpuhpc.health``: the entry point Slurm runs.
 
 - HealthCheckProgram: ``python -m gpuhpc.health --apply`` (full checks; drains on failure,
-  resumes a node gpuhpc drained once it passes). The node is ``$SLURMD_NODENAME``.
+  resumes a node gpuhpc drained once it passes, except a hardware drain, ``gpuhpc:hw:``, which
+  only an admin or a passing deep run returns, and a perf drain younger than ``perf.min_drain_s``).
+  The node is ``$SLURMD_NODENAME``.
 - Prolog: ``python -m gpuhpc.health --mode prolog --apply``: the fast subset; on failure the
   node is drained with gpuhpc's reason and the exit status is 1 (Slurm then requeues the job).
   An error of gpuhpc's own (slurmctld unreachable, a bad spec, a bug) exits 0: the prolog fails

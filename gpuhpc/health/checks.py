@@ -153,6 +153,9 @@ def check_gpu_devices(expected: Sequence[GresLine], present: Mapping[str, str]) 
                       f"{' ...' if len(missing) > 3 else ''})")
 
 
+_MIG_PROFILE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb")      # 1g.10gb, 3g.40gb, 1c.3g.40gb, 1g.10gb+me
+
+
 def check_gpu_listing(expected: Mapping[str, int], listing_text: str) -> Result:
     """``nvidia-smi -L``: the GPUs the driver sees, by type, and the MIG layout (MIG devices by
     profile), against gres.conf's typed counts."""
@@ -180,7 +183,9 @@ def check_gpu_listing(expected: Mapping[str, int], listing_text: str) -> Result:
         seen = Counter({"gpu": sum(seen.values())})
     if seen == want:
         return ok(name, ", ".join(f"{t} {n}" for t, n in sorted(seen.items())))
-    mig = any(g.mig for g in gpus)
+    # MIG on either side (the driver lists MIG devices, or gres.conf wants MIG profiles: a node whose
+    # instances were lost, as after a reboot, lists whole GPUs)
+    mig = any(g.mig for g in gpus) or any(_MIG_PROFILE.match(t) for t in want)
     diff = ", ".join(f"{t} {seen.get(t, 0)}/{want.get(t, 0)}" for t in sorted(set(want) | set(seen))
                      if seen.get(t, 0) != want.get(t, 0))
     # a GPU the driver lost is a hardware fault (sticky); a MIG layout other than gres.conf's is

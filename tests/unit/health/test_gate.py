@@ -179,6 +179,9 @@ def test_failure_categories_hardware_sticks_device_state_returns():
     assert (lost.category, lost.message) == (c.HW, "gpu count 7/8 (h100 7/8)")
     mig = (Path(__file__).parents[2] / "fixtures" / "nvidia-smi" / "L-h100-80gb-mig-7x1g.10gb.txt").read_text()
     assert c.check_gpu_listing({"1g.10gb": 6}, mig).category == c.DEV
+    # MIG instances lost (a reboot): whole GPUs listed where gres.conf wants MIG devices is a layout
+    gone = c.check_gpu_listing({"1g.10gb": 7, "3g.40gb": 2}, LISTING[: LISTING.index("GPU 2")])
+    assert (gone.category, gone.message) == (c.DEV, "mig layout 2/9 (1g.10gb 0/7, 3g.40gb 0/2, h100 2/0)")
     assert c.check_ib("CA 'm'\n\tPort 1:\n\t\tState: Down\n\t\tLink layer: InfiniBand\n", min_rate=400).category == c.DEV
     assert gate.reason_for([c.fail("ib", "ib m/1 down", c.DEV), c.fail("munge", "munge", c.SW), dbe]) == \
         "gpuhpc:hw: gpu3 ecc uncorrected 2 (+2 more)"
