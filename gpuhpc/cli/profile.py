@@ -1,11 +1,13 @@
 """``gpuhpc profile JOBID``: a profiled job's traces (one per rank and restart) and the command
-that opens each."""
+that opens each. With ``--cluster NAME`` (a laptop) it lists them on the cluster, where they are
+(:class:`gpuhpc.cli._oncluster.OnClusterCommand`)."""
 from __future__ import annotations
 
 import sys
 
 import click
 
+from gpuhpc.cli._oncluster import OnClusterCommand
 from gpuhpc.cli.main import help_for
 
 
@@ -30,7 +32,7 @@ def trace_dir(job_id: str, client=None) -> str:
     return profile_dir(default_log_dir())
 
 
-@click.command("profile", help=help_for("profile"))
+@click.command("profile", cls=OnClusterCommand, help=help_for("profile"))
 @click.argument("job_id", metavar="JOBID")
 @click.option("--dir", "directory", metavar="DIR", help="Where the traces are (default: <the job's log dir>/profile).")
 @click.option("--json", "as_json", is_flag=True, help="The traces and their open commands as JSON.")

@@ -1,14 +1,17 @@
-"""``gpuhpc sprint FILE``: run a profiling sprint (a grid sweep) and print its table."""
+"""``gpuhpc sprint FILE``: run a profiling sprint (a grid sweep) and print its table. With
+``--cluster NAME`` (a laptop) it runs on the cluster (:class:`gpuhpc.cli._oncluster.OnClusterCommand`),
+from the code snapshot, FILE validated here first."""
 from __future__ import annotations
 
 import sys
 
 import click
 
+from gpuhpc.cli._oncluster import OnClusterCommand
 from gpuhpc.cli.main import help_for
 
 
-@click.command("sprint", help=help_for("sprint"))
+@click.command("sprint", cls=OnClusterCommand, help=help_for("sprint"))
 @click.argument("file")
 @click.option("--json", "as_json", is_flag=True, help="The table, recommendation and bottlenecks as JSON.")
 @click.option("--html", "html_path", metavar="FILE", help="Also write the HTML report (table and charts) here.")

@@ -139,7 +139,7 @@ def with_profile(spec: JobSpec) -> JobSpec:
     from gpuhpc.jobs import profile
 
     return dataclasses.replace(spec, command=profile.wrap(spec.command, spec.profile, spec.profile_steps,
-                                                          spec.log_directory))
+                                                          spec.log_directory, spec.env.get("GPUHPC_PYTHON")))
 
 
 def with_fewest_switches(spec: JobSpec, client) -> JobSpec:
@@ -214,11 +214,13 @@ def _prepare_remote(spec: JobSpec, runner) -> tuple[JobSpec, Callable[[], tuple[
     import dataclasses
 
     from gpuhpc.jobs import snapshot
+    from gpuhpc.jobs.remote import python_of
 
     if not runner.is_local:         # defaults on the cluster, not in this machine's data dir
         base = snapshot.remote_base(runner)
         spec = dataclasses.replace(spec, log_dir=spec.log_dir or posixpath.join(base, "logs"),
-                                   checkpoint_dir=spec.checkpoint_dir or posixpath.join(base, "checkpoints", "%j"))
+                                   checkpoint_dir=spec.checkpoint_dir or posixpath.join(base, "checkpoints", "%j"),
+                                   env={"GPUHPC_PYTHON": python_of(runner), **spec.env})    # the cluster's, not ours
     if not snapshot.wanted(spec.snapshot, runner):
         return spec, None
     snap = snapshot.collect(".", spec.snapshot_paths, snapshot.max_mb(runner))

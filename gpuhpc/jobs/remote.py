@@ -93,7 +93,8 @@ def submit(target: Any, args: tuple, kwargs: dict, *, params: dict[str, Any], ti
                                  hint="pass objects cloudpickle can serialise (no open files, locks, sockets)") from exc
         staged = posixpath.join(folder, f"{uuid.uuid4().hex}.pkl")
         runner.put_file(local, staged, 0o600)
-    setup = list(params.get("setup") or [])
+    # the cluster's Python runs gpuhpc's helpers in the job (as a script-mode job's GPUHPC_PYTHON)
+    setup = [*(params.get("setup") or []), f"export GPUHPC_PYTHON={shlex.quote(python)}"]
     if snap is not None:
         up = snapshot.upload(snap, runner)
         workdir = snapshot.workdir_in(snap, up)

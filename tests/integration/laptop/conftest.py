@@ -36,6 +36,7 @@ class Laptop:
     user: str
     python: str
     remote: Path                    # this test's remote_dir (in the user's home)
+    home: str = ""                  # the user's home on the cluster (hidden from a laptop apart)
 
     def profile(self, name: str = "lab", **over) -> None:
         """(Re)write the profile ``name`` (the other profiles stay)."""
@@ -49,8 +50,15 @@ class Laptop:
         text = "\n[".join(blocks)
         self.config.write_text((text.rstrip() + "\n\n" if text.strip() else "") + f"[clusters.{name}]\n{body}")
 
-    def gpuhpc(self, *args: str, env: dict | None = None, timeout: float = 180, **kw):
-        return subprocess.run([sys.executable, "-m", "gpuhpc", *args], env={**os.environ, **self.env, **(env or {})},
+    def gpuhpc(self, *args: str, env: dict | None = None, timeout: float = 180, apart: bool = False, **kw):
+        """``gpuhpc ARGS`` on the laptop; ``apart``: a laptop of its own, in a mount namespace
+        where the cluster user's home (remote_dir: snapshots, logs, traces, sweeps) is an empty
+        tmpfs, so whatever the command shows of those it got from the cluster, over SSH."""
+        argv = [sys.executable, "-m", "gpuhpc", *args]
+        if apart:
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount -t tmpfs -o size=1m,mode=0700 laptop "$0" && exec "$@"', self.home, *argv]
+        return subprocess.run(argv, env={**os.environ, **self.env, **(env or {})},
                               capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -120,7 +128,7 @@ def laptop(sshd, tmp_path):
     user = sshd["GPUHPC_TEST_SSH_USER"]
     remote = Path(sshd["GPUHPC_TEST_SSH_USER_HOME"]) / "laptop-tests" / uuid.uuid4().hex[:12]
     lap = Laptop(env, tmp_path / "config.toml", known, sshd["GPUHPC_TEST_SSH_USER_KEY"], os.environ.get("SLURM_CONF"),
-                 user, sshd["GPUHPC_TEST_SSH_USER_PYTHON"], remote)
+                 user, sshd["GPUHPC_TEST_SSH_USER_PYTHON"], remote, sshd["GPUHPC_TEST_SSH_USER_HOME"])
     lap.profile("lab")
     yield lap
     shutil.rmtree(remote, ignore_errors=True)

@@ -40,13 +40,14 @@ def test_a_callable_runs_on_the_cluster_and_returns_its_result(on_laptop, tmp_pa
     res = {"partition": "cpu", "time": "5m"}
     job = submit(lapmod_helper.double, 7, resources=res, cluster="lab")
     closure_base = 100
-    job2 = submit(lambda y: y + closure_base, 1, resources=res, cluster="lab", name="closure")
+    job2 = submit(lambda y: (y + closure_base, os.environ.get("GPUHPC_PYTHON")), 1, resources=res, cluster="lab",
+                  name="closure")
     failing = submit(lambda: 1 / 0, resources=res, cluster="lab", name="failing")
     try:
         value, snap = job.result(timeout=180)
         assert value == 21                                  # the uncommitted change ran
         assert snap.startswith(str(on_laptop.remote / "snapshots"))
-        assert job2.result(timeout=180) == 101
+        assert job2.result(timeout=180) == (101, on_laptop.python)     # gpuhpc's helpers: the cluster's Python
         with pytest.raises(JobFailed, match="ZeroDivisionError"):
             failing.result(timeout=180)
     finally:

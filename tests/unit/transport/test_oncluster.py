@@ -80,3 +80,50 @@ def test_a_bad_sweep_file_sends_nothing(on, capsys, tmp_path, monkeypatch):
                                      "metric: {name: loss}\n")
     assert _oncluster.main(["sweep", "run", "s.yaml"], False) == 2
     assert r.calls == [] and "parameters.x" in capsys.readouterr().err
+
+
+class Staging(Recording):
+    """... that also takes files (stage_file: exists, then put_file)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.put: list[tuple[str, str]] = []
+
+    def exists(self, path):
+        return False
+
+    def put_file(self, local, path, mode=0o644):
+        self.put.append((local, path))
+
+
+SPRINT = ("name: s\ncommand: python t.py --batch-size {batch_size}\naxes: {batch_size: [32, 64]}\n"
+          "request: false\nprices: {h100: 2.5}\nmetric: samples_per_s\nresources: {partition: cpu, time: 2m}\n")
+
+
+@pytest.mark.parametrize("args", [["sprint", "sp.yaml", "--json"], ["profile", "12", "--json"]])
+def test_sprint_and_profile_run_on_the_cluster(on, tmp_path, monkeypatch, args):
+    """``gpuhpc --cluster NAME sprint FILE`` / ``profile JOBID`` go through the click command (as
+    ``sweep`` and ``report`` do): gpuhpc runs there; a sprint's FILE is validated here and copied."""
+    from click.testing import CliRunner
+
+    from gpuhpc.cli.main import cli
+
+    r = on(Staging(out='{"ok": 1}\n'))
+    monkeypatch.chdir(tmp_path)                 # no git repository: no snapshot
+    (tmp_path / "sp.yaml").write_text(SPRINT)
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0 and res.output == '{"ok": 1}\n', res.output
+    if args[0] == "profile":
+        assert r.calls == [["/py", "-m", "gpuhpc", "profile", "12", "--json"]]
+        return
+    [(local, there)] = r.put
+    assert local == "sp.yaml" and there.startswith("/r/sprint-files/") and there.endswith("-sp.yaml")
+    assert r.calls == [["/py", "-m", "gpuhpc", "sprint", there, "--json"]]
+
+
+def test_a_bad_sprint_file_sends_nothing(on, capsys, tmp_path, monkeypatch):
+    r = on(Staging())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sp.yaml").write_text(SPRINT.replace("{batch_size}", "32"))     # an axis the command ignores
+    assert _oncluster.main(["sprint", "sp.yaml"], False) == 2
+    assert r.calls == [] and r.put == [] and "axes.batch_size" in capsys.readouterr().err

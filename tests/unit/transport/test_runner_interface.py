@@ -34,7 +34,7 @@ def test_python_mode_over_a_remote_runner_checks_the_python_first():
 
     class Remote:
         is_local = False
-        settings: dict = {}
+        settings: dict = {"remote_dir": "/r"}      # where the job's checkpoints go: no SFTP call
         calls: list = []
 
         def run(self, argv, **kw):
