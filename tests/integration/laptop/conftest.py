@@ -132,3 +132,55 @@ def laptop(sshd, tmp_path):
     lap.profile("lab")
     yield lap
     shutil.rmtree(remote, ignore_errors=True)
+
+
+JUMP_TARGET = "behind.gpuhpc.invalid"       # resolves only on the jump host (.invalid: never in DNS)
+
+
+@dataclass
+class JumpHost:
+    port: int
+    target: str                     # the login node's name, which only the jump host resolves
+
+
+@pytest.fixture
+def jump_host(sshd, laptop, tmp_path):
+    """A second sshd, the jump host (127.0.0.1, a free port, the laptop user's own key), in a
+    mount namespace of its own whose /etc/hosts names the login node (the sshd on :2222)
+    ``behind.gpuhpc.invalid``: nowhere else does that name resolve, so a client reaches the login
+    node by that name only through the jump host. Both host keys go into the laptop's
+    known_hosts. Stopped at the end."""
+    import socket
+
+    from polling import wait_for
+
+    d = tmp_path / "jump"
+    d.mkdir(mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_ed25519")], check=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_ed25519\nPidFile {d}/sshd.pid\n"
+        f"AuthorizedKeysFile .ssh/authorized_keys\nAllowUsers {laptop.user}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nAllowTcpForwarding yes\n")
+    (d / "hosts").write_text(f"127.0.0.1 localhost\n127.0.0.1 {JUMP_TARGET}\n")
+    log = open(d / "sshd.log", "w")
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             'mount --bind "$0" /etc/hosts && exec /usr/sbin/sshd -D -e -f "$1"',
+                             str(d / "hosts"), str(d / "sshd_config")], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def listening() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        wait_for(listening, 30, f"the jump sshd on 127.0.0.1:{port}",
+                 abort=lambda: proc.poll() is not None and f"sshd exited: {(d / 'sshd.log').read_text()}")
+        target_key = open(sshd["GPUHPC_TEST_SSH_KNOWN_HOSTS"]).read().split()[1:3]
+        jump_key = (d / "host_ed25519.pub").read_text().split()[:2]
+        with open(laptop.known_hosts, "a") as kh:
+            kh.write(f"[127.0.0.1]:{port} {' '.join(jump_key)}\n[{JUMP_TARGET}]:2222 {' '.join(target_key)}\n")
+        yield JumpHost(port, JUMP_TARGET)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()

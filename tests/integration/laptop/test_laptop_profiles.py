@@ -1,5 +1,6 @@
 """Cluster profiles and host keys against the real sshd: --cluster / GPUHPC_CLUSTER select the
-runner of every command, ~/.ssh/config's ProxyJump is followed, unknown and changed host keys
+runner of every command, ~/.ssh/config's ProxyJump is followed (to a login node that only the
+jump host can reach), unknown and changed host keys
 are refused (the first with the trust command), `gpuhpc cluster trust` pins a key."""
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import json
 import subprocess
 
 import paramiko
+import pytest
 
+from gpuhpc.errors import TransportError
 from gpuhpc.transport.ssh import SSHRunner, fingerprint
 
 
@@ -37,24 +40,31 @@ def test_unreachable_host_is_one_line(laptop):
     assert "cannot connect" in res.stderr
 
 
-def test_proxyjump_from_ssh_config(laptop, tmp_path):
+def _behind(laptop, jump_host, tmp_path):
+    """An ssh_config naming the login node by the name only the jump host resolves."""
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User {laptop.user}\n  IdentityFile {laptop.key}\n"
-                   f"  ProxyJump {laptop.user}@127.0.0.1:2222\n")
+    cfg.write_text(f"Host behind\n  HostName {jump_host.target}\n  Port 2222\n  User {laptop.user}\n"
+                   f"  IdentityFile {laptop.key}\n  ProxyJump {laptop.user}@127.0.0.1:{jump_host.port}\n")
+    return cfg
+
+
+def test_proxyjump_from_ssh_config(laptop, jump_host, tmp_path):
+    cfg = _behind(laptop, jump_host, tmp_path)
     laptop.profile("jumped", host="behind", user=None, port=None, key=None)
     res = laptop.gpuhpc("--cluster", "jumped", "cluster", "status", "--json", env={"GPUHPC_SSH_CONFIG": str(cfg)})
     assert res.returncode == 0, res.stderr
+    assert "gpu-node1" in res.stdout
 
 
-def test_proxyjump_runner_goes_through_the_jump_host(laptop, tmp_path):
-    cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host behind\n  HostName 127.0.0.1\n  Port 2222\n  User {laptop.user}\n  IdentityFile {laptop.key}\n"
-                   f"  ProxyJump {laptop.user}@127.0.0.1:2222\n")
+def test_proxyjump_runner_goes_through_the_jump_host(laptop, jump_host, tmp_path):
+    cfg = _behind(laptop, jump_host, tmp_path)
+    direct = SSHRunner("behind", known_hosts=str(laptop.known_hosts), ssh_config=str(cfg), jump="none")
+    with pytest.raises(TransportError, match="cannot connect"):      # not reachable but through the jump host
+        direct.run(["true"])
     runner = SSHRunner("behind", known_hosts=str(laptop.known_hosts), ssh_config=str(cfg))
     try:
-        assert runner.jump == f"{laptop.user}@127.0.0.1:2222"
-        assert runner.run(["echo", "$SSH_CONNECTION"]).stdout.strip() == "$SSH_CONNECTION"
-        assert runner._jump_runner is not None and runner._jump_runner._client is not None
+        assert runner.jump == f"{laptop.user}@127.0.0.1:{jump_host.port}"
+        assert runner.run(["id", "-un"]).stdout.strip() == laptop.user
     finally:
         runner.close()
 
