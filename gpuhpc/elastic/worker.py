@@ -23,7 +23,7 @@ from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig, load_config
 from gpuhpc.elastic.power import Plan, cap_reason
 from gpuhpc.elastic.providers import provider_for
-from gpuhpc.elastic.providers.base import ProviderError
+from gpuhpc.elastic.providers.base import ProviderError, ThrottledError
 from gpuhpc.elastic.reconcile import COOLDOWN_REASON, PROTECTED_REASON, instance_of
 from gpuhpc.elastic.store import Store
 from gpuhpc.slurm.power import PowerSlurm
@@ -33,10 +33,12 @@ log = logging.getLogger("gpuhpc.elastic")
 
 
 def cool_down(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name: str, nodes: tuple[str, ...],
-              code: str, now: float) -> None:
-    """Nodes DOWN with ``code`` now; the pool's idle powered-down nodes DOWN until its cooldown ends."""
+              code: str, now: float, *, pool_wide: bool = True) -> None:
+    """Nodes DOWN with ``code`` now; the pool's idle powered-down nodes DOWN until its cooldown ends.
+    ``pool_wide=False`` (throttling, not capacity): only ``nodes``, and a cooldown that has already
+    ended, so the reconciler's next pass returns them and the pool stays open meanwhile."""
     pool = config.pool(pool_name)
-    until = now + pool.capacity_cooldown
+    until = now + (pool.capacity_cooldown if pool_wide else 0)
     reason = f"{COOLDOWN_REASON} {code} pool {pool_name} until {time.strftime('%H:%M:%S', time.localtime(until))}"
     with store.update() as state:
         earlier = state.cooldowns.get(pool_name)
@@ -48,6 +50,8 @@ def cool_down(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name:
             state.nodes.pop(n, None)
     if nodes:
         slurm.down(hostlist.compress(nodes), reason)
+    if not pool_wide:
+        return
     spare = [n.name for n in slurm.nodes(hostlist.compress(pool.nodes))
              if "POWERED_DOWN" in n.flags and "DOWN" not in n.flags and n.name not in nodes]
     if spare:
@@ -96,7 +100,9 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         log.warning("launch %s on %s failed: %s", plan.nodes, pool.name, exc)
         journal.append(config.state_dir, {"event": "launch_failed", "cluster": config.cluster, "pool": pool.name,
                                           "code": exc.code, "nodes": list(plan.nodes), "at": time.time()})
-        cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time())
+        # a capacity error cools the pool; throttling only sends this launch's jobs back to the queue
+        cool_down(config, slurm, store, pool.name, plan.nodes, exc.code, time.time(),
+                  pool_wide=not isinstance(exc, ThrottledError))
         return
     prices: dict[str, str | None] = {}            # per hour at launch: the provider's spot price where it has one
     for inst in instances:

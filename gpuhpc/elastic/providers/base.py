@@ -23,6 +23,12 @@ class ProviderError(Exception):
         self.code = code
 
 
+class ThrottledError(ProviderError):
+    """EC2 kept throttling (RequestLimitExceeded) past the provider's jittered retries. Not a
+    capacity problem: the launch's own nodes go DOWN so their jobs requeue, but the pool does not
+    cool down (its other nodes stay available, the next launch tries again at once)."""
+
+
 class CapacityError(ProviderError):
     """No capacity (InsufficientInstanceCapacity, a quota, no spot capacity) in any instance type:
     the nodes go DOWN at once with the code and the pool cools down."""

@@ -8,7 +8,15 @@ order given is the preference). A capacity error on one type moves on to the nex
 fails, :class:`CapacityError` carries the last code. Each call has a ClientToken derived from the
 launch token, and before it the provider looks for instances already tagged with that token, so a
 retried launch (throttling, a worker that died) never starts a second set. Throttling is retried
-with backoff. It lists and terminates only instances tagged ``gpuhpc:cluster=<cluster>``.
+with full-jitter exponential backoff and then raised as :class:`ThrottledError`, never as a
+capacity error. It lists and terminates only instances tagged ``gpuhpc:cluster=<cluster>``.
+
+At a few hundred nodes: EC2 refuses a filter with more than 200 values (FilterLimitExceeded), so
+instance ids are described 200 at a time, page by page; and a ``DescribeInstances`` right after
+``CreateFleet`` may not show the new instances yet (EC2 is eventually consistent), so the fleet's
+own answer decides what was launched: a missing instance is described again after a short backoff
+and, if still invisible, recorded from the fleet's answer (its id, type and the tags given at
+launch), never taken for a capacity failure.
 
 Provider settings (``providers.aws`` in the elastic config): ``region``, ``launch_template``
 (name; AMI, security groups, key and user data that starts slurmd with ``-N <gpuhpc:node tag>``),
@@ -16,6 +24,7 @@ Provider settings (``providers.aws`` in the elastic config): ``region``, ``launc
 from __future__ import annotations
 
 import datetime as dt
+import random
 import time
 from decimal import Decimal
 from typing import Any
@@ -25,7 +34,7 @@ from botocore.exceptions import ClientError
 
 from gpuhpc.elastic.config import ElasticConfig, Pool
 from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_POOL, TAG_TOKEN, CapacityError, Instance,
-                                           ProviderError)
+                                           ProviderError, ThrottledError)
 
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
@@ -34,13 +43,17 @@ CAPACITY_CODES = frozenset({
 })
 THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
 INTERRUPTION_CODES = frozenset({"marked-for-termination", "marked-for-stop", "instance-terminated-by-service"})
+FILTER_VALUES_MAX = 200          # EC2: "The maximum number of filter values specified on a single call is 200"
+TERMINATE_MAX = 1000            # instance ids per TerminateInstances call
+MAX_BACKOFF_S = 20.0
 
 
 class Ec2Provider:
     name = "aws"
 
     def __init__(self, cluster: str, client: Any, *, launch_template: str, subnets: list[str] | None = None,
-                 retries: int = 4, backoff: float = 0.5, sleep=time.sleep) -> None:
+                 retries: int = 6, backoff: float = 0.5, sleep=time.sleep, visible_retries: int = 3,
+                 filter_values_max: int = FILTER_VALUES_MAX) -> None:
         self.cluster = cluster
         self.ec2 = client
         self.launch_template = launch_template
@@ -48,6 +61,8 @@ class Ec2Provider:
         self.retries = retries
         self.backoff = backoff
         self.sleep = sleep
+        self.visible_retries = visible_retries
+        self.filter_values_max = filter_values_max
 
     @classmethod
     def from_config(cls, config: ElasticConfig) -> "Ec2Provider":
@@ -64,9 +79,11 @@ class Ec2Provider:
                 return getattr(self.ec2, op)(**kwargs)
             except ClientError as exc:
                 code = exc.response.get("Error", {}).get("Code", "ClientError")
-                if code in THROTTLE_CODES and attempt < self.retries:
-                    self.sleep(self.backoff * 2 ** attempt)
-                    continue
+                if code in THROTTLE_CODES:
+                    if attempt < self.retries:      # full jitter: many workers do not retry in step
+                        self.sleep(random.uniform(0, min(MAX_BACKOFF_S, self.backoff * 2 ** attempt)))
+                        continue
+                    raise ThrottledError(code, str(exc)) from None
                 if code in CAPACITY_CODES:
                     raise CapacityError(code, str(exc)) from None
                 raise ProviderError(code, str(exc)) from None
@@ -83,6 +100,14 @@ class Ec2Provider:
             if not token:
                 return out
             kwargs["NextToken"] = token
+
+    def _describe_ids(self, ids: list[str]) -> list[dict]:
+        """The instances with these ids, :data:`FILTER_VALUES_MAX` ids a call."""
+        out: list[dict] = []
+        n = self.filter_values_max
+        for i in range(0, len(ids), n):
+            out += self._describe([{"Name": "instance-id", "Values": ids[i:i + n]}])
+        return out
 
     def _owned(self, extra: list[dict] | None = None) -> list[dict]:
         return self._describe([{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]},
@@ -153,7 +178,21 @@ class Ec2Provider:
             if ids:
                 self.terminate(ids)
             raise CapacityError(next((c for c in codes if c), "InsufficientInstanceCapacity"), itype)
-        return self._describe([{"Name": "instance-id", "Values": ids}])
+        return self._visible(ids, itype, spot, req["TagSpecifications"][0]["Tags"])
+
+    def _visible(self, ids: list[str], itype: str, spot: bool, tags: list[dict]) -> list[dict]:
+        """The launched instances as DescribeInstances shows them; those it does not show yet
+        (eventual consistency) are asked for again, then taken from the fleet's own answer."""
+        seen = {r["InstanceId"]: r for r in self._describe_ids(ids)}
+        for attempt in range(self.visible_retries):
+            missing = [i for i in ids if i not in seen]
+            if not missing:
+                break
+            self.sleep(random.uniform(0, min(MAX_BACKOFF_S, self.backoff * 2 ** attempt)))
+            seen.update({r["InstanceId"]: r for r in self._describe_ids(missing)})
+        return [seen.get(i) or {"InstanceId": i, "InstanceType": itype, "State": {"Name": "pending"},
+                                "InstanceLifecycle": "spot" if spot else None, "Tags": [dict(t) for t in tags]}
+                for i in ids]
 
     def price(self, pool: Pool, instance_type: str) -> str | None:
         """The spot price per hour of ``instance_type`` now (the highest of its zones' latest
@@ -178,10 +217,11 @@ class Ec2Provider:
         ids = [i for i in instance_ids if i.startswith("i-")]
         if not ids:
             return []
-        mine = [r["InstanceId"] for r in self._describe([{"Name": "instance-id", "Values": ids}])
+        mine = [r["InstanceId"] for r in self._describe_ids(ids)
                 if any(t["Key"] == TAG_CLUSTER and t["Value"] == self.cluster for t in r.get("Tags", []))]
         if mine:
-            self._call("terminate_instances", InstanceIds=mine)
+            for i in range(0, len(mine), TERMINATE_MAX):
+                self._call("terminate_instances", InstanceIds=mine[i:i + TERMINATE_MAX])
         return mine
 
     def interruptions(self) -> dict[str, float]:

@@ -1,7 +1,8 @@
 """The EC2 provider against moto's in-process EC2 (mock_aws), with a fault-injection layer moto
-lacks (capacity errors per instance type, quota, throttling, interruption notices): ordered
-fallback across instance types, all-or-nothing launches, idempotent retries, and terminating only
-instances this cluster tagged."""
+lacks (capacity errors per instance type, quota, throttling, interruption notices, EC2's filter
+limit, instances not yet visible after their fleet): ordered fallback across instance types,
+all-or-nothing launches, idempotent retries, terminating only instances this cluster tagged, and
+what breaks at a few hundred nodes (issue 38.2); the worker never cools a pool for throttling."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -12,8 +13,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from gpuhpc.elastic.config import Pool
-from gpuhpc.elastic.providers.base import TAG_CLUSTER, TAG_NODE, TAG_TOKEN, CapacityError, ProviderError
+from gpuhpc.elastic.config import ElasticConfig, Pool
+from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_TOKEN, CapacityError, ProviderError,
+                                           ThrottledError)
 from gpuhpc.elastic.providers.ec2 import Ec2Provider
 
 SPOT = Pool(name="spot", nodes=("spot01", "spot02", "spot03"), provider="aws", market="spot",
@@ -176,3 +178,134 @@ def test_a_spot_launch_is_priced_from_the_spot_price_history(ec2):
     price = p.price(SPOT, "p5.48xlarge")
     assert price is not None and Decimal(price) > 0          # moto's history: one price per zone
     assert p.price(replace(SPOT, market="on_demand"), "p5.48xlarge") is None    # on-demand: the pool's price
+
+
+# EC2 refuses more than 200 values in one filter; the provider's chunk and the fault layer's limit
+# are made small here (12 nodes, chunks of 5) so that moto need not start 250 instances
+BIG = Pool(name="big", nodes=tuple(f"n{i:03d}" for i in range(12)), provider="aws", market="on_demand",
+           instance_types=("p5.48xlarge",), max_nodes=12)
+LIMIT = 5
+
+
+class ScaleEc2(FaultyEc2):
+    """FaultyEc2 plus EC2's filter limit, and ``invisible``: the first N DescribeInstances calls
+    after a fleet leave out that fleet's instances."""
+
+    def __init__(self, client, invisible=0, **kw):
+        super().__init__(client, **kw)
+        self.invisible = invisible
+        self.fresh: set[str] = set()
+
+    def create_fleet(self, **req):
+        resp = super().create_fleet(**req)
+        self.fresh = {i for inst in resp.get("Instances", []) for i in inst.get("InstanceIds", [])}
+        return resp
+
+    def describe_instances(self, **kw):
+        self.calls.append(("describe_instances", kw))
+        if any(len(f["Values"]) > LIMIT for f in kw.get("Filters", [])):
+            raise ClientError({"Error": {"Code": "FilterLimitExceeded",
+                                         "Message": "The maximum number of filter values specified on a single "
+                                                    "call is 200"}}, "DescribeInstances")
+        resp = self.client.describe_instances(**kw)
+        if self.invisible > 0 and self.fresh:
+            self.invisible -= 1
+            for r in resp["Reservations"]:
+                r["Instances"] = [i for i in r["Instances"] if i["InstanceId"] not in self.fresh]
+        return resp
+
+
+def scale_provider(client, sleeps=None, **faults) -> tuple[Ec2Provider, ScaleEc2]:
+    faulty = ScaleEc2(client, **faults)
+    return Ec2Provider(client.test_cluster, faulty, launch_template="gpuhpc-node", filter_values_max=LIMIT,
+                       sleep=(sleeps.append if sleeps is not None else (lambda s: None))), faulty
+
+
+def test_more_nodes_than_one_filter_holds_launch_and_terminate_within_the_filter_limit(ec2):
+    assert Ec2Provider.__init__.__kwdefaults__["filter_values_max"] == 200           # EC2's own limit
+    p, faulty = scale_provider(ec2)
+    got = p.launch(BIG, list(BIG.nodes), "big1")
+    assert [i.node for i in got] == list(BIG.nodes) and len({i.id for i in got}) == 12
+    assert len([1 for op, _ in faulty.calls if op == "create_fleet"]) == 1
+    ids = [i.id for i in got]
+    assert sorted(p.terminate(ids)) == sorted(ids)
+    terminates = [kw["InstanceIds"] for op, kw in faulty.calls if op == "terminate_instances"]
+    assert sum(len(t) for t in terminates) == 12
+    described = [kw for op, kw in faulty.calls if op == "describe_instances"]
+    assert all(len(f["Values"]) <= LIMIT for kw in described for f in kw.get("Filters", []))
+
+
+def test_instances_not_yet_visible_after_the_fleet_are_launched_not_a_capacity_error(ec2):
+    sleeps: list[float] = []
+    p, faulty = scale_provider(ec2, sleeps=sleeps, invisible=2)
+    got = p.launch(BIG, list(BIG.nodes[:3]), "vis1")
+    assert [i.node for i in got] == list(BIG.nodes[:3])
+    assert len([1 for op, _ in faulty.calls if op == "create_fleet"]) == 1        # one fleet, not a fallback
+    assert len(sleeps) == 2                                                      # described again, twice
+    mine = {i["InstanceId"]: {t["Key"]: t["Value"] for t in i["Tags"]}
+            for r in ec2.describe_instances(Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [p.cluster]}])
+            ["Reservations"] for i in r["Instances"]}
+    assert {t[TAG_NODE] for t in mine.values()} == set(BIG.nodes[:3])
+
+
+def test_still_invisible_instances_are_taken_from_the_fleets_answer(ec2):
+    p, _ = scale_provider(ec2, invisible=99)
+    got = p.launch(BIG, list(BIG.nodes[:2]), "vis2")
+    assert [i.node for i in got] == list(BIG.nodes[:2]) and all(i.id.startswith("i-") for i in got)
+    assert {i.instance_type for i in got} == {"p5.48xlarge"} and {i.pool for i in got} == {"big"}
+
+
+def test_throttling_backs_off_with_jitter_then_is_not_a_capacity_error(ec2):
+    sleeps: list[float] = []
+    p, _ = scale_provider(ec2, sleeps=sleeps, throttle=99)
+    with pytest.raises(ThrottledError) as exc:
+        p.launch(BIG, ["n000"], "thr1")
+    assert exc.value.code == "RequestLimitExceeded" and not isinstance(exc.value, CapacityError)
+    assert len(sleeps) == p.retries
+    caps = [min(20.0, p.backoff * 2 ** a) for a in range(p.retries)]
+    assert all(0 <= s <= cap for s, cap in zip(sleeps, caps)), (sleeps, caps)
+
+
+class _Slurm:
+    def __init__(self, nodes):
+        self.node_list, self.calls = nodes, []
+
+    def nodes(self, names=None):
+        return self.node_list
+
+    def down(self, nodes, reason):
+        self.calls.append(("down", nodes, reason))
+        return True
+
+    def update(self, node, **fields):
+        self.calls.append(("update", node, fields))
+        return True
+
+
+@pytest.mark.parametrize("error, cools", [(ThrottledError("RequestLimitExceeded"), False),
+                                         (CapacityError("InsufficientInstanceCapacity"), True)])
+def test_throttling_never_cools_the_pool_capacity_does(tmp_path, monkeypatch, error, cools):
+    from gpuhpc.elastic import worker
+    from gpuhpc.elastic.power import Plan
+    from gpuhpc.elastic.store import Store
+    from gpuhpc.slurm.power import PowerNode
+
+    class Failing:
+        def launch(self, pool, nodes, token):
+            raise error
+
+    assert isinstance(error, ProviderError)
+    monkeypatch.setattr(worker, "provider_for", lambda name, config: Failing())
+    cfg = ElasticConfig(cluster="c", state_dir=str(tmp_path),
+                        pools=(Pool("spot", ("s1", "s2", "s3"), "aws", market="spot", capacity_cooldown=300),))
+    slurm = _Slurm([PowerNode("s1", "IDLE+CLOUD+POWERING_UP"), PowerNode("s2", "IDLE+CLOUD+POWERED_DOWN"),
+                    PowerNode("s3", "IDLE+CLOUD+POWERED_DOWN")])
+    store = Store(tmp_path)
+    import time
+
+    before = time.time()
+    worker.launch(cfg, slurm, store, Plan("launch", "spot", ("s1",), "tok"), before)
+    downed = [c[1] for c in slurm.calls if c[0] == "down"]
+    assert downed[0] == "s1"                                   # the launch's own node: its job requeues
+    cooling = store.read().cooldowns["spot"]["until"] > before + 60
+    assert cooling == cools and (downed == ["s1"]) != cools, (downed, store.read().cooldowns)
