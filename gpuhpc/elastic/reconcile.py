@@ -44,6 +44,7 @@ standby it returns one ``standby`` action and touches nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -95,11 +96,18 @@ def instance_of(comment: str) -> str | None:
 def adoptions(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instance], state: State,
               now: float) -> dict[str, Instance]:
     """Node -> the live instance Slurm says it has, for the nodes whose record is missing or names
-    an instance that is gone. Slurm's Comment first (the worker writes it at launch), else the one
-    live instance tagged with the node's name (a launch whose Comment was not written yet). Never
-    for a node powered down or powering down (its Comment is the last instance's), a node whose
-    launch is in flight (a record with no instance yet), an instance another record holds or a
-    suspend is ending, or an instance tagged for another node or pool."""
+    an instance that is gone:
+
+    - the live instance the node's Comment names (the worker writes it at launch): a record lost,
+      or made stale by the other controller relaunching the node;
+    - with no record and no Comment naming another instance (a launch whose Comment was not
+      written yet), the one live instance tagged with the node's name. Not for a record whose
+      instance is gone: that node lost its machine (DOWN, its job requeues), and a tagged stray
+      is an orphan, not its replacement.
+
+    Never for a node powered down or powering down (its Comment is the last instance's), a node
+    whose launch is in flight (a record with no instance yet), an instance another record holds
+    or a suspend is ending, or an instance tagged for another node or pool."""
     live = {i.id: i for i in instances if i.state != "terminated"}
     taken = {r.instance_id for r in state.nodes.values() if r.instance_id in live}
     taken |= {i for i, t in state.releasing.items() if now - t < config.orphan_grace}
@@ -108,8 +116,9 @@ def adoptions(config: ElasticConfig, nodes: list[PowerNode], instances: list[Ins
         if i.node:
             tagged.setdefault(i.node, []).append(i)
     out: dict[str, Instance] = {}
+    pool_by_node = {name: p for p in config.pools for name in p.nodes}      # pool_of per node: quadratic
     for n in nodes:
-        pool = config.pool_of(n.name)
+        pool = pool_by_node.get(n.name)
         if pool is None or n.flags & {"POWERED_DOWN", "POWERING_DOWN"}:
             continue
         rec = state.nodes.get(n.name)
@@ -118,13 +127,13 @@ def adoptions(config: ElasticConfig, nodes: list[PowerNode], instances: list[Ins
         named = instance_of(n.comment)
         if named in live:
             inst = live[named]
-        elif len(tagged.get(n.name, [])) == 1:
+        elif rec is None and named is None and len(tagged.get(n.name, [])) == 1:
             inst = tagged[n.name][0]
         else:
             continue
         if inst.id in taken or inst.node not in (None, n.name) or inst.pool not in (None, pool.name):
             continue
-        out[n.name] = inst
+        out[n.name] = dataclasses.replace(inst, pool=pool.name)
         taken.add(inst.id)
     return out
 
@@ -151,9 +160,8 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
     adopted = adoptions(config, nodes, instances, state, now)
     records = dict(state.nodes)
     for name, inst in sorted(adopted.items()):
-        pool = config.pool_of(name)
         d.add("adopt", name, inst.id, inst.launched_at)
-        records[name] = NodeRecord(node=name, pool=pool.name if pool else "", token=ADOPTED_TOKEN,
+        records[name] = NodeRecord(node=name, pool=inst.pool or "", token=ADOPTED_TOKEN,
                                    requested_at=inst.launched_at, instance_id=inst.id,
                                    launched_at=inst.launched_at, job_started=True)
     recorded = {r.instance_id for r in records.values() if r.instance_id}
@@ -277,15 +285,15 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
     for provider in providers.values():
         if ends:
             provider.terminate(ends)
+    pool_by_node = {n: p.name for p in config.pools for n in p.nodes} if any(a.kind == "adopt" for a in actions) else {}
     with store.update() as state:
         for a in actions:
             if a.kind == "adopt":
                 cur = state.nodes.get(a.target)
                 # not over a record a resume wrote since the pass read the state
                 if cur is None or (cur.instance_id is not None and cur.requested_at <= now):
-                    pool = config.pool_of(a.target)
                     state.nodes[a.target] = NodeRecord(
-                        node=a.target, pool=pool.name if pool else "", token=ADOPTED_TOKEN,
+                        node=a.target, pool=pool_by_node.get(a.target, ""), token=ADOPTED_TOKEN,
                         requested_at=a.at if a.at is not None else now, instance_id=a.reason,
                         launched_at=a.at, job_started=True)
             elif a.kind == "forget":

@@ -166,6 +166,17 @@ def test_what_is_never_adopted():
     # no Comment and two instances tagged for the node: which one is not Slurm's to say
     twins = [Instance("i-1", "s1", "spot", "running", NOW), Instance("i-2", "s1", "spot", "running", NOW)]
     assert adoptions(CFG, [PowerNode("s1", "IDLE+CLOUD")], twins, State(), NOW) == {}
+    # a node that lost its machine (its record's instance gone) with a stray instance tagged for it
+    # (the chaos run's orphan): the stray is no replacement; the node goes DOWN, the stray is an orphan
+    stray = Instance("i-stray", "s1", "spot", "running", NOW - 5000)
+    lost = State(nodes={"s1": NodeRecord("s1", "spot", "t", NOW - 9000, "i-old", NOW - 9000)})
+    old_comment = "gpuhpc instance i-old pool spot type local"
+    assert adoptions(CFG, [PowerNode("s1", "ALLOCATED+CLOUD", comment=old_comment)], [stray], lost, NOW) == {}
+    acts = decide(CFG, [PowerNode("s1", "ALLOCATED+CLOUD", comment=old_comment)], [stray], lost, NOW)
+    assert [(a.kind, a.target) for a in acts] == [("terminate", "i-stray"), ("down", "s1"), ("power_down", "s1"),
+                                                  ("forget", "s1")]
+    # ... and the pass after (record forgotten, node not yet powering down): still no adoption
+    assert adoptions(CFG, [PowerNode("s1", "DOWN+CLOUD", comment=old_comment)], [stray], State(), NOW) == {}
     # a terminated instance named in the Comment: nothing (the node's instance is gone)
     dead = Instance("i-1", "s1", "spot", "terminated", NOW - 5000)
     assert adoptions(CFG, [PowerNode("s1", "IDLE+CLOUD", comment=comment)], [dead], State(), NOW) == {}
