@@ -81,3 +81,41 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
     assert all(not r.state.is_finished for r in rows[:-1]), [r.state.raw for r in rows]
     log = job.logs()
     assert "SIGUSR2" in log and "requeueing job" in log
+
+
+def test_preemptions_past_the_cap_with_progress_complete(jobs_env, tmp_path, slurm, track):
+    """--max-requeues 1, preempted twice: every run saves a newer checkpoint (at the warning), so
+    neither preemption counts against the cap and the job completes (it ended FAILED 75 at the
+    second one when the cap counted preemptions)."""
+    progress, result = tmp_path / "progress.log", tmp_path / "result.json"
+    res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
+                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-requeue-progress",
+                 "--max-requeues", "1", "--json", "--",
+                 sys.executable, str(HERE / "counter_train.py"), "--steps", "600", "--every", str(EVERY),
+                 "--step-seconds", str(STEP_S), "--slow-runs", "2", "--progress", str(progress),
+                 "--result", str(result))
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+
+    def running(run: int):
+        def check():
+            if job_state(slurm, job_id) != "RUNNING" or not progress.exists():
+                return False
+            runs = progress_runs(progress.read_text())
+            return len(runs) == run and runs[-1]["last"] - runs[-1]["resume"] >= 2
+        return check
+
+    for i in range(2):
+        wait_for(running(i + 1), 90, f"job {job_id} running before preemption #{i}")
+        interrupt(slurm, job_id, "preempt", node=NODE, gres=GRES, track=track, timeout=120)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED"), 150, f"job {job_id} to end")
+
+    from gpuhpc.jobs.api import Job
+
+    log = Job(job_id, client=slurm).logs()
+    assert job_state(slurm, job_id) == "COMPLETED", log[-3000:]
+    assert json.loads(result.read_text()) == uninterrupted(600)
+    assert slurm.restarts(job_id) == 2
+    assert log.count("after a preemption; progress") == 2, log[-3000:]
+    assert "requeue cap reached" not in log

@@ -26,9 +26,10 @@ with open(out, "w") as fh:
 open(out + ".ready", "w").close()
 while not ckpt.stop_requested():
     time.sleep(0.05)
-local = os.path.join(ckpt.scratch_dir(), "step-7.txt")
-open(local, "w").write("7")
-ckpt.save_atomic(local)
+if not os.environ.get("NO_SAVE"):
+    local = os.path.join(ckpt.scratch_dir(), "step-7.txt")
+    open(local, "w").write("7")
+    ckpt.save_atomic(local)
 sys.exit(0)
 """
 
@@ -55,9 +56,10 @@ def _job(tmp_path: Path, job_id: str, restart: int, out: Path, **spec_kw):
     return render(spec), env, log
 
 
-def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool = True):
+def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool = True, **env_kw: str):
     out = tmp_path / f"out-{restart}.txt"
     text, env, log = _job(tmp_path, "4242", restart, out, max_requeues=max_requeues)
+    env.update(env_kw)
     script = tmp_path / "job.sh"
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -106,9 +108,12 @@ def test_usr2_before_the_handlers_exist_still_requeues(tmp_path):
 
 
 def test_requeue_cap_is_a_failure(tmp_path):
-    # the program saved and exited 0 after the warning, but the job is not requeued: its work is
-    # unfinished, so the job must not end COMPLETED (a sweep would take the mid-training metric)
-    rc, _, scontrol, err = _run(tmp_path, restart=3, max_requeues=3)
+    # the program exited 0 after the warning, but the job is not requeued (3 runs already ended
+    # without progress, and this one saved nothing either): its work is unfinished, so the job
+    # must not end COMPLETED (a sweep would take the mid-training metric)
+    (tmp_path / "ck" / "4242").mkdir(parents=True)
+    (tmp_path / "ck" / "4242" / ".gpuhpc-requeues.4242").write_text("3 0\n")
+    rc, _, scontrol, err = _run(tmp_path, restart=3, max_requeues=3, NO_SAVE="1")
     assert "requeue 4242" not in scontrol
     assert "JobId=4242 Requeue=0" in scontrol
     assert rc == 75 and "requeue cap reached" in err, err
