@@ -104,8 +104,9 @@ def clique_cmd(smi_xml: str | None, node: str | None) -> None:
 @click.option("--deep", is_flag=True, help="The deep checks instead: DCGM diagnostics (dcgmi diag) and "
               "nccl all-reduce bandwidth against the node's baseline in the ledger database "
               "(the first passing run sets it). Minutes; run it on an idle node.")
-@click.option("--apply", is_flag=True, help="Drain a failing node (gpuhpc:<hw|sw|perf>: reason); "
-              "resume it once healthy if gpuhpc drained it.")
+@click.option("--apply", is_flag=True, help="Drain a failing node (gpuhpc:<hw|dev|sw|perf>: reason); "
+              "resume it once healthy if these checks drained it, except a hardware (hw) drain, which "
+              "an admin or a passing deep check returns (docs/health.md).")
 @click.option("--spec", help="Health spec YAML (default $GPUHPC_HEALTH_SPEC).")
 @_JSON
 def health_cmd(node: str | None, mode: str, deep: bool, apply: bool, spec: str | None, as_json: bool) -> int:
