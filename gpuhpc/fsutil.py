@@ -127,3 +127,23 @@ def bundled_dir(name: str) -> Path:
     package = Path(__file__).resolve().parent
     checkout = package.parent / name
     return checkout if checkout.is_dir() else package / "_data" / name
+
+
+def private_dir_beside(path: str | os.PathLike[str], *, create: bool = True) -> Path | None:
+    """A directory of this user only (0700, not a symbolic link) beside ``path``, for when another
+    user holds ``path``'s name in a shared parent (a per-user cache directory made first by someone
+    else, to deny its owner the cache): the first ``NAME.*`` there that this user owns with no
+    access for group or others, else a new one (``mkdtemp``: a name nobody can take first; with
+    ``create=False``, None)."""
+    import glob
+    import stat
+
+    target = Path(path)
+    for cand in sorted(target.parent.glob(glob.escape(target.name) + ".*")):
+        try:
+            st = os.lstat(cand)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return cand
+    return Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent)) if create else None

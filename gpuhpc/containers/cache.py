@@ -6,6 +6,11 @@ instead of pulling and compressing the image again.
 - **Where:** ``[containers] node_cache_dir`` of the site config (the node's scratch, e.g.
   ``/scratch/gpuhpc-images``), one directory per uid (mode 0700): ``DIR/UID/HEX.sqsh``, HEX the
   manifest digest's. Without ``node_cache_dir`` nothing is cached (pyxis imports per job).
+  ``DIR`` must be root's (or this user's), sticky if others may write it. When another user
+  holds the name ``DIR/UID`` (made it first, or put a symlink there: a denial of service on the
+  victim's cache), it is never used nor followed: the user's images go to a private
+  ``DIR/UID.XXXXXXXX`` beside it (:func:`gpuhpc.fsutil.private_dir_beside`, reused by later jobs)
+  and the job's log says so in one line. Root's ``DIR/shared`` held by anyone else is refused.
 - **Once:** an exclusive ``flock`` on ``DIR/UID/.lock`` around the check and the import: jobs of
   one user starting together on a node wait for the first import, then reuse it.
 - **Shared:** with ``node_cache_shared = true`` root's imports (``gpuhpc image prefetch`` run as
@@ -36,6 +41,7 @@ from pathlib import Path
 
 from gpuhpc.containers.image import ImageRef, parse_ref
 from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.fsutil import private_dir_beside
 
 LOG = "imports.jsonl"
 
@@ -70,9 +76,27 @@ def settings(env: Mapping[str, str] | None = None) -> CacheSettings:
 
 
 def user_dir(s: CacheSettings, uid: int | None = None) -> Path:
-    """This user's cache directory; root's is the shared one when the site shares (``shared``)."""
-    uid = os.geteuid() if uid is None else uid
+    """This user's cache directory; root's is the shared one when the site shares (``shared``).
+    For this user, when another user holds its name: the private one beside it, if there is one."""
+    me = os.geteuid()
+    uid = me if uid is None else uid
+    d = _named_dir(s, uid)
+    if uid == me and d.name != "shared" and _foreign_owner(d) is not None:
+        return private_dir_beside(d, create=False) or d
+    return d
+
+
+def _named_dir(s: CacheSettings, uid: int) -> Path:
     return Path(s.root or "/nonexistent") / ("shared" if s.shared and uid == 0 else str(uid))
+
+
+def _foreign_owner(p: Path) -> int | None:
+    """The uid of another user who holds ``p`` (a directory, symlink or file), else None."""
+    try:
+        uid = os.lstat(p).st_uid
+    except OSError:
+        return None
+    return None if uid == os.geteuid() else uid
 
 
 def _root_only(p: Path) -> bool:
@@ -120,15 +144,35 @@ def _record(d: Path, event: str, **fields: object) -> None:
 
 
 def _private_dir(d: Path, mode: int = 0o700) -> None:
+    """``d`` made with ``mode`` (never through a symlink) unless it exists, then checked: a real
+    directory of this user, no more open than ``mode``, in a parent only root (or this user, or
+    the sticky bit) lets others change."""
     d.parent.mkdir(parents=True, exist_ok=True)
+    top = os.stat(d.parent)
+    if top.st_uid not in (0, os.geteuid()) or (top.st_mode & 0o022 and not top.st_mode & 0o1000):
+        raise GpuhpcError(f"node image cache {d.parent} (uid {top.st_uid}, mode {top.st_mode & 0o7777:04o}) lets "
+                          "other users replace your directory in it: the site makes it root's, mode 1777 or 0755")
     try:
         os.mkdir(d, mode)
-        os.chmod(d, mode)
     except FileExistsError:
         pass
+    else:
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            pass                                    # replaced since: the check below says how
+        else:
+            try:
+                os.fchmod(fd, mode)                 # mkdir's mode went through the umask
+            finally:
+                os.close(fd)
     st = os.lstat(d)
-    if not os.path.isdir(d) or os.path.islink(d) or st.st_uid != os.geteuid() or st.st_mode & 0o777 & ~mode:
-        raise GpuhpcError(f"{d} is not a directory of this user with mode {mode:04o}: remove it")
+    if os.path.islink(d) or not os.path.isdir(d) or st.st_uid != os.geteuid():
+        raise GpuhpcError(f"node image cache {d} is not a directory of yours (uid {st.st_uid} made it): "
+                          f"have root remove it")
+    if st.st_mode & 0o777 & ~mode:
+        raise GpuhpcError(f"node image cache {d} has mode {st.st_mode & 0o777:04o}: chmod {mode:o} {d} if nothing "
+                          "in it came from another user, else remove it")
 
 
 def entries(d: Path) -> list[dict]:
@@ -170,7 +214,10 @@ def ensure(ref: ImageRef, s: CacheSettings, *, importer: Callable[[ImageRef, Pat
     if os.geteuid() != 0 and (shared := shared_entry(s, ref)) is not None:
         say(f"image {ref} reused from the shared node cache ({shared})")
         return shared, False
-    d = user_dir(s)
+    d = _named_dir(s, os.geteuid())
+    if d.name != "shared" and (owner := _foreign_owner(d)) is not None:
+        taken, d = d, private_dir_beside(d) or d
+        say(f"not using node cache {taken}: uid {owner} made it, not you; using {d} instead (have root remove {taken})")
     _private_dir(d, 0o755 if d.name == "shared" else 0o700)
     name = entry_name(ref)
     path = d / name

@@ -9,8 +9,14 @@ reads, and no other user's umask decides who may write:
   ``/local/gpuhpc-cache``, owned by root, mode 1777 or 0711), ``<root>/<uid>``.
 
 Either way the user's directory must be a real directory (not a symlink), owned by the user,
-with mode 0700 (no access for group or others); gpuhpc creates it so and refuses to use one
-that is not, naming the path and the fix. Files in it are opened with ``O_NOFOLLOW``.
+with mode 0700 (no access for group or others); gpuhpc creates it so (``mkdir`` 0700, then
+``fchmod`` through an ``O_NOFOLLOW`` descriptor) and refuses to use one that is not. When
+another user holds the default directory's name (made it first, or put a symlink or a file
+there: a denial of service on the victim's cache), it is never used nor followed: the cache goes
+to a private directory beside it (``NAME.XXXXXXXX``, :func:`gpuhpc.fsutil.private_dir_beside`,
+reused by later jobs) and one line on stderr names the taken path and the fix. A directory the
+user owns with a lax mode, or a root given explicitly, is refused, naming the path and the fix.
+Files in it are opened with ``O_NOFOLLOW``.
 """
 from __future__ import annotations
 
@@ -21,11 +27,12 @@ import json
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuhpc.errors import StagingError
-from gpuhpc.fsutil import sha256_file
+from gpuhpc.fsutil import private_dir_beside, sha256_file
 
 if TYPE_CHECKING:
     from gpuhpc.staging.s3 import S3Stager, S3Url
@@ -93,9 +100,26 @@ def ensure_private_dir(path: Path) -> Path:
         raise _refuse(path, "its parent directory does not exist",
                       "create it, or set GPUHPC_SCRATCH_ROOT to node-local storage that exists") from None
     else:
-        os.chmod(path, 0o700)       # mkdir's mode went through the umask
+        try:                        # mkdir's mode went through the umask; never chmod through a link
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            pass                    # replaced since: check_private_dir says how
+        else:
+            try:
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
     check_private_dir(path)
     return path
+
+
+def foreign_owner(path: Path) -> int | None:
+    """The uid of another user who holds ``path`` (a directory, symlink or file), else None."""
+    try:
+        uid = os.lstat(path).st_uid
+    except FileNotFoundError:
+        return None
+    return None if uid == os.geteuid() else uid
 
 
 def _open_nofollow(path: Path, flags: int, mode: int = 0o600) -> int:
@@ -129,6 +153,7 @@ class NodeCache:
                  verify: str | None = None) -> None:
         self.stager = stager
         self._shared = None if root else os.environ.get("GPUHPC_NODE_CACHE_ROOT") or None
+        self._default = not root
         self.root = Path(root) if root else default_cache_root()
         self.max_bytes = max_bytes
         self.verify = verify or os.environ.get("GPUHPC_CACHE_VERIFY") or "stat"
@@ -137,7 +162,18 @@ class NodeCache:
     def _prepare(self) -> Path:
         if self._shared:
             _check_shared_root(Path(self._shared))
-        return ensure_private_dir(self.root)
+        try:
+            return ensure_private_dir(self.root)
+        except UnsafeCacheError:
+            owner = foreign_owner(self.root) if self._default else None
+            if owner is None:
+                raise
+        taken, self.root = self.root, private_dir_beside(self.root)
+        self._default = False
+        check_private_dir(self.root)
+        sys.stderr.write(f"gpuhpc: not using node cache {taken}: uid {owner} made it, not you; using {self.root} "
+                         f"instead (have root remove {taken})\n")
+        return self.root
 
     def fetch(self, url: S3Url) -> tuple[Path, bool]:
         """Return (local path, downloaded?) for an S3 prefix or object."""
