@@ -223,12 +223,20 @@ def main(argv: list[str] | None = None) -> int:
     except GpuhpcError as exc:
         _log(f"error: {exc.one_line()}")
         return 2 if isinstance(exc, UserInputError) else 1
-    # the job template signals the whole process group (this process and CMD): stay alive
-    # through them, so that the last checkpoint is uploaded after CMD exits
+    # the job template sends SIGUSR2 to this process (the program's leader): pass it on to CMD;
+    # SIGTERM reaches the whole process group. Stay alive through them, so that the last
+    # checkpoint is uploaded after CMD exits
+    started: list = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        if signum == signal.SIGUSR2 and started and started[0].poll() is None:
+            started[0].send_signal(signum)
+
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: None)
+        signal.signal(sig, forward)
     try:
         child = subprocess.Popen(cmd, env=env)
+        started.append(child)
     except OSError as exc:
         _log(f"error: cannot run {cmd[0]}: {exc.strerror}")
         return 127

@@ -119,3 +119,34 @@ def test_preemptions_past_the_cap_with_progress_complete(jobs_env, tmp_path, slu
     assert slurm.restarts(job_id) == 2
     assert log.count("after a preemption; progress") == 2, log[-3000:]
     assert "requeue cap reached" not in log
+
+
+def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
+    """SIGUSR2 goes to the program's leader only: the data-loading workers it forked (in its
+    process group, no SIGUSR2 handler of their own: dataloader_train.py, a stand-in for torch's
+    DataLoader(num_workers=2)) still answer while the leader saves at a preemption, and the job
+    resumes from that save and completes. (The template signalled the whole group: the workers
+    died, the save failed.)"""
+    progress, result = tmp_path / "progress.log", tmp_path / "result.json"
+    res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
+                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-dataloader",
+                 "--json", "--", sys.executable, str(HERE / "dataloader_train.py"), "--steps", "400",
+                 "--step-seconds", str(STEP_S), "--progress", str(progress), "--result", str(result))
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    wait_for(lambda: job_state(slurm, job_id) == "RUNNING" and progress.exists()
+             and progress.read_text().startswith("start 0 0\n"), 90, f"job {job_id} to start")
+    interrupt(slurm, job_id, "preempt", node=NODE, gres=GRES, track=track, timeout=120)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED"), 150, f"job {job_id} to end")
+
+    lines = progress.read_text().splitlines()
+    from gpuhpc.jobs.api import Job
+
+    assert job_state(slurm, job_id) == "COMPLETED", (lines, Job(job_id, client=slurm).logs()[-3000:])
+    assert not [x for x in lines if x.startswith("worker died")], lines
+    saved = [x for x in lines if x.startswith("saved ")]
+    assert len(saved) == 1 and saved[0].endswith(" 2"), lines          # both workers answered during the save
+    step = int(saved[0].split()[1])
+    assert lines[lines.index(saved[0]) + 1] == f"start 1 {step}", lines      # resumed from that save
+    assert lines[-1] == "done" and json.loads(result.read_text()) == {"step": 400}
