@@ -17,7 +17,8 @@ import math
 from decimal import Decimal
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.monitoring.usage import UTIL, Device, JobEfficiency, Prometheus, RankRow, fetch_series, idle_threshold
+from gpuhpc.monitoring.usage import (UTIL, Device, JobEfficiency, Prometheus, RankRow, fetch_series, idle_threshold,
+                                     job_series)
 
 PERIODS = {"day": 1, "week": 7, "month": 30}
 # MIG profiles a single-GPU job could move to, smallest first: (profile, memory GB)
@@ -193,7 +194,7 @@ def rank(account: str, period: str = "week", *, client=None, prom: Prometheus | 
     for r in summaries.idle_by_job(account, since, now, url=ledger_url):
         out[r.job_id] = r
     window = int((now - since).total_seconds())
-    expr = (f'sum by (job_id) (count_over_time(({UTIL}{{job_id!=""}} < {th:g})[{window}s:{step_s}s]))')
+    expr = f"sum by (job_id) (count_over_time(({job_series(f'({UTIL} < {th:g})')})[{window}s:{step_s}s]))"
     try:
         idle = {r["metric"]["job_id"]: float(r["value"][1]) * step_s / 3600 for r in prom.query(expr, at=now)}
     except GpuhpcError as exc:

@@ -1,6 +1,7 @@
-"""GPU exporter: per-GPU and per-MIG-instance metrics from NVML, labelled with the Slurm job
-and user holding each device (:mod:`gpuhpc.monitoring.jobmap`), as a prometheus_client custom
-collector (every scrape asks NVML afresh; nothing runs between scrapes).
+"""GPU exporter: per-GPU and per-MIG-instance metrics from NVML, and one ``gpuhpc_gpu_job_info``
+series per device a Slurm job holds, with the job and user (:mod:`gpuhpc.monitoring.jobmap`);
+the other series carry no job labels (queries join them in: ``JOB_JOIN``). A prometheus_client
+custom collector (every scrape asks NVML afresh; nothing runs between scrapes).
 
 GRES index order (what the job map is keyed by): GPUs in NVML index order; a GPU in MIG mode
 contributes its MIG devices in NVML's MIG index order instead of itself. That is the order
@@ -50,11 +51,13 @@ class GpuCollector:
         self.errors = 0
 
     # one sample: (metric name, label values, value)
-    def samples(self) -> list[tuple[str, tuple[str, ...], float]]:
+    def samples(self, jobs: dict[int, dict] | None = None) -> list[tuple[str, tuple[str, ...], float]]:
+        """Every sample of one scrape; ``jobs`` ({GRES index: {"job_id", "user"}}) instead of the
+        node's job map (bench/monitoring_cardinality.py)."""
         nv = self.nvml
         nv.nvmlInit()
         try:
-            jobs = jobmap.read(self.node, self.jobmap_dir)
+            jobs = jobmap.read(self.node, self.jobmap_dir) if jobs is None else jobs
             out: list[tuple[str, tuple[str, ...], float]] = []
             gres = 0
             for i in range(nv.nvmlDeviceGetCount()):
@@ -101,9 +104,12 @@ class GpuCollector:
     def _device(self, h, gres: int, profile: str, model: str, job: dict | None, *, is_mig: bool) -> list:
         """A job-assignable device (a GPU, or a MIG instance): ``gpu`` is its GRES index."""
         nv = self.nvml
-        labels = (self.node, str(gres), profile, _s(self._call(nv.nvmlDeviceGetUUID, h) or ""), model,
-                  (job or {}).get("job_id", ""), (job or {}).get("user", ""))
+        uuid = _s(self._call(nv.nvmlDeviceGetUUID, h) or "")
+        labels = (self.node, str(gres), profile, uuid, model)
         out = [("gpuhpc_gpu_info", labels, 1.0)]
+        if job and job.get("job_id"):
+            out.append(("gpuhpc_gpu_job_info", (self.node, str(gres), profile, uuid, str(job["job_id"]),
+                                                str(job.get("user", ""))), 1.0))
         util = self._call(nv.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
             out.append(("gpuhpc_gpu_utilization_percent", labels, float(util.gpu)))
@@ -118,9 +124,9 @@ class GpuCollector:
 
     def _board(self, h, model: str, labels: tuple[str, ...] | None = None) -> list:
         """Whole-board values: power, temperature, PCIe, NVLink. A GPU in MIG mode reports them
-        with empty ``gpu``/``mig``/job labels (several jobs share the board)."""
+        with empty ``gpu``/``mig`` labels (several jobs share the board)."""
         nv = self.nvml
-        labels = labels or (self.node, "", "", _s(self._call(nv.nvmlDeviceGetUUID, h) or ""), model, "", "")
+        labels = labels or (self.node, "", "", _s(self._call(nv.nvmlDeviceGetUUID, h) or ""), model)
         out = []
         p = self._call(nv.nvmlDeviceGetPowerUsage, h)
         if p is not None:

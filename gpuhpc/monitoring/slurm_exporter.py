@@ -1,5 +1,5 @@
-"""Slurm exporter: per partition, nodes by state, GPUs allocated/idle/drained/down by type,
-pending jobs and the GPUs they ask for; per running job, the GPUs it holds, the CPU time it has
+"""Slurm exporter: for the cluster (each node once) and per partition, nodes by state and GPUs
+allocated/idle/drained/down by type; per partition, pending jobs and the GPUs they ask for; per running job, the GPUs it holds, the CPU time it has
 used and its largest RSS. Asked through :class:`~gpuhpc.slurm.client.SlurmClient` on every
 scrape (``scontrol show node``, one ``squeue``, one ``sstat`` for the running jobs);
 :func:`samples` is pure, for the tests.
@@ -36,9 +36,18 @@ def samples(nodes, queue, usage=None) -> list[tuple[str, tuple[str, ...], float]
     usage = usage or {}
     node_counts: dict[tuple[str, str], int] = defaultdict(int)
     gpus: dict[tuple[str, str, str], int] = defaultdict(int)
+    cluster_nodes: dict[str, int] = defaultdict(int)
+    cluster_gpus: dict[tuple[str, str], int] = defaultdict(int)
     partitions: set[str] = set()
     for n in nodes:
         st = node_state(n.state)
+        cluster_nodes[st] += 1
+        for t, total in n.gpus_total.items():
+            alloc = min(n.gpus_alloc.get(t, 0), total)
+            cluster_gpus[(t, "alloc")] += alloc
+            cluster_gpus[(t, "drained" if st == "drain" else "down" if st == "down" else "idle")] += total - alloc
+            for s in ("alloc", "idle", "drained", "down"):
+                cluster_gpus.setdefault((t, s), 0)
         for p in n.partitions:
             partitions.add(p)
             node_counts[(p, st)] += 1
@@ -69,6 +78,12 @@ def samples(nodes, queue, usage=None) -> list[tuple[str, tuple[str, ...], float]
             for t, k in per_node.items():
                 out.append(("gpuhpc_slurm_job_gpus", (row.job_id, row.user, row.account, row.partition, t),
                             float(k * max(1, row.nodes))))
+    for st, k in sorted(cluster_nodes.items()):
+        out.append(("gpuhpc_slurm_nodes", (st,), float(k)))
+    for (t, st), k in sorted(cluster_gpus.items()):
+        out.append(("gpuhpc_slurm_gpus", (t, st), float(k)))
+    for p, t, _ in gpus:                    # a GPU type nothing pends for: 0, not no series
+        pending_gpus.setdefault((p, t), 0)
     for (p, st), k in sorted(node_counts.items()):
         out.append(("gpuhpc_slurm_partition_nodes", (p, st), float(k)))
     for (p, t, st), k in sorted(gpus.items()):

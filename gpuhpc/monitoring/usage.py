@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.monitoring import JOB_INFO, JOB_JOIN
 
 DEFAULT_URL = "http://127.0.0.1:9090"
 DEFAULT_THRESHOLD = 5.0
@@ -219,8 +220,9 @@ def fetch_series(rep: JobEfficiency, prom: Prometheus, start: dt.datetime, end: 
     # one step past the end: the last scrape of a job's GPUs may land just after Slurm's End
     stop = min((end or now) + dt.timedelta(seconds=rep.step_s), now)
     sel = f'{{job_id="{label or rep.job_id}"}}'
-    util = prom.query_range(f"{UTIL}{sel}", start, stop, rep.step_s)
-    mem = prom.query_range(f"{MEM}{sel}", start, stop, rep.step_s)
+    # the per-GPU series carry no job labels: the job's devices are those its job_info series names
+    util = prom.query_range(job_series(UTIL, sel), start, stop, rep.step_s)
+    mem = prom.query_range(job_series(MEM, sel), start, stop, rep.step_s)
     rep.devices = summarize(util, mem, threshold=rep.threshold, step_s=rep.step_s)
     for expr, values in ((CPU, rep.cpu_used), (RSS, rep.rss)):
         for series in prom.query_range(f"max({expr}{sel})", start, stop, rep.step_s):
@@ -228,6 +230,12 @@ def fetch_series(rep: JobEfficiency, prom: Prometheus, start: dt.datetime, end: 
                 if values is rep.cpu_used:
                     rep.cpu_times.append(float(t))
                 values.append(float(v))
+
+
+def job_series(metric: str, selector: str = '{job_id!=""}') -> str:
+    """PromQL: ``metric``'s per-GPU series of the devices the jobs ``selector`` picks hold, with
+    their ``job_id`` and ``user`` (joined from ``gpuhpc_gpu_job_info``)."""
+    return f"{metric} {JOB_JOIN} {JOB_INFO}{selector}"
 
 
 @dataclass

@@ -12,7 +12,9 @@
 #   127.0.0.1:$WEBHOOK_PORT (9096) that a test listens on (tests/integration/monitoring/test_alerting.py).
 #   The scrape job `probe` reads its targets from $D/probe-targets.json (file_sd; `[]` at start):
 #   a test points it at a closed port and the real GpuhpcTargetDown rule (`for: $TARGET_DOWN_FOR`, 0s) fires.
-# `start` on a running set re-renders the rules and config and reloads Prometheus and Alertmanager (SIGHUP).
+# `start` on a running set re-renders the rules and config and reloads Prometheus and Alertmanager (SIGHUP);
+#   it restarts the gpuhpc exporters whose code (gpuhpc/monitoring, gpuhpc/slurm or tests/standins) changed
+#   since they started.
 # `start` prints the environment the monitoring tests read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,6 +34,16 @@ launch() {  # name, then the command
   alive "$name" && return 0
   setsid "$@" > "$D/$name.log" 2>&1 < /dev/null &
   echo $! > "$D/$name.pid"
+}
+refresh() {  # name, then its code's directories: an exporter started before its code last changed is
+  # stopped (`launch` starts it again)
+  local name=$1; shift
+  alive "$name" && [ -n "$(find "$@" -name '*.py' -newer "$D/$name.pid" -print -quit)" ] || return 0
+  set -- "$name"
+  local pid; pid=$(cat "$D/$1.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$D/$1.pid"
 }
 wait_http() {  # name url
   for _ in $(seq 300); do
@@ -90,7 +102,10 @@ AMEOF
     echo "rule_files: [$D/rules.yml]"
     echo "alerting: {alertmanagers: [{static_configs: [{targets: ['127.0.0.1:$AM_PORT']}]}]}"
     echo "scrape_configs:"
-    echo "  - {job_name: node, static_configs: [{targets: ['127.0.0.1:9100'], labels: {node: $(hostname -s)}}]}"
+    # the local nodes all run on this host: its node exporter is each one's (labelled as the role labels them)
+    echo "  - job_name: node"
+    echo "    static_configs:"
+    for n in "$(hostname -s)" "${NODES[@]}" cpu-node1; do echo "      - {targets: ['127.0.0.1:9100'], labels: {node: $n}}"; done
     echo "  - {job_name: slurm, static_configs: [{targets: ['127.0.0.1:9410']}]}"
     echo "  - {job_name: probe, file_sd_configs: [{files: ['$D/probe-targets.json']}]}"
     echo "  - job_name: gpu"
@@ -100,9 +115,11 @@ AMEOF
     for n in "${NODES[@]}"; do echo "      - {targets: ['127.0.0.1:$port'], labels: {node: $n}}"; port=$((port + 1)); done
   } > "$D/prometheus.yml"
   launch node-exporter /usr/bin/prometheus-node-exporter --web.listen-address=127.0.0.1:9100
+  refresh slurm-exporter gpuhpc/monitoring gpuhpc/slurm
   launch slurm-exporter "$PY" -m gpuhpc.monitoring.slurm_exporter --port 9410
   port=9411
   for n in "${NODES[@]}"; do
+    refresh "gpu-exporter-$n" gpuhpc/monitoring tests/standins
     GPUHPC_NVML_STANDIN="$D/nvml/$n.json" GPUHPC_JOBMAP_DIR="$D/jobmap" GPUHPC_NVML_MODULE=standins.nvml_standin \
       launch "gpu-exporter-$n" "${STANDINS[@]}" "$PY" -m gpuhpc.monitoring.gpu_exporter --node "$n" --port $port
     port=$((port + 1))

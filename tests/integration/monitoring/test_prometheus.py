@@ -21,6 +21,7 @@ import pytest
 
 from gpuhpc.monitoring import RECORDED
 from gpuhpc.monitoring.promql import dashboard_exprs, metric_names
+from gpuhpc.monitoring.usage import job_series
 from gpuhpc.slurm.client import SlurmClient
 from standins import nvml_standin
 
@@ -94,14 +95,17 @@ def test_running_jobs_gpu_series_carry_job_id_mig_included(tmp_path):
         st = json.loads(saved[node])
         st["gpus"][idx[0]]["util"] = 93
         nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
-        res = wait_for(f'gpuhpc_gpu_utilization_percent{{job_id="{gpu_job}"}}', 2)
+        # the job's labels come from its job_info series (the per-GPU series carry none)
+        sel = f'{{job_id="{gpu_job}"}}'
+        res = wait_for(job_series("gpuhpc_gpu_utilization_percent", sel), 2)
         assert len(res) == 2, res
         assert {r["metric"]["user"] for r in res} == {user} and {r["metric"]["node"] for r in res} == {node}
         assert sorted(int(r["metric"]["gpu"]) for r in res) == idx
-        busy = wait_for(f'gpuhpc_gpu_utilization_percent{{job_id="{gpu_job}"}} > 50', 1)
+        busy = wait_for(f'({job_series("gpuhpc_gpu_utilization_percent", sel)}) > 50', 1)
         assert [int(r["metric"]["gpu"]) for r in busy] == [idx[0]]
 
-        res = wait_for(f'gpuhpc_gpu_memory_used_bytes{{job_id="{mig_job}"}}', 1)
+        res = wait_for(job_series("gpuhpc_gpu_memory_used_bytes", f'{{job_id="{mig_job}"}}'), 1)
+        assert not query(f'gpuhpc_gpu_memory_used_bytes{{job_id="{mig_job}"}}')     # no job label on it
         assert len(res) == 1 and res[0]["metric"]["mig"] == "3g.40gb", res
         assert [int(r["metric"]["gpu"]) for r in res] == jobs[1][1]["mig-node1"]
         # recording rule: the job's mean utilisation

@@ -65,17 +65,18 @@ def test_waste_alert_fires_within_15_minutes_of_a_held_gpu_going_idle(tmp_path):
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
     interval = defaults["gpuhpc_monitoring_scrape_interval"]
     (tmp_path / "rules.yml").write_text(render("gpuhpc-rules.yml.j2"))
-    m = 'gpuhpc_gpu_utilization_percent{node="n1",gpu="%s"%s}'
-    held = ',job_id="77",user="alice"'
+    m = 'gpuhpc_gpu_utilization_percent{node="n1",gpu="%s"}'
+    held = 'gpuhpc_gpu_job_info{node="n1",gpu="%s",job_id="77",user="alice"}'
     idle_at_0 = _alert("n1", "2", "77", "alice")
     idle_at_20 = _alert("n1", "3", "77", "alice")
     tests = {"rule_files": ["rules.yml"], "evaluation_interval": interval, "tests": [{
         "interval": interval,
         "input_series": [
-            {"series": m % ("2", held), "values": "0x200"},                  # idle from t0
-            {"series": m % ("0", held), "values": "90x200"},                 # busy throughout
-            {"series": m % ("5", ""), "values": "0x200"},                    # idle, no job holds it
-            {"series": m % ("3", held), "values": "80x39 3x160"},            # busy, then idle from 20m
+            {"series": m % "2", "values": "0x200"},                  # idle from t0
+            {"series": m % "0", "values": "90x200"},                 # busy throughout
+            {"series": m % "5", "values": "0x200"},                  # idle, no job holds it
+            {"series": m % "3", "values": "80x39 3x160"},            # busy, then idle from 20m
+            *({"series": held % g, "values": "1x200"} for g in ("2", "0", "3")),     # job 77 holds 0, 2, 3
         ],
         "alert_rule_test": [
             {"eval_time": "9m", "alertname": "GpuhpcIdleGpuHeld", "exp_alerts": []},

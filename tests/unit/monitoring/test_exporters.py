@@ -49,9 +49,13 @@ def test_gpu_exporter_labels_devices_with_their_jobs(states, tmp_path, monkeypat
     jm = tmp_path / "jm"
     jobmap.assign("gpu-node1", "1234", "alice", [2, 3], str(jm))
     got = _scrape(GpuCollector("gpu-node1", jobmap_dir=str(jm)))
-    util = {s.labels["gpu"]: (s.value, s.labels["job_id"], s.labels["user"]) for s in got["gpuhpc_gpu_utilization_percent"]}
-    assert len(util) == 8
-    assert util["2"] == (97.0, "1234", "alice") and util["3"] == (0.0, "1234", "alice") and util["0"][1] == ""
+    util = {s.labels["gpu"]: s.value for s in got["gpuhpc_gpu_utilization_percent"]}
+    assert len(util) == 8 and util["2"] == 97.0 and util["3"] == 0.0
+    # the job and user: one job_info series per held GPU, and on no other series
+    jobs = {s.labels["gpu"]: (s.value, s.labels["job_id"], s.labels["user"]) for s in got["gpuhpc_gpu_job_info"]}
+    assert jobs == {"2": (1.0, "1234", "alice"), "3": (1.0, "1234", "alice")}
+    assert all("job_id" not in s.labels and "user" not in s.labels
+               for name, ss in got.items() if name != "gpuhpc_gpu_job_info" for s in ss)
     exported = {n[: -len("_total")] if n.endswith("_total") else n for n in got} | set(got)
     for name in METRICS:
         if name.startswith("gpuhpc_gpu_"):
@@ -67,12 +71,33 @@ def test_gpu_exporter_mig_instances_get_job_labels(states, tmp_path, monkeypatch
     got = _scrape(GpuCollector("mig-node1", jobmap_dir=str(jm)))
     info = [s.labels for s in got["gpuhpc_gpu_info"]]
     assert [i["mig"] for i in info] == ["1g.10gb"] * 7 + ["3g.40gb"] * 2
-    assert [(i["gpu"], i["job_id"], i["user"]) for i in info if i["job_id"]] == [("8", "77", "bob")]
-    # board values once per physical GPU, without job labels (several jobs share a board)
+    assert [(i["gpu"], i["mig"], i["job_id"], i["user"]) for i in (s.labels for s in got["gpuhpc_gpu_job_info"])] \
+        == [("8", "3g.40gb", "77", "bob")]
+    # board values once per physical GPU, with no GPU index (several jobs share a board)
     power = got["gpuhpc_gpu_power_watts"]
-    assert len(power) == 2 and all(s.labels["job_id"] == "" and s.labels["gpu"] == "" for s in power)
+    assert len(power) == 2 and all(s.labels["gpu"] == "" for s in power)
     mem = {s.labels["gpu"]: s.value for s in got["gpuhpc_gpu_memory_total_bytes"]}
     assert mem["0"] == 10 * 2**30 and mem["8"] == 40 * 2**30
+
+
+def test_per_gpu_series_do_not_change_with_the_job(states, tmp_path, monkeypatch):
+    """Cardinality: a new job on a GPU makes one new series (its job_info), not one per metric.
+    The per-GPU series are the same set whichever job (or none) holds the GPUs."""
+    monkeypatch.setenv("GPUHPC_NVML_STANDIN", str(states / "gpu-node1.json"))
+    jm = tmp_path / "jm"
+
+    def series(job: str | None) -> tuple[set, set]:
+        jobmap.release("gpu-node1", "1", base=str(jm))
+        jobmap.release("gpu-node1", "2", base=str(jm))
+        if job:
+            jobmap.assign("gpu-node1", job, f"user{job}", list(range(8)), str(jm))
+        got = _scrape(GpuCollector("gpu-node1", jobmap_dir=str(jm)))
+        ids = {(name, tuple(sorted(s.labels.items()))) for name, ss in got.items() for s in ss}
+        return ({i for i in ids if i[0] != "gpuhpc_gpu_job_info"}, {i for i in ids if i[0] == "gpuhpc_gpu_job_info"})
+
+    (none, none_jobs), (a, a_jobs), (b, b_jobs) = series(None), series("1"), series("2")
+    assert none == a == b and len(a) > 8 * 9
+    assert none_jobs == set() and len(a_jobs) == len(b_jobs) == 8 and not a_jobs & b_jobs
 
 
 def test_unsupported_values_are_left_out_not_errors(states, monkeypatch):
@@ -135,6 +160,13 @@ def test_slurm_exporter_partition_counts():
     assert got[("gpuhpc_slurm_partition_pending_gpus", ("gpu", "h100"))] == 16
     assert got[("gpuhpc_slurm_partition_pending_jobs", ("all",))] == 1
     assert got[("gpuhpc_slurm_job_gpus", ("2", "u", "a", "gpu", "h100"))] == 2
+    assert got[("gpuhpc_slurm_partition_pending_gpus", ("gpu-hi", "h100"))] == 0      # nothing pends: 0
+    # the cluster: each node once, though gpu-node1 is in three partitions (no partition named "all" needed)
+    assert {k[1]: v for k, v in got.items() if k[0] == "gpuhpc_slurm_gpus" and v} == {
+        ("h100", "alloc"): 2, ("h100", "idle"): 6, ("h100", "drained"): 8, ("1g.10gb", "down"): 7,
+        ("3g.40gb", "down"): 2}
+    assert {k[1][0]: v for k, v in got.items() if k[0] == "gpuhpc_slurm_nodes"} == \
+        {"mixed": 1, "drain": 1, "down": 1, "alloc": 1}
     assert {m for m, _ in got} <= set(METRICS)
 
 
@@ -153,6 +185,24 @@ def test_dashboard_queries_name_exported_metrics(name):
         assert names <= _known(), f"{name}: {title!r}: unknown {names - _known()}"
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("name", ["cluster", "partition", "node", "job"])
+def test_dashboard_panels_follow_the_dashboards_variables(name):
+    """Every panel of a dashboard with a $node, $partition or $job_id variable is filtered by it,
+    and no dashboard names a node, partition or job itself (`partition="all"` is the local
+    cluster's partition, not every site's)."""
+    import re
+
+    d = json.loads((PKG / "dashboards" / f"{name}.json").read_text())
+    variables = [v["name"] for v in d.get("templating", {}).get("list", []) if v.get("type") == "query"]
+    for title, expr in dashboard_exprs(d):
+        if title.startswith("$"):
+            continue
+        for label, value in re.findall(r'\b(partition|node|job_id)\s*=~?\s*"([^"]*)"', expr):
+            assert value == f"${label}", f"{name}: {title!r} names {label}={value!r} itself: {expr}"
+        for var in variables:
+            assert f"${var}" in expr, f"{name}: {title!r} is not filtered by ${var}: {expr}"
 
 
 def test_rules_read_and_record_known_metrics():
