@@ -57,13 +57,20 @@ def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None =
 
         report = run_deep(node, runner, spec, baselines=baselines)
     else:
-        report = collect.run_checks(node, runner, spec, mode=mode, record=apply)
+        info = None
+        if mode == "full":
+            # the full checks need the node as Slurm knows it: whether a job runs there (GPU
+            # processes left), its RealMemory and CPUs (host); the decision below reads it too
+            client = client or SlurmClient(runner)
+            info = client.node(node)
+        report = collect.run_checks(node, runner, spec, mode=mode, record=apply, slurm_node=info)
     if mode == "prolog" and report.healthy:
         # every job start runs the prolog: a healthy node asks slurmctld nothing (resuming a node
         # gpuhpc drained is HealthCheckProgram's job; a drained node starts no jobs anyway)
         return Outcome(report, Decision(Action.NONE, None, "healthy (prolog: slurmctld not asked)"))
-    client = client or SlurmClient(runner)
-    info = client.node(node)
+    if mode != "full":
+        client = client or SlurmClient(runner)
+        info = client.node(node)
     perf, held = None, None
     if mode == "full":
         # one throttled sample drains nothing: perf failures count over the last samples

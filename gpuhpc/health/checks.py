@@ -462,6 +462,340 @@ def check_munge(encode_rc: int, decode_rc: int, decode_out: str) -> Result:
     return ok(name, "credential round trip", SW)
 
 
+# ------------------------------------------------------------------ GPU processes left after a job
+def parse_compute_apps(text: str) -> list[tuple[str, str]]:
+    """``nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader`` -> [(pid, name)]."""
+    out = []
+    for line in text.splitlines():
+        pid, sep, pname = line.partition(",")
+        if sep and pid.strip().isdigit():
+            out.append((pid.strip(), pname.strip()))
+    return out
+
+
+# the GPU processes a node runs without a job: DCGM's host engine and diagnostics, the deep checks'
+# nccl test, the exporters (spec ``gpu_processes: {ignore: [...]}`` replaces the list)
+GPU_PROCESS_IGNORE = ("nv-hostengine", "nvvs", "dcgmi", "dcgm-exporter", "all_reduce_perf")
+
+
+def check_gpu_processes(text: str, *, jobs_running: bool | None,
+                        ignore: Sequence[str] = GPU_PROCESS_IGNORE) -> Result:
+    """Compute processes on the GPUs while the node runs no job (a job's process that outlived it:
+    stuck in the driver, or escaped its cgroup). ``jobs_running``: whether Slurm runs a job on the
+    node (None: unknown, skipped). A process whose name (basename) is in ``ignore`` does not count.
+    DEV: the node returns once the processes are gone."""
+    name = "gpu-procs"
+    if jobs_running is None:
+        return skip(name, "the node's jobs are not known", DEV)
+    if jobs_running:
+        return ok(name, "jobs run here: their GPU processes are theirs", DEV)
+    left = [(pid, pname) for pid, pname in parse_compute_apps(text)
+            if pname.rsplit("/", 1)[-1] not in set(ignore)]
+    if not left:
+        return ok(name, "no GPU processes without a job", DEV)
+    first = ", ".join(f"{pid} {pname.rsplit('/', 1)[-1] or '?'}" for pid, pname in left[:3])
+    return fail(name, f"gpu processes left: {first}{f' (+{len(left) - 3} more)' if len(left) > 3 else ''}", DEV)
+
+
+def jobs_running(state: str) -> bool:
+    """Whether a Slurm node state (``scontrol show node``'s, ``MIXED+DRAIN``) says a job runs there:
+    ALLOCATED or MIXED. A COMPLETING node whose base state is IDLE runs none (its Epilog does)."""
+    base = state.upper().split("+", 1)[0]
+    return base in ("ALLOCATED", "ALLOC", "MIXED")
+
+
+# ------------------------------------------------------------------ host memory and CPUs
+def parse_meminfo_total_kb(text: str) -> int | None:
+    """``/proc/meminfo``'s ``MemTotal`` in KiB."""
+    for line in text.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+    return None
+
+
+def check_host(meminfo_text: str | None, cpus_text: str | None, *, memory_mb: int | None,
+               cpus: int | None) -> Result:
+    """The host's memory (``/proc/meminfo`` MemTotal, MiB) is at least ``memory_mb`` (the node's
+    RealMemory) and its online CPUs (``getconf _NPROCESSORS_ONLN``) at least ``cpus``: less means
+    a DIMM or a CPU the kernel lost (HW, sticky). Skipped when the spec asks for neither."""
+    name = "host"
+    if memory_mb is None and cpus is None:
+        return skip(name, "no host memory or cpus in the spec")
+    bad, seen = [], []
+    if memory_mb is not None:
+        kb = parse_meminfo_total_kb(meminfo_text or "")
+        if kb is None:
+            bad.append("host memory unreadable")
+        elif kb // 1024 < memory_mb:
+            bad.append(f"host memory {kb // 1024}/{memory_mb} MB")
+        else:
+            seen.append(f"{kb // 1024} MB")
+    if cpus is not None:
+        n = _num(cpus_text or "")
+        if n is None:
+            bad.append("host cpus unreadable")
+        elif n < cpus:
+            bad.append(f"host cpus {n}/{cpus}")
+        else:
+            seen.append(f"{n} cpus")
+    if bad:
+        return fail(name, "; ".join(bad))
+    return ok(name, ", ".join(seen))
+
+
+# ------------------------------------------------------------------ filesystems mounted and writable
+def parse_mount_options(text: str) -> dict[str, set[str]]:
+    """``/proc/mounts`` -> {mount point: its options} (the last mount of a point wins, as the kernel shows it)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            out[parts[1].replace("\\040", " ")] = set(parts[3].split(","))
+    return out
+
+
+def check_filesystems(required: Sequence[str], mounts_text: str, probes: Mapping[str, str | None]) -> Result:
+    """Each of ``required`` is a mount point, mounted read-write, and root could create and delete
+    a file there. ``probes``: {path: None when the write and delete worked, else what failed} (a
+    path that is not mounted is never written: the write would land on the directory below)."""
+    name = "filesystems"
+    if not required:
+        return skip(name, "no filesystems in the spec", SW)
+    opts = parse_mount_options(mounts_text)
+    bad = []
+    for path in required:
+        p = path.rstrip("/") or "/"
+        if p not in opts:
+            bad.append(f"fs {p} not mounted")
+        elif "ro" in opts[p]:
+            bad.append(f"fs {p} read-only")
+        elif p not in probes:
+            bad.append(f"fs {p} not tested")
+        elif probes[p] is not None:
+            bad.append(f"fs {p} not writable ({probes[p]})")
+    if bad:
+        return fail(name, "; ".join(bad), SW)
+    return ok(name, f"{len(required)} mounted and writable", SW)
+
+
+# ------------------------------------------------------------------ PCIe link
+PCIE_FIELDS = ("index", "pcie.link.gen.current", "pcie.link.width.current", "pcie.link.gen.max",
+               "pcie.link.width.max")
+
+
+def check_pcie(csv_text: str, *, width: int | None = None) -> Result:
+    """``nvidia-smi --query-gpu=<PCIE_FIELDS> --format=csv,noheader``: each GPU's link width is its
+    maximum (or ``width`` when the spec says): a narrower link (x8 of x16) is a bad riser, cable or
+    slot (HW). The generation is not compared: GPUs lower it when idle (gen 1 of 5 at rest) and
+    raise it under load, so a lower one proves nothing in a regular run."""
+    name = "pcie"
+    rows, bad, gens = 0, [], set()
+    for line in csv_text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != len(PCIE_FIELDS):
+            continue
+        i, gen, cur, gmax, wmax = (_num(x) for x in cells)
+        if i is None or cur is None:
+            continue
+        rows += 1
+        want = width if width is not None else wmax
+        if want is not None and cur < want:
+            bad.append(f"pcie gpu{i} x{cur}/x{want}")
+        if gen is not None:
+            gens.add(f"{gen}/{gmax if gmax is not None else '?'}")
+    if not rows:
+        return skip(name, "no PCIe link figures from nvidia-smi")
+    if bad:
+        return fail(name, "; ".join(bad))
+    return ok(name, f"{rows} GPUs at full width (gen {', '.join(sorted(gens))}: idle GPUs lower it)")
+
+
+# ------------------------------------------------------------------ NVLink
+_NVL_GPU = re.compile(r"^GPU (\d+):")
+_NVL_LINK = re.compile(r"^Link (\d+):\s*(.*)$")
+
+
+def parse_nvlink_status(text: str) -> dict[int, dict[int, float | None]]:
+    """``nvidia-smi nvlink --status`` -> {gpu: {link: GB/s, None when inactive}}."""
+    out: dict[int, dict[int, float | None]] = {}
+    gpu = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = _NVL_GPU.match(line)
+        if m:
+            gpu = int(m.group(1))
+            out[gpu] = {}
+            continue
+        m = _NVL_LINK.match(line)
+        if m and gpu is not None:
+            speed = re.match(r"([\d.]+)\s*GB/s", m.group(2))
+            out[gpu][int(m.group(1))] = float(speed.group(1)) if speed else None
+    return out
+
+
+def check_nvlink(text: str | None, *, links: int | None, min_gbps: float | None = None) -> Result:
+    """Every GPU has ``links`` NVLinks up, each at ``min_gbps`` GB/s or more (spec ``nvlink:``).
+    An inactive or slow link, or a GPU with fewer links, is HW (sticky): NCCL falls back to PCIe
+    or hangs. Skipped when the spec asks for no NVLink."""
+    name = "nvlink"
+    if links is None:
+        return skip(name, "no nvlink in the spec")
+    if text is None:
+        return fail(name, "nvlink state unreadable (nvidia-smi nvlink --status)")
+    gpus = parse_nvlink_status(text)
+    if not gpus:
+        return fail(name, "nvlink no GPUs listed")
+    bad = []
+    for g, ls in sorted(gpus.items()):
+        down = [str(k) for k, v in sorted(ls.items()) if not v]     # <inactive>, or 0 GB/s
+        slow = [f"{k} {v:g}" for k, v in sorted(ls.items()) if v is not None and min_gbps and v < min_gbps]
+        if down:
+            bad.append(f"nvlink gpu{g} link {','.join(down)} inactive")
+        if slow:
+            bad.append(f"nvlink gpu{g} link {'; '.join(slow)} GB/s < {min_gbps:g}")
+        if len(ls) < links:
+            bad.append(f"nvlink gpu{g} links {len(ls)}/{links}")
+    if bad:
+        return fail(name, "; ".join(bad))
+    return ok(name, f"{len(gpus)} GPUs x {links} links up")
+
+
+# ------------------------------------------------------------------ InfiniBand error counters
+IB_COUNTERS = ("link_downed", "symbol_error")
+
+
+def parse_ib_counters(text: str) -> dict[str, dict[str, int]]:
+    """``grep -H . /sys/class/infiniband/*/ports/*/counters/{link_downed,symbol_error}`` (one
+    ``PATH:VALUE`` a line) -> {"mlx5_0/1": {"link_downed": 0, "symbol_error": 0}}."""
+    out: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        path, sep, value = line.rpartition(":")
+        m = re.search(r"/infiniband/([^/]+)/ports/(\d+)/counters/(\w+)$", path)
+        if sep and m and value.strip().isdigit():
+            out.setdefault(f"{m.group(1)}/{m.group(2)}", {})[m.group(3)] = int(value.strip())
+    return out
+
+
+def ib_counters_state(text: str | None, boot_id: str) -> dict[str, dict[str, int]] | None:
+    """The previous run's counters from the state file (``{"boot": ..., "counters": ...}``), None
+    when there are none for this boot (the counters restart at 0 with a boot)."""
+    import json
+
+    try:
+        data = json.loads(text) if text and text.strip() else None
+        if not isinstance(data, dict) or data.get("boot") != boot_id:
+            return None
+        return {str(k): {str(c): int(n) for c, n in v.items()} for k, v in data["counters"].items()}
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
+
+
+def ib_counters_text(counters: Mapping[str, Mapping[str, int]], boot_id: str) -> str:
+    import json
+
+    return json.dumps({"boot": boot_id, "counters": counters}, sort_keys=True) + "\n"
+
+
+def check_ib_counters(now: Mapping[str, Mapping[str, int]], prev: Mapping[str, Mapping[str, int]] | None, *,
+                      max_link_downed: int = 0, max_symbol_errors: int = 0) -> Result:
+    """Growth of each port's ``link_downed`` (a link flap: the port went down and retrained) and
+    ``symbol_error`` (a bad cable or transceiver) since the previous run in this boot, against the
+    allowed growth per run. DEV: the node returns on the next run without new errors. The first
+    run of a boot (``prev`` None) only records; a counter lower than before (cleared, ``perfquery
+    -R``) counts from zero."""
+    name = "ib-errors"
+    if not now:
+        return skip(name, "no IB error counters", DEV)
+    if prev is None:
+        return ok(name, f"{len(now)} ports: counters recorded", DEV)
+    bad = []
+    for port, cs in sorted(now.items()):
+        before = prev.get(port, {})
+        for counter, limit, label in (("link_downed", max_link_downed, "link downed"),
+                                      ("symbol_error", max_symbol_errors, "symbol errors")):
+            if counter not in cs or counter not in before:
+                continue                 # a port or counter new since the last run: its baseline
+            grew = cs[counter] - before[counter] if cs[counter] >= before[counter] else cs[counter]
+            if grew > limit:
+                bad.append(f"ib {port} {label} +{grew}")
+    if bad:
+        return fail(name, "; ".join(bad), DEV)
+    return ok(name, f"{len(now)} ports: no new link flaps or symbol errors", DEV)
+
+
+# ------------------------------------------------------------------ GPUDirect RDMA: nv_peermem
+PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
+
+
+def check_peermem(modules_text: str | None, *, required: bool) -> Result:
+    """``/proc/modules`` lists ``nvidia_peermem`` (or the older ``nv_peer_mem``) where the spec
+    says GPUDirect RDMA is used (``gpudirect: true``): without it NCCL silently copies through
+    host memory. SW: ``modprobe nvidia_peermem`` fixes it."""
+    name = "nv-peermem"
+    if not required:
+        return skip(name, "no gpudirect in the spec", SW)
+    loaded = {line.split()[0] for line in (modules_text or "").splitlines() if line.split()}
+    found = [m for m in PEERMEM_MODULES if m in loaded]
+    if not found:
+        return fail(name, "nv_peermem not loaded", SW)
+    return ok(name, f"{found[0]} loaded", SW)
+
+
+# ------------------------------------------------------------------ Fabric Manager (NVSwitch systems)
+def parse_fabric(q_text: str) -> list[tuple[str, str, str]]:
+    """``nvidia-smi -q`` -> [(GPU bus id, fabric State, fabric Status)] for GPUs with a Fabric
+    section (driver 530 and newer)."""
+    out, gpu, in_fabric, cur, fabric_indent = [], None, False, {}, 0
+    for raw in q_text.splitlines():
+        m = re.match(r"^GPU ([0-9A-Fa-f:.]+)\s*$", raw)
+        if m:
+            gpu, in_fabric = m.group(1), False
+            continue
+        line = raw.strip()
+        indent = len(raw) - len(raw.lstrip())
+        if line == "Fabric" and gpu is not None:
+            in_fabric, cur, fabric_indent = True, {}, indent
+            continue
+        if in_fabric:
+            if indent <= fabric_indent or ":" not in line:
+                in_fabric = False
+                if cur:
+                    out.append((gpu, cur.get("state", ""), cur.get("status", "")))
+                continue
+            k, v = (x.strip() for x in line.split(":", 1))
+            cur[k.lower()] = v
+    if in_fabric and cur:
+        out.append((gpu, cur.get("state", ""), cur.get("status", "")))
+    return out
+
+
+def check_fabric_manager(q_text: str | None, service_state: str | None, *, required: bool) -> Result:
+    """On an NVSwitch system (spec ``fabric_manager: true``) every GPU's fabric registration is
+    done (``nvidia-smi -q``: Fabric State ``Completed``, Status ``Success``); where the driver shows
+    no fabric state, the ``nvidia-fabricmanager`` service is active (``systemctl is-active``).
+    Without it every CUDA init fails while ``nvidia-smi -L`` lists all GPUs. HW (sticky): the GPUs
+    need a reset with the Fabric Manager restarted, an admin's work."""
+    name = "fabric-manager"
+    if not required:
+        return skip(name, "no fabric_manager in the spec")
+    gpus = [(bus, st, status) for bus, st, status in parse_fabric(q_text or "")
+            if st and st.upper() not in ("N/A", "NOT SUPPORTED")]
+    if gpus:
+        bad = [(bus, st, status) for bus, st, status in gpus if st != "Completed" or status != "Success"]
+        if bad:
+            bus, st, status = bad[0]
+            more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+            return fail(name, f"fabric manager gpu {bus} {st.lower()} {status.lower()}{more}".strip())
+        return ok(name, f"{len(gpus)} GPUs registered with the fabric")
+    if service_state is None:
+        return fail(name, "fabric manager state unknown (no fabric state, no systemctl)")
+    if service_state.strip() != "active":
+        return fail(name, f"fabric manager {service_state.strip() or 'inactive'}")
+    return ok(name, "nvidia-fabricmanager active")
+
+
 @dataclass
 class Report:
     """All results of one run on one node."""

@@ -11,6 +11,14 @@ the rest is here::
     state_dir: /var/lib/gpuhpc/health   # XID high-water marks, perf samples
     perf: {fail_samples: 3, window: 5, min_drain_s: 600}   # perf drains: 3 of the last 5 samples
     deep: {dcgm_level: 2, nccl_min_ratio: 0.9, timeout_s: 1800}   # gpuhpc.health.deep
+    host: {memory_mb: slurm, cpus: slurm}   # at least the node's RealMemory / CPUs (or a number)
+    filesystems: [/scratch, /shared]    # mount points, read-write, root can create a file
+    pcie: {width: 16}                   # default: each GPU's maximum link width
+    nvlink: {links: 18, min_gbps: 26}   # per GPU; omit for no NVLink
+    ib: {min_rate: 400, ports: 8, max_link_downed: 0, max_symbol_errors: 0}   # per run
+    gpudirect: true                     # nv_peermem loaded
+    fabric_manager: true                # NVSwitch system: fabric registration / nvidia-fabricmanager
+    gpu_processes: {ignore: [nv-hostengine, nvvs, dcgmi, dcgm-exporter, all_reduce_perf]}
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.health.checks import Hysteresis, Thresholds
+from gpuhpc.health.checks import GPU_PROCESS_IGNORE, Hysteresis, Thresholds
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,18 @@ class HealthSpec:
     deep_nccl_min_ratio: float = 0.9         # all-reduce bus bandwidth below this × the baseline drains
     deep_timeout_s: float = 1800
     hysteresis: Hysteresis = field(default_factory=Hysteresis)
+    # host memory (MiB) and CPUs: None not checked, "slurm" the node's RealMemory / CPUs in Slurm
+    host_memory_mb: int | str | None = None
+    host_cpus: int | str | None = None
+    filesystems: tuple[str, ...] = ()          # mounted, read-write, writable by root
+    pcie_width: int | None = None              # None: each GPU's own maximum
+    nvlink_links: int | None = None            # NVLinks per GPU; None: not checked
+    nvlink_min_gbps: float | None = None
+    ib_max_link_downed: int = 0                # allowed growth per run of link_downed
+    ib_max_symbol_errors: int = 0              # ... and of symbol_error
+    gpudirect: bool = False                    # nv_peermem must be loaded
+    fabric_manager: bool = False               # an NVSwitch system: the fabric must be up
+    gpu_process_ignore: tuple[str, ...] = GPU_PROCESS_IGNORE
 
     def gres_conf_path(self, slurm_conf: str | None) -> str:
         if self.gres_conf:
@@ -45,7 +65,8 @@ class HealthSpec:
         return os.path.join(os.path.dirname(slurm_conf or "/etc/slurm/slurm.conf"), "gres.conf")
 
 
-_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir", "deep", "perf"}
+_TOP = {"gres_conf", "scratch", "mounts", "ib", "thresholds", "state_dir", "deep", "perf", "host", "filesystems",
+        "pcie", "nvlink", "gpudirect", "fabric_manager", "gpu_processes"}
 
 
 def load(text: str, source: str = "health spec") -> HealthSpec:
@@ -74,7 +95,22 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
         return v
 
     scratch = sub("scratch", {"path", "min_free_gb", "must_be_mount"})
-    ib = sub("ib", {"min_rate", "ports"})
+    ib = sub("ib", {"min_rate", "ports", "max_link_downed", "max_symbol_errors"})
+    host = sub("host", {"memory_mb", "cpus"})
+    for key in ("memory_mb", "cpus"):
+        v = host.get(key)
+        if v is not None and v != "slurm" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise UserInputError(f"expected a whole number or 'slurm', got {v!r}", field=f"{source}.host.{key}",
+                                 hint="'slurm': the node's RealMemory / CPUs as Slurm knows them")
+    pcie = sub("pcie", {"width"})
+    nvlink = sub("nvlink", {"links", "min_gbps"})
+    procs = sub("gpu_processes", {"ignore"})
+    ignore = procs.get("ignore", list(GPU_PROCESS_IGNORE))
+    if not isinstance(ignore, list) or not all(isinstance(x, str) and x for x in ignore):
+        raise UserInputError("expected a list of process names", field=f"{source}.gpu_processes.ignore")
+    for key in ("gpudirect", "fabric_manager"):
+        if not isinstance(data.get(key, False), bool):
+            raise UserInputError(f"expected true or false, got {data[key]!r}", field=f"{source}.{key}")
     deep = sub("deep", {"dcgm_level", "nccl_min_ratio", "timeout_s"})
     if deep.get("dcgm_level", 2) not in (1, 2, 3, 4):
         raise UserInputError("dcgm_level must be 1, 2, 3 or 4", field=f"{source}.deep.dcgm_level")
@@ -85,6 +121,9 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
     mounts = data.get("mounts") or []
     if not isinstance(mounts, list) or not all(isinstance(m, str) and m.startswith("/") for m in mounts):
         raise UserInputError("expected a list of absolute paths", field=f"{source}.mounts")
+    filesystems = data.get("filesystems") or []
+    if not isinstance(filesystems, list) or not all(isinstance(m, str) and m.startswith("/") for m in filesystems):
+        raise UserInputError("expected a list of absolute paths", field=f"{source}.filesystems")
     try:
         return HealthSpec(
             gres_conf=data.get("gres_conf"),
@@ -99,6 +138,15 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
             deep_nccl_min_ratio=float(deep.get("nccl_min_ratio", 0.9)),
             deep_timeout_s=float(deep.get("timeout_s", 1800)),
             hysteresis=hyst,
+            host_memory_mb=host.get("memory_mb"), host_cpus=host.get("cpus"),
+            filesystems=tuple(filesystems),
+            pcie_width=int(pcie["width"]) if pcie.get("width") is not None else None,
+            nvlink_links=int(nvlink["links"]) if nvlink.get("links") is not None else None,
+            nvlink_min_gbps=float(nvlink["min_gbps"]) if nvlink.get("min_gbps") is not None else None,
+            ib_max_link_downed=int(ib.get("max_link_downed", 0)),
+            ib_max_symbol_errors=int(ib.get("max_symbol_errors", 0)),
+            gpudirect=bool(data.get("gpudirect", False)), fabric_manager=bool(data.get("fabric_manager", False)),
+            gpu_process_ignore=tuple(ignore),
         )
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"bad value: {exc}", field=source) from None
