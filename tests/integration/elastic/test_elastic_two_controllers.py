@@ -7,7 +7,10 @@ at 127.0.0.1: ``scontrol ping`` there says what it says on a real backup (both a
 primary is in charge), and the reconciler runs unchanged, as the backup's timer would. Its local
 state knows nothing (the records live on the primary): it must end nothing. The primary whose
 state.json is lost (a failover to a controller that never saw the launch) takes the record from
-the node's Comment and ends nothing; the node's suspend then ends that very instance."""
+the node's Comment and ends nothing; the node's suspend then ends that very instance.
+
+The file sorts after test_elastic_scenarios.py on purpose: the scale-up scenario reads the
+package cluster's whole instance journal and expects its spot instance to be the first."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,14 +57,17 @@ def test_the_backup_ends_nothing_and_a_failover_loses_no_record(elastic):
     job = el.submit("spot", seconds=300)
     el.mark(f"job {job} submitted to spot")
 
+    node_name = wait_for(lambda: (el.job(job).get("NodeList") or "").startswith("el-spot") and el.job(job)["NodeList"],
+                         30, f"job {job} to be given a spot node")
+
     def launched():
-        node = el.node("el-spot1")
+        node = el.node(node_name)
         live = {i.id: i for i in el.provider.instances()}
         iid = node.comment.split()[2] if node and node.comment.startswith("gpuhpc instance ") else None
-        rec = Store(el.config.state_dir).read().nodes.get("el-spot1")
+        rec = Store(el.config.state_dir).read().nodes.get(node_name)
         return iid in live and rec is not None and rec.instance_id == iid and live[iid]
-    inst = wait_for(launched, 60, lambda: f"el-spot1's instance launched and named in its Comment ({el.node('el-spot1')})")
-    el.mark(f"el-spot1 {el.state('el-spot1')}: {el.node('el-spot1').comment}")
+    inst = wait_for(launched, 60, lambda: f"{node_name}'s instance launched and named in its Comment ({el.node(node_name)})")
+    el.mark(f"{node_name} {el.state(node_name)}: {el.node(node_name).comment}")
 
     # the records are the primary's: the backup's state_dir never saw this launch
     state_json = Store(el.config.state_dir).path
@@ -76,23 +82,23 @@ def test_the_backup_ends_nothing_and_a_failover_loses_no_record(elastic):
     assert "terminate" not in [a.kind for a in acts], acts
     assert inst.id in [i.id for i in el.provider.instances()]
     assert Store(el.config.state_dir).read().nodes == {}             # nor did it write anything
-    assert "DOWN" not in el.node("el-spot1").flags
+    assert "DOWN" not in el.node(node_name).flags
 
     # failover: the controller in charge has lost the records; Slurm's Comment has the truth
     acts = el.reconcile(now=late)
     el.mark(f"reconcile on the primary with no records: {_actions(acts)}")
-    assert ("adopt", "el-spot1") in _actions(acts) and "terminate" not in [a.kind for a in acts], acts
+    assert ("adopt", node_name) in _actions(acts) and "terminate" not in [a.kind for a in acts], acts
     assert inst.id in [i.id for i in el.provider.instances()]
-    rec = Store(el.config.state_dir).read().nodes["el-spot1"]
+    rec = Store(el.config.state_dir).read().nodes[node_name]
     assert (rec.instance_id, rec.pool) == (inst.id, "spot")
     assert el.job(job).get("JobState") in ("CONFIGURING", "RUNNING"), el.job(job)
-    assert json.loads(saved)["nodes"]["el-spot1"]["instance_id"] == inst.id       # what was lost
+    assert json.loads(saved)["nodes"][node_name]["instance_id"] == inst.id       # what was lost
 
     # the adopted record is a record: the node's suspend ends exactly that instance
     el.client.run(["scancel", job], check=False)
     wait_for(lambda: inst.id not in [i.id for i in el.provider.instances()], 90,
-             lambda: f"the suspend of el-spot1 to end {inst.id} (el-spot1 {el.state('el-spot1')})")
-    el.mark(f"job {job} cancelled; el-spot1 {el.state('el-spot1')}, {inst.id} ended by its suspend")
+             lambda: f"the suspend of {node_name} to end {inst.id} ({node_name} {el.state(node_name)})")
+    el.mark(f"job {job} cancelled; {node_name} {el.state(node_name)}, {inst.id} ended by its suspend")
 
 
 def test_a_launch_past_max_nodes_is_refused_with_the_reason_on_the_node(elastic):
