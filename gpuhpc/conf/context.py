@@ -14,7 +14,7 @@ from typing import Any
 
 from gpuhpc.conf.validate import resolve_nodes
 from gpuhpc import hostlist
-from gpuhpc.spec.cluster import ClusterSpec, NodeGroup
+from gpuhpc.spec.cluster import ARCHIVE_PURGE, ClusterSpec, NodeGroup
 
 FAKE_GPU_MAJOR = 195     # nvidia's character-device major
 # the Slurm release the files are for when none is given: Debian 12's. The roles pass the release
@@ -380,6 +380,13 @@ def _accounting(spec: ClusterSpec, gpu_types: list[str]) -> dict[str, Any] | Non
     if dbd is None:
         return None
     tres = ["gres/gpu"] + ([f"gres/gpu:{t}" for t in gpu_types] if dbd.track_gpu_types else []) if gpu_types else []
+    slurm_name = {"txn": "TXN"}   # ArchiveTXN, PurgeTXNAfter; the others capitalised
+    retention = [[key, value] for key, value in (("ArchiveDir", dbd.archive_dir), ("ArchiveScript", dbd.archive_script))
+                 if value is not None]
+    retention += [[f"Archive{slurm_name.get(what, what.capitalize())}", "yes"]
+                  for what in ARCHIVE_PURGE if getattr(dbd, f"archive_{what}")]
+    retention += [[f"Purge{slurm_name.get(what, what.capitalize())}After", getattr(dbd, f"purge_{what}_after")]
+                  for what in ARCHIVE_PURGE.values() if getattr(dbd, f"purge_{what}_after") is not None]
     return {
         "host": dbd.host,
         "port": dbd.port,
@@ -393,6 +400,11 @@ def _accounting(spec: ClusterSpec, gpu_types: list[str]) -> dict[str, Any] | Non
         "storage_db": dbd.storage_db,
         "log_file": posixpath.join(log, "slurmdbd.log"),
         "pid_file": posixpath.join(run, "slurmdbd.pid"),
+        # the gpuhpc_slurmdbd role makes it (SlurmUser's, 0700)
+        "archive_dir": dbd.archive_dir,
+        # slurmdbd.conf's Archive* and Purge*After lines, [name, value] in slurmdbd.conf(5)'s order;
+        # none by default: Slurm keeps every record
+        "retention": retention,
     }
 
 

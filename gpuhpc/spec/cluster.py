@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpuhpc.errors import SpecError, UserInputError
 from gpuhpc.slurm.durations import UNLIMITED_WORDS, parse_duration
@@ -151,7 +151,45 @@ class Controller(_Model):
     timeout: int | None = Field(default=None, ge=3)
 
 
+# Purge*After: Slurm's slurmdb_parse_purge takes digits, then nothing (months) or a case-insensitive
+# prefix of "months", "days" or "hours"; the count is kept in 16 bits beside the unit flags
+_PURGE_RE = re.compile(r"^([0-9]+)([A-Za-z]*)$")
+_PURGE_UNITS = (("months", "month"), ("days", "days"), ("hours", "hours"))
+_PURGE_FIX = "write a count and a unit, e.g. 12month, 90days or 720hours"
+
+
+def purge_after(v: str | int) -> str:
+    """A ``Purge*After`` value of slurmdbd.conf, written the one way Slurm documents it
+    (``12month``, ``90days``, ``720hours``). A bare number is months, as in Slurm; ``m`` alone is
+    refused (months to Slurm, minutes to a reader)."""
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise ValueError(f"{v!r} is not a purge age; {_PURGE_FIX}")
+    s = str(v).strip()
+    m = _PURGE_RE.match(s)
+    if not m:
+        raise ValueError(f"{s!r} is not a purge age (no spaces or signs); {_PURGE_FIX}")
+    count, unit = int(m.group(1)), m.group(2).lower()
+    if not 1 <= count <= 0xFFFF:
+        raise ValueError(f"{s!r}: the count must be 1 to 65535 (leave the setting out to keep records for ever); {_PURGE_FIX}")
+    if unit == "m":
+        raise ValueError(f"{s!r} is ambiguous (Slurm reads months, not minutes); write {count}month")
+    for full, written in _PURGE_UNITS:
+        if unit == "" and full == "months" or unit and full.startswith(unit):
+            return f"{count}{written}"
+    raise ValueError(f"{s!r}: unknown unit {m.group(2)!r} (Slurm knows months, days and hours); {_PURGE_FIX}")
+
+
+PurgeAfter = Annotated[str, BeforeValidator(purge_after)]
+
+# what each Archive* flag archives, and the Purge*After that decides when (slurmdbd.conf(5))
+ARCHIVE_PURGE = {"events": "event", "jobs": "job", "resvs": "resv", "steps": "step", "suspend": "suspend",
+                 "txn": "txn", "usage": "usage"}
+
+
 class Slurmdbd(_Model):
+    """slurmdbd and its database. ``purge_*_after`` age out old records (``Purge*After``; unset, as by
+    default: Slurm keeps everything for ever and the database only grows); ``archive_*`` writes what
+    a purge removes to files in ``archive_dir`` first (``Archive*``), or hands it to ``archive_script``."""
     host: Name
     port: Port = 6819
     storage_host: Word = "127.0.0.1"
@@ -161,6 +199,37 @@ class Slurmdbd(_Model):
     enforce: list[Literal["associations", "limits", "qos", "safe", "wckeys", "nojobs", "nosteps"]] = [
         "associations", "limits", "qos"]
     track_gpu_types: bool = True   # AccountingStorageTRES gets gres/gpu:<type> for every type
+    purge_event_after: PurgeAfter | None = None     # node down/drain events
+    purge_job_after: PurgeAfter | None = None       # job records (sacct); usage stays until purge_usage_after
+    purge_resv_after: PurgeAfter | None = None      # reservations
+    purge_step_after: PurgeAfter | None = None      # job steps (the largest table on a busy cluster)
+    purge_suspend_after: PurgeAfter | None = None   # suspend/resume records
+    purge_txn_after: PurgeAfter | None = None       # sacctmgr's transaction log
+    purge_usage_after: PurgeAfter | None = None     # rolled-up usage (sreport; fair-share history)
+    archive_dir: AbsPath | None = None              # ArchiveDir (Slurm's default /tmp is not kept)
+    archive_script: AbsPath | None = None           # ArchiveScript: used instead of slurmdbd's own archive files
+    archive_events: bool = False
+    archive_jobs: bool = False
+    archive_resvs: bool = False
+    archive_steps: bool = False
+    archive_suspend: bool = False
+    archive_txn: bool = False
+    archive_usage: bool = False
+
+    @model_validator(mode="after")
+    def _archive_needs_purge(self) -> "Slurmdbd":
+        for what, purge in ARCHIVE_PURGE.items():
+            if getattr(self, f"archive_{what}") and getattr(self, f"purge_{purge}_after") is None:
+                raise ValueError(f"archive_{what}: Slurm archives {what} only when it purges them; "
+                                 f"set purge_{purge}_after too (e.g. 12month), or drop archive_{what}")
+        archives = [w for w in ARCHIVE_PURGE if getattr(self, f"archive_{w}")]
+        if archives and self.archive_dir is None and self.archive_script is None:
+            raise ValueError(f"archive_{archives[0]}: set archive_dir (a directory kept for good; Slurm's default "
+                             "is /tmp) or archive_script")
+        if (self.archive_dir or self.archive_script) and not archives:
+            raise ValueError("archive_dir/archive_script: nothing is archived; set archive_jobs (etc.) as well, "
+                             "or drop them")
+        return self
 
 
 class Priority(_Model):

@@ -160,6 +160,8 @@ def _inventory(spec_path: Path) -> dict:
                  "gpuhpc_slurmdbd_mariadb_pid_file": f"{BASE}/mysqld/mysqld.pid",
                  "gpuhpc_slurmdbd_mariadb_log_file": f"{BASE}/mysql-log/error.log",
                  "gpuhpc_slurmdbd_mariadb_buffer_pool_size": "32M",
+                 # its own option file: the default is the local cluster's (/etc/mysql/mariadb.conf.d)
+                 "gpuhpc_slurmdbd_mariadb_conf_file": f"{BASE}/mysql-conf/60-slurmdbd.cnf",
                  "gpuhpc_slurm_compute_nodes": ["reconf-node1"],
                  "gpuhpc_slurm_compute_start_timeout": 60,
                  # this machine's own sshd and PAM are not the private cluster's to harden

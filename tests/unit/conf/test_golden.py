@@ -63,3 +63,16 @@ def test_the_golden_files_say_what_the_specs_ask():
     assert _line("elastic", "slurm.conf", "NodeName=spot[01-16],od[01-08] ").endswith(" State=CLOUD")
     assert _line("elastic", "slurm.conf", "ResumeTimeout=") == "ResumeTimeout=450"
     assert _line("elastic", "slurm.conf", "NodeName=fixed[1-2] ").endswith(" State=UNKNOWN")
+
+
+def test_the_golden_slurmdbd_conf_says_what_the_specs_ask():
+    """Hand-checked (issue 36.3): dgx-h100-pod's slurmdbd section keeps steps 3 months, jobs 24 (archived
+    first, to /var/lib/slurm/archive), usage 36, events, reservations, suspend records and sacctmgr's
+    transactions 12; local.yaml sets none, so Slurm keeps everything and nothing is written."""
+    dgx = (GOLDEN / "dgx-h100-pod" / "slurmdbd.conf").read_text().splitlines()
+    assert [line for line in dgx if line.startswith(("Purge", "Archive"))] == [
+        "ArchiveDir=/var/lib/slurm/archive", "ArchiveJobs=yes",
+        "PurgeEventAfter=12month", "PurgeJobAfter=24month", "PurgeResvAfter=12month", "PurgeStepAfter=3month",
+        "PurgeSuspendAfter=12month", "PurgeTXNAfter=12month", "PurgeUsageAfter=36month"]
+    local = (GOLDEN / "local" / "slurmdbd.conf").read_text()
+    assert "Purge" not in local and "Archive" not in local, local
