@@ -1,0 +1,190 @@
+"""The site checks (issue 35.9) drain and return a node of the real local cluster (gpu-node1, real
+``scontrol``): the regular checks run as HealthCheckProgram runs them (``python -m gpuhpc.health
+--apply``), with stand-ins from ``tests/standins`` first on PATH (``nvidia-smi-site`` in front of
+the local cluster's nvidia-smi stand-in, ``getconf-cpus``) and a private ``state_dir``:
+
+- GPU processes left while Slurm runs no job on the node drain it ``gpuhpc:dev: gpu processes
+  left: ...``; gone, the next run returns it. While a real job runs there, the same processes are
+  the job's: no drain.
+- Fewer online CPUs than the node's CPUs in Slurm drain it ``gpuhpc:hw: host cpus 15/16``; the
+  count back, the drain sticks (hardware) until the admin's resume. Memory is read from the real
+  ``/proc/meminfo``.
+- A filesystem of the spec (a tmpfs the test mounts) remounted read-only drains the node
+  ``gpuhpc:sw: fs ... read-only``, unmounted ``... not mounted``; back read-write, the node returns.
+  The write probe (mktemp + rm as root) leaves no file behind.
+
+The node is shared with other tests: a drain of ours is undone in ``finally``."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhpc.health.checks import jobs_running
+from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
+from standins import nvml_standin
+
+pytestmark = pytest.mark.integration
+
+NODE = "gpu-node1"
+REPO = Path(__file__).resolve().parents[3]
+SMI = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
+STANDINS = REPO / "tests" / "standins"
+UNIT_FIX = REPO / "tests" / "unit" / "health" / "fixtures"
+
+
+class Site:
+    """gpu-node1's regular checks with the site stand-ins: ``apps(text)`` scripts the GPU
+    processes, ``cpus(n)`` the online CPUs."""
+
+    def __init__(self, tmp: Path, fixtures: Path) -> None:
+        self.tmp = tmp
+        bin_ = tmp / "node-bin"
+        bin_.mkdir()
+        shutil.copy(STANDINS / "nvidia-smi-site", bin_ / "nvidia-smi")
+        shutil.copy(STANDINS / "getconf-cpus", bin_ / "getconf")
+        self.site = tmp / "smi-site"
+        self.site.mkdir()
+        state = tmp / "nvml.json"
+        nvml_standin.write_state(str(state), nvml_standin.local_cluster_states(str(fixtures))[NODE])
+        self.env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
+        self.env.update(PATH=f"{bin_}:{os.environ['PATH']}", GPUHPC_NVML_STANDIN=str(state),
+                        GPUHPC_SMI_NEXT=str(SMI), GPUHPC_SMI_SITE_DIR=str(self.site),
+                        GPUHPC_STANDIN_CPUS_FILE=str(tmp / "cpus"))
+        self.client = SlurmClient()
+        self.apps("")
+
+    def apps(self, text: str) -> None:
+        (self.site / "compute-apps").write_text(text)
+
+    def cpus(self, n: int) -> None:
+        (self.tmp / "cpus").write_text(f"{n}\n")
+
+    def spec(self, text: str = "") -> Path:
+        p = self.tmp / "spec.yml"
+        p.write_text(f"state_dir: {self.tmp / 'state'}\n{text}")
+        return p
+
+    def regular(self, spec: Path) -> tuple[int, dict]:
+        """One run of the full checks with --apply, as HealthCheckProgram starts it."""
+        proc = subprocess.run([sys.executable, "-m", "gpuhpc.health", "--node", NODE, "--apply", "--json",
+                               "--spec", str(spec)], env=self.env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode in (0, 1) and proc.stdout, proc.stdout + proc.stderr
+        out = json.loads(proc.stdout)
+        out["status"] = {r["check"]: (r["status"], r["message"]) for r in out["results"]}
+        return proc.returncode, out
+
+    def state(self) -> tuple[str, str]:
+        n = self.client.node(NODE)
+        return n.state, n.reason
+
+    def drained(self) -> bool:
+        return "DRAIN" in self.state()[0]
+
+
+@pytest.fixture
+def site(tmp_path, fixtures_dir):
+    s = Site(tmp_path, fixtures_dir)
+    state, reason = s.state()
+    assert "DRAIN" not in state, f"{NODE} is drained already ({reason}): the test would not see its own drain"
+    yield s
+    state, reason = s.state()
+    if "DRAIN" in state and reason.startswith("gpuhpc:"):
+        s.client.resume_node(NODE)
+
+
+def test_gpu_processes_left_without_a_job_drain_dev_and_return_when_gone(site, tmp_path):
+    spec = site.spec()
+    leftover = (UNIT_FIX / "query-compute-apps-leftover.txt").read_text()
+
+    # a real job on the node: the GPU processes are its own, nothing drains
+    job = site.client.submit_script("#!/bin/bash\nsleep 120\n", extra=[
+        "--partition=gpu", f"--nodelist={NODE}", "--ntasks=1", "--time=3", "--job-name=gpuhpc-health-procs",
+        f"--output={tmp_path}/%j.out"])
+    try:
+        wait_for(lambda: (q := site.client.queue(job_ids=[job])) and q[0].state.raw == "RUNNING", 60,
+                 f"job {job} to run on {NODE}")
+        site.apps(leftover)
+        rc, out = site.regular(spec)
+        assert out["status"]["gpu-procs"] == ("ok", "jobs run here: their GPU processes are theirs"), out
+        assert rc == 0 and not site.drained(), out
+    finally:
+        site.client.cancel(job)
+
+    # no job (the cancelled one gone from the node): the same processes are left over -> drained (dev)
+    wait_for(lambda: not jobs_running(site.state()[0]), 60, f"{NODE} to run no job")
+    rc, out = site.regular(spec)
+    assert rc == 1 and out["decision"]["action"] == "drain" and out["applied"], out
+    state, reason = site.state()
+    assert "DRAIN" in state and reason.startswith("gpuhpc:dev: gpu processes left: 1002127 python, 1002311 python3.11"), \
+        (state, reason)
+    # the processes gone: the next run returns the node
+    site.apps("")
+    rc, out = site.regular(spec)
+    assert rc == 0 and out["decision"]["action"] == "resume" and out["applied"] and not site.drained(), out
+
+
+def test_fewer_cpus_than_slurm_knows_drain_hw_until_the_admin_resumes(site):
+    cpus = site.client.node(NODE).cpus
+    with open("/proc/meminfo") as fh:
+        mem_mb = int(next(line for line in fh if line.startswith("MemTotal:")).split()[1]) // 1024
+    spec = site.spec("host: {memory_mb: 1000, cpus: slurm}\n")
+
+    site.cpus(cpus)
+    rc, out = site.regular(spec)
+    assert out["status"]["host"] == ("ok", f"{mem_mb} MB, {cpus} cpus") and rc == 0, out   # the real /proc/meminfo
+
+    site.cpus(cpus - 1)                    # a CPU the kernel took offline
+    rc, out = site.regular(spec)
+    assert rc == 1 and out["applied"], out
+    state, reason = site.state()
+    assert "DRAIN" in state and reason.startswith(f"gpuhpc:hw: host cpus {cpus - 1}/{cpus}"), (state, reason)
+    # all CPUs back (as after a reboot): the hardware drain stays ...
+    site.cpus(cpus)
+    rc, out = site.regular(spec)
+    assert rc == 0 and out["decision"]["action"] == "none" and "hardware fault" in out["decision"]["why"], out
+    assert site.state()[1].startswith(f"gpuhpc:hw: host cpus {cpus - 1}/{cpus}")
+    # ... until the admin resumes the node; the gate then leaves it in service
+    site.client.resume_node(NODE)
+    rc, out = site.regular(spec)
+    assert rc == 0 and out["decision"]["action"] == "none" and not site.drained(), out
+
+
+def test_filesystem_read_only_or_unmounted_drains_sw_and_returns(site, tmp_path):
+    mnt = tmp_path / "scratch"
+    mnt.mkdir()
+    spec = site.spec(f"filesystems: [{mnt}]\n")
+
+    def mount(*opts: str) -> None:
+        subprocess.run(["mount", *opts], check=True, capture_output=True, timeout=30)
+
+    mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt))
+    try:
+        rc, out = site.regular(spec)
+        assert out["status"]["filesystems"] == ("ok", "1 mounted and writable") and rc == 0, out
+        assert list(mnt.iterdir()) == []            # the probe's file was deleted
+
+        mount("-o", "remount,ro", str(mnt))
+        rc, out = site.regular(spec)
+        assert rc == 1 and out["applied"], out
+        state, reason = site.state()
+        assert "DRAIN" in state and reason.startswith(f"gpuhpc:sw: fs {mnt} read-only"), (state, reason)
+        mount("-o", "remount,rw", str(mnt))
+        rc, out = site.regular(spec)
+        assert rc == 0 and out["decision"]["action"] == "resume" and not site.drained(), out
+
+        subprocess.run(["umount", str(mnt)], check=True, timeout=30)
+        rc, out = site.regular(spec)
+        assert rc == 1 and site.state()[1].startswith(f"gpuhpc:sw: fs {mnt} not mounted"), (out, site.state())
+        assert list(mnt.iterdir()) == []            # nothing written into the directory below the mount
+        mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt))
+        rc, out = site.regular(spec)
+        assert rc == 0 and out["decision"]["action"] == "resume" and not site.drained(), out
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
