@@ -139,7 +139,8 @@ def test_prolog_subset_over_the_cli_is_fast_and_healthy():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout)
-    assert out["healthy"] and {r["check"] for r in out["results"]} == {"gpu-devices", "mounts", "scratch", "munge"}
+    assert out["healthy"] and {r["check"] for r in out["results"]} == {"gpu-devices", "mounts", "scratch", "filesystems",
+                                                                       "munge"}
     assert out["results"][0]["message"] == "9 GPU devices: 1g.10gb 7, 3g.40gb 2"
 
 
