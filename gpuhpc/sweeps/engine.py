@@ -855,14 +855,26 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
 
 
 # ---------------------------------------------------------------- the driver job
+def _partitions(c) -> list[Any]:
+    """``scontrol show partition``, asked once per client (``sweep run`` asks for the driver's
+    partition, then for its MaxTime); [] when Slurm cannot say."""
+    cached = getattr(c, "_gpuhpc_sweep_partitions", None)
+    if cached is None:
+        try:
+            cached = list(c.partitions())
+        except GpuhpcError:
+            return []
+        try:
+            c._gpuhpc_sweep_partitions = cached
+        except AttributeError:
+            pass
+    return cached
+
+
 def _driver_partition(spec: SweepSpec, c) -> str | None:
     if spec.driver_partition is not None:
         return spec.driver_partition
-    try:
-        names = {p.name for p in c.partitions()}
-    except GpuhpcError:
-        names = set()
-    return "cpu" if "cpu" in names else None
+    return "cpu" if any(p.name == "cpu" for p in _partitions(c)) else None
 
 
 def _is_this_host(addr: str) -> bool:
@@ -934,12 +946,8 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
         sw = s.get(Sweep, sid)
         spec = spec_from_json(sw.spec)
         directory = Path(sw.directory)
-    try:
-        partitions = c.partitions()
-    except GpuhpcError:
-        partitions = []
-    partition = spec.driver_partition if spec.driver_partition is not None else \
-        ("cpu" if any(p.name == "cpu" for p in partitions) else None)
+    partitions = _partitions(c)
+    partition = _driver_partition(spec, c)
     env = {"GPUHPC_DB_URL": db_url(url)}
     if os.environ.get("GPUHPC_SWEEP_ROOT"):
         env["GPUHPC_SWEEP_ROOT"] = os.environ["GPUHPC_SWEEP_ROOT"]

@@ -82,3 +82,22 @@ def test_wait_says_once_why_a_pending_driver_does_not_start(tmp_path, capsys, re
         assert err.count("\n") == 1 and f"driver (job 900) is pending ({reason})" in err, err
     else:
         assert err == ""
+
+
+def test_sweep_run_asks_for_the_partitions_once():
+    """The driver's partition (create) and its MaxTime (start_driver) come from one
+    ``scontrol show partition`` per client: the time limit costs no extra Slurm command."""
+    class Client:
+        calls = 0
+
+        def partitions(self):
+            Client.calls += 1
+            return PARTS
+
+    c = Client()
+    spec = SweepSpec.from_mapping({"name": "p", "command": "echo {x}", "method": "grid",
+                                   "parameters": {"x": {"type": "int", "low": 0, "high": 3}},
+                                   "resources": {"partition": "gpu", "time": "5m"}, "metric": {"name": "loss"}})
+    assert engine._driver_partition(spec, c) == "cpu"
+    assert engine.driver_time(engine._partitions(c), engine._driver_partition(spec, c)) == "00:30:00"
+    assert Client.calls == 1
