@@ -10,7 +10,7 @@
 # Debian's prometheus-alertmanager (0.25) on 127.0.0.1:$AM_PORT (9093), Prometheus' alerting target:
 #   alerts go nowhere except those with a `gpuhpc_test` label, which go to a webhook on
 #   127.0.0.1:$WEBHOOK_PORT (9096) that a test listens on (tests/integration/monitoring/test_alerting.py).
-#   The scrape job `probe` reads its targets from $D/probe-targets.json (file_sd; `[]` at start):
+#   The scrape job `probe` reads its targets from $D/probe-targets.json (file_sd; made empty):
 #   a test points it at a closed port and the real GpuhpcTargetDown rule (`for: $TARGET_DOWN_FOR`, 0s) fires.
 # `start` on a running set re-renders the rules and config and reloads Prometheus and Alertmanager (SIGHUP);
 #   it restarts the gpuhpc exporters whose code (gpuhpc/monitoring, gpuhpc/slurm or tests/standins) changed
@@ -63,7 +63,10 @@ stop_all() {
 case "${1:-start}" in
 start)
   mkdir -p "$D/data" "$D/nvml" "$D/jobmap" "$D/alertmanager"
-  echo '[]' > "$D/probe-targets.json.tmp" && mv "$D/probe-targets.json.tmp" "$D/probe-targets.json"
+  # the probe targets (a test's own, which it removes): kept by a `start` that runs during that test.
+  # "No targets" is one empty group, not `[]`: a file_sd provider restarted by a reload that reads `[]`
+  # leaves the previous provider's targets in place; an empty group under the same source replaces them.
+  [ -e "$D/probe-targets.json" ] || echo '[{"targets": []}]' > "$D/probe-targets.json"
   "${STANDINS[@]}" "$PY" -m standins.nvml_standin local-cluster "$FIXTURES" "$D/nvml"
   # the rules the monitoring role installs, rendered with its defaults except a short `for:` (IDLE_FOR),
   # so that the waste alert fires within a test; production keeps the role's 10m
@@ -107,7 +110,8 @@ AMEOF
     echo "    static_configs:"
     for n in "$(hostname -s)" "${NODES[@]}" cpu-node1; do echo "      - {targets: ['127.0.0.1:9100'], labels: {node: $n}}"; done
     echo "  - {job_name: slurm, static_configs: [{targets: ['127.0.0.1:9410']}]}"
-    echo "  - {job_name: probe, file_sd_configs: [{files: ['$D/probe-targets.json']}]}"
+    # refresh_interval: read every 5 s as well as on change (a reload can lose the file watch)
+    echo "  - {job_name: probe, file_sd_configs: [{files: ['$D/probe-targets.json'], refresh_interval: 5s}]}"
     echo "  - job_name: gpu"
     echo "    honor_labels: true"
     echo "    static_configs:"

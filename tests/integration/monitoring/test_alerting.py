@@ -27,9 +27,11 @@ WEBHOOK_PORT = int(os.environ.get("GPUHPC_ALERT_WEBHOOK_PORT", "9096"))
 PROBE_FILE = Path(os.environ.get("GPUHPC_ALERT_PROBE_FILE", "/var/tmp/gpuhpc-prometheus/probe-targets.json"))
 
 
-def _write_targets(targets: list[dict]) -> None:
+def _write_targets(targets: list[str], labels: dict | None = None) -> None:
+    # always one group (source "file:0"), empty to remove the target: a provider that a concurrent
+    # `prometheus.sh start` (a reload) restarted and that reads `[]` would keep the old target
     tmp = PROBE_FILE.with_suffix(".test-tmp")
-    tmp.write_text(json.dumps(targets))
+    tmp.write_text(json.dumps([{"targets": targets, "labels": labels or {}}]))
     tmp.replace(PROBE_FILE)             # one rename: Prometheus never reads half a file
 
 
@@ -75,7 +77,7 @@ def test_target_down_alert_reaches_the_webhook_and_resolves(webhook):
     token = uuid.uuid4().hex[:12]
     target = f"127.0.0.1:{_closed_port()}"
     try:
-        _write_targets([{"targets": [target], "labels": {"gpuhpc_test": token}}])
+        _write_targets([target], {"gpuhpc_test": token})
         firing = wait_for(lambda: _alerts(webhook, token, "firing"), 120,
                           lambda: f"GpuhpcTargetDown for {target} at the webhook (received {webhook})")
         alert = firing[0]
