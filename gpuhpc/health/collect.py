@@ -176,7 +176,7 @@ def probe_filesystems(runner: Runner, paths, mounts_text: str, timeout: float = 
             gone = run_if_installed(runner, ["rm", "-f", made.stdout.strip()], timeout=timeout)
             out[p] = None if gone is not None and gone.ok else "delete failed"
         except TransportError as exc:        # the runner's timeout: a hung server
-            out[p] = f"timed out ({exc.message[:40]})" if "time" in exc.message.lower() else exc.message[:60]
+            out[p] = "timed out" if "timed out" in exc.message.lower() else exc.message[:60]
     return out
 
 

@@ -12,6 +12,9 @@ the local cluster's nvidia-smi stand-in, ``getconf-cpus``) and a private ``state
 - A filesystem of the spec (a tmpfs the test mounts) remounted read-only drains the node
   ``gpuhpc:sw: fs ... read-only``, unmounted ``... not mounted``; back read-write, the node returns.
   The write probe (mktemp + rm as root) leaves no file behind.
+- A GPU's PCIe link at x8 of x16, an inactive NVLink, a GPU's fabric registration in progress
+  (recorded outputs through the stand-in) drain it ``gpuhpc:hw: ...``; fixed, the drain stays until
+  the admin's resume.
 
 The node is shared with other tests: a drain of ours is undone in ``finally``."""
 from __future__ import annotations
@@ -122,8 +125,8 @@ def test_gpu_processes_left_without_a_job_drain_dev_and_return_when_gone(site, t
     rc, out = site.regular(spec)
     assert rc == 1 and out["decision"]["action"] == "drain" and out["applied"], out
     state, reason = site.state()
-    assert "DRAIN" in state and reason.startswith("gpuhpc:dev: gpu processes left: 1002127 python, 1002311 python3.11"), \
-        (state, reason)
+    left = "gpuhpc:dev: gpu processes left: 1002127 python, 1002311 python3.11"
+    assert "DRAIN" in state and reason.startswith(left), (state, reason)
     # the processes gone: the next run returns the node
     site.apps("")
     rc, out = site.regular(spec)
@@ -188,3 +191,45 @@ def test_filesystem_read_only_or_unmounted_drains_sw_and_returns(site, tmp_path)
         assert rc == 0 and out["decision"]["action"] == "resume" and not site.drained(), out
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
+
+
+def _fabric_in_progress(q: str) -> str:
+    """The recorded ``nvidia-smi -q`` with one GPU's fabric registration still in progress."""
+    done = "State                             : Completed\n        Status                            : Success"
+    assert done in q
+    stuck = done.replace("Completed", "In Progress").replace("Success", "N/A")
+    return q.replace(done, stuck, 1)
+
+
+@pytest.mark.parametrize("name, spec, healthy, broken, reason", [
+    ("pcie", "", "query-pcie-h100x8-idle.txt", "query-pcie-h100x8-gpu2-x8.txt", "gpuhpc:hw: pcie gpu2 x8/x16"),
+    ("nvlink", "nvlink: {links: 18, min_gbps: 26}\n", "nvlink-status-h100x8.txt",
+     "nvlink-status-h100x8-gpu5-link7-inactive.txt", "gpuhpc:hw: nvlink gpu5 link 7 inactive"),
+    ("q", "fabric_manager: true\n", "q-text", "q-text-in-progress",
+     "gpuhpc:hw: fabric manager gpu 00000000:19:00.0 in progress n/a"),
+], ids=["pcie-width", "nvlink", "fabric-manager"])
+def test_link_and_fabric_faults_drain_hw_until_the_admin_resumes(site, fixtures_dir, name, spec, healthy, broken,
+                                                                 reason):
+    # the capture gpu-node1's NVML stand-in state is made from
+    q = (fixtures_dir / "nvidia-smi" / "q-text-h100-sxm-8gpu-535.161.08.txt").read_text()
+    texts = {"q-text": q, "q-text-in-progress": _fabric_in_progress(q)}
+
+    def answer(fixture: str) -> None:
+        (site.site / name).write_text(texts.get(fixture) or (UNIT_FIX / fixture).read_text())
+
+    spec_file = site.spec(spec)
+    answer(healthy)
+    rc, out = site.regular(spec_file)
+    check = {"q": "fabric-manager"}.get(name, name)
+    assert rc == 0 and out["status"][check][0] == "ok", out
+    answer(broken)
+    rc, out = site.regular(spec_file)
+    assert rc == 1 and out["applied"], out
+    state, reason_now = site.state()
+    assert "DRAIN" in state and reason_now.startswith(reason), (state, reason_now)
+    answer(healthy)                        # reseated, retrained, restarted: the hardware drain stays ...
+    rc, out = site.regular(spec_file)
+    assert rc == 0 and out["decision"]["action"] == "none" and site.state()[1].startswith(reason), out
+    site.client.resume_node(NODE)          # ... until the admin returns the node
+    rc, out = site.regular(spec_file)
+    assert rc == 0 and out["decision"]["action"] == "none" and not site.drained(), out
