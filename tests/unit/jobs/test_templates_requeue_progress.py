@@ -127,3 +127,9 @@ def test_the_preemption_cap_is_a_setting(tmp_path):
 def test_max_requeues_0_never_requeues(tmp_path, save):
     rc, mutations, err, _ = _run(tmp_path, restart=0, preempted=True, save=save, max_requeues=0)
     assert rc == 75 and "requeue 5151" not in mutations and "never requeued" in err, err
+
+
+def test_a_bad_preemption_cap_falls_back_to_5x(tmp_path):
+    rc, mutations, err, counts = _run(tmp_path, restart=5, preempted=True, stalls="0 9",
+                                      extra_env={"GPUHPC_MAX_PREEMPT_REQUEUES": "lots"})
+    assert (rc, mutations, counts) == (0, ["requeue 5151"], ["0", "10"]), err
