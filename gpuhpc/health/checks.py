@@ -663,18 +663,18 @@ def check_nvlink(text: str | None, *, links: int | None, min_gbps: float | None 
 
 
 # ------------------------------------------------------------------ InfiniBand error counters
-IB_COUNTERS = ("link_downed", "symbol_error")
+# perfquery's names -> the keys kept in the state file
+IB_COUNTERS = {"LinkDownedCounter": "link_downed", "SymbolErrorCounter": "symbol_error"}
 
 
-def parse_ib_counters(text: str) -> dict[str, dict[str, int]]:
-    """``grep -H . /sys/class/infiniband/*/ports/*/counters/{link_downed,symbol_error}`` (one
-    ``PATH:VALUE`` a line) -> {"mlx5_0/1": {"link_downed": 0, "symbol_error": 0}}."""
-    out: dict[str, dict[str, int]] = {}
+def parse_perfquery(text: str) -> dict[str, int]:
+    """``perfquery -C CA -P PORT`` (``SymbolErrorCounter:.......0`` lines) -> {"link_downed": N,
+    "symbol_error": N} (the counters it printed)."""
+    out = {}
     for line in text.splitlines():
-        path, sep, value = line.rpartition(":")
-        m = re.search(r"/infiniband/([^/]+)/ports/(\d+)/counters/(\w+)$", path)
-        if sep and m and value.strip().isdigit():
-            out.setdefault(f"{m.group(1)}/{m.group(2)}", {})[m.group(3)] = int(value.strip())
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in IB_COUNTERS and value.strip(". ").isdigit():
+            out[IB_COUNTERS[key.strip()]] = int(value.strip(". "))
     return out
 
 
@@ -702,9 +702,9 @@ def check_ib_counters(now: Mapping[str, Mapping[str, int]], prev: Mapping[str, M
                       max_link_downed: int = 0, max_symbol_errors: int = 0) -> Result:
     """Growth of each port's ``link_downed`` (a link flap: the port went down and retrained) and
     ``symbol_error`` (a bad cable or transceiver) since the previous run in this boot, against the
-    allowed growth per run. DEV: the node returns on the next run without new errors. The first
-    run of a boot (``prev`` None) only records; a counter lower than before (cleared, ``perfquery
-    -R``) counts from zero."""
+    allowed growth per run. ``now``, ``prev``: {"mlx5_0/1": :func:`parse_perfquery`'s counters}.
+    DEV: the node returns on the next run without new errors. The first run of a boot (``prev``
+    None) only records; a counter lower than before (cleared, ``perfquery -R``) counts from zero."""
     name = "ib-errors"
     if not now:
         return skip(name, "no IB error counters", DEV)

@@ -31,10 +31,6 @@ SMI_NVLINK = ("nvidia-smi", "nvlink", "--status")
 SMI_QUERY = ("nvidia-smi", "-q")
 FM_ACTIVE = ("systemctl", "is-active", "nvidia-fabricmanager")
 ONLINE_CPUS = ("getconf", "_NPROCESSORS_ONLN")
-# one line per counter (PATH:VALUE); no IB: no match, nothing printed
-IB_COUNTERS = ("sh", "-c", "grep -H . /sys/class/infiniband/*/ports/*/counters/link_downed "
-                           "/sys/class/infiniband/*/ports/*/counters/symbol_error 2>/dev/null; true")
-
 
 def run_if_installed(runner: Runner, argv: list[str], *, input: str | None = None, timeout: float = 20) -> CommandResult | None:
     """``argv``'s result; None when the command is not installed where the runner runs."""
@@ -151,10 +147,35 @@ def _full(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
 
     if spec.ib_min_rate is None and spec.ib_ports is None:
         add(c.check_ib(None, min_rate=None, ports=None))
+        add(c.skip("ib-errors", "no IB in the spec", c.DEV))
     else:
         ib = run_if_installed(runner, ["ibstat"])
         add(c.check_ib(ib.stdout if ib and ib.ok else None, min_rate=spec.ib_min_rate, ports=spec.ib_ports))
+        _ib_errors(node, runner, spec, ib.stdout if ib and ib.ok else "", add, record)
     return listing is not None
+
+
+def _ib_errors(node: str, runner: Runner, spec: HealthSpec, ibstat_text: str, add, record: bool) -> None:
+    """IB error counters (``perfquery -C CA -P PORT`` for each InfiniBand port ibstat lists): their
+    growth since the last run of this boot, kept in ``state_dir/ib-<node>``."""
+    now: dict[str, dict[str, int]] = {}
+    for p in c.parse_ibstat(ibstat_text):
+        if p.link_layer != "InfiniBand":
+            continue
+        res = run_if_installed(runner, ["perfquery", "-C", p.ca, "-P", str(p.port)])
+        if res is None:
+            add(c.skip("ib-errors", "no perfquery on this node", c.DEV))
+            return
+        counters = c.parse_perfquery(res.stdout) if res.ok else {}
+        if counters:
+            now[f"{p.ca}/{p.port}"] = counters
+    path = os.path.join(spec.state_dir, f"ib-{node}")
+    boot = (read_or_none(runner, BOOT_ID) or "").strip()
+    prev = c.ib_counters_state(read_or_none(runner, path), boot)
+    add(c.check_ib_counters(now, prev, max_link_downed=spec.ib_max_link_downed,
+                            max_symbol_errors=spec.ib_max_symbol_errors))
+    if record and now and now != prev and not write_state(runner, spec.state_dir, path, c.ib_counters_text(now, boot)):
+        add(c.warn("ib-state", f"cannot record the IB counters in {path}", c.DEV))
 
 
 def probe_filesystems(runner: Runner, paths, mounts_text: str, timeout: float = 10) -> dict[str, str | None]:
@@ -183,7 +204,7 @@ def probe_filesystems(runner: Runner, paths, mounts_text: str, timeout: float = 
 def _site(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], add, record: bool,
           slurm_node, smi: bool) -> None:
     """The checks of the broken nodes a site sees: GPU processes left without a job, PCIe width,
-    NVLink, Fabric Manager, IB error counters, nv_peermem, host memory and CPUs."""
+    NVLink, Fabric Manager, nv_peermem, host memory and CPUs (the IB error counters go with ibstat)."""
     gpus = bool(c.expected_counts(lines))
 
     # GPU processes while Slurm runs no job on the node
@@ -227,21 +248,6 @@ def _site(node: str, runner: Runner, spec: HealthSpec, lines: list[c.GresLine], 
             fm = run_if_installed(runner, list(FM_ACTIVE))
             service = fm.stdout if fm is not None else None
         add(c.check_fabric_manager(fabric, service, required=True))
-
-    # IB error counters: growth since the last run of this boot (kept in state_dir)
-    if spec.ib_min_rate is None and spec.ib_ports is None:
-        add(c.skip("ib-errors", "no IB in the spec", c.DEV))
-    else:
-        res = run_if_installed(runner, list(IB_COUNTERS))
-        now = c.parse_ib_counters(res.stdout) if res is not None else {}
-        path = os.path.join(spec.state_dir, f"ib-{node}")
-        boot = (read_or_none(runner, BOOT_ID) or "").strip()
-        prev = c.ib_counters_state(read_or_none(runner, path), boot)
-        add(c.check_ib_counters(now, prev, max_link_downed=spec.ib_max_link_downed,
-                                max_symbol_errors=spec.ib_max_symbol_errors))
-        if record and now and now != prev and not write_state(runner, spec.state_dir, path,
-                                                              c.ib_counters_text(now, boot)):
-            add(c.warn("ib-state", f"cannot record the IB counters in {path}", c.DEV))
 
     # GPUDirect RDMA
     add(c.check_peermem(read_or_none(runner, "/proc/modules") if spec.gpudirect else None, required=spec.gpudirect))

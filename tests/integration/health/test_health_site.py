@@ -12,6 +12,10 @@ the local cluster's nvidia-smi stand-in, ``getconf-cpus``) and a private ``state
 - A filesystem of the spec (a tmpfs the test mounts) remounted read-only drains the node
   ``gpuhpc:sw: fs ... read-only``, unmounted ``... not mounted``; back read-write, the node returns.
   The write probe (mktemp + rm as root) leaves no file behind.
+- An IB port whose LinkDownedCounter grew since the last run (recorded ibstat / perfquery through
+  ``ib-recorded``) drains it ``gpuhpc:dev: ib mlx5_0/1 link downed +3``; no growth, it returns.
+- ``gpudirect: true`` on this machine, whose real ``/proc/modules`` (if any) has no nvidia_peermem, drains it
+  ``gpuhpc:sw: nv_peermem not loaded``; GPUDirect off in the spec, it returns.
 - A GPU's PCIe link at x8 of x16, an inactive NVLink, a GPU's fabric registration in progress
   (recorded outputs through the stand-in) drain it ``gpuhpc:hw: ...``; fixed, the drain stays until
   the admin's resume.
@@ -52,6 +56,10 @@ class Site:
         bin_.mkdir()
         shutil.copy(STANDINS / "nvidia-smi-site", bin_ / "nvidia-smi")
         shutil.copy(STANDINS / "getconf-cpus", bin_ / "getconf")
+        for tool in ("ibstat", "perfquery"):
+            shutil.copy(STANDINS / "ib-recorded", bin_ / tool)
+        self.ib = tmp / "ib"
+        self.ib.mkdir()
         self.site = tmp / "smi-site"
         self.site.mkdir()
         state = tmp / "nvml.json"
@@ -59,7 +67,7 @@ class Site:
         self.env = {k: v for k, v in os.environ.items() if k != "SLURMD_NODENAME"}
         self.env.update(PATH=f"{bin_}:{os.environ['PATH']}", GPUHPC_NVML_STANDIN=str(state),
                         GPUHPC_SMI_NEXT=str(SMI), GPUHPC_SMI_SITE_DIR=str(self.site),
-                        GPUHPC_STANDIN_CPUS_FILE=str(tmp / "cpus"))
+                        GPUHPC_STANDIN_CPUS_FILE=str(tmp / "cpus"), GPUHPC_STANDIN_IB_DIR=str(self.ib))
         self.client = SlurmClient()
         self.apps("")
 
@@ -233,3 +241,36 @@ def test_link_and_fabric_faults_drain_hw_until_the_admin_resumes(site, fixtures_
     site.client.resume_node(NODE)          # ... until the admin returns the node
     rc, out = site.regular(spec_file)
     assert rc == 0 and out["decision"]["action"] == "none" and not site.drained(), out
+
+
+def test_ib_link_flaps_drain_dev_and_return_without_new_ones(site):
+    (site.ib / "ibstat").write_text("CA 'mlx5_0'\n\tCA type: MT4129\n\tNumber of ports: 1\n\tPort 1:\n"
+                                    "\t\tState: Active\n\t\tPhysical state: LinkUp\n\t\tRate: 400\n"
+                                    "\t\tLink layer: InfiniBand\n")
+
+    def perfquery(fixture: str) -> None:
+        (site.ib / "perfquery-mlx5_0-1").write_text((UNIT_FIX / fixture).read_text())
+
+    spec = site.spec("ib: {min_rate: 400, ports: 1}\n")
+    perfquery("perfquery-port-1-down.txt")                     # an old flap: recorded, not news
+    rc, out = site.regular(spec)
+    assert rc == 0 and out["status"]["ib-errors"] == ("ok", "1 ports: counters recorded"), out
+    perfquery("perfquery-port-flapped.txt")                    # three flaps since the last run
+    rc, out = site.regular(spec)
+    assert rc == 1 and out["applied"], out
+    state, reason = site.state()
+    assert "DRAIN" in state and reason.startswith("gpuhpc:dev: ib mlx5_0/1 link downed +3"), (state, reason)
+    rc, out = site.regular(spec)                               # no new flap: back in service
+    assert rc == 0 and out["decision"]["action"] == "resume" and not site.drained(), out
+
+
+def test_gpudirect_without_nv_peermem_drains_sw_and_returns_when_the_spec_drops_it(site):
+    # the real /proc/modules (none at all in a container without modules: nothing proves the module loaded)
+    modules = Path("/proc/modules").read_text() if os.path.exists("/proc/modules") else ""
+    assert not {line.split()[0] for line in modules.splitlines() if line.strip()} & {"nvidia_peermem", "nv_peer_mem"}
+    rc, out = site.regular(site.spec("gpudirect: true\n"))
+    assert rc == 1 and out["applied"], out
+    state, reason = site.state()
+    assert "DRAIN" in state and reason.startswith("gpuhpc:sw: nv_peermem not loaded"), (state, reason)
+    rc, out = site.regular(site.spec(""))
+    assert rc == 0 and out["decision"]["action"] == "resume" and not site.drained(), out

@@ -64,6 +64,12 @@ def test_host_memory_and_cpus_against_the_expected():
 IBSTAT = "".join(f"CA '{ca}'\n\tCA type: MT4129\n\tNumber of ports: 1\n\tPort 1:\n\t\tState: Active\n"
                  f"\t\tPhysical state: LinkUp\n\t\tRate: 400\n\t\tLink layer: InfiniBand\n"
                  for ca in ("mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5"))
+
+
+def perfquery(mlx5_1: str) -> dict[tuple, str]:
+    """The scripted node's ``perfquery -C CA -P 1`` answers: mlx5_1 from the given recording."""
+    return {("perfquery", "-C", ca, "-P", "1"): fx(mlx5_1 if ca == "mlx5_1" else "perfquery-port-clean.txt")
+            for ca in ("mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5")}
 MOUNTS = ("/dev/md0 /scratch xfs rw,relatime 0 0\n"
           "nfs1:/export/shared /shared nfs4 rw,relatime,vers=4.2 0 0\n"
           "/dev/sdb1 /data ext4 ro,relatime 0 0\n")
@@ -104,10 +110,18 @@ def test_nvlink_inactive_link_fails_hw():
     assert c.check_nvlink(None, links=None).status is c.Status.SKIP
 
 
+PORTS = ("mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5")
+
+
+def ib_counters(mlx5_1: str) -> dict[str, dict[str, int]]:
+    """Four ports' perfquery counters: mlx5_1 from the given recording, the others clean."""
+    return {f"{ca}/1": c.parse_perfquery(fx(mlx5_1 if ca == "mlx5_1" else "perfquery-port-clean.txt")) for ca in PORTS}
+
+
 def test_ib_counters_growth_since_the_last_run_of_this_boot():
-    before = c.parse_ib_counters(fx("ib-counters-4port.txt"))
-    assert before["mlx5_1/1"] == {"link_downed": 1, "symbol_error": 0} and len(before) == 4
-    after = c.parse_ib_counters(fx("ib-counters-4port-mlx5_1-flapped.txt"))
+    assert c.parse_perfquery(fx("perfquery-port-1-down.txt")) == {"link_downed": 1, "symbol_error": 0}
+    before = ib_counters("perfquery-port-1-down.txt")
+    after = ib_counters("perfquery-port-flapped.txt")
     r = c.check_ib_counters(after, before)
     assert (r.status, r.category, r.message) == (c.Status.FAIL, c.DEV, "ib mlx5_1/1 link downed +3")
     assert c.check_ib_counters(after, before, max_link_downed=3).status is c.Status.OK
@@ -119,9 +133,9 @@ def test_ib_counters_growth_since_the_last_run_of_this_boot():
     assert c.ib_counters_state(text, "boot-a") == before
     assert c.ib_counters_state(text, "boot-b") is None and c.ib_counters_state("junk", "boot-a") is None
     # counters cleared (perfquery -R) and grown again: counted from zero
-    cleared = {p: dict(v) for p, v in before.items()}
+    cleared = {p: dict(v) for p, v in after.items()}
     cleared["mlx5_4/1"]["symbol_error"] = 2
-    assert c.check_ib_counters(cleared, before).message == "ib mlx5_4/1 symbol errors +2"
+    assert c.check_ib_counters(cleared, after).message == "ib mlx5_4/1 symbol errors +2"
 
 
 def test_nv_peermem_loaded_where_gpudirect_is_configured():
@@ -181,8 +195,8 @@ class SiteNode:
                       "/proc/modules": fx("proc-modules-peermem.txt")}
         self.out = {collect.SMI_APPS: "", collect.SMI_PCIE: fx("query-pcie-h100x8-idle.txt"),
                     collect.SMI_NVLINK: fx("nvlink-status-h100x8.txt"), collect.ONLINE_CPUS: "224\n",
-                    collect.IB_COUNTERS: fx("ib-counters-4port.txt"), collect.FM_ACTIVE: "active\n",
-                    ("ibstat",): IBSTAT}
+                    collect.FM_ACTIVE: "active\n", ("ibstat",): IBSTAT,
+                    **perfquery("perfquery-port-1-down.txt")}
         self.unwritable: set[str] = set()
         self.hung: set[str] = set()           # a hung NFS server: the probe times out
         self.state, self.reason = "IDLE", ""
@@ -284,8 +298,7 @@ def test_every_site_check_passes_on_a_healthy_node_and_a_bare_spec_skips_them():
      False),
     (lambda n: n.out.__setitem__(collect.SMI_NVLINK, fx("nvlink-status-h100x8-gpu5-link7-inactive.txt")),
      "gpuhpc:hw: nvlink gpu5 link 7 inactive", False),
-    (lambda n: n.out.__setitem__(collect.IB_COUNTERS, fx("ib-counters-4port-mlx5_1-flapped.txt")),
-     "gpuhpc:dev: ib mlx5_1/1 link downed +3", True),
+    (lambda n: n.out.update(perfquery("perfquery-port-flapped.txt")), "gpuhpc:dev: ib mlx5_1/1 link downed +3", True),
     (lambda n: n.files.__setitem__("/proc/modules", fx("proc-modules-no-peermem.txt")),
      "gpuhpc:sw: nv_peermem not loaded", True),
     (lambda n: n.out.__setitem__(collect.FM_ACTIVE, "inactive\n"), "gpuhpc:hw: fabric manager inactive", False),
@@ -302,7 +315,7 @@ def test_a_broken_node_drains_naming_the_check_and_returns_by_its_class(break_it
     # fixed: a dev/sw drain returns on the next clean run; a hw drain sticks (admin or deep check)
     # (the state files stay, and IB counters never go back: a fixed link only stops adding to them)
     n.files = {**healthy[0], **{k: v for k, v in n.files.items() if k.startswith("/state")}}
-    n.out = {**healthy[1], collect.IB_COUNTERS: n.out[collect.IB_COUNTERS]}
+    n.out = {**healthy[1], **{k: v for k, v in n.out.items() if k[0] == "perfquery"}}
     n.unwritable.clear()
     n.hung.clear()
     out = n.check(FULL)
@@ -333,3 +346,16 @@ def test_host_against_slurm_needs_the_node_record():
     report = collect.run_checks(NODE, n, FULL, record=False)
     st = {r.check: r.status.value for r in report.results}
     assert st["host"] == "skip" and st["gpu-procs"] == "skip"
+
+
+def test_ib_errors_skip_without_perfquery_and_count_only_infiniband_ports():
+    n = SiteNode()
+    n.out = {k: v for k, v in n.out.items() if k[0] != "perfquery"}
+    out = n.check(FULL)
+    assert out.report.healthy and n.status(out)["ib-errors"] == ("skip", "no perfquery on this node"), n.status(out)
+    # an Ethernet (RoCE) port of the same HCA family is not asked
+    n = SiteNode()
+    n.out[("ibstat",)] = IBSTAT + ("CA 'mlx5_2'\n\tPort 1:\n\t\tState: Active\n\t\tRate: 200\n"
+                                   "\t\tLink layer: Ethernet\n")
+    n.check(FULL)
+    assert not any(a[:3] == ("perfquery", "-C", "mlx5_2") for a in n.ran)
