@@ -117,3 +117,29 @@ def test_mig_layout_over_ssh(ssh_env, tmp_path):
     out = _check(ssh_env, bin_, "mig-node1", tmp_path)
     bad = {r.check: r.message for r in out.report.results}["gpu-listing"]
     assert bad == "mig layout 8/9 (3g.40gb 0/2, 4g.40gb 1/0)", bad
+
+
+def test_site_checks_over_ssh_probe_a_filesystem_and_count_cpus(ssh_env, tmp_path):
+    """The filesystem probe (mktemp + rm) and the CPU count (getconf) run on the node over SSH;
+    the CPUs are compared with gpu-node1's CPUs in Slurm (16), the memory with a number."""
+    import subprocess as sp
+
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    bin_ = _remote(tmp_path, listing=_gpus(8), counters=CLEAN, dmesg="")
+    spec = {"filesystems": (str(mnt),), "host_cpus": "slurm", "host_memory_mb": 1000}
+    sp.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True, timeout=30)
+    try:
+        out = _check(ssh_env, bin_, "gpu-node1", tmp_path, **spec)
+        status = {r.check: (r.status.value, r.message) for r in out.report.results}
+        assert status["filesystems"] == ("ok", "1 mounted and writable") and list(mnt.iterdir()) == []
+        cpus = os.cpu_count()
+        assert status["host"][0] == ("ok" if cpus >= 16 else "fail"), status["host"]
+        if cpus < 16:
+            assert status["host"][1] == f"host cpus {cpus}/16"
+        sp.run(["mount", "-o", "remount,ro", str(mnt)], check=True, timeout=30)
+        out = _check(ssh_env, bin_, "gpu-node1", tmp_path, **spec)
+        assert {r.check: r.message for r in out.report.results}["filesystems"] == f"fs {mnt} read-only"
+        assert not out.applied
+    finally:
+        sp.run(["umount", str(mnt)], capture_output=True, timeout=30)
