@@ -114,7 +114,7 @@ class TorchAllReduce:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-        dist.init_process_group(backend, timeout=coord.collective_timeout())   # shorter than the grace
+        dist.init_process_group(backend, timeout=coord.collective_timeout())   # the run's (600 s); the stop handshake has its own
         self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
 
     def __call__(self, step: int, value: int) -> int:  # noqa: ARG002

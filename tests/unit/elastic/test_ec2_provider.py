@@ -18,6 +18,8 @@ from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_TOKEN, Cap
                                            ThrottledError)
 from gpuhpc.elastic.providers.ec2 import Ec2Provider
 
+from .fakes import RecordingSlurm
+
 SPOT = Pool(name="spot", nodes=("spot01", "spot02", "spot03"), provider="aws", market="spot",
             instance_types=("p5.48xlarge", "p5e.48xlarge", "p4d.24xlarge"), max_nodes=3)
 
@@ -266,22 +268,6 @@ def test_throttling_backs_off_with_jitter_then_is_not_a_capacity_error(ec2):
     assert all(0 <= s <= cap for s, cap in zip(sleeps, caps)), (sleeps, caps)
 
 
-class _Slurm:
-    def __init__(self, nodes):
-        self.node_list, self.calls = nodes, []
-
-    def nodes(self, names=None):
-        return self.node_list
-
-    def down(self, nodes, reason):
-        self.calls.append(("down", nodes, reason))
-        return True
-
-    def update(self, node, **fields):
-        self.calls.append(("update", node, fields))
-        return True
-
-
 @pytest.mark.parametrize("error, cools", [(ThrottledError("RequestLimitExceeded"), False),
                                          (CapacityError("InsufficientInstanceCapacity"), True)])
 def test_throttling_never_cools_the_pool_capacity_does(tmp_path, monkeypatch, error, cools):
@@ -298,7 +284,7 @@ def test_throttling_never_cools_the_pool_capacity_does(tmp_path, monkeypatch, er
     monkeypatch.setattr(worker, "provider_for", lambda name, config: Failing())
     cfg = ElasticConfig(cluster="c", state_dir=str(tmp_path),
                         pools=(Pool("spot", ("s1", "s2", "s3"), "aws", market="spot", capacity_cooldown=300),))
-    slurm = _Slurm([PowerNode("s1", "IDLE+CLOUD+POWERING_UP"), PowerNode("s2", "IDLE+CLOUD+POWERED_DOWN"),
+    slurm = RecordingSlurm([PowerNode("s1", "IDLE+CLOUD+POWERING_UP"), PowerNode("s2", "IDLE+CLOUD+POWERED_DOWN"),
                     PowerNode("s3", "IDLE+CLOUD+POWERED_DOWN")])
     store = Store(tmp_path)
     import time

@@ -10,6 +10,8 @@ from gpuhpc.elastic.store import NodeRecord, State, Store
 from gpuhpc.elastic.worker import release, run_plans
 from gpuhpc.slurm.power import PowerNode
 
+from .fakes import RecordingSlurm
+
 
 def config(tmp_path, cap=2) -> ElasticConfig:
     return ElasticConfig(cluster="c", state_dir=str(tmp_path), resume_timeout=120, pools=(
@@ -58,28 +60,12 @@ def test_a_suspend_frees_room(tmp_path):
     assert [p.op for p in resume_plans(cfg, ["s3"], None, store, now=201.0)] == ["launch"]
 
 
-class _Slurm:
-    def __init__(self, nodes):
-        self.node_list, self.calls = nodes, []
-
-    def nodes(self, names=None):
-        return self.node_list
-
-    def down(self, nodes, reason):
-        self.calls.append(("down", nodes, reason))
-        return True
-
-    def resume(self, nodes):
-        self.calls.append(("resume", nodes))
-        return True
-
-
 def test_the_worker_sets_the_refused_nodes_and_the_idle_rest_of_the_pool_down_with_the_reason(tmp_path):
     cfg = config(tmp_path)
     store = Store(tmp_path)
     resume_plans(cfg, ["s1", "s2"], None, store, now=100.0)
     (plan,) = resume_plans(cfg, ["s3"], None, store, now=101.0)
-    slurm = _Slurm([PowerNode("s1", "ALLOCATED+CLOUD"), PowerNode("s2", "IDLE+CLOUD+POWERING_UP"),
+    slurm = RecordingSlurm([PowerNode("s1", "ALLOCATED+CLOUD"), PowerNode("s2", "IDLE+CLOUD+POWERING_UP"),
                     PowerNode("s3", "IDLE+CLOUD+POWERING_UP"), PowerNode("s4", "IDLE+CLOUD+POWERED_DOWN")])
     run_plans(cfg, [plan], slurm)
     assert slurm.calls == [("down", "s3", plan.reason), ("down", "s4", plan.reason)]

@@ -12,6 +12,8 @@ from gpuhpc.elastic.resumefile import Launch, parse_resume_file, plan_launches
 from gpuhpc.elastic.store import Store
 from gpuhpc.errors import UserInputError
 
+from .fakes import RecordingSlurm
+
 RESUME = json.dumps({
     "all_nodes_resume": "spot[01-03],od01",
     "jobs": [
@@ -119,28 +121,6 @@ def test_the_cli_refuses_a_missing_config_in_one_line(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "GPUHPC_ELASTIC_CONFIG" in res.stderr, res.stderr
 
 
-class _Slurm:
-    """PowerSlurm's node calls, recorded (the worker's side of protected mode)."""
-
-    def __init__(self, nodes):
-        self.node_list, self.calls = nodes, []
-
-    def nodes(self, names=None):
-        return self.node_list
-
-    def down(self, nodes, reason):
-        self.calls.append(("down", nodes, reason))
-        return True
-
-    def resume(self, nodes):
-        self.calls.append(("resume", nodes))
-        return True
-
-    def power_down(self, nodes, force=True):
-        self.calls.append(("power_down", nodes))
-        return True
-
-
 def test_repeated_boot_failures_protect_the_pool_until_unprotect(tmp_path):
     from gpuhpc.elastic.config import ElasticConfig, Pool
     from gpuhpc.elastic.reconcile import unprotect
@@ -150,7 +130,7 @@ def test_repeated_boot_failures_protect_the_pool_until_unprotect(tmp_path):
 
     cfg = ElasticConfig(cluster="c", state_dir=str(tmp_path), protect_after=3,
                         pools=(Pool("spot", ("s1", "s2"), "local", market="spot"),))
-    slurm = _Slurm([PowerNode("s1", "IDLE+CLOUD+POWERED_DOWN"), PowerNode("s2", "ALLOCATED+CLOUD")])
+    slurm = RecordingSlurm([PowerNode("s1", "IDLE+CLOUD+POWERED_DOWN"), PowerNode("s2", "ALLOCATED+CLOUD")])
     store = Store(tmp_path)
     assert not protect(cfg, slurm, store, "spot", ("s1",), 1.0)
     assert not protect(cfg, slurm, store, "spot", ("s1",), 2.0)
