@@ -18,6 +18,8 @@ from gpuhpc.errors import GpuhpcError, SlurmError, TransportError
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.transport import CommandResult, Runner, default_runner
 
+JOB_STARTERS = frozenset({"sbatch", "srun", "salloc"})   # their environment becomes the job's
+
 if TYPE_CHECKING:
     from gpuhpc.slurm import parsers
 
@@ -46,9 +48,11 @@ class SlurmClient:
     # ------------------------------------------------------------ plumbing
     def run(self, argv: list[str], *, input: str | None = None, check: bool = True,
             timeout: float | None = None, env: dict[str, str] | None = None) -> CommandResult:
-        # times in the one format the parsers read (ISO 8601), whatever the user's SLURM_TIME_FORMAT
-        res = self.runner.run(argv, input=input, timeout=timeout or self.timeout,
-                              env={"SLURM_TIME_FORMAT": "standard", **(env or {})})
+        # times in the one format the parsers read (ISO 8601), whatever the user's SLURM_TIME_FORMAT;
+        # not for a command that starts a job, which would hand the pin on to the job's environment
+        if not JOB_STARTERS.intersection(posixpath.basename(a) for a in argv[:4]):
+            env = {"SLURM_TIME_FORMAT": "standard", **(env or {})}
+        res = self.runner.run(argv, input=input, timeout=timeout or self.timeout, env=env)
         if check and not res.ok:
             raise SlurmError(f"{argv[0]} failed (exit {res.returncode})", argv=argv,
                              stderr=res.stderr or res.stdout, returncode=res.returncode)

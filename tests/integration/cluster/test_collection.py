@@ -150,6 +150,8 @@ def _inventory(spec_path: Path) -> dict:
     return {"all": {
         "hosts": host,
         "vars": {"gpuhpc_slurm_common_spec": str(spec_path),
+                 # this machine's /etc/logrotate.d belongs to the local cluster (test_log_rotation.py)
+                 "gpuhpc_slurm_common_logrotate_dir": f"{BASE}/logrotate.d",
                  "gpuhpc_munge_service_manager": manager,
                  "gpuhpc_slurm_controller_service_manager": manager,
                  "gpuhpc_slurm_compute_service_manager": manager,

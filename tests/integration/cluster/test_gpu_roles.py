@@ -83,6 +83,7 @@ class GpuHost:
             "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
             "gpuhpc_slurm_common_spec": str(self.spec), "gpuhpc_slurm_common_install_packages": False,
             "gpuhpc_slurm_common_applied_dir": str(tmp / "applied"), "gpuhpc_slurm_common_billing_file": "",
+            "gpuhpc_slurm_common_logrotate_dir": str(tmp / "logrotate.d"),
             "gpuhpc_nvidia_gpu_node": "mig-node1", "gpuhpc_slurm_common_mig_minors_file": str(tmp / "mig-minors"), "gpuhpc_gpudirect_rdma_node": "mig-node1",
             "gpuhpc_nvidia_gpu_mig_script": str(tmp / "sbin" / "gpuhpc-mig-apply"),
             "gpuhpc_nvidia_gpu_mig_layout_file": str(tmp / "gpuhpc" / "mig-layout.json"),

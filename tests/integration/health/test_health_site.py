@@ -23,11 +23,9 @@ the local cluster's nvidia-smi stand-in, ``getconf-cpus``) and a private ``state
 The node is shared with other tests: a drain of ours is undone in ``finally``."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,18 +33,18 @@ import pytest
 from gpuhpc.health.checks import jobs_running
 from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
+from health_node import NODE, HealthNode, undrained
 from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
 
-NODE = "gpu-node1"
 REPO = Path(__file__).resolve().parents[3]
 SMI = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
 STANDINS = REPO / "tests" / "standins"
 UNIT_FIX = REPO / "tests" / "unit" / "health" / "fixtures"
 
 
-class Site:
+class Site(HealthNode):
     """gpu-node1's regular checks with the site stand-ins: ``apps(text)`` scripts the GPU
     processes, ``cpus(n)`` the online CPUs."""
 
@@ -82,32 +80,10 @@ class Site:
         p.write_text(f"state_dir: {self.tmp / 'state'}\n{text}")
         return p
 
-    def regular(self, spec: Path) -> tuple[int, dict]:
-        """One run of the full checks with --apply, as HealthCheckProgram starts it."""
-        proc = subprocess.run([sys.executable, "-m", "gpuhpc.health", "--node", NODE, "--apply", "--json",
-                               "--spec", str(spec)], env=self.env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode in (0, 1) and proc.stdout, proc.stdout + proc.stderr
-        out = json.loads(proc.stdout)
-        out["status"] = {r["check"]: (r["status"], r["message"]) for r in out["results"]}
-        return proc.returncode, out
-
-    def state(self) -> tuple[str, str]:
-        n = self.client.node(NODE)
-        return n.state, n.reason
-
-    def drained(self) -> bool:
-        return "DRAIN" in self.state()[0]
-
 
 @pytest.fixture
 def site(tmp_path, fixtures_dir):
-    s = Site(tmp_path, fixtures_dir)
-    state, reason = s.state()
-    assert "DRAIN" not in state, f"{NODE} is drained already ({reason}): the test would not see its own drain"
-    yield s
-    state, reason = s.state()
-    if "DRAIN" in state and reason.startswith("gpuhpc:"):
-        s.client.resume_node(NODE)
+    yield from undrained(Site(tmp_path, fixtures_dir))
 
 
 def test_gpu_processes_left_without_a_job_drain_dev_and_return_when_gone(site, tmp_path):

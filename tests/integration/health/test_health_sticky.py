@@ -24,18 +24,18 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from health_node import NODE, HealthNode, undrained
 from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
 
-NODE = "gpu-node1"
 REPO = Path(__file__).resolve().parents[3]
 SMI = REPO / "ansible" / "local" / "roles" / "gpuhpc_test_smi_standin" / "files" / "nvidia-smi"
 XID79 = "[  200.500000] NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
 SLACK = 15          # s past one interval: the run itself on a loaded 2-core machine, polling
 
 
-class Node:
+class Node(HealthNode):
     """gpu-node1's regular checks with stand-ins: ``gpu3(**health)`` scripts GPU 3's counters
     (the nvidia-smi stand-in's ``health`` keys), ``dmesg(text)`` the kernel log."""
 
@@ -69,32 +69,10 @@ class Node:
         p.write_text(f"state_dir: {self.tmp / 'state'}\n{text}")
         return p
 
-    def regular(self, spec: Path) -> tuple[int, dict]:
-        """One run of the full checks with --apply, as HealthCheckProgram starts it."""
-        proc = subprocess.run([sys.executable, "-m", "gpuhpc.health", "--node", NODE, "--apply", "--json",
-                               "--spec", str(spec)], env=self.env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode in (0, 1) and proc.stdout, proc.stdout + proc.stderr
-        out = json.loads(proc.stdout)
-        out["status"] = {r["check"]: (r["status"], r["message"]) for r in out["results"]}
-        return proc.returncode, out
-
-    def state(self) -> tuple[str, str]:
-        n = self.client.node(NODE)
-        return n.state, n.reason
-
-    def drained(self) -> bool:
-        return "DRAIN" in self.state()[0]
-
 
 @pytest.fixture
 def node(tmp_path, fixtures_dir):
-    n = Node(tmp_path, fixtures_dir)
-    state, reason = n.state()
-    assert "DRAIN" not in state, f"{NODE} is drained already ({reason}): the test would not see its own drain"
-    yield n
-    state, reason = n.state()
-    if "DRAIN" in state and reason.startswith("gpuhpc:"):
-        n.client.resume_node(NODE)
+    yield from undrained(Node(tmp_path, fixtures_dir))
 
 
 def _deep(env: dict) -> tuple[int, dict]:

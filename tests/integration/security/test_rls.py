@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import uuid
 from decimal import Decimal
 
@@ -26,27 +25,6 @@ pytestmark = pytest.mark.integration
 SECRET = "sk-victim-" + uuid.uuid4().hex
 PER_USER = ("charges", "usage_records", "reservations", "reservation_holds", "memberships", "quotas", "quota_usage",
             "sweeps", "sweep_chunks", "sweep_trials", "job_metrics", "run_utilisation")
-
-
-@pytest.fixture()
-def pg_url():
-    admin_url = os.environ.get("GPUHPC_TEST_PG_URL")
-    if not admin_url:
-        pytest.fail("GPUHPC_TEST_PG_URL is not set: start PostgreSQL with `scripts/services/postgres.sh start`",
-                    pytrace=False)
-    name = f"gpuhpc_test_{uuid.uuid4().hex[:10]}"
-    eng = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    yield url
-    try:
-        db.get_engine(url).dispose()
-    except Exception:
-        pass
-    with eng.connect() as c:
-        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    eng.dispose()
 
 
 def _seed(url: str, victim: str, attacker: str) -> None:

@@ -26,10 +26,12 @@ def client() -> SlurmClient:
 
 def test_a_rotation_renames_the_logs_and_the_daemons_write_to_the_new_ones(client, tmp_path):
     assert CONF.is_file(), "gpuhpc_slurm_common writes it (gpuhpc_slurm_common_logrotate)"
+    log_dir = Path(client.config()["SlurmctldLogFile"]).parent
+    assert f"{log_dir}/slurmctld.log " in CONF.read_text(), \
+        f"{CONF} is not the local cluster's (a role test converged into this machine's /etc?)"
     dry = subprocess.run(["logrotate", "-d", "-s", str(tmp_path / "dry.state"), str(CONF)],
                          capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0 and "error" not in dry.stderr.lower(), dry.stderr
-    log_dir = Path(client.config()["SlurmctldLogFile"]).parent
     ctld, slurmd = log_dir / "slurmctld.log", log_dir / "slurmd-gpu-node1.log"
     before = {p: os.stat(p).st_ino for p in (ctld, slurmd)}
     rot = subprocess.run(["logrotate", "-f", "-s", str(tmp_path / "state"), str(CONF)],
