@@ -74,14 +74,16 @@ class Action:
                         # controller in charge)
     reason: str = ""    # adopt: the instance id
     at: float | None = None     # adopt: the instance's launch time
+    was: str | None = None      # adopt: the instance the node's record named when the pass read it
 
 
 @dataclass
 class Decision:
     actions: list[Action] = field(default_factory=list)
 
-    def add(self, kind: str, target: str, reason: str = "", at: float | None = None) -> None:
-        self.actions.append(Action(kind, target, reason, at))
+    def add(self, kind: str, target: str, reason: str = "", at: float | None = None,
+            was: str | None = None) -> None:
+        self.actions.append(Action(kind, target, reason, at, was))
 
     def kinds(self, target: str) -> list[str]:
         return [a.kind for a in self.actions if a.target == target]
@@ -160,7 +162,8 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
     adopted = adoptions(config, nodes, instances, state, now)
     records = dict(state.nodes)
     for name, inst in sorted(adopted.items()):
-        d.add("adopt", name, inst.id, inst.launched_at)
+        stale = state.nodes.get(name)
+        d.add("adopt", name, inst.id, inst.launched_at, was=stale.instance_id if stale is not None else None)
         records[name] = NodeRecord(node=name, pool=inst.pool or "", token=ADOPTED_TOKEN,
                                    requested_at=inst.launched_at, instance_id=inst.id,
                                    launched_at=inst.launched_at, job_started=True)
@@ -290,8 +293,10 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
         for a in actions:
             if a.kind == "adopt":
                 cur = state.nodes.get(a.target)
-                # not over a record a resume wrote since the pass read the state
-                if cur is None or (cur.instance_id is not None and cur.requested_at <= now):
+                # only over the very record the pass saw (none, or one naming a gone instance): a
+                # record a resume or launch wrote since names the node's new instance, which would
+                # otherwise be named by no record and ended as an orphan
+                if (cur.instance_id if cur is not None else None) == a.was and (cur is None) == (a.was is None):
                     state.nodes[a.target] = NodeRecord(
                         node=a.target, pool=pool_by_node.get(a.target, ""), token=ADOPTED_TOKEN,
                         requested_at=a.at if a.at is not None else now, instance_id=a.reason,

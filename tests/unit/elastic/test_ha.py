@@ -192,3 +192,21 @@ def test_apply_keeps_a_record_a_resume_wrote_meanwhile(tmp_path):
     nodes = store.read().nodes
     assert nodes["s1"].token == "fresh" and nodes["s1"].instance_id is None
     assert nodes["s2"].instance_id == "i-2" and nodes["s2"].token == "adopted" and nodes["s2"].job_started
+
+
+def test_apply_never_replaces_a_launch_recorded_since_the_pass_read_the_state(tmp_path):
+    """The chaos run's lost instance: the pass saw s1's record naming a gone instance and adopted
+    the one its Comment named; meanwhile the worker relaunched s1 and recorded the new instance
+    (requested before the pass). Writing the adoption over it left the new instance named by no
+    record, and a later pass ended it as an orphan. Only the very record the pass saw is replaced."""
+    cfg = _cfg(tmp_path)
+    store = Store(tmp_path)
+    with store.update() as state:
+        state.nodes["s1"] = NodeRecord("s1", "spot", "relaunch", NOW - 30, instance_id="i-new", launched_at=NOW - 5)
+        state.nodes["s2"] = NodeRecord("s2", "spot", "old", NOW - 900, instance_id="i-gone", launched_at=NOW - 890)
+    apply(cfg, [Action("adopt", "s1", "i-1", NOW - 50, was="i-gone"),      # the pass saw i-gone on s1
+                Action("adopt", "s2", "i-2", NOW - 50, was="i-gone")],     # s2 is as the pass saw it
+          _Slurm(ONE), store, {}, NOW)
+    nodes = store.read().nodes
+    assert nodes["s1"].instance_id == "i-new" and nodes["s1"].token == "relaunch"
+    assert nodes["s2"].instance_id == "i-2" and nodes["s2"].token == "adopted"
