@@ -9,17 +9,24 @@ form Slurm prints it: ``KillWait=5`` is ``5 sec``, ``PriorityCalcPeriod=1`` (min
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from gpuhpc.conf.context import build_context
+from gpuhpc.conf.render import render_context
+from gpuhpc.conf.validate import validate
 from gpuhpc.hostlist import expand as hostlist_expand
+from gpuhpc.ledger import budget
 from gpuhpc.slurm.client import SlurmClient
+from gpuhpc.spec.cluster import load_spec
 
 pytestmark = pytest.mark.integration
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "local"
+LOCAL_SPEC = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "local.yaml"
 
 
 def _lines(text: str) -> list[str]:
@@ -64,10 +71,28 @@ SHOWN_AS = {
 }
 
 
+def _expected(name: str) -> list[str]:
+    """The golden file, unless the machine has the ledger's billing document (the quick start's
+    `gpuhpc ledger sync-slurm` writes it): then the role rendered each partition with the price
+    book's TRESBillingWeights, so the expected slurm.conf is the local spec rendered with that
+    document, which must differ from the golden file in those weights only."""
+    golden = _lines((GOLDEN / name).read_text())
+    billing = budget.billing_path()
+    if name != "slurm.conf" or not billing.exists():
+        return golden
+    spec = load_spec(LOCAL_SPEC)
+    validate(spec)
+    rendered = _lines(render_context(build_context(spec, billing=json.loads(billing.read_text())))[name])
+    field = re.compile(r" TRESBillingWeights=\S+")
+    assert [field.sub("", line) for line in rendered] == golden, f"{billing} changes more than the weights"
+    assert rendered != golden, f"{billing} gave no partition a weight"
+    return rendered
+
+
 def test_the_local_cluster_runs_the_golden_files(client):
     conf_dir = Path(client.config()["SLURM_CONF"]).parent
     for name in ("slurm.conf", "gres.conf"):
-        assert _lines((conf_dir / name).read_text()) == _lines((GOLDEN / name).read_text()), name
+        assert _lines((conf_dir / name).read_text()) == _expected(name), name
     # cgroup.conf is read only with a cgroup plugin, and the local cluster runs none (linuxproc, task/none)
     settings, _, _ = _golden()
     assert settings["ProctrackType"] == "proctrack/linuxproc" and settings["TaskPlugin"] == "task/none"
