@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from gpuhpc.errors import TransportError
 from gpuhpc.slurm import SlurmClient
 from gpuhpc.transport.ssh import SSHRunner
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -53,12 +53,10 @@ def test_submit_hostile_name_over_ssh_is_quoted(client, tmp_path):
                                                  "--partition", "cpu", "--output", str(out), "--time", "5"],
                                   script_dir=str(tmp_path / "scripts"))
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
+        def finished():
             rows = client.queue(job_ids=[job_id])
-            if not rows or rows[0].state.is_finished:
-                break
-            time.sleep(1)
+            return not rows or rows[0].state.is_finished
+        wait_for(finished, 90, f"job {job_id} to finish", interval=1)
         assert out.exists(), "job did not run"
         assert "name=x; touch /var/tmp/gpuhpc-ssh-pwned" in out.read_text()
         assert not marker.exists()
@@ -97,12 +95,11 @@ def test_submit_jobs_and_logs_through_the_cli_over_ssh(ssh_env, tmp_path):
     assert res.returncode == 0, res.stderr
     job_id = json.loads(res.stdout)["job_id"]
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
+        def finished():
             st = run("status", job_id, "--json")
-            if st.returncode == 0 and json.loads(st.stdout)["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
-                break
-            time.sleep(1)
+            return st.returncode == 0 and json.loads(st.stdout)["state"] in ("COMPLETED", "FAILED", "CANCELLED")
+        wait_for(finished, 90, lambda: f"job {job_id} to finish (status now: {run('status', job_id, '--json').stdout.strip()})",
+                 interval=1)
         logs = run("logs", job_id)
         assert logs.returncode == 0, logs.stderr
         assert "hello from $(hostname)" in logs.stdout      # the argument reached the program verbatim
