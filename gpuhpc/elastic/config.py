@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ class Pool:
     restart_budget: int = 3       # reclaims a job may be requeued after; the next one holds it
     hourly_price: str = "0"       # per instance-hour at launch (a Decimal string); the provider's when it has one
     on_demand_hourly_price: str | None = None   # what on-demand would cost: spot savings (default: hourly_price)
+    # multi-node jobs (docs/elastic.md, "Multi-node jobs"): a launch of more than one node in one
+    # availability zone; a placement group ("cluster": gpuhpc-<cluster>-<pool>, made if missing;
+    # any other value: an existing group's name); an On-Demand Capacity Reservation or a Capacity
+    # Block for ML (capacity_type "capacity-block", with the block's reservation id)
+    single_zone: bool = True
+    placement_group: str | None = None
+    capacity_reservation_id: str | None = None
+    capacity_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -43,17 +52,33 @@ class ElasticConfig:
     protect_after: int = 3        # boot failures in a row that put a pool in protected mode
     provider_settings: dict[str, Any] = field(default_factory=dict)   # e.g. {"aws": {"region": ...}}
 
-    def pool_of(self, node: str) -> Pool | None:
+    @cached_property
+    def pool_by_node(self) -> dict[str, Pool]:
+        """Node name -> its pool (the first pool that lists it), built once: a lookup per node, not
+        a scan of every pool's nodes (quadratic at 10,000 nodes)."""
+        out: dict[str, Pool] = {}
         for p in self.pools:
-            if node in p.nodes:
-                return p
-        return None
+            for n in p.nodes:
+                out.setdefault(n, p)
+        return out
+
+    @cached_property
+    def pool_by_name(self) -> dict[str, Pool]:
+        return {p.name: p for p in reversed(self.pools)}
+
+    @cached_property
+    def nodes_expr(self) -> str:
+        """Every cloud node as one hostlist (compressed once)."""
+        return hostlist.compress([n for p in self.pools for n in p.nodes])
+
+    def pool_of(self, node: str) -> Pool | None:
+        return self.pool_by_node.get(node)
 
     def pool(self, name: str) -> Pool:
-        for p in self.pools:
-            if p.name == name:
-                return p
-        raise KeyError(name)
+        try:
+            return self.pool_by_name[name]
+        except KeyError:
+            raise KeyError(name) from None
 
 
 def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
@@ -69,7 +94,10 @@ def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
                        capacity_cooldown=int(g.get("capacity_cooldown", 300)), price_tier=int(g.get("price_tier", 0)),
                        restart_budget=int(g.get("restart_budget", 3)), hourly_price=str(g.get("hourly_price") or "0"),
                        on_demand_hourly_price=(str(g["on_demand_hourly_price"]) if g.get("on_demand_hourly_price")
-                                               is not None else None))
+                                               is not None else None),
+                       single_zone=bool(g.get("single_zone", True)), placement_group=g.get("placement_group"),
+                       capacity_reservation_id=g.get("capacity_reservation_id"),
+                       capacity_type=g.get("capacity_type"))
                   for g in power["groups"])
     return ElasticConfig(cluster=ctx["cluster_name"], pools=pools, state_dir=power["state_dir"],
                          orphan_grace=int(power.get("orphan_grace", 600)),

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ from gpuhpc.elastic.config import ElasticConfig
 from gpuhpc.elastic.power import CAP_REASON
 from gpuhpc.elastic.providers.base import Instance
 from gpuhpc.elastic.store import NodeRecord, State, Store
-from gpuhpc.slurm.power import PowerNode, PowerSlurm, slurm_timestamp
+from gpuhpc.slurm.power import PowerNode, PowerSlurm
 
 COOLDOWN_REASON = "gpuhpc cooldown"      # the prefix gpuhpc.elastic.worker writes
 PROTECTED_REASON = "gpuhpc protected"    # a pool after protect_after boot failures in a row
@@ -118,7 +119,7 @@ def adoptions(config: ElasticConfig, nodes: list[PowerNode], instances: list[Ins
         if i.node:
             tagged.setdefault(i.node, []).append(i)
     out: dict[str, Instance] = {}
-    pool_by_node = {name: p for p in config.pools for name in p.nodes}      # pool_of per node: quadratic
+    pool_by_node = config.pool_by_node
     for n in nodes:
         pool = pool_by_node.get(n.name)
         if pool is None or n.flags & {"POWERED_DOWN", "POWERING_DOWN"}:
@@ -218,7 +219,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
                 budget(name, f"the spot reclaim of {inst.id}")
 
     for pool_name in sorted(state.boot_failures):
-        pool = next((p for p in config.pools if p.name == pool_name), None)
+        pool = config.pool_by_name.get(pool_name)
         if pool is None or pool_name in state.protected or not state.boot_failures[pool_name]:
             continue
         if any(records.get(n) is not None and records[n].instance_id in live and n in by_node
@@ -228,7 +229,7 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
     for pool_name, cd in sorted(state.cooldowns.items()):
         if cd["until"] > now or pool_name in state.protected:
             continue
-        pool = next((p for p in config.pools if p.name == pool_name), None)
+        pool = config.pool_by_name.get(pool_name)
         cooled = [by_node[n] for n in (pool.nodes if pool else ()) if n in by_node
                   and "DOWN" in by_node[n].flags and by_node[n].reason.startswith(COOLDOWN_REASON)]
         # Slurm still waits for ResumeTimeout on a node whose launch failed (DOWN does not clear
@@ -252,19 +253,39 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
     return d.actions
 
 
+REASONS_MAX = 20            # distinct DOWN/DRAIN reasons of one kind a pass sets one by one
+_INSTANCE_WORD = re.compile(r"(?<=\s)(?:i-[0-9a-zA-Z]+|local-\S+)(?=\s|$)")
+
+
+def generic_reason(reason: str) -> str:
+    """``reason`` without its instance id (``gpuhpc: instance i-0abc is gone`` -> ``gpuhpc:
+    instance (see Comment) is gone``): one reason for many nodes, one scontrol call."""
+    return _INSTANCE_WORD.sub("(see Comment)", reason)
+
+
 def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store: Store, providers: dict,
           now: float) -> None:
     """Carry out :func:`decide`'s actions: node updates batched per kind and reason, instance ends
     per provider (``providers``: pool provider name -> Provider), records under the store's lock."""
     batches: dict[tuple[str, str], list[str]] = {}
     ends: list[str] = []
+    signals: dict[str, list[str]] = {}
+    # a reason naming its node's instance makes one scontrol call per node: past REASONS_MAX of
+    # one kind in a pass (a reclaim wave), the instance leaves the reason (the Comment names it)
+    reasons: dict[str, set[str]] = {}
+    for a in actions:
+        if a.kind in ("down", "drain"):
+            reasons.setdefault(a.kind, set()).add(a.reason)
     for a in actions:
         if a.kind in ("down", "drain", "power_down", "resume"):
-            batches.setdefault((a.kind, a.reason), []).append(a.target)
+            reason = generic_reason(a.reason) if len(reasons.get(a.kind, ())) > REASONS_MAX else a.reason
+            batches.setdefault((a.kind, reason), []).append(a.target)
         elif a.kind == "signal":
-            slurm.signal_job(a.target, a.reason)
+            signals.setdefault(a.reason, []).append(a.target)
         elif a.kind == "terminate":
             ends.append(a.target)
+    for sig, jobs in signals.items():           # one scancel for every job of a signal
+        slurm.signal_jobs(jobs, sig)
     order = ("drain", "down", "power_down", "resume")
     for kind in order:
         for (k, reason), names in batches.items():
@@ -288,7 +309,6 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
     for provider in providers.values():
         if ends:
             provider.terminate(ends)
-    pool_by_node = {n: p.name for p in config.pools for n in p.nodes} if any(a.kind == "adopt" for a in actions) else {}
     with store.update() as state:
         for a in actions:
             if a.kind == "adopt":
@@ -298,7 +318,7 @@ def apply(config: ElasticConfig, actions: list[Action], slurm: PowerSlurm, store
                 # otherwise be named by no record and ended as an orphan
                 if (cur.instance_id if cur is not None else None) == a.was and (cur is None) == (a.was is None):
                     state.nodes[a.target] = NodeRecord(
-                        node=a.target, pool=pool_by_node.get(a.target, ""), token=ADOPTED_TOKEN,
+                        node=a.target, pool=getattr(config.pool_of(a.target), "name", ""), token=ADOPTED_TOKEN,
                         requested_at=a.at if a.at is not None else now, instance_id=a.reason,
                         launched_at=a.at, job_started=True)
             elif a.kind == "forget":
@@ -331,8 +351,7 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     if providers is None:
         providers = {p.provider: provider_for(p.provider, config) for p in config.pools}
     store = Store(config.state_dir)
-    cloud_nodes = hostlist.compress([n for p in config.pools for n in p.nodes])
-    nodes = slurm.nodes(cloud_nodes)
+    nodes = slurm.nodes(config.nodes_expr)
     instances = [i for prov in providers.values() for i in prov.instances()]
     state = store.read()
     live = {i.id for i in instances if i.state != "terminated"}
@@ -346,7 +365,8 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
             for n in hostlist.expand(nodelist):
                 if n in watched:
                     jobs_on.setdefault(n, []).append(job)
-    restarts = {job: slurm.restarts(job) for jobs in jobs_on.values() for job in jobs}
+    briefs = slurm.job_briefs([job for jobs in jobs_on.values() for job in jobs]) if jobs_on else {}
+    restarts = {job: b.restarts for job, b in briefs.items()}
     actions = decide(config, nodes, instances, state, now, jobs_on, restarts=restarts)
     apply(config, actions, slurm, store, providers, now)
     journal.append(config.state_dir, *end_events(config, actions, nodes, instances, state, now))
@@ -376,10 +396,11 @@ def job_starts(config: ElasticConfig, slurm: PowerSlurm, store: Store, nodes: li
         if job:
             waiting.setdefault(job, []).append(name)
     out, done = [], set()
+    briefs = slurm.job_briefs(list(waiting)) if waiting else {}      # one squeue, not a show job each
     for job, names in waiting.items():
-        info = slurm.client.show_job(job) or {}
-        submit, start = slurm_timestamp(info.get("SubmitTime")), slurm_timestamp(info.get("StartTime"))
-        state = info.get("JobState", "")
+        info = briefs.get(job)
+        submit, start = (info.submit, info.start) if info else (None, None)
+        state = info.state if info else ""
         if state in ("RUNNING", "COMPLETING", "COMPLETED") and submit is not None and start is not None:
             pool = config.pool_of(names[0])
             out.append({"event": "job_start", "cluster": config.cluster, "job": job, "pool": pool.name if pool else "",
@@ -405,7 +426,7 @@ def end_events(config: ElasticConfig, actions: list[Action], nodes: list[PowerNo
     for a in actions:
         if a.kind == "terminate" and a.reason.startswith("orphan"):
             inst = by_id.get(a.target)
-            pool = next((p for p in config.pools if inst and p.name == inst.pool), None)
+            pool = config.pool_by_name.get(inst.pool) if inst and inst.pool else None
             out.append(journal.end_event(config, a.target, now, "orphan", orphan=inst, pool=pool))
         elif a.kind == "down" and a.target in state.nodes and state.nodes[a.target].instance_id:
             why = "reclaim" if "spot reclaim" in a.reason else "gone" if "is gone" in a.reason else None

@@ -92,6 +92,38 @@ def parse_jobs_on_nodes(text: str) -> list[tuple[str, str]]:
     return rows
 
 
+JOB_BRIEF_FIELDS = ("JobID", "RestartCnt", "State", "SubmitTime", "StartTime")
+JOB_BRIEF_CHUNK = 500         # job ids per squeue call (the argv stays far under ARG_MAX)
+
+
+@dataclass(frozen=True)
+class JobBrief:
+    """What the reconciler needs of a job: its requeue count, state, submit and start times."""
+    job_id: str
+    restarts: int
+    state: str
+    submit: float | None
+    start: float | None
+
+
+def job_briefs_argv(job_ids: list[str]) -> list[str]:
+    """``squeue --noheader --states=all --jobs=A,B -O JobID:48,RestartCnt:12,...``: fields with no
+    free text in them (no name, comment or reason), so a row is whitespace-split safely."""
+    fmt = ",".join(f"{f}:{48 if f == 'JobID' else 24}" for f in JOB_BRIEF_FIELDS)
+    return ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}", f"--Format={fmt}"]
+
+
+def parse_job_briefs(text: str) -> dict[str, JobBrief]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != len(JOB_BRIEF_FIELDS) or not parts[1].isdigit():
+            continue                       # malformed: skipped, never fatal
+        job, restarts, state, submit, start = parts
+        out[job] = JobBrief(job, int(restarts), state, slurm_timestamp(submit), slurm_timestamp(start))
+    return out
+
+
 # ---------------------------------------------------------------- runner
 class PowerSlurm:
     """The node updates of gpuhpc.elastic over one SlurmClient (its runner and ``SLURM_CONF``)."""
@@ -127,6 +159,17 @@ class PowerSlurm:
         rec = self.client.show_job(job_id) or {}
         return int(rec["Restarts"]) if rec.get("Restarts", "").isdigit() else 0
 
+    def job_briefs(self, job_ids) -> dict[str, "JobBrief"]:
+        """Requeue count, state, submit and start of many jobs: one ``squeue`` per
+        :data:`JOB_BRIEF_CHUNK` ids (not one ``scontrol show job`` each); a job squeue no longer
+        knows is absent."""
+        ids = list(dict.fromkeys(str(j) for j in job_ids))
+        out: dict[str, JobBrief] = {}
+        for i in range(0, len(ids), JOB_BRIEF_CHUNK):
+            res = self.client.run(job_briefs_argv(ids[i:i + JOB_BRIEF_CHUNK]), check=False)
+            out.update(parse_job_briefs(res.stdout))
+        return out
+
     def hold_job(self, job_id: str, note: str) -> bool:
         """Hold a (requeued) job, ``Priority=0`` (Reason ``JobHeldAdmin``), with ``note`` as its
         AdminComment, which users cannot change."""
@@ -135,6 +178,15 @@ class PowerSlurm:
     def signal_job(self, job_id: str, signal: str) -> bool:
         """``scancel --signal=SIG --full JOB``: the batch shell too, not only the job's steps."""
         return self.client.run(["scancel", f"--signal={signal}", "--full", str(job_id)], check=False).ok
+
+    def signal_jobs(self, job_ids, signal: str) -> bool:
+        """:meth:`signal_job` for many jobs: one ``scancel`` per :data:`JOB_BRIEF_CHUNK` ids."""
+        ids = list(dict.fromkeys(str(j) for j in job_ids))
+        ok = True
+        for i in range(0, len(ids), JOB_BRIEF_CHUNK):
+            ok &= self.client.run(["scancel", f"--signal={signal}", "--full", *ids[i:i + JOB_BRIEF_CHUNK]],
+                                  check=False).ok
+        return ok
 
     def controllers(self) -> list[ControllerPing]:
         """``scontrol ping``: every SlurmctldHost in order and whether it answers ([] when the
@@ -178,4 +230,5 @@ def stepd_pids(node: str, proc: str = "/proc") -> list[int]:
         except OSError:
             continue
     return pids
+
 
