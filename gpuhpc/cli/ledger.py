@@ -128,6 +128,46 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, json_: bool) -> N
         sys.stderr.write(f"{len(plans)} accounts, {len(res.commands)} changes{' (dry run)' if dry_run else ''}\n")
 
 
+@ledger.command("check")
+@click.option("--account", multiple=True, help="Only these accounts' limits and usage (repeatable).")
+@click.option("--tolerance-percent", default="1", show_default=True,
+              help="Usage may differ by this percent of the larger figure (Slurm adds usage up every "
+                   "PriorityCalcPeriod).")
+@click.option("--tolerance-minutes", default="1", show_default=True,
+              help="... or by this many GPU-minutes (a money budget: minutes of the dearest GPU), whichever is larger.")
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write gpuhpc_ledger_drift (differences by kind) here, for node_exporter's textfile "
+                   "collector.")
+@JSON
+def ledger_check(account: tuple[str, ...], tolerance_percent: str, tolerance_minutes: str,
+                 textfile: Optional[Path], json_: bool) -> int:
+    """Compare the running Slurm with the ledger: TRESBillingWeights per partition against the price
+    book, GrpTRESMins per quota against sync-slurm's, usage this period against the ledger's. One
+    line per difference; exit 1 on any, 0 when in step."""
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import check, db
+    from gpuhpc.slurm.client import SlurmClient
+
+    admin_only("ledger check")
+    db.check_schema()
+    tol = check.Tolerance(money_arg(tolerance_percent, "--tolerance-percent"),
+                          money_arg(tolerance_minutes, "--tolerance-minutes"))
+    res = check.check(SlurmClient(), accounts=list(account) or None, tolerance=tol)
+    if textfile is not None:
+        check.write_textfile(res, textfile)
+    if json_:
+        print_json(res.as_dict())
+    else:
+        for d in res.differences:
+            sys.stdout.write(d.line() + "\n")
+        for n in res.notes:
+            sys.stderr.write(f"note: {n}\n")
+        c = res.checked
+        sys.stderr.write(f"{len(res.differences)} differences ({c['weights']} partitions, {c['limits']} associations, "
+                         f"{c['usage']} budgets compared){'' if res.differences else ': the ledger and Slurm are in step'}\n")
+    return 0 if res.in_step else 1
+
+
 @ledger.command("billing")
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write it here (default: print).")
 def ledger_billing(output: Optional[Path]) -> None:

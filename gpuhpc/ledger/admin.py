@@ -144,12 +144,38 @@ def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from:
     k = MultiplierKind(kind)
     eff = effective_from or pricing.at_sacct_resolution(utcnow())
     with db.session_scope(url) as s:
+        if k is MultiplierKind.qos and multiplier != 1:
+            _refuse_qos_with_money(s, name)
         row = s.scalar(select(PriceMultiplier).where(PriceMultiplier.kind == k, PriceMultiplier.name == name,
                                                      PriceMultiplier.effective_from == eff))
         if row is None:
             row = PriceMultiplier(kind=k, name=name, effective_from=eff, multiplier=multiplier)
             s.add(row)
         row.multiplier = multiplier
+
+
+# Slurm bills a job by its partition's TRESBillingWeights only: a QOS multiplier lives in the ledger
+# alone, so a money budget that Slurm enforces (GrpTRESMins=billing, sync-slurm) would drift from it.
+QOS_DRIFT = ("Slurm bills by partition weights only (TRESBillingWeights), so a QOS multiplier applies in the "
+             "ledger alone and a money budget in Slurm would drift from the ledger")
+
+
+def _refuse_qos_with_money(s: Session, qos: str) -> None:
+    money = sorted({(q.account.name + (f"/{q.user.name}" if q.user else ""))
+                    for q in s.scalars(select(Quota).where(Quota.money.is_not(None)))})
+    if money:
+        raise UserInputError(f"QOS multiplier for {qos!r} refused: money quotas exist ({', '.join(money)}); {QOS_DRIFT}",
+                             field="--qos", hint="price the capacity as a partition (--partition P --multiplier M), "
+                                                 "or make those quotas GPU-hour quotas (--gpu-hours) first")
+
+
+def _refuse_money_with_qos(s: Session) -> None:
+    names = pricing.unmirrored_qos(load_price_book(s), utcnow())
+    if names:
+        raise UserInputError(f"money quota refused: QOS multipliers other than 1 exist ({', '.join(names)}); "
+                             f"{QOS_DRIFT}",
+                             field="--money", hint="set them to 1 (gpuhpc ledger price set --qos Q --multiplier 1) "
+                                                   "and price by partition instead, or give a --gpu-hours quota")
 
 
 def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | None = None,
@@ -169,6 +195,8 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
             if u is None:
                 raise UserInputError(f"no user {user!r}", hint=f"gpuhpc ledger user add {user} --account {account}")
             uid = u.id
+        if money is not None:
+            _refuse_money_with_qos(s)
         q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)).with_for_update())
         if q is None:
             q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p)

@@ -231,3 +231,17 @@ def period_end(period: str, start: dt.datetime) -> dt.datetime | None:
     if period == "month":
         return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
     return None
+
+
+def unmirrored_qos(book: PriceBook, at: dt.datetime) -> list[str]:
+    """QOS names whose multiplier is not 1 at ``at`` or in a later-dated entry. Slurm bills a job
+    by its partition's ``TRESBillingWeights`` alone, so such a multiplier exists in the ledger only
+    and a money budget that Slurm enforces (``GrpTRESMins=billing``) would drift from it."""
+    names = []
+    for (kind, name), entries in sorted(book.multipliers.items()):
+        if kind != "qos":
+            continue
+        later = [m for eff, m in entries if eff > at]
+        if book.multiplier("qos", name, at) != 1 or any(m != 1 for m in later):
+            names.append(name)
+    return names

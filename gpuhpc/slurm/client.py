@@ -312,3 +312,17 @@ class SlurmClient:
         """The ``NodeAddr`` of every node (of ``partition``): where a job there would run."""
         argv = ["sinfo", "--noheader", "--Node", "--format=%o", *([f"--partition={partition}"] if partition else [])]
         return sorted({line.strip() for line in self.run(argv).stdout.splitlines() if line.strip()})
+
+    # ------------------------------------------------------------ ledger check (issue 34)
+    def partition_billing_weights(self) -> dict[str, str | None]:
+        """Each partition's ``TRESBillingWeights`` in the running slurmctld (None: none set)."""
+        return _parsers().parse_partition_billing_weights(self.run(cmd.scontrol_show("partition")).stdout)
+
+    def assoc_usage(self, accounts: Iterable[str]) -> list[parsers.AssocUsage]:
+        """These accounts' associations in slurmctld's cache: ``GrpTRESMins`` limits and usage and
+        the running jobs' ``GrpTRESRunMins`` (an account slurmctld does not know has no rows)."""
+        names = sorted(set(accounts))
+        if not names:
+            return []
+        res = self.run(cmd.scontrol_show_assoc_mgr_accounts(names), check=False)
+        return _parsers().parse_assoc_usage(res.stdout if res.ok else "")

@@ -550,3 +550,60 @@ def parse_ping(text: str) -> list[ControllerPing]:
         if m:
             out.append(ControllerPing(m.group(1), m.group(2), m.group(3) == "UP"))
     return out
+
+
+# ---------------------------------------------------------------- ledger check (issue 34)
+def parse_partition_billing_weights(text: str) -> dict[str, str | None]:
+    """``scontrol --oneliner show partition`` -> each partition's ``TRESBillingWeights`` as the
+    running slurmctld has it (None: the partition has none, so Slurm bills its CPUs)."""
+    out: dict[str, str | None] = {}
+    for rec in parse_oneliner_records(text):
+        if "PartitionName" in rec:
+            w = rec.get("TRESBillingWeights", "")
+            out[rec["PartitionName"]] = w if w and w != "(null)" else None
+    return out
+
+
+@dataclass(frozen=True)
+class AssocUsage:
+    """One association in slurmctld's cache: ``GrpTRESMins`` limit (None: unlimited) and usage,
+    and ``GrpTRESRunMins`` (the running jobs' minutes still to come), in TRES-minutes."""
+
+    account: str
+    user: str                 # "" for the account's own association
+    limits: dict[str, int | None]
+    used: dict[str, int]
+    running: dict[str, int]
+
+
+_TRES_MINS = re.compile(r"([\w/:.]+)=(\d+|N)\((\d+)\)")
+
+
+def parse_assoc_usage(text: str) -> list[AssocUsage]:
+    """``scontrol show assoc_mgr accounts=... flags=assoc`` -> each association's budget
+    minutes: ``GrpTRESMins=gres/gpu=3(1)`` (limit 3, used 1) and ``GrpTRESRunMins=gres/gpu=N(4)``
+    (running jobs hold 4 more)."""
+    out: list[AssocUsage] = []
+    cur: dict | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("ClusterName="):
+            if cur is not None:
+                out.append(AssocUsage(**cur))
+            f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            cur = {"account": f.get("Account", ""), "user": f.get("UserName", "").split("(", 1)[0],
+                   "limits": {}, "used": {}, "running": {}}
+            continue
+        if cur is None:
+            continue
+        for key, what in (("GrpTRESMins=", "mins"), ("GrpTRESRunMins=", "run")):
+            if line.startswith(key):
+                for m in _TRES_MINS.finditer(line[len(key):]):
+                    if what == "mins":
+                        cur["limits"][m.group(1)] = None if m.group(2) == "N" else int(m.group(2))
+                        cur["used"][m.group(1)] = int(m.group(3))
+                    else:
+                        cur["running"][m.group(1)] = int(m.group(3))
+    if cur is not None:
+        out.append(AssocUsage(**cur))
+    return out

@@ -29,6 +29,10 @@ def test_admin_flow_and_reports(cli_db, capsys, tmp_path):
                  "--multiplier", "0.4"]) == 0
     assert main(["ledger", "account", "add", "research"]) == 0
     assert main(["ledger", "user", "add", "alice", "--account", "research", "--default"]) == 0
+    # Slurm cannot mirror the QOS multiplier (0.5 for low): no money quota beside it (issue 34)
+    assert main(["quota", "set", "research", "--gpu-hours", "100", "--money", "500", "--period", "month"]) == 2
+    assert "QOS multipliers other than 1 exist (low)" in capsys.readouterr().err
+    assert main(["ledger", "price", "set", "--qos", "low", "--multiplier", "1"]) == 0
     assert main(["quota", "set", "research", "--gpu-hours", "100", "--money", "500", "--period", "month"]) == 0
     capsys.readouterr()
     assert main(["ledger", "price", "list", "--json"]) == 0
