@@ -61,15 +61,37 @@ def test_all_ranks_stop_after_the_same_step(tmp_path, coupled, signal_ranks):
     assert set(stops.values()) == {decision}
 
 
-def test_a_dead_peer_makes_the_others_stop_after_the_timeout(tmp_path):
+class _Clock:
+    """coord's clock in test_a_dead_peer...: ``sleep`` moves it on, nothing really waits."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+        self.slept += s
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_a_dead_peer_makes_the_others_stop_after_the_timeout(tmp_path, monkeypatch, capsys):
     d = tmp_path / "stop"
-    c = coord.StopCoordinator(rank=0, world_size=2, directory=d, timeout=0.5)
+    clock = _Clock()
+    monkeypatch.setattr(coord, "time", clock)
+    c = coord.StopCoordinator(rank=0, world_size=2, directory=d, timeout=5)
     coord.request_stop(d)
     assert c.should_stop(5) is False                  # announced, carries on one step
-    t0 = time.monotonic()
+    assert clock.slept == 0
     assert c.should_stop(6) is True                   # rank 1 never answers
-    assert 0.4 < time.monotonic() - t0 < 5
+    assert 5 <= clock.slept <= 5.5                    # it polled for the decision for the whole timeout, no longer
+    assert "rank 0: no stop decision within 5s (a peer died?); stopping after step 6" in capsys.readouterr().err
     assert not (d / "decision").exists()
+    assert c.should_stop(7) is True                   # and stays stopped
 
 
 def test_single_process_uses_the_local_flag_and_the_request_file(tmp_path):

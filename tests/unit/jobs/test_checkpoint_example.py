@@ -9,10 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpuhpc.jobs import checkpoint as ckpt
+from polling import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "train.py"
 sys.path.insert(0, str(EXAMPLE.parent))
@@ -48,10 +48,9 @@ def _lines(tmp_path: Path, rank: int, word: str) -> list[int]:
 
 def test_example_stops_together_and_resumes_to_the_uninterrupted_result(tmp_path):
     procs = _start(tmp_path, 0)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "p.2").exists() or len(_lines(tmp_path, 2, "step")) < 30:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: (tmp_path / "p.2").exists() and len(_lines(tmp_path, 2, "step")) >= 30, 60,
+             "rank 2 to take 30 steps", interval=0.05,
+             abort=lambda: [p.returncode for p in procs if p.poll() is not None] and "a rank exited early")
     procs[2].send_signal(signal.SIGUSR2)                 # one rank hears the warning
     assert [p.wait(timeout=60) for p in procs] == [0] * WORLD
     stops = {r: _lines(tmp_path, r, "stop") for r in range(WORLD)}

@@ -4,16 +4,17 @@ its arguments); the restart cap; checkpoint env; scratch cleanup. No Slurm neede
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
+from polling import wait_for
 
 PROGRAM = r"""
 import os, signal, sys, time
@@ -37,6 +38,12 @@ sys.exit(0)
 def _mutations(scontrol_log: str) -> list[str]:
     """The scontrol calls that change something (the template also reads `show job`)."""
     return [line for line in scontrol_log.splitlines() if " show " not in f" {line} "]
+
+
+def _wait_ready(ready: Path, proc: subprocess.Popen) -> None:
+    """Until the program wrote ``ready``; fails at once when the job script has exited."""
+    wait_for(ready.exists, 15, f"the program to write {ready.name}", interval=0.05,
+             abort=lambda: proc.poll() is not None and f"the job script exited ({proc.returncode})")
 
 
 def _job(tmp_path: Path, job_id: str, restart: int, out: Path, **spec_kw):
@@ -64,10 +71,7 @@ def _run(tmp_path: Path, restart: int, max_requeues: int = 3, send_signal: bool 
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 15
-    while not Path(str(out) + ".ready").exists():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    _wait_ready(Path(str(out) + ".ready"), proc)
     if send_signal:
         proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=20)
@@ -94,12 +98,14 @@ def test_usr2_before_the_handlers_exist_still_requeues(tmp_path):
     exist: the job requeues itself instead of dying unrequeued with signal 12 (it had no
     progress to save; the restart resumes from the previous checkpoint)."""
     text, env, log = _job(tmp_path, "4343", 0, tmp_path / "out.txt", max_requeues=3, env={"SLOW": "$(sleep 1)"})
-    text = text.replace("export SLOW=", "sleep 1; export SLOW=", 1)      # a slow first line
-    assert "sleep 1; export SLOW=" in text
+    inside = tmp_path / "inside-env-line"
+    slow = f"touch {inside}; sleep 2; export SLOW="                     # a slow first line
+    text = text.replace("export SLOW=", slow, 1)
+    assert slow in text
     script = tmp_path / "job.sh"
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)                                  # inside the slow environment line
+    _wait_ready(inside, proc)                        # inside the slow environment line
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -125,10 +131,7 @@ def test_a_failed_requeue_is_a_failure(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(text)
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 15
-    while not (tmp_path / "out-0.txt.ready").exists():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    _wait_ready(tmp_path / "out-0.txt.ready", proc)
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 75 and "requeue failed" in err, err
@@ -163,31 +166,38 @@ def test_exit_code_passes_through_without_signal(tmp_path, exit_code):
 
 
 def test_program_that_ignores_usr2_is_requeued_after_the_grace_budget(tmp_path):
+    """The program goes on stepping after the warning (it records it, then ignores it): the job
+    script gives it the budget its --grace allows, then requeues the job without waiting for
+    the program's own end."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "scontrol.log"
     (bindir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
     (bindir / "scontrol").chmod(0o755)
-    ready = tmp_path / "ready"
-    prog = (f"import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
-            f"open({str(ready)!r}, 'w').close(); time.sleep(8)")
-    spec = JobSpec(command=(sys.executable, "-c", prog), grace=4, checkpoint_dir=str(tmp_path / "ck"))
+    ready, steps = tmp_path / "ready", tmp_path / "steps"
+    prog = (f"import signal, time\n"
+            f"def note(word):\n    with open({str(steps)!r}, 'a') as fh: fh.write(word + '\\n')\n"
+            f"signal.signal(signal.SIGUSR2, lambda *a: note('usr2'))\n"
+            f"open({str(ready)!r}, 'w').close()\n"
+            f"for _ in range(300):\n    time.sleep(0.1); note('step')\n"
+            f"note('end')\n")
+    (tmp_path / "prog.py").write_text(prog)
+    spec = JobSpec(command=(sys.executable, str(tmp_path / "prog.py")), grace=4, checkpoint_dir=str(tmp_path / "ck"))
     script = tmp_path / "job.sh"
     script.write_text(render(spec))
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="9")
     with open(tmp_path / "err", "w") as err:
         proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 15
-        while not ready.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        t0 = time.monotonic()
+        _wait_ready(ready, proc)
         proc.send_signal(signal.SIGUSR2)
         proc.wait(timeout=15)
-    took = time.monotonic() - t0
-    assert 2 <= took < 7, took
+    seen = steps.read_text().split()
+    text = (tmp_path / "err").read_text()
+    assert re.search(r"\([34]s\): the program has 3s to checkpoint and exit", text), text   # --grace 4's budget
+    assert "usr2" in seen and "step" in seen[seen.index("usr2") + 1:], seen    # it stepped on after the warning
+    assert "end" not in seen, seen                                             # requeued before its own end
     assert _mutations(log.read_text()) == ["requeue 9"]
-    assert "did not exit by the deadline" in (tmp_path / "err").read_text()
+    assert "did not exit by the deadline" in text
 
 
 def test_sigterm_is_forwarded_and_the_program_may_finish_its_checkpoint(tmp_path):
@@ -207,10 +217,7 @@ def test_sigterm_is_forwarded_and_the_program_may_finish_its_checkpoint(tmp_path
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="10")
     proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    deadline = time.monotonic() + 15
-    while not ready.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_ready(ready, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=15)
     assert proc.returncode == 143 and saved.exists(), err

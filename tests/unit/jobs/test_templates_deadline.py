@@ -11,11 +11,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
+from polling import wait_for
 
 STUB = r"""#!/bin/sh
 echo "$@" >> {log}
@@ -63,16 +63,14 @@ def _job(tmp_path: Path, program: str, *, end_in: float, preempted: bool, grace_
     env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", SLURM_JOB_ID="11")
     err = open(tmp_path / "err", "w")
     proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 15
-    while not ready.exists():
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    t0 = time.monotonic()
+    wait_for(ready.exists, 15, "the program to start", interval=0.05,
+             abort=lambda: proc.poll() is not None and f"the job script exited ({proc.returncode})")
     proc.send_signal(signal.SIGUSR2)
     proc.wait(timeout=40)
     err.close()
     requeues = [line for line in log.read_text().splitlines() if line.startswith("requeue")]
-    return time.monotonic() - t0, requeues, (tmp_path / "err").read_text()
+    steps = Path(str(ready) + ".steps")
+    return requeues, (tmp_path / "err").read_text(), (steps.read_text().split() if steps.exists() else [])
 
 
 SLOW_SAVE = """
@@ -89,19 +87,30 @@ sys.exit(0)
 
 IGNORES = """
 import signal, time
-signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+def note(word):
+    with open(READY + ".steps", "a") as fh:
+        fh.write(word + "\\n")
+signal.signal(signal.SIGUSR2, lambda *a: note("usr2"))     # heard, and ignored
 open(READY, "w").close()
-time.sleep(30)
+for _ in range(300):
+    time.sleep(0.1)
+    note("step")
+note("end")
 """
+
+
+def _stepped_on_and_was_cut(steps: list[str]) -> bool:
+    """IGNORES went on stepping after the warning, and the job ended before the program did."""
+    return "usr2" in steps and "step" in steps[steps.index("usr2") + 1:] and "end" not in steps
 
 
 def test_a_save_longer_than_grace_but_inside_the_graceTime_is_not_cut(tmp_path):
     # --grace 4 used to requeue 3 s after the signal; the preemption deadline is 30 s away
-    took, requeues, err = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "6"), end_in=30, preempted=True,
-                               grace_time=30, grace=4)
-    assert (tmp_path / "ready.saved").exists(), err
-    assert took >= 6 and requeues == ["requeue 11"], (took, err)
-    assert "program exited (0) after SIGUSR2" in err
+    requeues, err, _ = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "6"), end_in=30, preempted=True,
+                            grace_time=30, grace=4)
+    assert (tmp_path / "ready.saved").exists(), err                # the 6 s save ended before the job did
+    assert "program exited (0) after SIGUSR2" in err and "did not exit by the deadline" not in err, err
+    assert requeues == ["requeue 11"], err
 
 
 def _budget(err: str) -> tuple[int, int]:
@@ -112,8 +121,8 @@ def _budget(err: str) -> tuple[int, int]:
 
 def test_the_deadline_is_end_time_after_a_partition_preemption(tmp_path):
     # preempt/partition_prio: Slurm set EndTime to PreemptTime + the partition's GraceTime (300)
-    took, requeues, err = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "0"), end_in=300, preempted=True,
-                               grace_time=300)
+    requeues, err, _ = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "0"), end_in=300, preempted=True,
+                            grace_time=300)
     left, budget = _budget(err)
     assert 298 <= left <= 300 and 273 <= budget <= 275, err        # 10 s + 5 % margin for the requeue
     assert requeues == ["requeue 11"]
@@ -122,8 +131,8 @@ def test_the_deadline_is_end_time_after_a_partition_preemption(tmp_path):
 def test_a_qos_preemption_gets_the_qos_grace_time_not_the_partitions(tmp_path):
     # preempt/qos: the partition's GraceTime is 0, the QOS's 300 s, and Slurm folded the QOS's into
     # EndTime. The template used to cap the deadline with the partition's GraceTime: about 1 s.
-    took, requeues, err = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "0"), end_in=300, preempted=True,
-                               grace_time=0)
+    requeues, err, _ = _job(tmp_path, SLOW_SAVE.replace("SAVE_S", "0"), end_in=300, preempted=True,
+                            grace_time=0)
     left, budget = _budget(err)
     assert 298 <= left <= 300 and 273 <= budget <= 275, err
     assert requeues == ["requeue 11"]
@@ -131,22 +140,24 @@ def test_a_qos_preemption_gets_the_qos_grace_time_not_the_partitions(tmp_path):
 
 
 def test_a_short_grace_keeps_a_quarter_as_margin(tmp_path):
-    took, requeues, err = _job(tmp_path, IGNORES, end_in=8, preempted=True, grace_time=8)
+    requeues, err, steps = _job(tmp_path, IGNORES, end_in=8, preempted=True, grace_time=8)
     left, budget = _budget(err)
     assert 7 <= left <= 8 and 5 <= budget <= 6, err
-    assert 4 <= took < 9, (took, err)
+    assert _stepped_on_and_was_cut(steps), steps
     assert "did not exit by the deadline" in err and requeues == ["requeue 11"]
 
 
 def test_at_the_time_limit_the_deadline_is_end_time(tmp_path):
     # the time-limit warning: no PreemptTime, EndTime 8 s away although --grace is 60
-    took, requeues, err = _job(tmp_path, IGNORES, end_in=8, preempted=False, grace_time=30)
-    assert 4 <= took < 11, (took, err)
+    requeues, err, steps = _job(tmp_path, IGNORES, end_in=8, preempted=False, grace_time=30)
+    left, budget = _budget(err)
+    assert 7 <= left <= 8 and 5 <= budget <= 6, err                 # EndTime's 8 s, not --grace's 60
+    assert _stepped_on_and_was_cut(steps) and "did not exit by the deadline" in err, (steps, err)
     assert requeues == ["requeue 11"]
 
 
 def test_without_an_answer_from_scontrol_the_grace_budget_runs_from_the_signal(tmp_path):
-    took, requeues, err = _job(tmp_path, IGNORES, end_in=-5, preempted=False, grace_time=30, grace=6)
+    requeues, err, _ = _job(tmp_path, IGNORES, end_in=-5, preempted=False, grace_time=30, grace=6)
     left, budget = _budget(err)
     assert 5 <= left <= 6 and 4 <= budget <= 5, err
     assert requeues == ["requeue 11"]

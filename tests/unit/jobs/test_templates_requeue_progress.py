@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
+from polling import wait_for
 
 STUB = r"""#!/bin/sh
 echo "$@" >> {log}
@@ -70,10 +70,8 @@ def _run(tmp_path: Path, *, restart: int, preempted: bool, save: str = "", stall
                **(extra_env or {}))
     proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 15
-    while not ready.exists():
-        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    wait_for(ready.exists, 15, "the program to start", interval=0.05,
+             abort=lambda: proc.poll() is not None and f"the job script exited: {proc.communicate()}")
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=30)
     mutations = [line for line in log.read_text().splitlines() if " show " not in f" {line} "]
