@@ -22,6 +22,7 @@ _LAZY = {
     "should_stop": "gpuhpc.jobs.coord",
     "save_shard": "gpuhpc.jobs.checkpoint",
     "report": "gpuhpc.ledger.metrics",
+    "should_prune": "gpuhpc.sweeps.trial",
     "sweep": "gpuhpc.remote.sweeps",
     "Sweep": "gpuhpc.sweeps.api",
     "sprint": "gpuhpc.sprints.run",

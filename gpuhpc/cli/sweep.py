@@ -18,8 +18,9 @@ from gpuhpc.cli.main import help_for
 def _echo(text: str, err: bool = False) -> None:
     (sys.stderr if err else sys.stdout).write(text + "\n")
 
-_STATE_STYLE = {"completed": "green", "failed": "red", "cancelled": "yellow", "running": "cyan",
+_STATE_STYLE = {"completed": "green", "pruned": "blue", "failed": "red", "cancelled": "yellow", "running": "cyan",
                 "pending": "white", "requeued": "magenta", "waiting": "dim"}
+_FINISHED = ("completed", "pruned", "failed", "cancelled")
 
 
 def _sweep(sweep_id: str):
@@ -81,7 +82,7 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     total = info["n_trials"]
-    finished = sum(counts.get(s, 0) for s in ("completed", "failed", "cancelled"))
+    finished = sum(counts.get(s, 0) for s in _FINISHED)
     spec = info["spec"]
     head = Text(f"sweep {sw.id} {info['name']}: {info['status']}"
                 + (f" ({info['message']})" if info.get("message") else "")
@@ -157,7 +158,8 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
         b = engine.best(rows, info["spec"].metric.goal)
         print_json({"sweep_id": sw.id, "name": info["name"], "status": info["status"], "message": info["message"],
-                    "n_trials": info["n_trials"], "counts": counts, "driver_job_id": info["driver_job_id"],
+                    "n_trials": info["n_trials"], "counts": counts, "pruned": counts.get("pruned", 0),
+                    "failed": counts.get("failed", 0), "driver_job_id": info["driver_job_id"],
                     "chunks": info["chunks"], "best": _row_out(b) if b else None})
         return 0
     if not watch:
@@ -166,7 +168,7 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     from rich.live import Live
 
     with Live(_status_renderable(sw, rows, info), console=console(), refresh_per_second=2) as live:
-        while not all(r["state"] in ("completed", "failed", "cancelled") for r in rows) \
+        while not all(r["state"] in _FINISHED for r in rows) \
                 or len(rows) < info["n_trials"]:
             time.sleep(interval)
             info, rows = snapshot()
@@ -185,7 +187,9 @@ def wait(sweep_id: str, timeout: float | None, poll: float) -> int:
         _echo(f"error: {exc}", err=True)
         return 124
     if not ok:
-        _echo(f"sweep {sw.id}: some trials failed or were cancelled (gpuhpc sweep status {sw.id})", err=True)
+        msg = sw.info().get("message")
+        _echo(f"sweep {sw.id}: {msg or 'some trials failed or were cancelled'} (gpuhpc sweep status {sw.id})",
+              err=True)
     return 0 if ok else 1
 
 

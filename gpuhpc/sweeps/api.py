@@ -154,7 +154,8 @@ class Sweep:
         return total >= info["n_trials"] and all(TrialState(s).is_terminal for s in counts)
 
     def wait(self, timeout: float | None = None, poll: float = 3.0) -> bool:
-        """Block until every trial has finished; True when all completed. Raises TimeoutError.
+        """Block until every trial has finished; True when all completed (or were pruned).
+        Raises TimeoutError.
         A driver pending for a reason it never leaves by itself (PartitionTimeLimit...) is said
         on stderr, once."""
         from gpuhpc.sweeps.models import SweepStatus, TrialState
@@ -170,11 +171,12 @@ class Sweep:
                 sys.stderr.write(f"gpuhpc: {self.driver_stuck}\n")
                 sys.stderr.flush()
             total = sum(counts.values())
-            if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value) and \
+            if info["status"] in (SweepStatus.CANCELLED.value, SweepStatus.BLOCKED.value, SweepStatus.FAILED.value) and \
                     not any(counts.get(s.value) for s in (TrialState.PENDING, TrialState.RUNNING, TrialState.REQUEUED)):
                 return False
             if total >= info["n_trials"] and all(TrialState(s).is_terminal for s in counts):
-                return counts.get(TrialState.COMPLETED.value, 0) == total
+                # a pruned trial was stopped on purpose (the sweep's pruner): not a failure
+                return counts.get(TrialState.COMPLETED.value, 0) + counts.get(TrialState.PRUNED.value, 0) == total
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"sweep {self.id} not finished after {timeout}s: {counts}")
             time.sleep(poll)
@@ -215,7 +217,8 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
           resources: Mapping[str, Any] | Any = None, metric: str | Mapping[str, str] | None = None,
           parallelism: int = 16, seed: int = 0, name: str | None = None, max_requeues: int = 5,
           chunk_size: int | None = None, max_queued: int | None = None, hold: bool = False, client=None,
-          url: str | None = None) -> Sweep:
+          url: str | None = None, pruner: str | Mapping[str, Any] | None = None,
+          fail_fast: int | None = None) -> Sweep:
     """Run ``fn(**params)`` for ``trials`` points of ``space`` (the sweep file's ``parameters``:
     ``{"lr": {"type": "loguniform", "low": 1e-5, "high": 0.1}, "opt": ["adam", "sgd"]}``) as
     Slurm arrays; returns at once with a :class:`Sweep`. ``gpuhpc.sweep`` is
@@ -240,7 +243,8 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
     data = {"name": name or getattr(fn, "__name__", "sweep").strip("<>") or "sweep", "parameters": params,
             "method": method, "seed": seed, "parallelism": parallelism, "resources": dict(resources or {}),
             "metric": dict(metric or {"name": "objective"}), "max_requeues": max_requeues,
-            "chunk_size": chunk_size, "max_queued": max_queued, "hold": hold}
+            "chunk_size": chunk_size, "max_queued": max_queued, "hold": hold, "pruner": pruner,
+            "fail_fast": fail_fast}
     if trials is not None:
         data["trials"] = trials
     spec = SweepSpec.from_mapping(data, python=True)

@@ -3,7 +3,8 @@ job on the CPU partition (:func:`gpuhpc.sweeps.engine.start_driver`).
 
 A loop with a sleep: bring the trials up to date from Slurm's accounting, submit the waiting
 trials the limits allow now (a chunk at a time), and for ``tpe`` ask Optuna for new trials in
-batches of ``parallelism`` (told the finished ones' objectives). It exits when every trial is
+batches of ``parallelism`` (told the finished ones' objectives); with a ``pruner`` it stops the
+trials the pruner names, with ``fail_fast`` it stops the sweep after that many failures. It exits when every trial is
 finished or the sweep was cancelled. All its state is in the database, so after its own
 requeue, preemption or a slurmctld restart it simply starts the loop again; a chunk it was
 submitting when it was stopped is found again by name (:func:`~gpuhpc.sweeps.engine.recover`).
@@ -98,6 +99,13 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     if status != SweepStatus.RUNNING.value:         # done (every trial finished), or blocked
         _log(f"sweep {status}: {json.dumps(counts, sort_keys=True)}; exiting")
         return True
+    stopped = engine.check_fail_fast(sid, client=client, url=url)
+    if stopped:
+        _log(f"sweep failed: {stopped}; exiting")
+        return True
+    pruned = engine.prune(sid, client=client, url=url)
+    if pruned:
+        _log(f"pruned trial(s) {', '.join(map(str, pruned))}")
     free = engine.balance(sid, client=client, url=url)
     if spec.method == "tpe" and free > 0:
         if _tpe_ask(sid, spec, url, free):

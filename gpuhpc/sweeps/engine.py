@@ -37,6 +37,7 @@ from typing import Any
 from gpuhpc.errors import GpuhpcError, QuotaExceeded, UserInputError
 from gpuhpc.sweeps.state import SweepStatus, TrialState
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
+from gpuhpc.sweeps.trial import PRUNED, STOP_DIR
 
 UTC = dt.timezone.utc
 _BRACKET = re.compile(r"^(\d+)_\[([0-9,\-]+)(%\d+)?\]$")
@@ -290,7 +291,7 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     n = spec.n_trials
     first = spec.generate(0, n) if spec.method != "tpe" else []
     root = sweep_root()
-    if spec.method == "tpe" or n > min(plan.now, plan.chunk):
+    if needs_driver(spec) or n > min(plan.now, plan.chunk):
         check_state_db(db_url(url), lambda: c.node_addresses(_driver_partition(spec, c)))
     # every check a chunk's job spec makes (grace, env names, the template's options) before
     # the first row is written: a bad one exits 2 leaving nothing behind
@@ -330,9 +331,15 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
         except BaseException:
             _forget(sid, url, directory)    # Slurm refused the first chunk: no sweep left behind
             raise
-        if spec.method == "tpe" or _n_waiting(sid, url):
+        if needs_driver(spec) or _n_waiting(sid, url):
             start_driver(sid, client=c, url=url)
     return sid
+
+
+def needs_driver(spec: SweepSpec) -> bool:
+    """Does the sweep need its driver whatever fits at once: tpe asks for trials as others
+    finish, a pruner and ``fail_fast`` decide from the trials' progress each round."""
+    return spec.method == "tpe" or spec.pruner is not None or spec.fail_fast is not None
 
 
 def _trial_container(spec: SweepSpec, directory: Path, kind: str) -> list[str]:
@@ -681,7 +688,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
                           (sid,))
             live = _live_chunks(tx, sid, slots=True)
-        if status == SweepStatus.CANCELLED.value:
+        if status in (SweepStatus.CANCELLED.value, SweepStatus.FAILED.value):
             return []
         spec = spec_from_json(spec_text)
         directory = Path(directory)
@@ -1213,8 +1220,11 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                             new.update(restarts=len(drs) - 1, exit_code=drs[-1].exit_code,
                                        job_id_raw=drs[-1].job_id_raw,
                                        gpu_hours=Decimal(sum(r.elapsed_s * sum(r.gpus.values()) for r in drs)) / 3600)
+        if new["state"] != state and TrialState(new["state"]).is_terminal and \
+                (directory / "trials" / str(number) / PRUNED).exists():
+            new["state"] = TrialState.PRUNED.value      # stopped by the pruner: however Slurm ended it
         if new["state"] in (TrialState.COMPLETED.value, TrialState.RUNNING.value, TrialState.FAILED.value,
-                            TrialState.REQUEUED.value) and (objective is None or new["state"] != state
+                            TrialState.REQUEUED.value, TrialState.PRUNED.value) and (objective is None or new["state"] != state
                                                 or new["state"] == TrialState.RUNNING.value):
             m = _read_metrics(directory / "trials" / str(number) / "metrics.jsonl")
             if m is not None:
@@ -1242,6 +1252,161 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
 
 def _utc(t: dt.datetime) -> dt.datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- early stopping
+_history_cache: dict[str, tuple[int, int, list[tuple[int, float, float]]]] = {}
+
+
+def read_history(path: Path, metric: str) -> list[tuple[int, float, float]]:
+    """A trial's reports of ``metric`` from its metrics file, in the order written: [(step,
+    value, time)]; a report without a step counts as the next step after the last. A long-lived
+    reader (the driver) reads each file on from where it stopped, as :func:`_read_metrics`."""
+    key = f"{path}\0{metric}"
+    offset, count, out = _history_cache.get(key, (0, 0, []))
+    out = list(out)
+    try:
+        with open(path, "rb") as fh:
+            if fh.seek(0, 2) < offset:
+                offset, count, out = 0, 0, []
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    end = data.rfind(b"\n") + 1
+    for line in data[:end].decode(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        v = (rec.get("metrics") or {}).get(metric)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        step = rec.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            step = out[-1][0] + 1 if out else count
+        ts = rec.get("ts")
+        out.append((step, float(v), float(ts) if isinstance(ts, (int, float)) else float(offset + len(out))))
+        count += 1
+    _history_cache[key] = (offset + end, count, out)
+    return out
+
+
+def histories(sid: int, *, url: str | None = None) -> tuple[SweepSpec, Path, list[Any]]:
+    """(spec, directory, [TrialHistory]) of every trial that has run: what a pruner reads."""
+    from gpuhpc.sweeps.pruners import TrialHistory
+
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
+            rows = list(tx.q("SELECT number, state FROM sweep_trials WHERE sweep_id = ? AND state != ? "
+                             "ORDER BY number", (sid, TrialState.WAITING.value)))
+    finally:
+        conn.close()
+    spec, directory = spec_from_json(spec_text), Path(directory)
+    return spec, directory, [TrialHistory(n, st, read_history(directory / "trials" / str(n) / "metrics.jsonl",
+                                                              spec.metric.name)) for n, st in rows]
+
+
+def prune(sid: int, *, client=None, url: str | None = None) -> list[int]:
+    """The sweep pruner's round (the driver calls it after :func:`refresh`): each running trial
+    it stops gets ``pruned`` in its directory (:func:`gpuhpc.should_prune`) and a stop request
+    in its run's stop directory (the checkpoint path's, :func:`gpuhpc.jobs.coord.request_stop`);
+    a pruned trial still queued, or still running ``grace`` seconds after, has its array task
+    cancelled, so its slot goes to the next trial. :func:`refresh` records it ``pruned`` once
+    Slurm shows it ended. Returns the trials pruned in this round."""
+    import time
+
+    from gpuhpc.fsutil import write_atomic
+    from gpuhpc.sweeps import pruners
+
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            status, spec_text = tx.one("SELECT status, spec FROM sweeps WHERE id = ?", (sid,))
+            live = list(tx.q("SELECT number, state, raw_state, job_id FROM sweep_trials WHERE sweep_id = ? AND "
+                             "state IN (?, ?, ?)", (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
+                                                    TrialState.REQUEUED.value)))
+    finally:
+        conn.close()
+    spec = spec_from_json(spec_text)
+    if spec.pruner is None or status != SweepStatus.RUNNING.value or not live:
+        return []
+    spec, directory, trials = histories(sid, url=url)
+    marked = {n for n, _, _, _ in live if (directory / "trials" / str(n) / PRUNED).exists()}
+    running = [n for n, st, raw, _ in live if st == TrialState.RUNNING.value and not _trial_over(raw)
+               and n not in marked]
+    verdicts = pruners.decide(spec.pruner, spec.metric.goal, trials, running)
+    c = None
+    for n, why in sorted(verdicts.items()):
+        tdir = directory / "trials" / str(n)
+        step = next((t.last_step for t in trials if t.number == n), None)
+        write_atomic(tdir / PRUNED, json.dumps({"step": step, "why": why, "ts": time.time()}) + "\n", 0o644)
+        try:
+            stop_dir = (tdir / STOP_DIR).read_text().strip()
+        except OSError:
+            stop_dir = ""
+        if stop_dir:        # the checkpoint path's stop request: should_stop() and gpuhpc_should_stop say stop too
+            from gpuhpc.jobs.coord import request_stop
+
+            try:
+                request_stop(stop_dir, "pruned by the sweep driver")
+            except OSError:
+                pass
+    grace = float(spec.pruner.get("grace", 30))
+    for n, st, raw, job in live:
+        if n not in marked or not job or _trial_over(raw):
+            continue
+        try:
+            info = json.loads((directory / "trials" / str(n) / PRUNED).read_text())
+            since = time.time() - float(info.get("ts", 0))
+        except (OSError, ValueError, TypeError):
+            since = grace
+        if st != TrialState.RUNNING.value or since >= grace:     # queued again, or not stopping: its slot back
+            c = c or slurm_client(client)
+            try:
+                c.cancel(job)
+            except GpuhpcError:
+                pass
+    return sorted(verdicts)
+
+
+def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | None:
+    """``fail_fast: N``: once N trials have failed, the sweep is ``failed`` (its message says
+    why), nothing more is submitted and every array of it still queued or running is cancelled.
+    Returns the message when that happened now, else None."""
+    conn = _conn(url)
+    try:
+        with conn.transaction() as tx:
+            status, spec_text = tx.one("SELECT status, spec FROM sweeps WHERE id = ?", (sid,))
+            spec = spec_from_json(spec_text)
+            if spec.fail_fast is None or status != SweepStatus.RUNNING.value:
+                return None
+            failed = [n for (n,) in tx.q("SELECT number FROM sweep_trials WHERE sweep_id = ? AND state = ? "
+                                         "ORDER BY number", (sid, TrialState.FAILED.value))]
+            if len(failed) < spec.fail_fast:
+                return None
+            msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"
+                   f"{', ...' if len(failed) > 10 else ''}), at most {spec.fail_fast - 1} allowed; "
+                   "the rest were cancelled or never submitted")
+            tx.q("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE id = ? AND status = ?",
+                 (SweepStatus.FAILED.value, msg, tx.ts(now()), sid, SweepStatus.RUNNING.value))
+            jobs = [j for (j,) in tx.q("SELECT job_id FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL",
+                                       (sid,))]
+    finally:
+        conn.close()
+    c = slurm_client(client)
+    active = c.active_job_ids(jobs)
+    for job in jobs:
+        if active is None or job in active:
+            try:
+                c.cancel(job)
+            except GpuhpcError:
+                pass
+    return msg
 
 
 # ---------------------------------------------------------------- resume / cancel
@@ -1281,7 +1446,9 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         plan = plan_submission(spec, c, len_waiting=len(numbers), queued_by_sweep=queued)
         check_quota(spec, plan.now, cluster, url)
         submit_waiting(sid, client=c, url=url, limit=plan.now)
-    if _n_waiting(sid, url) or (spec.method == "tpe" and created < n_trials):
+    live = any(r["state"] in (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
+               for r in trial_rows(sid, url=url)) if needs_driver(spec) else False
+    if _n_waiting(sid, url) or (spec.method == "tpe" and created < n_trials) or live:
         start_driver(sid, client=c, url=url)
         return sorted(numbers)
     if driver:                  # nothing left for a driver: `wait` and `status` refresh themselves

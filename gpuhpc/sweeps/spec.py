@@ -15,6 +15,8 @@ A sweep file (YAML)::
     resources: {gpus: 1, gpu_type: 1g.10gb, partition: mig, time: 30m}   # a job file's keys
     metric: {name: loss, goal: minimize}
     max_requeues: 5
+    pruner: {type: median, warmup_steps: 5, min_trials: 5}   # none (default) | median | asha | hyperband
+    fail_fast: 10             # stop the sweep after 10 failed trials
 
 ``command`` is a shell command line: each ``{param}`` is replaced by the trial's value,
 ``shlex.quote``d, so a value only ever reaches the program as one literal argument. ``{{``
@@ -200,6 +202,9 @@ class SweepSpec:
     # order (:meth:`resources_for`; the last matching ``template`` wins); trials of one shape share
     # an array (gpuhpc sprint uses it)
     resources_by: tuple[dict[str, Any], ...] = ()
+    # early stopping (gpuhpc.sweeps.pruners): the pruner's fields with their defaults, None: none
+    pruner: dict[str, Any] | None = None
+    fail_fast: int | None = None          # stop the sweep (failed) after this many failed trials
 
     # ------------------------------------------------------------ derived
     @property
@@ -285,8 +290,13 @@ class SweepSpec:
                 kw[k] = _choice(v, k, METHODS)
             elif k == "template":
                 kw[k] = _choice(v, k, TEMPLATES)
-            elif k in ("seed", "trials", "parallelism", "max_requeues", "chunk_size", "max_queued", "max_trials"):
+            elif k in ("seed", "trials", "parallelism", "max_requeues", "chunk_size", "max_queued", "max_trials",
+                       "fail_fast"):
                 kw[k] = _int(v, k)
+            elif k == "pruner":
+                from gpuhpc.sweeps import pruners
+
+                kw[k] = pruners.parse(v, k) if check else dict(v)
             elif k == "grace":
                 kw[k] = v if isinstance(v, str) else _int(v, k)
             elif k == "hold":
@@ -402,7 +412,7 @@ class SweepSpec:
         for name in ("max_requeues",):
             if getattr(self, name) < 0:
                 raise UserInputError("must be >= 0", field=name)
-        for name in ("chunk_size", "max_queued"):
+        for name in ("chunk_size", "max_queued", "fail_fast"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise UserInputError("must be >= 1", field=name)

@@ -12,10 +12,11 @@ class TrialState(str, enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"           # failed for good (exit code, time limit, OOM, requeue cap)
     CANCELLED = "cancelled"
+    PRUNED = "pruned"           # stopped early by the sweep's pruner (docs/sweeps.md): never resumed
 
     @property
     def is_terminal(self) -> bool:
-        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.CANCELLED)
+        return self in (TrialState.COMPLETED, TrialState.FAILED, TrialState.CANCELLED, TrialState.PRUNED)
 
 
 class SweepStatus(str, enum.Enum):
@@ -23,3 +24,4 @@ class SweepStatus(str, enum.Enum):
     DONE = "done"
     CANCELLED = "cancelled"
     BLOCKED = "blocked"         # the driver could not submit more (quota); `sweep resume` retries
+    FAILED = "failed"           # stopped by fail_fast (its message says why); `sweep resume` retries

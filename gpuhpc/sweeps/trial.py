@@ -7,6 +7,12 @@ the trial: ``bash -c`` of the command with every value shell-quoted (command swe
 pickled callable (Python sweeps). Environment: ``GPUHPC_SWEEP_ID``, ``GPUHPC_TRIAL_ID``,
 ``GPUHPC_PARAMS_JSON``, ``GPUHPC_TRIAL_DIR``, ``GPUHPC_METRICS_FILE`` (where
 :func:`gpuhpc.report` appends), ``GPUHPC_CHECKPOINT_DIR``, ``GPUHPC_LATEST_CHECKPOINT``.
+
+Early stopping: the sweep driver prunes a trial by writing ``pruned`` in its directory
+(:data:`PRUNED`, :func:`should_prune`) and a stop request in the stop directory of the job
+that runs it (the checkpoint path's ``$GPUHPC_STOP_DIR``, which each run records in
+:data:`STOP_DIR`), so :func:`gpuhpc.should_stop` and ``gpuhpc_should_stop`` say stop as well.
+A pruned trial that starts again (a requeue) exits at once.
 """
 from __future__ import annotations
 
@@ -14,6 +20,19 @@ import json
 import os
 import sys
 from pathlib import Path
+
+#: in a trial's directory: the pruner's decision (JSON: step, why, time), written by the driver
+PRUNED = "pruned"
+#: in a trial's directory: ``$GPUHPC_STOP_DIR`` of the run now running it (where the driver asks it to stop)
+STOP_DIR = "stop_dir"
+
+
+def should_prune() -> bool:
+    """True once the sweep's pruner has stopped this trial (``pruner:`` in the sweep file):
+    leave the training loop and exit; the trial ends ``pruned`` and is never resumed. Cheap
+    (one file test): call it after each :func:`gpuhpc.report`. False outside a sweep trial."""
+    tdir = os.environ.get("GPUHPC_TRIAL_DIR")
+    return bool(tdir) and os.path.exists(os.path.join(tdir, PRUNED))
 
 
 def trial_env(sweep_dir: Path, chunk: int, task: int) -> tuple[dict, dict[str, str], dict]:
@@ -110,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             os.write(fd, f"{job}\n".encode())
         finally:
             os.close(fd)
+    stop_dir = os.environ.get("GPUHPC_STOP_DIR")
+    if stop_dir:        # where the driver's stop request for this run goes (then the pruned mark is read)
+        from gpuhpc.fsutil import write_atomic
+
+        write_atomic(Path(env["GPUHPC_TRIAL_DIR"]) / STOP_DIR, stop_dir + "\n")
+    if should_prune():
+        sys.stderr.write(f"gpuhpc: sweep {meta['sweep_id']} trial {entry['trial']} was pruned: not run again\n")
+        return 0
     sys.stderr.write(f"gpuhpc: sweep {meta['sweep_id']} trial {entry['trial']} (chunk {chunk} task {task}); "
                      f"params {env['GPUHPC_PARAMS_JSON']}; checkpoints in {env['GPUHPC_CHECKPOINT_DIR']} "
                      f"(latest {env['GPUHPC_LATEST_CHECKPOINT'] or 'none'})\n")
