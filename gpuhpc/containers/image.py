@@ -172,15 +172,24 @@ def policy_from(data: Mapping[str, Any], path: str) -> Policy:
     return Policy(regs, parts, path)
 
 
+# the gpuhpc_containers role's policy (its own file, so that it and the gpuhpc_login role's
+# config.toml never overwrite each other): read beside /etc/gpuhpc/config.toml, same [containers] keys
+POLICY_FILE = "/etc/gpuhpc/containers.toml"
+
+
 def site_policies(env: Mapping[str, str] | None = None) -> list[Policy]:
-    """The policies that bind this user: the site config's (``GPUHPC_SITE_CONFIG`` for root);
-    for anyone else ``/etc/gpuhpc/config.toml``'s too (an override may add rules, never lift them)."""
+    """The policies that bind this user: the site config's (``GPUHPC_SITE_CONFIG`` for root) and
+    the containers role's :data:`POLICY_FILE`; for anyone else ``/etc/gpuhpc/config.toml``'s and
+    :data:`POLICY_FILE`'s always (an override may add rules, never lift them). Root's
+    ``GPUHPC_SITE_CONFIG`` replaces both (root can edit /etc anyway)."""
     from gpuhpc import config
 
     env = os.environ if env is None else env
     paths = [config.site_config_path(env)]
     if os.geteuid() != 0:
-        paths.append(config.SITE_CONFIG)
+        paths += [config.SITE_CONFIG, POLICY_FILE]
+    elif not env.get("GPUHPC_SITE_CONFIG"):
+        paths.append(POLICY_FILE)
     return [policy_from(config.read_file(p, "site").get("containers", {}), p) for p in dict.fromkeys(paths)]
 
 

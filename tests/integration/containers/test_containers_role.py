@@ -1,7 +1,8 @@
 """The gpuhpc_containers role into a temporary root (connection=local; nothing of this machine's
 Slurm or /etc is touched): enroot and pyxis built from the source archives of
 $GPUHPC_VENDOR_DIR into ROOT/usr/local, enroot.conf with per-user paths on ROOT/scratch, the GPU
-hook, registry credentials (from a vault-encrypted file), plugstack.conf.d; verify imports and
+hook, root-only registry credentials (from a vault-encrypted file), plugstack.conf.d, the site's
+image policy and the prolog drop-in (both under ROOT too); verify imports and
 starts the local registry's test image. The second run and a --check run change nothing.
 Needs the source-archive mirror (scripts/test.sh VENDOR); isolated."""
 from __future__ import annotations
@@ -63,6 +64,8 @@ gpuhpc_containers_work_dir: {root}/var/cache/gpuhpc-containers
 gpuhpc_containers_scratch: {root}/scratch
 gpuhpc_containers_plugstack_conf: {root}/etc/slurm/plugstack.conf
 gpuhpc_containers_plugstack_dir: {root}/etc/slurm/plugstack.conf.d
+gpuhpc_containers_policy_file: {root}/etc/gpuhpc/containers.toml
+gpuhpc_containers_prolog_dir: {root}/etc/gpuhpc/prolog.d
 gpuhpc_containers_allow_http: true
 gpuhpc_containers_verify_image: "{image}"
 gpuhpc_containers_importer_python: {sys.executable}
@@ -88,11 +91,15 @@ def test_the_role_installs_and_configures_enroot_and_pyxis_and_runs_a_container(
     conf = (root / "etc/enroot/enroot.conf").read_text()
     assert f"ENROOT_DATA_PATH {root}/scratch/enroot/data/user-$(id -u)\n" in conf
     assert "ENROOT_SQUASH_OPTIONS -noI -noD -noF -noX -no-duplicates\n" in conf and "ENROOT_ALLOW_HTTP yes\n" in conf
-    assert f"ENROOT_CONFIG_PATH {root}/etc/enroot/site\n" in conf
+    assert f'ENROOT_CONFIG_PATH $([ "$(id -u)" = 0 ] && echo {root}/etc/enroot/site || echo "${{HOME}}/.config/enroot")\n' \
+        in conf                                                    # root's: the site's (verify used it); users': their own
     creds = root / "etc/enroot/site/.credentials"
     assert "machine nvcr.io login $oauthtoken password ngc-key-3f9a\n" in creds.read_text()
+    assert creds.stat().st_mode & 0o777 == 0o600 and creds.parent.stat().st_mode & 0o777 == 0o700
     assert "ngc-key-3f9a" not in first.stdout                      # no_log
-    for d in ("enroot/data", "enroot/run", "gpuhpc-images"):
+    for d in ("enroot/data", "enroot/run", "enroot/cache"):
+        assert (root / "scratch" / d).stat().st_mode & 0o7777 == 0o755, d
+    for d in ("enroot/tmp", "gpuhpc-images"):
         assert (root / "scratch" / d).stat().st_mode & 0o7777 == 0o1777, d
     assert os.access(root / "etc/enroot/hooks.d/90-gpuhpc-slurm-gpus.sh", os.X_OK)
     importer = root / "usr/local/libexec/gpuhpc-pyxis-importer"

@@ -70,3 +70,28 @@ def test_cli_refuses_before_anything_runs(site, monkeypatch, argv, words):
     with pytest.raises(UserInputError, match=words) as e:
         cli_submit.run([*argv, "--", "cat", "/etc/os-release"])
     assert e.value.exit_code == 2 and str(e.value).startswith("image: ")
+
+
+def test_the_containers_roles_policy_file_binds_beside_the_site_config(tmp_path, monkeypatch):
+    """gpuhpc_containers writes its policy to POLICY_FILE (not config.toml, the login role's): it binds
+    every user; a non-root user's GPUHPC_SITE_CONFIG cannot lift it, root's replaces it (tests)."""
+    from gpuhpc import config
+    from gpuhpc.containers import image
+
+    role = tmp_path / "containers.toml"
+    role.write_text('[containers]\nallowed_registries = ["nvcr.io"]\nrequire_digest_partitions = ["*"]\n')
+    monkeypatch.setattr(image, "POLICY_FILE", str(role))
+    monkeypatch.setattr(config, "SITE_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.delenv("GPUHPC_SITE_CONFIG", raising=False)
+    with pytest.raises(UserInputError, match=f"registry quay.io is not allowed on this cluster \\(site config {role}\\)"):
+        check_image(f"quay.io#x/y@{DIGEST}", "cpu")
+    with pytest.raises(UserInputError, match="runs only images pinned by digest"):
+        check_image("nvcr.io#x/y:1", "cpu")
+    own = tmp_path / "own.toml"
+    own.write_text("[containers]\nallowed_registries = []\n")
+    monkeypatch.setenv("GPUHPC_SITE_CONFIG", str(own))
+    monkeypatch.setattr(image.os, "geteuid", lambda: 1000)
+    with pytest.raises(UserInputError, match="registry quay.io is not allowed"):
+        check_image(f"quay.io#x/y@{DIGEST}", "cpu")
+    monkeypatch.setattr(image.os, "geteuid", lambda: 0)
+    check_image("quay.io#x/y:1", "cpu")                              # root's override: the test's rules only
