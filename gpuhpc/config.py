@@ -26,6 +26,7 @@ naming the file and the key)::
     cluster_name = "dgxpod"    # the cluster spec's name (gpuhpc_login writes this file)
     [ledger]
     db_url = "postgresql+psycopg://gpuhpc_reader@db/gpuhpc"   # when GPUHPC_DB_URL is unset
+    timezone = "Europe/Berlin" # accounting periods begin at local midnight here (default UTC)
 
 ``GPUHPC_CMDSERVER=off`` (also ``0``/``no``) turns the command server off whatever the files
 say.
@@ -72,6 +73,8 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
         "ledger": {
             "db_url": (str, "", "the ledger database users' commands use when GPUHPC_DB_URL is unset "
                                 "(a reader role's URL: the file is world-readable)"),
+            "timezone": (str, "UTC", "the IANA time zone of accounting periods: where quota and report days, "
+                                     "weeks and months begin (gpuhpc.ledger.periods; default UTC)"),
         },
         # container images (gpuhpc.containers.image.policy_from checks the entries)
         "containers": {

@@ -11,6 +11,10 @@
   loses nothing and double-counts nothing; the rerun finishes the job.
 * A reservation's hold is consumed by its job's charges and the rest released once every
   array task reached a final state (:meth:`JobState.is_finished`).
+* A charge is booked in parts, one per local day (the ledger's zone,
+  :mod:`gpuhpc.ledger.periods`) its new seconds ran in, each dated when its part began: a run
+  across a period boundary counts in each period for the part inside it (docs/ledger.md,
+  "Month end, for finance").
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from typing import NamedTuple
 from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
-from gpuhpc.ledger import db, pricing
+from gpuhpc.ledger import db, periods, pricing
 from gpuhpc.ledger import admin as q
 from gpuhpc.ledger.orm import (Account, IngestState, JobMetric, Quota, QuotaUsage, Reservation, ReservationHold,
                                ReservationStatus, UsageRecord, User, utcnow)
@@ -178,16 +182,18 @@ class IngestResult:
         return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in self.__dict__.items()}
 
 
-def _price(book: pricing.PriceCache, run: Run) -> tuple[str, int, pricing.Price]:
+def _price(book: pricing.PriceCache, run: Run, seconds: int | None = None) -> tuple[str, int, pricing.Price]:
+    """The run's GPU type(s), GPU count and price for its elapsed time (or its first ``seconds``)."""
     gpus = run.gpus
+    secs = run.elapsed_s if seconds is None else seconds
     if not gpus:
-        return "", 0, book.price(None, 0, run.elapsed_s, run.partition, run.qos, run.run_start)
+        return "", 0, book.price(None, 0, secs, run.partition, run.qos, run.run_start)
     if len(gpus) == 1:
         ((gt, n),) = gpus.items()
-        return gt, n, book.price(gt, n, run.elapsed_s, run.partition, run.qos, run.run_start)
+        return gt, n, book.price(gt, n, secs, run.partition, run.qos, run.run_start)
     hours, amount, priced = ZERO, ZERO, True
     for gt, n in sorted(gpus.items()):
-        p = book.price(gt, n, run.elapsed_s, run.partition, run.qos, run.run_start)
+        p = book.price(gt, n, secs, run.partition, run.qos, run.run_start)
         hours += p.gpu_hours
         amount += p.amount
         priced = priced and p.priced
@@ -198,8 +204,9 @@ def _price(book: pricing.PriceCache, run: Run) -> tuple[str, int, pricing.Price]
 class _Books:
     """Per-transaction cache of accounts, users, quotas and their period counters."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: Session, tz: dt.tzinfo = periods.UTC) -> None:
         self.s = s
+        self.tz = tz
         self.accounts = {a.name: a for a in s.scalars(select(Account))}
         self.users = {name: uid for uid, name in s.execute(select(User.id, User.name))}
         self.quotas: dict[int, list[Quota]] = defaultdict(list)
@@ -222,10 +229,10 @@ class _Books:
 
     def add_used(self, quota: Quota, at: dt.datetime, hours: Decimal, money: Decimal) -> None:
         """Count usage in the quota's period containing ``at`` (applied in :meth:`apply`)."""
-        pkey = (quota.period, at.date())
+        pkey = (quota.period, at.astimezone(self.tz).date())
         start = self._pstart.get(pkey)
         if start is None:
-            start = self._pstart[pkey] = pricing.period_start(quota.period.value, at)
+            start = self._pstart[pkey] = periods.period_start(quota.period.value, at, self.tz)
         key = (quota.id, start)
         acc = self._pending.get(key)
         if acc is None:
@@ -243,7 +250,7 @@ class _Books:
         self._pending.clear()
 
     def bucket(self, quota: Quota, at: dt.datetime) -> QuotaUsage:
-        key = (quota.id, pricing.period_start(quota.period.value, at))
+        key = (quota.id, periods.period_start(quota.period.value, at, self.tz))
         b = self._buckets.get(key)
         if b is None:
             b = self._buckets[key] = q.bucket(self.s, quota, at)
@@ -301,9 +308,10 @@ class _Batch:
     the reservations' holds, and settle the reservations of jobs that are over."""
 
     def __init__(self, s: Session, book: pricing.PriceCache, jobs: list[JobView], res: IngestResult,
-                 active: set[str] | None) -> None:
+                 active: set[str] | None, tz: dt.tzinfo | None = None) -> None:
         self.s, self.book, self.jobs, self.res, self.active = s, book, jobs, res, active
-        self.books = _Books(s)
+        self.tz = periods.ledger_zone() if tz is None else tz
+        self.books = _Books(s, self.tz)
         self.tx = q.session_tx(s)
         self.now = utcnow()
         self.by_cluster: dict[str, set[str]] = defaultdict(set)
@@ -361,13 +369,45 @@ class _Batch:
         return resv, holds
 
     # ---------------------------------------------------------------- booking
+    def pieces(self, run: Run, old_s: int, old: tuple[Decimal, Decimal], new: tuple[Decimal, Decimal],
+               reprice: bool = False) -> list[tuple[dt.datetime, Decimal, Decimal]]:
+        """``(bucket_at, GPU-hours, money)`` of each part of the change from ``old`` (the run
+        as stored, ``old_s`` seconds long) to ``new`` (the run now), cut at the local midnights
+        (ledger zone) inside the seconds that are new: each part counts in the day, week and
+        month it ran in, and the parts add up exactly to ``new - old``. A part's share is the
+        run priced up to its end minus up to its start (the cumulative price), so a day that
+        is over never changes when the run grows. ``reprice``: the run's money was 0 (no
+        price) and is now priced: the money is spread over the whole run, the GPU-hours stay."""
+        start = run.run_start
+        a = start + dt.timedelta(seconds=0 if reprice else max(min(old_s, run.elapsed_s), 0))
+        d_total = (new[0] - old[0], new[1] - old[1])
+        cuts = periods.boundaries("day", a, start + dt.timedelta(seconds=run.elapsed_s), self.tz)
+        if not cuts:
+            return [(a, *d_total)]
+        out: list[tuple[dt.datetime, Decimal, Decimal]] = []
+        prev, frm = (ZERO, ZERO), a
+        for cut in cuts:
+            price = _price(self.book, run, int((cut - start).total_seconds()))[2]
+            upto = (ZERO, price.amount - old[1]) if reprice else (price.gpu_hours - old[0], price.amount - old[1])
+            out.append((frm, upto[0] - prev[0], upto[1] - prev[1]))
+            prev, frm = upto, cut
+        out.append((frm, d_total[0] - prev[0], d_total[1] - prev[1]))
+        return out
+
     def book_delta(self, run: Run, r: Reservation | None, usage_id: int, d_hours: Decimal, d_amount: Decimal,
-                   rate: Decimal, kind: str = "usage") -> None:
-        """Count a charge against the quotas (in the reservation's period, else the run's) and
-        take it out of the reservation's holds."""
-        bucket_at = r.created_at if r is not None else run.run_start
-        for quota in self.books.quotas_for(run.account, run.user):
-            self.books.add_used(quota, bucket_at, d_hours, d_amount)
+                   rate: Decimal, kind: str = "usage", *, old_s: int = 0,
+                   old: tuple[Decimal, Decimal] = (ZERO, ZERO), reprice: bool = False) -> None:
+        """Count a charge against the quotas and take it out of the reservation's holds. The
+        charge is booked in parts (:meth:`pieces`), one charge row per local day the new seconds
+        ran in, each dated (``bucket_at``) when its part began: a run across a period boundary
+        counts in each period for the part inside it (Slurm's usage, reset at the boundary,
+        counts the tail in the new period too). Holds are consumed in the reservation's own
+        period counters, whatever the period the usage lands in."""
+        parts = self.pieces(run, old_s, old, (old[0] + d_hours, old[1] + d_amount), reprice)
+        quotas = self.books.quotas_for(run.account, run.user)
+        for at, h, m in parts:
+            for quota in quotas:
+                self.books.add_used(quota, at, h, m)
         for h in self.holds.get(r.id, ()) if r is not None else ():
             take_h = min(max(d_hours, ZERO), h.gpu_hours)
             take_m = min(max(d_amount, ZERO), h.money)
@@ -377,11 +417,13 @@ class _Batch:
                 hb.held_money = hb.held_money - take_m
                 h.gpu_hours = h.gpu_hours - take_h
                 h.money = h.money - take_m
-        self.res.charges += 1
         self.res.amount += d_amount
         self.res.gpu_hours += d_hours
-        self.charges.append(ChargeRow(usage_id, r.id if r else None, run.account, run.user, d_hours, rate, d_amount,
-                                      bucket_at, self.now, kind))
+        booked = [p for p in parts if p[1] or p[2]] or parts[:1]
+        self.res.charges += len(booked)
+        for at, h, m in booked:
+            self.charges.append(ChargeRow(usage_id, r.id if r else None, run.account, run.user, h, rate, m, at,
+                                          self.now, kind))
 
     def update_run(self, p: PricedRun, old: StoredRun) -> None:
         """A run seen before: top it up when it ran longer (or changed state). A run that did
@@ -396,7 +438,8 @@ class _Batch:
                                               self.tx.num(price.amount), price.priced, old.id))
         self.res.runs_updated += 1
         if d_hours or d_amount:
-            self.book_delta(run, p.reservation, old.id, d_hours, d_amount, price.rate)
+            self.book_delta(run, p.reservation, old.id, d_hours, d_amount, price.rate, old_s=old.elapsed_s,
+                            old=(old.gpu_hours, old.amount))
 
     def insert_runs(self, new: list[PricedRun]) -> None:
         """Insert new runs (ids from the database), then book their first charges."""
@@ -464,8 +507,8 @@ class _Batch:
 def reprice(*, url: str | None = None, res: IngestResult | None = None) -> IngestResult:
     """Charge the runs that were settled without a price (charged 0) now that the price book
     has a rate for their GPU type at their start. History is kept: the 0 charge stays and the
-    correction is a charge of its own, of kind ``reprice`` (dated now), counted in the quota
-    period of the run's first charge. Idempotent: a repriced run is marked priced; a run whose
+    correction is a charge of its own, of kind ``reprice``, split over the days the run ran in
+    as its usage charges are (each part counted in the quota period it ran in). Idempotent: a repriced run is marked priced; a run whose
     type still has no price is left for a later reprice."""
     res = res or IngestResult()
     with db.session_scope(url) as s:
@@ -492,7 +535,8 @@ def reprice(*, url: str | None = None, res: IngestResult | None = None) -> Inges
             tx.q("UPDATE usage_records SET gpu_hours = ?, amount = ?, priced = ? WHERE id = ?",
                  (tx.num(price.gpu_hours), tx.num(price.amount), True, uid))
             batch.book_delta(run, batch.resv.get((run.cluster, run.job_id)), uid, price.gpu_hours - hours,
-                             price.amount - amount, price.rate, "reprice")
+                             price.amount - amount, price.rate, "reprice", old_s=run.elapsed_s, old=(hours, amount),
+                             reprice=True)
             res.repriced_runs += 1
             res.repriced_amount += price.amount - amount
         batch.books.apply()
@@ -542,13 +586,14 @@ def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: 
 
 def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active) -> IngestResult:
     res = IngestResult()
+    tz = periods.ledger_zone()
     with db.session_scope(url) as s:
         _lock_state(s)
         book = pricing.PriceCache(q.load_price_book(s))
     for batch in _batches(group_jobs(rows, default_cluster), batch_size):
         with db.session_scope(url) as s:
             _lock_state(s)
-            _Batch(s, book, batch, res, active).run()
+            _Batch(s, book, batch, res, active, tz).run()
         if on_batch:
             on_batch(res)
     with db.session_scope(url) as s:

@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpuhpc.errors import LedgerError, QuotaExceeded, UserInputError
-from gpuhpc.ledger import paths, pricing
+from gpuhpc.ledger import paths, periods, pricing
 from gpuhpc.ledger.types import ChargeRequest
 
 # The schema revision this gpuhpc needs: the one place it is written (db.py imports it; a
@@ -236,11 +236,14 @@ def load_price_book(tx: Tx) -> pricing.PriceBook:
 
 
 def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
-            at: dt.datetime) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
+            at: dt.datetime, tz: dt.tzinfo | None = None) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
     """``(id, used GPU-h, used money, held GPU-h, held money)`` of the quota's counter row for
-    the period containing ``at``, created on first use from the charges already booked in that
-    period. Call with the quota row locked."""
-    start = pricing.period_start(period, at)
+    the period containing ``at`` (its boundaries in ``tz``, default the ledger's zone,
+    :func:`gpuhpc.ledger.periods.ledger_zone`), created on first use from the charges already
+    booked in that period (ingest splits a run's charges at local midnights, so a charge lies
+    in one period). Call with the quota row locked."""
+    tz = periods.ledger_zone() if tz is None else tz
+    start = periods.period_start(period, at, tz)
     row = tx.one("SELECT id, used_gpu_hours, used_money, held_gpu_hours, held_money FROM quota_usage "
                  "WHERE quota_id = ? AND period_start = ?", (quota_id, tx.ts(start)))
     if row is not None:
@@ -248,7 +251,7 @@ def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
     sql = ("SELECT coalesce(sum(gpu_hours), 0), coalesce(sum(amount), 0) FROM charges "
            "WHERE account_name = ? AND bucket_at >= ?")
     params: list = [account, tx.ts(start)]
-    end = pricing.period_end(period, start)
+    end = periods.period_end(period, start, tz)
     if end is not None:
         sql += " AND bucket_at < ?"
         params.append(tx.ts(end))
@@ -262,11 +265,12 @@ def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
     return bid, hours, money, ZERO, ZERO
 
 
-def counter_of(tx: Tx, quota_id: int, at: dt.datetime) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
+def counter_of(tx: Tx, quota_id: int, at: dt.datetime,
+               tz: dt.tzinfo | None = None) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
     """:func:`counter` for a quota known by id only."""
     period, account, user = tx.one("SELECT q.period, a.name, u.name FROM quotas q JOIN accounts a ON a.id = "
                                    "q.account_id LEFT JOIN users u ON u.id = q.user_id WHERE q.id = ?", (quota_id,))
-    return counter(tx, quota_id, period, account, user, at)
+    return counter(tx, quota_id, period, account, user, at, tz)
 
 
 # ------------------------------------------------------------------ the decision
@@ -351,8 +355,10 @@ def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = N
     if not wc.priced and any(money is not None for *_, money in quotas):
         raise unpriced(req.gpu_type, acct[1])
     counters = []
+    tz = periods.ledger_zone() if quotas else periods.UTC
     for qid, uid, period, hours, money in quotas:
-        bid, used_h, used_m, held_h, held_m = counter(tx, qid, period, acct[1], None if uid is None else req.user, now)
+        bid, used_h, used_m, held_h, held_m = counter(tx, qid, period, acct[1], None if uid is None else req.user, now,
+                                                      tz)
         who = f"account {acct[1]}" if uid is None else f"user {req.user} in account {acct[1]}"
         check_quota(who, period, money, hours, used_h, used_m, held_h, held_m, wc)
         counters.append((bid, held_h, held_m))

@@ -1,7 +1,10 @@
 """Cost reports: grouped totals over periods, plus a self-contained HTML page (inline SVG charts
 from :mod:`gpuhpc.reports.charts`, drawn by matplotlib).
 
-Usage is attributed to the period in which each run started. Jobs that reported throughput
+A run counts in each period (and ``since``/``until`` window) for the part of it that ran
+inside, with period boundaries in the ledger's zone (``ledger.timezone``,
+:mod:`gpuhpc.ledger.periods`): the same cut as ingest's charges and the quotas' counters, and
+as sreport's (docs/ledger.md, "Month end, for finance"). Jobs that reported throughput
 with ``gpuhpc.report(samples_per_s=...)`` get a cost-per-work column: ``$ per 1M samples``
 (cost of those runs / (rate × elapsed) summed over them).
 """
@@ -12,12 +15,13 @@ import html
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
+from fractions import Fraction
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.ledger import db, pricing
-from gpuhpc.ledger.orm import Charge, JobMetric, UsageRecord
+from gpuhpc.ledger import admin, db, periods, pricing
+from gpuhpc.ledger.orm import JobMetric, UsageRecord
 
 GROUPS = {"user": "user_name", "account": "account_name", "partition": "partition", "gpu-type": "gpu_type"}
 PERIODS = ("day", "week", "month")
@@ -66,26 +70,49 @@ class CostReport:
         return [r.as_dict(self.metrics) for r in self.rows]
 
 
+def _cumulative(book: pricing.PriceCache, r) -> periods.Cumulative:
+    """A usage record's cumulative (GPU-hours, money) after ``s`` seconds: priced as ingest
+    prices it (so a report's parts equal the charges ingest booked per day); a run of several
+    GPU types (stored as one record) pro rata by seconds."""
+    if "+" in r.gpu_type and r.elapsed_s > 0:
+        hours, amount, e = Decimal(r.gpu_hours), Decimal(r.amount), r.elapsed_s
+        return lambda sec: (pricing.to_decimal(Fraction(hours) * sec / e), pricing.to_decimal(Fraction(amount) * sec / e))
+
+    def cum(sec: int) -> tuple[Decimal, Decimal]:
+        p = book.price(r.gpu_type or None, r.gpus, sec, r.partition, r.qos, r.run_start)
+        return p.gpu_hours, p.amount if r.priced else ZERO
+
+    return cum
+
+
 def cost_report(*, by: str = "account", period: str = "month", since: dt.datetime | None = None,
-                until: dt.datetime | None = None, url: str | None = None) -> CostReport:
+                until: dt.datetime | None = None, url: str | None = None, tz: dt.tzinfo | None = None) -> CostReport:
+    """GPU-hours and cost per period (days, weeks, months of the ledger's zone ``tz``, default
+    the ``ledger.timezone`` setting) and key, over ``[since, until)`` (any instants). Each run
+    counts in each period and window for the part of it that ran inside (cut as ingest cuts
+    its charges); the parts of a run add up exactly to its charges."""
     if by not in GROUPS:
         raise UserInputError(f"--by {by!r} is not one of {', '.join(GROUPS)}")
     if period not in PERIODS:
         raise UserInputError(f"--period {period!r} is not one of {', '.join(PERIODS)}")
+    tz = periods.ledger_zone() if tz is None else tz
     col = getattr(UsageRecord, GROUPS[by])
-    stmt = (select(UsageRecord.cluster, UsageRecord.job_id, UsageRecord.array_task_id, UsageRecord.run_start,
-                   UsageRecord.elapsed_s, UsageRecord.gpu_type, col.label("key"),
-                   Charge.gpu_hours, Charge.amount)
-            .join(Charge, Charge.usage_id == UsageRecord.id))
-    if since is not None:
-        stmt = stmt.where(UsageRecord.run_start >= since)
+    stmt = select(UsageRecord.cluster, UsageRecord.job_id, UsageRecord.array_task_id, UsageRecord.run_start,
+                  UsageRecord.run_end, UsageRecord.elapsed_s, UsageRecord.gpu_type, UsageRecord.gpus,
+                  UsageRecord.partition, UsageRecord.qos, UsageRecord.priced, UsageRecord.gpu_hours,
+                  UsageRecord.amount, col.label("key"))
+    if since is not None:     # a run still open (no end yet) or ending after since
+        stmt = stmt.where(or_(UsageRecord.run_end.is_(None), UsageRecord.run_end >= since,
+                              UsageRecord.run_start >= since))
     if until is not None:
         stmt = stmt.where(UsageRecord.run_start < until)
+    window = [t for t in (since, until) if t is not None]
     rows: dict[tuple[dt.datetime, str], CostRow] = {}
     by_gpu: dict[str, Decimal] = defaultdict(Decimal)
-    run_cost: dict[tuple, list] = {}
     total = ZERO
+    names: set[str] = set()
     with db.session_scope(url) as s:
+        book = pricing.PriceCache(admin.load_price_book(s))
         metrics: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
         for m in s.execute(select(JobMetric.cluster, JobMetric.job_id, JobMetric.array_task_id, JobMetric.name,
                                   JobMetric.value)):
@@ -93,26 +120,27 @@ def cost_report(*, by: str = "account", period: str = "month", since: dt.datetim
                 metrics[(m.cluster, m.job_id, m.array_task_id)][m.name] = m.value
         for r in s.execute(stmt):
             key = r.key if r.key else ("cpu" if by == "gpu-type" else "-")
-            ps = pricing.period_start(period, r.run_start)
-            row = rows.get((ps, key))
-            if row is None:
-                row = rows[(ps, key)] = CostRow(ps, key)
-            row.gpu_hours += r.gpu_hours
-            row.cost += r.amount
-            row.jobs.add(f"{r.cluster}:{r.job_id}")
-            by_gpu[r.gpu_type or "cpu"] += r.amount
-            total += r.amount
+            start = r.run_start
+            end = start + dt.timedelta(seconds=max(r.elapsed_s, 0))
+            cuts = [*periods.boundaries(period, start, end, tz), *window]
             jm = metrics.get((r.cluster, r.job_id, r.array_task_id))
-            if jm:
-                rc = run_cost.setdefault((r.cluster, r.job_id, r.array_task_id, r.run_start), [row, r.elapsed_s, ZERO, jm])
-                rc[1] = r.elapsed_s
-                rc[2] += r.amount
-    names: set[str] = set()
-    for row, elapsed, cost, jm in run_cost.values():
-        for name, value in jm.items():
-            names.add(name)
-            row.work[name] += value * elapsed
-            row.work_cost[name] += cost
+            for frm, to, hours, cost in periods.run_shares(start, r.elapsed_s, (r.gpu_hours, r.amount),
+                                                           _cumulative(book, r), cuts):
+                if (since is not None and frm < since) or (until is not None and frm >= until):
+                    continue
+                ps = periods.period_start(period, frm, tz).astimezone(tz)
+                row = rows.get((ps, key))
+                if row is None:
+                    row = rows[(ps, key)] = CostRow(ps, key)
+                row.gpu_hours += hours
+                row.cost += cost
+                row.jobs.add(f"{r.cluster}:{r.job_id}")
+                by_gpu[r.gpu_type or "cpu"] += cost
+                total += cost
+                for name, value in (jm or {}).items():
+                    names.add(name)
+                    row.work[name] += value * (to - frm).total_seconds()
+                    row.work_cost[name] += cost
     ordered = sorted(rows.values(), key=lambda x: (x.period_start, -x.cost, x.key))
     return CostReport(by, period, ordered, sorted(names), dict(sorted(by_gpu.items(), key=lambda kv: -kv[1])), total)
 

@@ -326,3 +326,43 @@ class SlurmClient:
             return []
         res = self.run(cmd.scontrol_show_assoc_mgr_accounts(names), check=False)
         return _parsers().parse_assoc_usage(res.stdout if res.ok else "")
+
+    # ------------------------------------------------------------ month end (ledger periods, docs/ledger.md)
+    def window_gpu_seconds(self, since: dt.datetime, until: dt.datetime,
+                           job_ids: Iterable[str] = ()) -> dict[str, int]:
+        """GPU-seconds per account that ran in ``[since, until)``: ``sacct --truncate`` (each
+        run's Start and End cut to the window, as sreport counts runs, but to the second
+        rather than on hourly rollups), × the run's allocated GPUs, summed per account. A run
+        still running ends at ``until``."""
+        def local(t: dt.datetime) -> str:       # sacct reads times in the host's local zone
+            return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+        out: dict[str, int] = {}
+        argv = cmd.sacct_truncated(local(since), local(until), job_ids=[str(j) for j in job_ids])
+        for r in _parsers().parse_sacct(self.run(argv).stdout, fields=cmd.WINDOW_FIELDS):
+            try:
+                start = dt.datetime.fromisoformat(r.start).astimezone()
+            except ValueError:                  # never started
+                continue
+            try:
+                end = min(dt.datetime.fromisoformat(r.end).astimezone(), until)
+            except ValueError:                  # Unknown: still running
+                end = until
+            gpus = sum(r.gpus.values())
+            seconds = max(int((end - max(start, since)).total_seconds()), 0)
+            out[r.account] = out.get(r.account, 0) + gpus * seconds
+        return out
+
+    def sreport_gpu_seconds(self, since: dt.datetime, until: dt.datetime) -> dict[str, int]:
+        """GPU-seconds per account in ``[since, until)`` by ``sreport cluster
+        AccountUtilizationByUser`` (slurmdbd's hourly rollups: whole hours already rolled up),
+        each account's own usage (the sum of its user rows; its own row is its subtree's)."""
+        def local(t: dt.datetime) -> str:
+            return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+
+        out: dict[str, int] = {}
+        for u in _parsers().parse_sreport_account_user(self.run(cmd.sreport_account_user(local(since),
+                                                                                         local(until))).stdout):
+            if u.user:
+                out[u.account] = out.get(u.account, 0) + u.seconds
+        return out

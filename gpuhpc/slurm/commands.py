@@ -236,3 +236,23 @@ def srun_step(options: Sequence[str], argv: Sequence[str]) -> list[str]:
 def scontrol_ping() -> list[str]:
     """``scontrol ping``: one line per SlurmctldHost, in slurm.conf's order (parsers.parse_ping)."""
     return ["scontrol", "ping"]
+
+
+# ---------------------------------------------------------------- month end (ledger periods, docs/ledger.md)
+WINDOW_FIELDS: tuple[str, ...] = ("JobIDRaw", "JobID", "Account", "User", "AllocTRES", "Start", "End", "State")
+
+
+def sacct_truncated(since: str, until: str, *, job_ids: Iterable[str] = ()) -> list[str]:
+    """Every user's runs (allocations, each requeued run: ``--duplicates``) overlapping
+    ``[since, until]`` (local times), their Start and End cut to the window (``--truncate``):
+    what sreport counts of each run in that window, at any second."""
+    return [*sacct(job_ids=job_ids, all_users=True, since=since, until=until, duplicates=True, fields=WINDOW_FIELDS),
+            "--truncate"]
+
+
+def sreport_account_user(since: str, until: str, *, tres: str = "gres/gpu") -> list[str]:
+    """``sreport cluster AccountUtilizationByUser`` for ``[since, until)`` (local times; sreport
+    reads slurmdbd's hourly rollups, so whole hours that are rolled up) in seconds of ``tres``:
+    one row per account (its subtree's total) and per user in it."""
+    return ["sreport", "--noheader", "--parsable2", "-t", "seconds", f"--tres={tres}", "cluster",
+            "AccountUtilizationByUser", f"start={since}", f"end={until}"]

@@ -607,3 +607,32 @@ def parse_assoc_usage(text: str) -> list[AssocUsage]:
     if cur is not None:
         out.append(AssocUsage(**cur))
     return out
+
+
+# ---------------------------------------------------------------- month end (ledger periods, docs/ledger.md)
+@dataclass(frozen=True)
+class Utilization:
+    """One row of ``sreport -P -t seconds cluster AccountUtilizationByUser``: an account's
+    subtree total (``user`` empty) or one user's usage in the account."""
+
+    cluster: str
+    account: str
+    user: str
+    tres: str
+    seconds: int
+
+
+def parse_sreport_account_user(text: str) -> list[Utilization]:
+    """``Cluster|Account|Login|Proper Name|TRES Name|Used`` rows; a malformed one is skipped
+    and logged."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|")
+        if len(parts) != 6 or not parts[5].strip().isdigit():
+            _skip("sreport", line)
+            continue
+        cluster, account, login, _proper, tres, used = parts
+        out.append(Utilization(cluster, account, login, tres, int(used)))
+    return out

@@ -1,0 +1,153 @@
+"""Month end on the local cluster: a run across a period boundary counts in each period for the
+part inside it, as Slurm counts it (docs/ledger.md, "Month end, for finance").
+
+* A boundary inside the test: GPU jobs (partition ``gpu``, the fake h100s) that run across an
+  instant B a few seconds after they start, in two accounts. The ledger's GPU-hours per account
+  in ``[T0, B)`` and ``[B, T1)`` (the report API with explicit windows, cut as ingest cuts its
+  charges) equal ``sacct --truncate`` for the same windows, to the second. sreport reads
+  slurmdbd's hourly rollups, which exist only for hours that are over (slurmdbd rolls an hour
+  up after it ends), so a boundary a few seconds away can only be checked against
+  ``sacct --truncate``, which cuts runs to the window exactly as the rollup does.
+* sreport itself: the last three whole hours that are rolled up, every run on the cluster, into
+  a ledger of its own; the ledger's GPU-hours per account equal ``sreport -t seconds cluster
+  AccountUtilizationByUser`` for those hours.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from gpuhpc.ledger import admin, db, ingest, periods, reports
+from gpuhpc.ledger.pricing import to_decimal
+from gpuhpc.slurm import commands as cmd
+from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
+
+pytestmark = pytest.mark.integration
+
+UTC = dt.timezone.utc
+T_PRICE = dt.datetime(2026, 1, 1, tzinfo=UTC)
+RATE = Decimal("3.60")                  # per GPU-hour: 0.001 per GPU-second
+RESOLUTION_S = Decimal("0.0018")        # the ledger keeps GPU-hours to 6 decimals: half of 3.6 ms
+
+
+@pytest.fixture()
+def client():
+    return SlurmClient()
+
+
+@pytest.fixture()
+def jobs(client):
+    """Job ids to scancel at teardown (ours only)."""
+    ids: list[str] = []
+    yield ids
+    for j in ids:
+        client.run(cmd.scancel(j), check=False)
+
+
+@pytest.fixture()
+def berlin(tmp_path, monkeypatch):
+    """The site config's accounting zone: Europe/Berlin (an explicit window does not depend on
+    it; the report's period labels do)."""
+    site = tmp_path / "site.toml"
+    site.write_text('[ledger]\ntimezone = "Europe/Berlin"\n')
+    monkeypatch.setenv("GPUHPC_SITE_CONFIG", str(site))
+    return periods.ledger_zone()
+
+
+def _table(title: str, rows: list[tuple]) -> str:
+    lines = [title, f"  {'window':<34} {'account':<24} {'ledger GPU-s':>14} {'Slurm GPU-s':>12}"]
+    lines += [f"  {w:<34} {a:<24} {float(l):>14.4f} {s:>12}" for w, a, l, s in rows]
+    return "\n".join(lines)
+
+
+def _ledger_seconds(url: str, since: dt.datetime, until: dt.datetime) -> dict[str, Decimal]:
+    rep = reports.cost_report(by="account", period="month", since=since, until=until, url=url)
+    out: dict[str, Decimal] = {}
+    for r in rep.rows:
+        out[r.key] = out.get(r.key, Decimal(0)) + r.gpu_hours * 3600
+    return out
+
+
+def test_runs_across_a_boundary_split_as_sacct_truncates_them(sqlite_url, client, jobs, berlin):
+    url = sqlite_url
+    db.upgrade(url)
+    admin.set_price("h100", rate=RATE, effective_from=T_PRICE, url=url)
+    t0 = dt.datetime.now(UTC).replace(microsecond=0) - dt.timedelta(seconds=2)
+    # two runs in each of two accounts (research, the user's root), 1 and 2 GPUs
+    spec = [("research", 1), ("research", 2), ("root", 1), ("root", 2)]
+    for account, gpus in spec:
+        jobs.append(client.submit_script("#!/bin/bash\nsleep 25\n", extra=[
+            "-p", "gpu", f"--gres=gpu:h100:{gpus}", "-t", "2", "-A", account, "-J", "gpuhpc-month-end",
+            "-o", "/dev/null"]))
+
+    def running() -> bool:
+        rows = client.queue(job_ids=jobs)
+        return len(rows) == len(jobs) and all(r.state.state.value == "RUNNING" for r in rows)
+
+    wait_for(running, 120, lambda: f"the month-end jobs to run ({client.queue(job_ids=jobs)})", interval=1)
+    # the boundary: 5 s from now, inside every run (each started by now and runs 25 s)
+    boundary = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(seconds=5)
+    wait_for(lambda: all(r.state.state.is_finished for r in client.queue(job_ids=jobs)), 90,
+             "the month-end jobs to end", interval=1)
+
+    def settled():
+        rows = [r for r in client.job_runs(t0, job_ids=jobs) if r.array_job_id in jobs]
+        done = [r for r in rows if ingest.parse_time(r.start) and r.state.state.is_finished]
+        return rows if len(done) == len(jobs) else None
+
+    rows = wait_for(settled, 30, "sacct to show every month-end job finished", interval=1)
+    res = ingest.ingest_rows(rows, url=url)
+    assert res.runs_new == len(jobs)
+    t1 = max(ingest.parse_time(r.end) for r in rows) + dt.timedelta(seconds=1)
+    for r in rows:                          # each run spans the boundary
+        assert ingest.parse_time(r.start) < boundary < ingest.parse_time(r.end), (r.job_id, r.start, r.end, boundary)
+
+    table, whole = [], {}
+    for since, until in ((t0, boundary), (boundary, t1)):
+        ledger = _ledger_seconds(url, since, until)
+        slurm = client.window_gpu_seconds(since, until, job_ids=jobs)
+        name = f"{since:%H:%M:%S}-{until:%H:%M:%S} UTC"
+        table += [(name, a, ledger.get(a, Decimal(0)), slurm.get(a, 0)) for a in sorted(set(ledger) | set(slurm))]
+        assert set(ledger) == set(slurm) == {"research", "root"}, (ledger, slurm)
+        for a in slurm:
+            assert slurm[a] > 0                               # both parts of the runs are counted
+            # a run's part is C(b) - C(a) of 6-decimal GPU-hours: within 2 × 1.8 ms of Slurm's per run
+            assert abs(ledger[a] - slurm[a]) <= 2 * RESOLUTION_S * 2, (name, a, ledger[a], slurm[a])
+            whole[a] = whole.get(a, Decimal(0)) + ledger[a]
+    print("\n" + _table(f"ledger vs sacct --truncate, boundary {boundary:%H:%M:%S} UTC "
+                        f"(ledger.timezone {berlin})", table))
+
+    # the parts add up exactly to what was charged: GPU-hours and money, per account
+    rep = reports.cost_report(by="account", period="month", since=t0, until=t1, url=url)
+    charged = {r.key: (r.gpu_hours, r.cost) for r in rep.rows}
+    for a in ("research", "root"):
+        runs = [r for r in rows if r.account == a]
+        hours = sum((to_decimal(Fraction(sum(r.gpus.values()) * r.elapsed_s, 3600)) for r in runs), Decimal(0))
+        assert charged[a][0] == hours
+        assert charged[a][1] == sum((to_decimal(Fraction(sum(r.gpus.values()) * r.elapsed_s, 3600) * Fraction(RATE))
+                                     for r in runs), Decimal(0))
+        assert whole[a] == hours * 3600
+
+
+def test_ledger_equals_sreport_on_rolled_up_hours(sqlite_url, client):
+    url = sqlite_url
+    db.upgrade(url)
+    now = dt.datetime.now(UTC)
+    # slurmdbd rolls an hour up just after it ends: the last three hours that ended 10 min ago
+    until = (now - dt.timedelta(minutes=10)).replace(minute=0, second=0, microsecond=0)
+    since = until - dt.timedelta(hours=3)
+    rows = client.job_runs(since, until)
+    ingest.ingest_rows(rows, url=url)
+    ledger = {a: s for a, s in _ledger_seconds(url, since, until).items() if s}
+    slurm = {a: s for a, s in client.sreport_gpu_seconds(since, until).items() if s}
+    runs = len(rows)
+    print("\n" + _table(f"ledger vs sreport (AccountUtilizationByUser, -t seconds), {runs} runs",
+                        [(f"{since:%H:%M}-{until:%H:%M} UTC", a, ledger.get(a, Decimal(0)), slurm.get(a, 0))
+                         for a in sorted(set(ledger) | set(slurm))]))
+    assert set(ledger) == set(slurm)
+    for a in slurm:
+        assert abs(ledger[a] - slurm[a]) <= 2 * RESOLUTION_S * runs, (a, ledger[a], slurm[a])
