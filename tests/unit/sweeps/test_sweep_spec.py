@@ -65,7 +65,6 @@ def test_bad_files_name_the_field(data, field):
 
 
 def test_tpe_without_optuna_is_one_line_exit_2(monkeypatch):
-    pytest.importorskip("pydantic")
     monkeypatch.setitem(__import__("sys").modules, "optuna", None)     # as if not installed
     with pytest.raises(UserInputError) as exc:
         SweepSpec.from_mapping(_with(method="tpe"))
