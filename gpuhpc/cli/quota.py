@@ -97,10 +97,13 @@ def quota_show(account: Optional[str], json_: bool, slurm: bool) -> None:
         pct = (used + held) / budget_ * 100 if budget_ else 0
         return f"{used:,.2f} + {held:,.2f} held / {budget_:,.2f} ({pct:.0f}%), {rem:,.2f} left"
 
+    from gpuhpc.ledger.periods import ledger_zone
+
+    tz = ledger_zone()               # a period's first day, in the accounting zone
     t = Table("account", "user", "period", "GPU-hours (ledger)", "Slurm", "money (ledger)", "Slurm")
     for r in rows:
         h, m = slurm_of(r)
-        t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start:%Y-%m-%d}",
+        t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start.astimezone(tz):%Y-%m-%d}",
                   fmt(r.used_gpu_hours, r.held_gpu_hours, r.gpu_hours_budget, r.remaining_gpu_hours),
                   "-" if h is None or r.gpu_hours_budget is None else f"{h:,.2f} used",
                   fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money),

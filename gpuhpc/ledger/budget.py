@@ -26,7 +26,7 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
-from gpuhpc.ledger import pricing
+from gpuhpc.ledger import periods, pricing
 
 MICRO = 1_000_000
 BILLING_MINUTES_PER_UNIT = 60 * MICRO          # Slurm billing-minutes per unit of currency
@@ -138,10 +138,11 @@ def render_snapshot(statuses, book: pricing.PriceBook, at: dt.datetime, currency
             rates["*"] = min(rates.values())       # an untyped request: the cheapest (as Slurm estimates it)
         for t, r in rates.items():
             lines.append(f"rate\t{part}\t{t}\t{pricing.to_decimal(r)}")
+    tz = periods.ledger_zone()   # the periods' zone (ledger.timezone): where a month ends
     for s in statuses:
-        end = pricing.period_end(s.period, s.period_start)
+        end = periods.period_end(s.period, s.period_start, tz)
         ends = int(end.timestamp()) if end else 0
-        label = period_label(s.period, s.period_start)
+        label = period_label(s.period, s.period_start.astimezone(tz))
         for kind, budget, left in (("money", s.money_budget, s.remaining_money),
                                    ("gpu_hours", s.gpu_hours_budget, s.remaining_gpu_hours)):
             if budget is not None:

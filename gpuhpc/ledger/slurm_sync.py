@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import admin, budget, db, pricing
+from gpuhpc.ledger import admin, budget, db
 from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
+from gpuhpc.ledger.periods import ledger_zone, period_start
 
 UNSET = -1
 # Slurm decides in whole TRES-minutes: ``safe`` starts a job when  floor(settled usage) +
@@ -83,6 +84,7 @@ def _new_period(s, key: str, start: dt.datetime) -> bool:
 def plan(*, url: str | None = None, accounts: list[str] | None = None,
          now: dt.datetime | None = None) -> list[AccountPlan]:
     now = now or utcnow()
+    tz = ledger_zone()           # quota periods begin at local midnight there (ledger.timezone)
     out = []
     with db.session_scope(url) as s:
         stmt = select(Account).order_by(Account.name)
@@ -93,10 +95,10 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
             for q in s.scalars(select(Quota).where(Quota.account_id == a.id)):
                 if q.user_id is None:
                     limits = _limit(q.gpu_hours, q.money)
-                    start = pricing.period_start(q.period.value, now)
+                    start = period_start(q.period.value, now, tz)
                 else:
                     user_limits[q.user.name] = _limit(q.gpu_hours, q.money)
-                    user_periods[q.user.name] = pricing.period_start(q.period.value, now)
+                    user_periods[q.user.name] = period_start(q.period.value, now, tz)
             reset = start is not None and _new_period(s, _state_key(a.name), start)
             user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(s, _state_key(a.name, u), us)))
             users = tuple(sorted(m.user.name for m in a.memberships))

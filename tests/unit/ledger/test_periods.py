@@ -194,3 +194,23 @@ def test_sreport_rows_parse_and_an_accounts_own_usage_is_its_user_rows():
     assert [(u.account, u.user, u.seconds) for u in got] == [
         ("root", "", 1002), ("root", "root", 436), ("research", "", 566), ("research", "alice", 566)]
     assert "--truncate" in cmd.sacct_truncated("a", "b", job_ids=["7"])
+
+
+def test_slurm_resets_and_the_budget_snapshot_use_the_same_boundaries(ledger, site):
+    """sync-slurm resets Slurm's usage at the period the ledger counts in, and the snapshot that
+    job_submit.lua reads ends the period where the ledger does (Berlin: 23:00 UTC)."""
+    from gpuhpc.ledger import budget, slurm_sync
+
+    site("Europe/Berlin")
+    now = at(2026, 11, 30, 23, 30)                      # already 1 December in Berlin
+    (plan,) = slurm_sync.plan(url=ledger, accounts=["research"], now=now)
+    assert plan.period_start == at(2026, 11, 30, 23)
+    statuses = admin.quota_status("research", url=ledger, now=now)
+    text = budget.render_snapshot(statuses, _book(ledger), now)
+    (line,) = [x for x in text.splitlines() if x.startswith("budget\t")]
+    assert line.split("\t")[4:6] == ["2026-12", str(int(at(2026, 12, 31, 23).timestamp()))]
+
+
+def _book(url):
+    with db.session_scope(url) as s:
+        return admin.load_price_book(s)
