@@ -16,6 +16,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "submit": "gpuhpc.jobs.api",
     "Job": "gpuhpc.jobs.api",
+    "map_array": "gpuhpc.jobs.api",
+    "batch": "gpuhpc.jobs.api",
+    "as_completed": "gpuhpc.jobs.watch",
     "Resources": "gpuhpc.jobs.spec",
     "JobSpec": "gpuhpc.jobs.spec",
     "Checkpointable": "gpuhpc.jobs.checkpoint",

@@ -8,6 +8,7 @@ A plain click command; ``gpuhpc submit`` imports no rich (it must not be much sl
 """
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +30,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
     "requeue": ("requeue", "spec"), "hold": ("hold", "spec"), "dependency": ("dependency", "spec"),
+    "after": ("after", "spec"), "after_any": ("after_any", "spec"),
     "mpi": ("mpi", "spec"), "array": ("array", "spec"), "snapshot": ("snapshot", "spec"), "snapshot_path": ("snapshot_paths", "spec"),
 }
 
@@ -77,7 +79,11 @@ def _options(f):
         o("--max-requeues", type=int, metavar="N", help="cap on requeues (default 10)"),
         o("--no-requeue", "requeue", is_flag=True, flag_value=False, default=None),
         o("--hold", is_flag=True, flag_value=True, default=None),
-        o("--dependency", "-d"),
+        o("--dependency", "-d", help="a raw sbatch dependency (afterok:123); or use --after"),
+        o("--after", metavar="JOB[,JOB]", help="start once these jobs ended COMPLETED (afterok)"),
+        o("--after-any", metavar="JOB[,JOB]", help="start once these jobs ended, however (afterany)"),
+        o("--after-sweep", metavar="SWEEP_ID", help="start once the sweep finished; $GPUHPC_BEST_PARAMS holds "
+                                                  "its best trial's parameters (JSON) in the job"),
         o("--array", "-a", metavar="INDEXES",
           help="a job array (0-49%8: 50 tasks, 8 at a time); the ledger holds every task"),
         o("--snapshot/--no-snapshot", default=None,
@@ -139,7 +145,48 @@ def build_spec(ns: SimpleNamespace):
         cmd = cmd[1:]
     if cmd:
         data["command"] = cmd
+    if getattr(ns, "after_sweep", None) is not None:
+        data = _after_sweep(data, ns.after_sweep)
     return JobSpec.from_mapping(data)
+
+
+def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
+    """``--after-sweep ID``: the job waits for the sweep's end (afterok on its driver, which ends
+    when every trial has; a sweep without a driver: afterany on each of its arrays) and its
+    command runs behind ``python -m gpuhpc.sweeps.best ID``, which puts the best trial's
+    parameters in ``$GPUHPC_BEST_PARAMS`` (JSON) and ``$GPUHPC_BEST_PARAMS_FILE`` at the job's start."""
+    from gpuhpc.errors import GpuhpcError, UserInputError
+    from gpuhpc.jobs.spec import after_ids
+
+    sweep_id = str(sweep_id).strip()
+    if not sweep_id.isdigit():
+        raise UserInputError(f"{sweep_id!r} is not a sweep id", field="--after-sweep", hint="e.g. --after-sweep 12")
+    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps.api import Sweep
+
+    try:
+        sw = Sweep.load(sweep_id)
+    except UserInputError:                  # "no sweep N": a missing thing, exit 1
+        raise GpuhpcError(f"sweep {sweep_id} not found", hint="gpuhpc sweep status ID lists one") from None
+    info = sw.info()
+    data = dict(data)
+    if info.get("driver_job_id"):
+        data["after"] = [*after_ids(data.get("after"), "after"), str(info["driver_job_id"])]
+    else:
+        arrays = sorted({str(r["job_id"]).split("_", 1)[0] for r in engine.trial_rows(sw.id) if r.get("job_id")})
+        if not arrays:
+            raise GpuhpcError(f"sweep {sw.id} has submitted no job to wait for",
+                              hint=f"gpuhpc sweep status {sw.id}")
+        data["after_any"] = [*after_ids(data.get("after_any"), "after_any"), *arrays]
+    cmd = list(data.get("command") or [])
+    if cmd:
+        data["command"] = [sys.executable, "-m", "gpuhpc.sweeps.best", str(sw.id), "--", *cmd]
+    env = dict(data.get("env") or {})
+    env.setdefault("GPUHPC_DB_URL", engine.db_url())
+    if os.environ.get("GPUHPC_SWEEP_ROOT"):
+        env.setdefault("GPUHPC_SWEEP_ROOT", os.environ["GPUHPC_SWEEP_ROOT"])
+    data["env"] = env
+    return data
 
 
 @click.command("submit", context_settings={"allow_interspersed_args": False},

@@ -41,13 +41,20 @@ def _row_out(r: dict) -> dict:
     return {k: r[k] for k in ("trial", "params", "state", "metrics", "job_id", "restarts", "gpu_hours")}
 
 
-def run(file: str, as_json: bool) -> int:
+def run(file: str, as_json: bool, after: str | None = None) -> int:
     """Validate FILE, submit the trials the cluster allows now (the driver job submits the rest)
-    and return at once with the sweep id."""
+    and return at once with the sweep id. ``after``: job ids (``--after``, replacing the file's
+    ``after:``) that must end COMPLETED before the first arrays and the driver start."""
     from gpuhpc.sweeps import engine
     from gpuhpc.sweeps.spec import load_file
 
     spec = load_file(file)
+    if after is not None:
+        import dataclasses
+
+        from gpuhpc.jobs.spec import after_ids
+
+        spec = dataclasses.replace(spec, after=after_ids(after, "--after"))
     sid = engine.create(spec)
     if as_json:
         print_json({"sweep_id": sid})
@@ -274,9 +281,10 @@ _id = click.argument("sweep_id", metavar="ID")
 @sweep.command("run", short_help="submit a sweep file; returns at once with the sweep id")
 @click.argument("file", metavar="FILE")
 @click.option("--json", "as_json", is_flag=True, help='print {"sweep_id": ...}')
-def _run_cmd(file: str, as_json: bool) -> int:
+@click.option("--after", metavar="JOB[,JOB]", help="start the sweep once these jobs ended COMPLETED (afterok)")
+def _run_cmd(file: str, as_json: bool, after: str | None) -> int:
     """Submit a sweep file (YAML); returns at once with the sweep id."""
-    return run(file, as_json)
+    return run(file, as_json, after)
 
 
 @sweep.command("status", short_help="progress, counts per state, best so far, failed trials with log tails")

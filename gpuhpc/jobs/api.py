@@ -11,19 +11,22 @@ quota reservation and the handle:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import getpass
 import os
 import posixpath
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, JobFailed, SlurmError, UserInputError
 from gpuhpc.jobs.spec import (DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, JobSpec, Resources,
                               check_fits_on, check_text, default_log_dir, parse_duration, sbatch_options)
 from gpuhpc.jobs.spec import check_container_policy, container_srun_args
+from gpuhpc.jobs.spec import AFTER_KINDS, after_dependency, after_ids
 from gpuhpc.slurm.state import JobState, SlurmState
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
@@ -42,6 +45,31 @@ def _client(client=None):
     from gpuhpc.slurm.client import SlurmClient
 
     return SlurmClient()
+
+
+def check_after(client, after: tuple[str, ...] = (), after_any: tuple[str, ...] = ()) -> None:
+    """Every job a new one waits for is known to Slurm (slurmctld, else slurmdbd): Slurm 22.05
+    takes a dependency on an unknown job id as already satisfied, so a mistyped id would start
+    the job at once. An afterok on a job that already ended otherwise than COMPLETED could never
+    be satisfied: refused as well. GpuhpcError (exit 1), before anything is reserved or
+    submitted. One ``scontrol show job`` per id (a ``sacct`` for one slurmctld has forgotten)."""
+    for kind, ids in (("ok", after), ("any", after_any)):
+        for job_id in ids:
+            rec = client.show_job(job_id)
+            if rec:
+                states = [SlurmState.parse(rec.get("JobState", "")).state]
+            else:
+                rows = [a for a in client.accounting(job_ids=[job_id])
+                        if a.job_id == job_id or ("_" not in job_id and a.array_job_id == job_id)]
+                if not rows:
+                    raise GpuhpcError(f"job {job_id} not found", hint="check the id (gpuhpc status ID); "
+                                                                      "nothing was submitted")
+                states = [r.state.state for r in rows]
+            bad = next((st for st in states if st.is_finished and st is not JobState.COMPLETED), None)
+            if kind == "ok" and bad is not None:
+                raise GpuhpcError(f"job {job_id} ended {bad.value}: a job after it (afterok) would never start",
+                                  hint="wait for any end instead (--after-any, after_kind='any'); "
+                                       "nothing was submitted")
 
 
 # ---------------------------------------------------------------- quota
@@ -102,6 +130,8 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> "Job":
 
     check_container_policy(spec.resources)     # the site's registries and digest pins (exit 2)
     c = _client(client)
+    if spec.after or spec.after_any:
+        check_after(c, spec.after, spec.after_any)      # a mistyped id would start at once (exit 1)
     runner = getattr(c, "runner", None)
     if runner is None:                      # a client without one runs here
         from gpuhpc.transport.local import LocalRunner
@@ -410,7 +440,7 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
 
 def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
                      name: str | None, max_requeues: int, grace: int | str, folder: str | None,
-                     client, requeue: bool = True) -> "Job":
+                     client, requeue: bool = True, dependency: str | None = None) -> "Job":
     import submitit
 
     from gpuhpc.jobs.checkpoint import Checkpointable
@@ -456,6 +486,8 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 
         params = _submitit_params(resources, name, grace_s, None, requeue,
                                   posixpath.join(snapshot.remote_base(c.runner), "checkpoints", "%j"))
+        if dependency:
+            params["additional_parameters"]["dependency"] = dependency
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
                                      max_requeues=max_requeues, client=c,
                                      reserve=lambda do: _with_reservation(resources, name, c, do))
@@ -464,7 +496,10 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         return job
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues,
                                       python="python3" if resources.image is not None else None)
-    executor.update_parameters(**_submitit_params(resources, name, grace_s, None, requeue))
+    params = _submitit_params(resources, name, grace_s, None, requeue)
+    if dependency:
+        params["additional_parameters"]["dependency"] = dependency
+    executor.update_parameters(**params)
     holder: dict[str, Any] = {}
 
     def do_submit() -> str:
@@ -484,7 +519,8 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | dict | None = None,
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
-           cluster: str | None = None, requeue: bool = True, **kwargs: Any) -> "Job":
+           cluster: str | None = None, requeue: bool = True, after: Any = None, after_kind: str = "ok",
+           **kwargs: Any) -> "Job":
     """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
 
     ``gpuhpc.submit(fn, *args, resources=Resources(gpus=8, time="2h"), **kwargs)`` runs
@@ -493,7 +529,13 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     SIGUSR2 ``grace`` seconds before the time limit). Every job is requeueable by default, so a
     preemption or a spot reclaim requeues it; ``requeue=False`` opts out (a JobSpec: its own
     ``requeue`` field). ``cluster="NAME"`` submits over SSH to the cluster profile NAME (from a
-    laptop; the result comes back over SFTP)."""
+    laptop; the result comes back over SFTP). ``after=[job_or_id, ...]`` starts it only once
+    those jobs ended COMPLETED (``after_kind="any"``: once they ended, however); an id Slurm does
+    not know is refused (exit 1). Inside ``with gpuhpc.batch():`` a call is collected and goes
+    out, with the block's other calls, as one job array when the block ends."""
+    if after_kind not in AFTER_KINDS:
+        raise UserInputError(f"unknown after_kind {after_kind!r}", field="after_kind", hint="ok or any")
+    ids = after_ids(after, "after")
     if cluster is not None and client is None:
         from gpuhpc.slurm.client import SlurmClient
         from gpuhpc.transport.ssh import shared_runner
@@ -502,12 +544,29 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     if isinstance(fn_or_spec, JobSpec):
         if args or kwargs:
             raise UserInputError("a JobSpec takes no extra arguments", field="args")
+        if _BATCH.get() is not None:
+            raise UserInputError("gpuhpc.batch() collects Python calls, not a JobSpec", field="fn",
+                                 hint="submit the JobSpec outside the block, or give it array=")
+        if ids:
+            import dataclasses
+
+            fn_or_spec = dataclasses.replace(fn_or_spec, **{"after" if after_kind == "ok" else "after_any": ids})
         return submit_spec(fn_or_spec, client=client)
     if isinstance(resources, dict):          # a plain mapping: unknown names list the valid ones
         resources = Resources.from_mapping(resources)
-    return _submit_callable(fn_or_spec, args, kwargs, resources=resources or Resources(), name=name,
+    opts = {"resources": resources or Resources(), "name": name, "max_requeues": max_requeues, "grace": grace,
+            "folder": folder, "client": client, "requeue": requeue, "after": ids, "after_kind": after_kind}
+    pending = _BATCH.get()
+    if pending is not None:
+        return pending.add(fn_or_spec, args, kwargs, opts)
+    dependency = None
+    if ids:
+        client = _client(client)
+        check_after(client, *((ids, ()) if after_kind == "ok" else ((), ids)))
+        dependency = after_dependency(*((ids, ()) if after_kind == "ok" else ((), ids)))
+    return _submit_callable(fn_or_spec, args, kwargs, resources=opts["resources"], name=name,
                             max_requeues=max_requeues, grace=grace, folder=folder, client=client,
-                            requeue=requeue)
+                            requeue=requeue, dependency=dependency)
 
 
 def _short_time(text: str) -> str:
@@ -746,3 +805,160 @@ class Job:
             return self.client.runner.read_file(path)
         except TransportError:
             return ""
+
+
+# ---------------------------------------------------------------- many calls: map_array, batch
+#: the open ``gpuhpc.batch()`` block of this thread/task (None outside one); set and reset by
+#: :func:`batch` only, so nothing outlives the block
+_BATCH: contextvars.ContextVar["_Batch | None"] = contextvars.ContextVar("gpuhpc_batch", default=None)
+
+
+def _submit_calls(calls: list[tuple[Callable[..., Any], tuple, dict]], *, resources: Resources | dict | None,
+                  name: str | None, max_requeues: int, grace: int | str, folder: str | None, client,
+                  requeue: bool, after: tuple[str, ...] = (), after_kind: str = "ok",
+                  parallelism: int | None = None) -> list["Job"]:
+    """``calls`` as job arrays through submitit (one array, or one per MaxArraySize calls), the
+    ledger holding each array's tasks; returns one :class:`Job` per call, in order (ids
+    ``ARRAY_TASK``). The checks :func:`_submit_callable` makes, once for all calls."""
+    import submitit
+
+    from gpuhpc.jobs.checkpoint import Checkpointable
+
+    if isinstance(resources, dict):
+        resources = Resources.from_mapping(resources)
+    resources = resources or Resources()
+    for fn, _, _ in calls:
+        if not callable(fn):
+            raise UserInputError(f"{fn!r} is not callable", field="fn")
+    if not calls:
+        return []
+    if parallelism is not None and (isinstance(parallelism, bool) or not isinstance(parallelism, int)
+                                    or parallelism < 1):
+        raise UserInputError(f"expected a positive whole number, got {parallelism!r}", field="parallelism")
+    first = calls[0][0]
+    name = name or getattr(first, "__name__", None) or type(first).__name__
+    name = check_text(name, "name", allow_empty=False)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name):
+        raise UserInputError(f"job name {name!r} must match [A-Za-z0-9._-]+ in Python mode", field="name")
+    grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
+    if grace_s >= resources.time_s:
+        raise UserInputError("grace must be shorter than the time limit", field="grace")
+    if not isinstance(requeue, bool):
+        raise UserInputError("expected true/false", field="requeue")
+    if resources.image is not None:
+        raise UserInputError("map_array and batch() do not run Python functions in a container image yet",
+                             field="image", hint="submit each call with gpuhpc.submit(..., resources=...)")
+    c = _client(client)
+    if not c.runner.is_local:
+        raise UserInputError("map_array and batch() submit through submitit where Slurm runs; over SSH "
+                             "(cluster=) they are not supported", field="cluster",
+                             hint="submit each call with gpuhpc.submit(fn, ..., cluster=...), or run them "
+                                  "as a sweep (gpuhpc.sweep(..., cluster=...))")
+    max_requeues = max_requeues if requeue else 0
+    dep_ids = (after, ()) if after_kind == "ok" else ((), after)
+    if after:
+        check_after(c, *dep_ids)
+    check_fits_on(resources, c)
+    try:
+        size = int(c.config().get("MaxArraySize") or 1001)
+    except (GpuhpcError, ValueError):
+        size = 1001
+    folder = folder or os.path.join(default_log_dir(), "submitit", "%j")
+    params = _submitit_params(resources, name, grace_s, None, requeue)
+    dependency = after_dependency(*dep_ids)
+    if dependency:
+        params["additional_parameters"]["dependency"] = dependency
+    out: list[Job] = []
+    for start in range(0, len(calls), size):
+        part = calls[start:start + size]
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
+        executor.update_parameters(**params, array_parallelism=min(parallelism or len(part), len(part)))
+        holder: list[Any] = []
+
+        def do_submit(part=part, executor=executor, holder=holder) -> str:
+            try:
+                with executor.batch():
+                    for fn, args, kwargs in part:
+                        target = _SubmititCallable(fn, max_requeues) if isinstance(fn, Checkpointable) \
+                            else _SubmititPlain(fn, max_requeues, resources.time_s)
+                        holder.append(executor.submit(target, *args, **kwargs))
+            except Exception as exc:  # submitit raises plain exceptions around sbatch
+                raise SlurmError(f"submitting {name} ({len(part)} calls) failed", stderr=str(exc)) from exc
+            return str(holder[0].job_id).split("_", 1)[0]
+
+        _with_reservation(resources, name, c, do_submit, array_size=len(part))
+        out += [Job(str(sj.job_id), client=c, name=name, submitit_job=sj, log_path=str(sj.paths.stdout))
+                for sj in holder]
+    return out
+
+
+def map_array(fn: Callable[..., Any], iterable: Any, *iterables: Any, resources: Resources | dict | None = None,
+              name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES, grace: int | str = DEFAULT_GRACE_S,
+              folder: str | None = None, client=None, requeue: bool = True, after: Any = None,
+              after_kind: str = "ok", parallelism: int | None = None) -> list["Job"]:
+    """``fn(x)`` for each ``x`` of ``iterable`` (``fn(x, y, ...)`` with more iterables, zipped, as
+    submitit's ``executor.map_array``) as ONE Slurm job array (one array per MaxArraySize calls
+    when there are more), at most ``parallelism`` tasks running at once. Returns the jobs in the
+    order of the inputs: ``[j.result() for j in jobs]``, or :func:`gpuhpc.as_completed`."""
+    if after_kind not in AFTER_KINDS:
+        raise UserInputError(f"unknown after_kind {after_kind!r}", field="after_kind", hint="ok or any")
+    if isinstance(iterable, (str, bytes, Mapping)) or not hasattr(iterable, "__iter__"):
+        raise UserInputError("expected an iterable of inputs (a list, a range ...)", field="iterable")
+    calls = [(fn, tuple(args), {}) for args in zip(iterable, *iterables)]
+    return _submit_calls(calls, resources=resources, name=name, max_requeues=max_requeues, grace=grace,
+                         folder=folder, client=client, requeue=requeue, after=after_ids(after, "after"),
+                         after_kind=after_kind, parallelism=parallelism)
+
+
+class _Batch:
+    """The calls of one ``gpuhpc.batch()`` block: every ``gpuhpc.submit`` in it hands back a
+    handle whose id is set when the block ends and the calls go out as one array."""
+
+    def __init__(self, parallelism: int | None) -> None:
+        self.parallelism = parallelism
+        self.calls: list[tuple[Callable[..., Any], tuple, dict]] = []
+        self.handles: list[Job] = []
+        self.opts: dict[str, Any] | None = None
+
+    def add(self, fn: Callable[..., Any], args: tuple, kwargs: dict, opts: dict[str, Any]) -> "Job":
+        if not callable(fn):
+            raise UserInputError(f"{fn!r} is not callable", field="fn")
+        if self.opts is None:
+            self.opts = opts
+        else:
+            diff = next((k for k in opts if k != "name" and opts[k] != self.opts[k]), None)
+            if diff is not None:
+                raise UserInputError(f"every call in a gpuhpc.batch() block goes out in one array, with the same "
+                                     f"{diff}: this one differs", field=diff,
+                                     hint="submit calls with other options outside the block")
+        job = Job("0", client=opts["client"], name=opts["name"])
+        job.job_id = None           # type: ignore[assignment]  # set when the block ends
+        self.calls.append((fn, args, kwargs))
+        self.handles.append(job)
+        return job
+
+    def flush(self) -> None:
+        if not self.calls:
+            return
+        opts = dict(self.opts or {})
+        jobs = _submit_calls(self.calls, **opts, parallelism=self.parallelism)
+        for handle, job in zip(self.handles, jobs):
+            handle.job_id, handle._client, handle.name = job.job_id, job.client, job.name
+            handle.submitit_job, handle._log_path = job.submitit_job, job._log_path
+
+
+@contextlib.contextmanager
+def batch(*, parallelism: int | None = None) -> Iterator[_Batch]:
+    """``with gpuhpc.batch(): jobs = [gpuhpc.submit(fn, x, resources=r) for x in xs]``: the calls
+    submitted in the block go out as ONE job array when it ends (as submitit's
+    ``executor.batch()``); each handle's ``job_id`` is ``None`` until then. Every call needs the
+    same options (resources, after, ...); an exception in the block submits nothing."""
+    if _BATCH.get() is not None:
+        raise UserInputError("gpuhpc.batch() blocks do not nest", field="batch")
+    pending = _Batch(parallelism)
+    token = _BATCH.set(pending)
+    try:
+        yield pending
+    finally:
+        _BATCH.reset(token)
+    pending.flush()

@@ -295,6 +295,46 @@ def safe_file_stem(name: str) -> str:
     return stem[:80]
 
 
+# ---------------------------------------------------------------- dependencies (after=)
+_JOB_ID_RE = re.compile(r"^[0-9]+(_[0-9]+)?$")
+AFTER_KINDS = ("ok", "any")
+
+
+def after_ids(value: Any, field_name: str = "after") -> tuple[str, ...]:
+    """The job ids a job waits for: one id (``123``, ``123_4`` for an array task), a
+    comma-separated string of them, or a list of ids or job handles (anything with a
+    ``job_id``); each checked (exit 2 naming ``field_name[i]``)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: Any = value.split(",")
+    elif isinstance(value, int) or hasattr(value, "job_id"):
+        items = [value]
+    elif isinstance(value, Mapping) or not hasattr(value, "__iter__"):
+        raise UserInputError("expected a job id or a list of job ids", field=field_name, hint="e.g. [1234, 1235_2]")
+    else:
+        items = list(value)
+    out: list[str] = []
+    for i, item in enumerate(items):
+        item = getattr(item, "job_id", item)
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise UserInputError(f"{item!r} is not a job id", field=f"{field_name}[{i}]", hint="e.g. 1234 or 1234_5")
+        text = str(item).strip()
+        if not _JOB_ID_RE.match(text):
+            raise UserInputError(f"{text!r} is not a Slurm job id", field=f"{field_name}[{i}]",
+                                 hint="digits, or digits_digits for an array task: 1234 or 1234_5")
+        if text not in out:
+            out.append(text)
+    return tuple(out)
+
+
+def after_dependency(after: Sequence[str] = (), after_any: Sequence[str] = ()) -> str | None:
+    """sbatch's ``--dependency`` for ``after`` (afterok: start once each ended COMPLETED) and
+    ``after_any`` (afterany: once each ended, however); None when both are empty."""
+    parts = ([f"afterok:{':'.join(after)}"] if after else []) + ([f"afterany:{':'.join(after_any)}"] if after_any else [])
+    return ",".join(parts) or None
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A batch job: a command (argv list) run through one of the job templates.
@@ -315,6 +355,8 @@ class JobSpec:
     requeue: bool = True
     hold: bool = False
     dependency: str | None = None
+    after: tuple[str, ...] = ()      # afterok on these job ids (rendered to --dependency)
+    after_any: tuple[str, ...] = ()  # afterany on these
     mpi: str = "auto"
     snapshot: bool | None = None            # code snapshot (gpuhpc.jobs.snapshot); None: over SSH only
     snapshot_paths: tuple[str, ...] = ()    # extra files/directories for the code snapshot
@@ -372,6 +414,11 @@ class JobSpec:
         if self.dependency is not None and not re.fullmatch(r"[A-Za-z0-9_:,?+]+", self.dependency):
             raise UserInputError(f"invalid dependency {self.dependency!r}", field="dependency",
                                  hint="e.g. afterok:123")
+        object.__setattr__(self, "after", after_ids(self.after, "after"))
+        object.__setattr__(self, "after_any", after_ids(self.after_any, "after_any"))
+        if (self.after or self.after_any) and self.dependency is not None:
+            raise UserInputError("give after/after_any or a raw dependency, not both", field="after",
+                                 hint="drop --dependency/-d, or write the whole dependency there")
         g = self.grace
         if isinstance(g, str) and g.strip().isdigit():       # bare number = seconds
             g = int(g.strip())
@@ -506,8 +553,9 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
             opts.append(("chdir", spec.workdir))
         if spec.hold:
             opts.append(("hold", None))
-        if spec.dependency:
-            opts.append(("dependency", spec.dependency))
+        dependency = spec.dependency or after_dependency(spec.after, spec.after_any)
+        if dependency:
+            opts.append(("dependency", dependency))
         if spec.array:
             opts.append(("array", spec.array))
     return opts

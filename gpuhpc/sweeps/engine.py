@@ -37,6 +37,7 @@ from typing import Any
 from gpuhpc.errors import GpuhpcError, QuotaExceeded, UserInputError
 from gpuhpc.sweeps.state import SweepStatus, TrialState
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
+from gpuhpc.jobs.spec import after_dependency
 from gpuhpc.sweeps.trial import PRUNED, STOP_DIR
 
 UTC = dt.timezone.utc
@@ -268,6 +269,10 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     from gpuhpc.jobs.spec import check_container_policy, check_fits_on
 
     check_container_policy(spec.res)        # the site's registries and pins (exit 2), as for a job
+    if spec.after:                          # a mistyped id would start the sweep at once (exit 1)
+        from gpuhpc.jobs.api import check_after
+
+        check_after(c, spec.after)
 
     # trials run where the user ran `sweep run`, whoever submits them later (the driver's own
     # working directory is the sweep directory): recorded in the sweep's spec
@@ -326,13 +331,13 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
 
         write_atomic(directory / "fn.pkl", payload)
     if submit:
-        try:
-            ids = submit_waiting(sid, client=c, url=url, limit=plan.now)
+        try:        # `after:` holds the first arrays and the driver; the driver's arrays come later
+            ids = submit_waiting(sid, client=c, url=url, limit=plan.now, dependency=after_dependency(spec.after))
         except BaseException:
             _forget(sid, url, directory)    # Slurm refused the first chunk: no sweep left behind
             raise
         if needs_driver(spec) or _n_waiting(sid, url):
-            start_driver(sid, client=c, url=url)
+            start_driver(sid, client=c, url=url, dependency=after_dependency(spec.after))
     return sid
 
 
@@ -528,7 +533,7 @@ def _shape_groups(spec: SweepSpec, waiting: list, size: int) -> tuple[list[list]
 
 
 def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, throttle: int, res=None,
-                template: str | None = None):
+                template: str | None = None, dependency: str | None = None):
     """The JobSpec of one chunk: the ``single`` template (checkpoint → requeue → resume) around
     ``python -m gpuhpc.sweeps.trial DIR CHUNK`` as an array ``0-(k-1)%T`` (``T``: the sweep's
     free slots when it was submitted; raised later by :func:`balance`)."""
@@ -547,7 +552,7 @@ def _trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int,
         env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
-        array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold)
+        array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold, dependency=dependency)
 
 
 def _throttles(directory: Path) -> dict[int, int]:
@@ -663,7 +668,7 @@ def balance(sid: int, *, client=None, url: str | None = None) -> int:
 
 
 def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int | None = None,
-                   numbers: Iterable[int] | None = None) -> list[str]:
+                   numbers: Iterable[int] | None = None, dependency: str | None = None) -> list[str]:
     """Submit ``waiting`` trials (those in ``numbers``, else all; at most ``limit``) in chunks
     that get the sweep's free slots: each array ``0-(k-1)%T`` with ``T`` the slots its older
     arrays leave (P at most in all, :func:`balance` raises ``T`` as they drain); what no slot
@@ -723,7 +728,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         try:
             for k, (number, chunk_id, rows, rid) in enumerate(chunks):
                 job = submit_spec(_trial_spec(spec, sid, directory, number, len(rows), throttle_of[k],
-                                              res=res_of[k], template=shape_of[k][1] if shape_of[k] else None),
+                                              res=res_of[k], template=shape_of[k][1] if shape_of[k] else None,
+                                              dependency=dependency),
                                   client=sub, reserve=not here)
                 done.append((chunk_id, job.job_id, rows, rid))
                 throttles[chunk_id] = min(throttle_of[k], len(rows))
@@ -941,7 +947,7 @@ def driver_time(partitions: Iterable[Any], partition: str | None) -> str:
     return part.max_time if limit is not None and 0 < limit < parse_duration(DRIVER_TIME) else DRIVER_TIME
 
 
-def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
+def start_driver(sid: int, *, client=None, url: str | None = None, dependency: str | None = None) -> str:
     """Submit the sweep driver: a requeueable CPU job running ``python -m gpuhpc.sweeps.driver``
     for its partition's MaxTime at most (:func:`driver_time`)."""
     from gpuhpc.jobs.api import submit_spec
@@ -965,7 +971,8 @@ def start_driver(sid: int, *, client=None, url: str | None = None) -> str:
                     resources=Resources(partition=partition, account=spec.res.account,
                                         time=driver_time(partitions, partition), cpus_per_task=1),
                     name=f"{spec.name}-s{sid}-driver", env=env, log_dir=str(directory / "logs"),
-                    checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory))
+                    checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory),
+                    dependency=dependency)
     job = submit_spec(jspec, client=submit_client(c, url))
     from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial  # noqa: F401
     with session(url) as s:

@@ -196,6 +196,7 @@ class SweepSpec:
     max_queued: int | None = None         # trials queued at once (else from the cluster's limits)
     driver_partition: str | None = None   # the sweep driver's partition (default: cpu, when it exists)
     hold: bool = False                    # submit the arrays held (scontrol release them)
+    after: tuple[str, ...] = ()           # job ids: the first arrays and the driver start once they COMPLETED
     max_trials: int = MAX_TRIALS          # a larger sweep is refused unless raised here on purpose
     # per-trial resources: [{when: {param: value, ...}, resources: {...}, template: T}, ...]; a
     # trial's job is ``resources`` updated by every rule whose ``when`` its parameters match, in
@@ -299,6 +300,10 @@ class SweepSpec:
                 kw[k] = pruners.parse(v, k) if check else dict(v)
             elif k == "grace":
                 kw[k] = v if isinstance(v, str) else _int(v, k)
+            elif k == "after":
+                from gpuhpc.jobs.spec import after_ids
+
+                kw[k] = after_ids(v, "after")
             elif k == "hold":
                 if not isinstance(v, bool):
                     raise UserInputError("expected true/false", field=k)

@@ -1,0 +1,228 @@
+"""Dependencies (``after=``, ``--after``, sweep ``after:``) and many calls (``batch()``, the one
+watcher) without a cluster: ids checked at the edge, rendered to sbatch's ``--dependency``,
+unknown or failed predecessors refused before sbatch, one Slurm query per poll."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.jobs import api
+from gpuhpc.jobs.spec import JobSpec, after_dependency, after_ids, sbatch_options
+from gpuhpc.jobs.watch import Watcher, as_completed
+from gpuhpc.slurm.state import JobState, SlurmState
+
+
+def _row(job_id: str, state: str):
+    return types.SimpleNamespace(job_id=job_id, array_job_id=job_id.split("_", 1)[0],
+                                 state=SlurmState.parse(state))
+
+
+class Client:
+    """What check_after, submit_spec and the watcher ask: scontrol records, sacct rows, sbatch."""
+
+    def __init__(self, show=None, acct=()):
+        self.show = dict(show or {})         # job id -> JobState text while slurmctld knows it
+        self.acct = list(acct)               # sacct rows
+        self.calls: list[tuple] = []
+        self.scripts: list[str] = []
+        self.runner = types.SimpleNamespace(is_local=True, makedirs=lambda p: None)
+
+    def show_job(self, job_id):
+        self.calls.append(("show_job", job_id))
+        return {"JobState": self.show[job_id]} if job_id in self.show else None
+
+    def accounting(self, *, job_ids=(), **kw):
+        self.calls.append(("accounting", tuple(job_ids)))
+        return [r for r in self.acct if r.job_id in job_ids or r.array_job_id in job_ids]
+
+    def submit_script(self, script, **kw):
+        self.scripts.append(script)
+        return "500"
+
+    def nodes(self):
+        return []
+
+
+# ---------------------------------------------------------------- the ids and their rendering
+@pytest.mark.parametrize("value, ids", [("12", ("12",)), ("12,13_4", ("12", "13_4")), (12, ("12",)),
+                                        ([12, "13", 12], ("12", "13")),
+                                        ([types.SimpleNamespace(job_id="7_1")], ("7_1",)), (None, ())])
+def test_after_ids_take_ids_lists_and_job_handles(value, ids):
+    assert after_ids(value) == ids
+
+
+@pytest.mark.parametrize("value, field", [("12x", "after[0]"), ("1,,2", "after[1]"), (["1", "2;rm"], "after[1]"),
+                                          ([True], "after[0]"), ({"a": 1}, "after"), (1.5, "after"),
+                                          ("1_2_3", "after[0]"), ("-1", "after[0]")])
+def test_bad_after_ids_name_the_field(value, field):
+    with pytest.raises(UserInputError) as e:
+        after_ids(value)
+    assert e.value.field == field
+
+
+def test_after_renders_to_one_dependency_option():
+    spec = JobSpec(command=("true",), after="1,2_3", after_any=[5])
+    assert ("dependency", "afterok:1:2_3,afterany:5") in sbatch_options(spec.resources, spec)
+    assert after_dependency() is None
+    plain = JobSpec(command=("true",))
+    assert not [o for o in sbatch_options(plain.resources, plain) if o[0] == "dependency"]
+
+
+def test_after_and_a_raw_dependency_together_are_refused():
+    with pytest.raises(UserInputError) as e:
+        JobSpec(command=("true",), after=["1"], dependency="afterok:2")
+    assert e.value.field == "after"
+    assert JobSpec(command=("true",), dependency="afterok:2").dependency == "afterok:2"    # -d alone: as before
+
+
+def test_job_file_after_keys():
+    spec = JobSpec.from_mapping({"command": ["x"], "after": [12, "13_1"], "after_any": "14"})
+    assert spec.after == ("12", "13_1") and spec.after_any == ("14",)
+
+
+def test_cli_after_flags_build_the_spec():
+    from gpuhpc.cli.submit import build_spec
+
+    ns = types.SimpleNamespace(file=None, env=None, command=("--", "true"), after="3,4", after_any="5",
+                               after_sweep=None)
+    spec = build_spec(ns)
+    assert spec.after == ("3", "4") and spec.after_any == ("5",)
+
+
+def test_sweep_file_after():
+    from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
+
+    data = {"name": "s", "method": "grid", "parameters": {"x": [1, 2]}, "metric": {"name": "loss"},
+            "command": "echo {x}", "after": "41,42"}
+    spec = SweepSpec.from_mapping(data)
+    assert spec.after == ("41", "42") and spec_from_json(spec_json(spec)).after == ("41", "42")
+    with pytest.raises(UserInputError) as e:
+        SweepSpec.from_mapping({**data, "after": "41;x"})
+    assert e.value.field == "after[0]"
+
+
+# ---------------------------------------------------------------- predecessors Slurm must know
+def test_unknown_predecessor_is_job_not_found_and_nothing_is_submitted():
+    c = Client()
+    with pytest.raises(GpuhpcError) as e:
+        api.submit_spec(JobSpec(command=("true",), after=["99"]), client=c, reserve=False)
+    assert not isinstance(e.value, UserInputError) and "job 99 not found" in e.value.message
+    assert c.scripts == []
+
+
+def test_afterok_on_a_failed_job_is_refused_afterany_is_not():
+    c = Client(acct=[_row("8", "FAILED")])
+    with pytest.raises(GpuhpcError) as e:
+        api.check_after(c, ("8",))
+    assert "job 8 ended FAILED" in e.value.message
+    api.check_after(c, (), ("8",))
+    c = Client(show={"9": "RUNNING", "10": "COMPLETED"})
+    api.check_after(c, ("9", "10"))
+    assert [k for k, _ in c.calls] == ["show_job", "show_job"]         # slurmctld knew both: no sacct
+
+
+def test_an_array_is_found_through_its_tasks_in_sacct():
+    c = Client(acct=[_row("30_0", "COMPLETED"), _row("30_1", "COMPLETED")])
+    api.check_after(c, ("30",))
+    c = Client(acct=[_row("30_0", "COMPLETED"), _row("30_1", "TIMEOUT")])
+    with pytest.raises(GpuhpcError):
+        api.check_after(c, ("30",))
+
+
+def test_submit_spec_renders_the_dependency_once_predecessors_exist(tmp_path):
+    c = Client(show={"41": "PENDING"})
+    api.submit_spec(JobSpec(command=("true",), after_any=["41"], log_dir=str(tmp_path)), client=c, reserve=False)
+    assert "#SBATCH --dependency=afterany:41" in c.scripts[0]
+
+
+def test_submit_after_kind_checked():
+    with pytest.raises(UserInputError) as e:
+        api.submit(JobSpec(command=("true",)), after=["1"], after_kind="ok-ish", client=Client())
+    assert e.value.field == "after_kind"
+
+
+# ---------------------------------------------------------------- batch()
+def test_batch_collects_and_submits_once_on_exit(monkeypatch):
+    sent: list = []
+
+    def fake_calls(calls, **opts):
+        sent.append((calls, opts))
+        return [api.Job(f"70_{i}", client=Client(), name="f") for i in range(len(calls))]
+
+    monkeypatch.setattr(api, "_submit_calls", fake_calls)
+    with api.batch(parallelism=2):
+        jobs = [api.submit(abs, x, resources={"time": "5m"}) for x in (-1, -2, -3)]
+        assert sent == [] and [j.job_id for j in jobs] == [None, None, None]
+    assert len(sent) == 1 and [c[1] for c in sent[0][0]] == [(-1,), (-2,), (-3,)]
+    assert sent[0][1]["parallelism"] == 2
+    assert [j.job_id for j in jobs] == ["70_0", "70_1", "70_2"]
+
+
+def test_batch_submits_nothing_when_its_block_raises_or_calls_differ(monkeypatch):
+    sent: list = []
+    monkeypatch.setattr(api, "_submit_calls", lambda calls, **o: sent.append(calls) or [])
+    with pytest.raises(RuntimeError):
+        with api.batch():
+            api.submit(abs, 1, resources={"time": "5m"})
+            raise RuntimeError("boom")
+    with pytest.raises(UserInputError) as e:
+        with api.batch():
+            api.submit(abs, 1, resources={"time": "5m"})
+            api.submit(abs, 2, resources={"time": "6m"})
+    assert e.value.field == "resources" and sent == []
+    with pytest.raises(UserInputError):
+        with api.batch():
+            api.submit(JobSpec(command=("true",)))
+
+
+def test_map_array_over_ssh_is_refused():
+    c = Client()
+    c.runner = types.SimpleNamespace(is_local=False)
+    with pytest.raises(UserInputError) as e:
+        api.map_array(abs, [1, 2], resources={"time": "5m"}, client=c)
+    assert e.value.field == "cluster"
+    with pytest.raises(UserInputError) as e:
+        api.map_array(abs, "12", client=c)
+    assert e.value.field == "iterable"
+
+
+# ---------------------------------------------------------------- the one watcher
+class Handle:
+    def __init__(self, job_id, client):
+        self.job_id, self.client = job_id, client
+
+    def done(self):
+        raise AssertionError("the watcher asked a job on its own")
+
+
+def test_watcher_asks_once_per_poll_for_all_jobs_arrays_by_their_id(monkeypatch):
+    c = Client(acct=[_row("5", "COMPLETED"), _row("6_0", "RUNNING"), _row("6_1", "FAILED"), _row("7", "PENDING")])
+    jobs = [Handle(j, c) for j in ("5", "6_0", "6_1", "7", "8")]
+    w = Watcher(c)
+    assert w.states([j.job_id for j in jobs]) == {"5": JobState.COMPLETED, "6_0": JobState.RUNNING,
+                                                  "6_1": JobState.FAILED, "7": JobState.PENDING,
+                                                  "8": JobState.UNKNOWN}
+    assert c.calls == [("accounting", ("5", "6", "7", "8"))] and w.polls == 1
+
+
+def test_as_completed_yields_in_finish_order_one_query_per_poll(monkeypatch):
+    c = Client(acct=[_row("1", "RUNNING"), _row("2", "COMPLETED"), _row("3", "RUNNING")])
+    monkeypatch.setattr("gpuhpc.jobs.watch.time.sleep", lambda s: None)
+    jobs = [Handle(j, c) for j in ("1", "2", "3")]
+    w = Watcher(c)
+    out = []
+    for job in as_completed(jobs, watcher=w):
+        out.append(job.job_id)
+        if job.job_id == "2":
+            c.acct = [_row("1", "CANCELLED"), _row("3", "RUNNING")]
+        elif job.job_id == "1":
+            c.acct = [_row("3", "TIMEOUT")]
+    assert out == ["2", "1", "3"] and w.polls == 3 and [k for k, _ in c.calls] == ["accounting"] * 3
+    assert c.calls[-1] == ("accounting", ("3",))                   # only the jobs still running
+
+
+def test_as_completed_refuses_unsubmitted_batch_handles():
+    with pytest.raises(UserInputError):
+        list(as_completed([Handle(None, Client())]))
