@@ -124,7 +124,8 @@ class CmdClient:
         "server" once a worker of this client's server holds its stdin, "python" once the client
         has exec'd the Python CLI."""
         import sys
-        import time
+
+        from polling import wait_for
 
         server = self.pid()
         python = os.path.realpath(sys.executable)
@@ -148,15 +149,16 @@ class CmdClient:
                     out.append(pid)
             return out
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def who() -> str | None:
             if os.path.realpath(readlink(f"/proc/{proc.pid}/exe")) == python:
                 return "python"
             if server and any(readlink(f"/proc/{w}/fd/0") == pipe for w in workers()):
                 return "server"
-            assert proc.poll() is None, f"the command exited ({proc.returncode}) before reading stdin"
-            time.sleep(0.05)
-        raise AssertionError("neither a server worker nor the Python CLI took the command")
+            return None
+
+        return wait_for(who, timeout, "a server worker or the Python CLI to take the command", interval=0.05,
+                        abort=lambda: proc.poll() is not None
+                        and f"the command exited ({proc.returncode}) before reading stdin")
 
     def run_python(self, *args: str, env: dict | None = None, **kw):
         import subprocess

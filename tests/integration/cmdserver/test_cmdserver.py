@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuhpc.cmdserver import server
+from polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
@@ -103,15 +104,14 @@ def test_ctrl_c_reaches_the_command_and_a_killed_client_ends_it(cmd_client):
     assert cmd_client.taken(proc) == "server"
     proc.kill()                       # SIGKILL: nothing is forwarded; the worker sees the hang-up
     proc.wait(timeout=10)
-    deadline = time.monotonic() + 20
-    while True:                       # the worker held the other end of our pipe: once it has
+    def pipe_broken() -> bool:        # the worker held the other end of our pipe: once it has
         try:                          # gone, writing fails
             proc.stdin.write(b"x" * 65536)
             proc.stdin.flush()
         except BrokenPipeError:
-            break
-        assert time.monotonic() < deadline, "the worker outlived its client"
-        time.sleep(0.2)
+            return True
+        return False
+    wait_for(pipe_broken, 20, "the worker to end with its killed client (our pipe to break)", interval=0.2)
 
 
 def test_fallbacks_run_the_python_cli(cmd_client, tmp_path):
@@ -196,19 +196,13 @@ def test_the_config_decides_whether_a_server_starts(make_cmd_client):
     c.user_config.write_text("[cmdserver]\nenabled = true\n")
     c.site_config.write_text("[cmdserver]\nallowed = true\n")
     assert c.run(*submit).returncode == 0
-    deadline = time.monotonic() + 60
-    while not (c.pid() and Path(c.socket).exists()):
-        assert time.monotonic() < deadline, "no server was started"
-        time.sleep(0.2)
+    wait_for(lambda: c.pid() and Path(c.socket).exists(), 60, "the first call to start a server", interval=0.2)
     assert c.who_runs() == "server"
     # the site forbids it while it runs: the next command is declined, and the server stops
     pid = c.pid()
     c.site_config.write_text("[cmdserver]\nallowed = false\n")
     assert c.run(*submit).returncode == 0
-    deadline = time.monotonic() + 30
-    while c.pid() == pid:
-        assert time.monotonic() < deadline, "the server kept running after the site forbade it"
-        time.sleep(0.2)
+    wait_for(lambda: c.pid() != pid, 30, "the server to stop once the site forbade it", interval=0.2)
     assert any("declined submit: stale" in line for line in c.declines())
     assert c.who_runs() == "python" and c.pid() is None
 
@@ -221,13 +215,8 @@ def test_autostart_and_stop(make_cmd_client):
     assert c.pid() is None and not list(c.runtime.glob("*.sock"))
     first = c.run("submit", "--dry-run", "--", "true")       # no server: Python CLI + start one
     assert first.returncode == 0
-    deadline = time.monotonic() + 60
-    while not c.pid():
-        assert time.monotonic() < deadline, "no server was started"
-        time.sleep(0.2)
-    while not Path(c.socket).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: c.pid() and Path(c.socket).exists(), 60, "the first call to start a server (pid and socket)",
+             interval=0.1)
     _same(c.run("submit", "--dry-run", "--", "true"), first)
     assert stat.S_IMODE(os.stat(c.runtime).st_mode) == 0o700
     c.stop()
@@ -240,10 +229,7 @@ def test_a_code_change_retires_the_server(make_cmd_client):
     module = Path(server.__file__)
     st = module.stat()
     os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))     # same times: only an inotify event
-    deadline = time.monotonic() + 30
-    while c.pid() == pid:
-        assert time.monotonic() < deadline, "the server kept running after its code changed"
-        time.sleep(0.2)
+    wait_for(lambda: c.pid() != pid, 30, "the server to retire after its code changed", interval=0.2)
     res = c.run("submit", "--dry-run", "--", "true", env={"GPUHPC_CMDSERVER": "noautostart"})
     assert res.returncode == 0 and "#SBATCH" in res.stdout
     c.stop()
@@ -267,10 +253,7 @@ def test_a_killed_server_is_replaced(make_cmd_client):
     c = make_cmd_client()
     pid = c.start()
     os.kill(pid, signal.SIGKILL)                 # leaves its socket file behind
-    deadline = time.monotonic() + 10
-    while c.pid() == pid:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: c.pid() != pid, 10, f"the killed server {pid} to be gone", interval=0.1)
     assert Path(c.socket).exists()
     res = c.run("submit", "--dry-run", "--", "true")     # refused connection: Python CLI + a new server
     assert res.returncode == 0 and "#SBATCH" in res.stdout
