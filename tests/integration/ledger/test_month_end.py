@@ -137,17 +137,25 @@ def test_ledger_equals_sreport_on_rolled_up_hours(sqlite_url, client):
     url = sqlite_url
     db.upgrade(url)
     now = dt.datetime.now(UTC)
-    # slurmdbd rolls an hour up just after it ends: the last three hours that ended 10 min ago
+    # slurmdbd rolls an hour up just after it ends: the last three hours that ended 10 min ago,
+    # each on its own (a run across an hour's edge is split between two of them)
     until = (now - dt.timedelta(minutes=10)).replace(minute=0, second=0, microsecond=0)
-    since = until - dt.timedelta(hours=3)
-    rows = client.job_runs(since, until)
+    hours = [(until - dt.timedelta(hours=k + 1), until - dt.timedelta(hours=k)) for k in (2, 1, 0)]
+    rows = client.job_runs(hours[0][0], until)
     ingest.ingest_rows(rows, url=url)
-    ledger = {a: s for a, s in _ledger_seconds(url, since, until).items() if s}
-    slurm = {a: s for a, s in client.sreport_gpu_seconds(since, until).items() if s}
-    runs = len(rows)
-    print("\n" + _table(f"ledger vs sreport (AccountUtilizationByUser, -t seconds), {runs} runs",
-                        [(f"{since:%H:%M}-{until:%H:%M} UTC", a, ledger.get(a, Decimal(0)), slurm.get(a, 0))
-                         for a in sorted(set(ledger) | set(slurm))]))
-    assert set(ledger) == set(slurm)
-    for a in slurm:
-        assert abs(ledger[a] - slurm[a]) <= 2 * RESOLUTION_S * runs, (a, ledger[a], slurm[a])
+    edges = {b for _, b in hours[:-1]}
+    across = sum(1 for r in rows if ingest.parse_time(r.start) and any(
+        ingest.parse_time(r.start) < e < ingest.parse_time(r.start) + dt.timedelta(seconds=r.elapsed_s) for e in edges))
+    table, compared = [], []
+    for since, end in hours:
+        ledger = {a: v for a, v in _ledger_seconds(url, since, end).items() if v}
+        slurm = {a: v for a, v in client.sreport_gpu_seconds(since, end).items() if v}
+        table += [(f"{since:%H:%M}-{end:%H:%M} UTC", a, ledger.get(a, Decimal(0)), slurm.get(a, 0))
+                  for a in sorted(set(ledger) | set(slurm))]
+        compared.append((since, ledger, slurm))
+    print("\n" + _table(f"ledger vs sreport (AccountUtilizationByUser, -t seconds): {len(rows)} runs, "
+                        f"{across} across an hour's edge", table))
+    for since, ledger, slurm in compared:
+        assert set(ledger) == set(slurm), (since, ledger, slurm)
+        for a in slurm:
+            assert abs(ledger[a] - slurm[a]) <= 2 * RESOLUTION_S * len(rows), (since, a, ledger[a], slurm[a])
