@@ -2,16 +2,9 @@
 conftest.py): one definition each, used by the jobs and sweeps suites."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-
-def gpuhpc(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m gpuhpc ARGS`` in this environment (plus ``env``)."""
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+from cli_helpers import gpuhpc
 
 
 def private_data_dir(tmp_path: Path, monkeypatch, *unset: str) -> Path:

@@ -3,20 +3,15 @@ docker-registry, an image pushed with skopeo): the digest is the one skopeo repo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import gpuhpc
+
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]     # no shared cluster
-
-
-def _gpuhpc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
 
 
 def test_pin_resolves_the_tag_to_the_registry_digest():
@@ -25,13 +20,13 @@ def test_pin_resolves_the_tag_to_the_registry_digest():
     assert started.returncode == 0, started.stderr
     pinned = started.stdout.strip().splitlines()[-1]          # 127.0.0.1:PORT#gpuhpc/test@sha256:…
     host = pinned.split("#", 1)[0]
-    res = _gpuhpc("image", "pin", f"{host}#gpuhpc/test:1")
+    res = gpuhpc("image", "pin", f"{host}#gpuhpc/test:1")
     assert res.returncode == 0, res.stderr
     assert res.stdout == pinned + "\n"
-    res = _gpuhpc("image", "pin", "--json", pinned)               # a digest alone: checked to exist
+    res = gpuhpc("image", "pin", "--json", pinned)               # a digest alone: checked to exist
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["digest"] == pinned.split("@", 1)[1]
-    res = _gpuhpc("image", "pin", f"{host}#gpuhpc/test:no-such-tag")
+    res = gpuhpc("image", "pin", f"{host}#gpuhpc/test:no-such-tag")
     assert (res.returncode, res.stderr) == (1, f"error: {host} has no gpuhpc/test:no-such-tag\n")
-    res = _gpuhpc("image", "pin", f"{host}/gpuhpc/test:1")
+    res = gpuhpc("image", "pin", f"{host}/gpuhpc/test:1")
     assert res.returncode == 2 and f"write {host}#gpuhpc/test:1" in res.stderr

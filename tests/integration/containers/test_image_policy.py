@@ -3,19 +3,12 @@ list and a tag on a partition that requires pins exit 2 with the reason and queu
 pinned image from an allowed registry is queued with pyxis' options on its srun line."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 
+from cli_helpers import gpuhpc
 from gpuhpc.slurm.client import SlurmClient
 
 DIGEST = "sha256:" + "5e" * 32
-
-
-def _gpuhpc(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
 
 
 def _queued(slurm: SlurmClient, name: str) -> list[str]:
@@ -33,18 +26,18 @@ def test_refused_images_queue_nothing_and_a_pinned_one_is_queued(tmp_path):
     name = f"gpuhpc-test-image-{uuid.uuid4().hex[:8]}"
     base = ["submit", "--partition", "cpu", "--time", "5m", "--hold", "--name", name]
 
-    res = _gpuhpc(*base, "--image", "quay.io#gpuhpc/test:1", "--", "cat", "/etc/os-release", env=env)
+    res = gpuhpc(*base, "--image", "quay.io#gpuhpc/test:1", "--", "cat", "/etc/os-release", env=env)
     assert res.returncode == 2, res.stderr
     assert res.stderr == (f"error: image: registry quay.io is not allowed on this cluster (site config {site}) "
                           "(allowed: 127.0.0.1:5000)\n")
-    res = _gpuhpc(*base, "--image", "127.0.0.1:5000#gpuhpc/test:1", "--", "cat", "/etc/os-release", env=env)
+    res = gpuhpc(*base, "--image", "127.0.0.1:5000#gpuhpc/test:1", "--", "cat", "/etc/os-release", env=env)
     assert res.returncode == 2
     assert "partition cpu runs only images pinned by digest" in res.stderr
     assert "gpuhpc image pin 127.0.0.1:5000#gpuhpc/test:1" in res.stderr
     assert _queued(slurm, name) == []
 
     image = f"127.0.0.1:5000#gpuhpc/test@{DIGEST}"
-    res = _gpuhpc(*base, "--image", image, "--mount", f"{tmp_path}:/out", "--", "cat", "/etc/os-release", env=env)
+    res = gpuhpc(*base, "--image", image, "--mount", f"{tmp_path}:/out", "--", "cat", "/etc/os-release", env=env)
     assert res.returncode == 0, res.stderr
     job_id = res.stdout.strip()
     try:

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import uuid
 
 import pytest
+from cli_helpers import gpuhpc
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def _gpuhpc(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
 
 
 def _scontrol_nodes() -> dict[str, dict[str, dict[str, int]]]:
@@ -56,7 +50,7 @@ def test_gpu_counts_match_scontrol_while_a_job_holds_gpus(gpu_job):
     # just after (the same both times), so that no job started or ended in between
     def consistent():
         before = _scontrol_nodes()
-        res = _gpuhpc("cluster", "status", "--json")
+        res = gpuhpc("cluster", "status", "--json")
         assert res.returncode == 0, res.stderr
         return (before, json.loads(res.stdout)) if _scontrol_nodes() == before else None
 
@@ -80,7 +74,7 @@ def test_gpu_counts_match_scontrol_while_a_job_holds_gpus(gpu_job):
 
 
 def test_partitions_table_compresses_and_wraps_node_lists_at_80_columns():
-    res = _gpuhpc("cluster", "status", env={"COLUMNS": "80"})
+    res = gpuhpc("cluster", "status", env={"COLUMNS": "80"})
     assert res.returncode == 0, res.stderr
     assert "…" not in res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= 80

@@ -8,23 +8,17 @@ from __future__ import annotations
 
 import py_compile
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_helpers import gpuhpc
 from gpuhpc.sweeps.spec import load_file
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 FILES = sorted(p for p in EXAMPLES.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
 IDS = [str(p.relative_to(EXAMPLES)) for p in FILES]
-
-
-def gpuhpc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
 
 
 def test_examples_exist():
@@ -40,7 +34,7 @@ def test_example_file(path: Path):
     elif path.suffix == ".py":
         py_compile.compile(str(path), doraise=True, cfile=None)
     elif path.suffix in (".yaml", ".yml") and kind == "clusters":
-        res = gpuhpc("conf", "validate", str(path))
+        res = gpuhpc("conf", "validate", str(path), cwd=REPO)
         assert res.returncode == 0, res.stderr
     elif path.suffix in (".yaml", ".yml") and kind == "sweeps":
         spec = load_file(str(path))
@@ -54,7 +48,7 @@ def test_example_file(path: Path):
 
         assert load_sprint(str(path)).configurations()
     elif path.suffix in (".yaml", ".yml"):
-        res = gpuhpc("submit", "--file", str(path), "--dry-run")
+        res = gpuhpc("submit", "--file", str(path), "--dry-run", cwd=REPO)
         assert res.returncode == 0, res.stderr
         assert "#SBATCH" in res.stdout
     else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuhpc.slurm.client import SlurmClient
-from ledger_helpers import gpuhpc, research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with sweeps)
+from cli_helpers import gpuhpc  # noqa: F401  (tests/cli_helpers.py)
+from ledger_helpers import research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with sweeps)
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
 
 import pytest
 
+from cli_helpers import gpuhpc
 from gpuhpc.ledger import db, ingest
 from gpuhpc.ledger.orm import UsageRecord
 from gpuhpc.slurm.client import SlurmClient
@@ -34,10 +33,6 @@ FORGED_SACCT = US.join(["424243", "424243", "forged", "COMPLETED", "10:00:00", "
                         "gpu", "research", "root", "normal", "local", "10:00:00"])
 NAMES = ["bar23\u2028x\x1fy", "a\n" + FORGED_SQUEUE, "b\u2029\x1c\x1d\x1e" + FORGED_SQUEUE + "\n"]
 RUN_NAME = "x\n" + FORGED_SACCT
-
-
-def _gpuhpc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +56,12 @@ def test_jobs_status_exporter_and_sweep_reads_survive_hostile_names(hostile, hos
     assert {j: mine[j].name for j in held} == held
     assert not [r for r in rows if r.job_id == "424242" or r.name == "forged"]
     # gpuhpc jobs (as root, for that user) and gpuhpc status: exit 0, the names as they are
-    r = _gpuhpc("jobs", "--user", hostile.name, "--json")
+    r = gpuhpc("jobs", "--user", hostile.name, "--json")
     assert r.returncode == 0, r.stderr
     listed = {j["job_id"]: j["name"] for j in json.loads(r.stdout)}
     assert {j: listed[j] for j in held} == held and "424242" not in listed
     for job in held:
-        r = _gpuhpc("status", job)
+        r = gpuhpc("status", job)
         assert r.returncode == 0, r.stderr
     # the Slurm exporter's scrape succeeds
     from gpuhpc.monitoring.slurm_exporter import SlurmCollector
@@ -116,7 +111,7 @@ def test_ledger_ingest_bills_the_real_user_and_resources(hostile, hostile_jobs, 
 
 @pytest.mark.parametrize("name", ["a\u2028b", "a\u2029b", "a\x1fb", "a\nb", "a\x85b", "a\x7f"])
 def test_gpuhpc_submit_refuses_separator_and_control_characters_in_a_name(name):
-    r = _gpuhpc("submit", "--name", name, "-p", "cpu", "-t", "1m", "--", "true")
+    r = gpuhpc("submit", "--name", name, "-p", "cpu", "-t", "1m", "--", "true")
     assert r.returncode == 2 and r.stderr.startswith("error: name: control character"), r.stderr
     assert r.stderr.count("\n") == 1
     assert not [x for x in SlurmClient().queue(user="root") if x.name == name]      # nothing submitted
