@@ -15,6 +15,7 @@ part inside it, as Slurm counts it (docs/ledger.md, "Month end, for finance").
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from decimal import Decimal
 from fractions import Fraction
 
@@ -72,16 +73,19 @@ def _ledger_seconds(url: str, since: dt.datetime, until: dt.datetime) -> dict[st
     return out
 
 
-def test_runs_across_a_boundary_split_as_sacct_truncates_them(sqlite_url, client, jobs, berlin):
+def test_runs_across_a_boundary_split_as_sacct_truncates_them(sqlite_url, client, jobs, berlin, tmp_path):
     url = sqlite_url
     db.upgrade(url)
     admin.set_price("h100", rate=RATE, effective_from=T_PRICE, url=url)
     t0 = dt.datetime.now(UTC).replace(microsecond=0) - dt.timedelta(seconds=2)
-    # two runs in each of two accounts (research, the user's root), 1 and 2 GPUs
+    # two runs in each of two accounts (research, the user's root), 1 and 2 GPUs; each runs until
+    # the test says go (whenever the others got their GPUs), then 10 s more
+    go = tmp_path / "go"
+    script = f"#!/bin/bash\nwhile [ ! -e {shlex.quote(str(go))} ]; do sleep 0.2; done\nsleep 10\n"
     spec = [("research", 1), ("research", 2), ("root", 1), ("root", 2)]
     for account, gpus in spec:
-        jobs.append(client.submit_script("#!/bin/bash\nsleep 25\n", extra=[
-            "-p", "gpu", f"--gres=gpu:h100:{gpus}", "-t", "2", "-A", account, "-J", "gpuhpc-month-end",
+        jobs.append(client.submit_script(script, extra=[
+            "-p", "gpu", f"--gres=gpu:h100:{gpus}", "-t", "5", "-A", account, "-J", "gpuhpc-month-end",
             "-o", "/dev/null"]))
 
     def running() -> bool:
@@ -89,8 +93,9 @@ def test_runs_across_a_boundary_split_as_sacct_truncates_them(sqlite_url, client
         return len(rows) == len(jobs) and all(r.state.state.value == "RUNNING" for r in rows)
 
     wait_for(running, 120, lambda: f"the month-end jobs to run ({client.queue(job_ids=jobs)})", interval=1)
-    # the boundary: 5 s from now, inside every run (each started by now and runs 25 s)
-    boundary = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(seconds=5)
+    # the boundary: 3 s from now, inside every run (each started by now and ends 10 s after go)
+    boundary = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(seconds=3)
+    go.touch()
     wait_for(lambda: all(r.state.state.is_finished for r in client.queue(job_ids=jobs)), 90,
              "the month-end jobs to end", interval=1)
 
