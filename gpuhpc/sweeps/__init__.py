@@ -1,4 +1,5 @@
 """Hyper-parameter sweeps as Slurm job arrays: :mod:`~gpuhpc.sweeps.spec` (sweep files),
 :mod:`~gpuhpc.sweeps.engine` (chunks, state from accounting, resume, cancel),
 :mod:`~gpuhpc.sweeps.driver` (the driver job), :mod:`~gpuhpc.sweeps.trial` (what a task runs),
-:mod:`~gpuhpc.sweeps.api` (``gpuhpc.sweep`` / ``gpuhpc.Sweep``). docs/sweeps.md."""
+:mod:`~gpuhpc.sweeps.api` (``gpuhpc.sweep`` / ``gpuhpc.Sweep``), :mod:`~gpuhpc.sweeps.pruners` (early
+stopping: ``pruner:`` and its decisions). docs/sweeps.md."""

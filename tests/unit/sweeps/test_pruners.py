@@ -207,3 +207,12 @@ def test_should_prune_reads_the_trials_mark(tmp_path, monkeypatch):
     assert gpuhpc.should_prune() is False
     (tmp_path / PRUNED).write_text("{}")
     assert gpuhpc.should_prune() is True
+
+
+def test_hyperband_replays_the_reports_into_optunas_pruner():
+    pytest.importorskip("optuna", reason="the hyperband pruner is Optuna's (pip install optuna)")
+    cfg = pruners.parse({"type": "hyperband", "min_resource": 1, "max_resource": 9, "reduction_factor": 3})
+    good = [curve(n, "completed", [1.0 - 0.05 * s for s in range(10)], t0=n * 0.1) for n in range(12)]
+    bad = [curve(20 + n, "running", [5.0 + 0.01 * s for s in range(4)], t0=100 + n * 0.1) for n in range(12)]
+    got = pruners.decide(cfg, "minimize", [*good, *bad], [t.number for t in [*good, *bad]])
+    assert got and set(got) <= {t.number for t in bad} and all("hyperband" in why for why in got.values())
