@@ -62,14 +62,14 @@ def _interval(client: SlurmClient) -> int:
 def _wait(client: SlurmClient, pred, timeout: float) -> tuple[float, tuple[str, str]]:
     """Poll the node until ``pred(state, reason)``; (seconds waited, (state, reason))."""
     t0 = time.monotonic()
-    while True:
+
+    def met() -> tuple[str, str] | None:
         st = _state(client)
-        if pred(*st):
-            return time.monotonic() - t0, st
-        if time.monotonic() - t0 > timeout:
-            pytest.fail(f"{NODE} still {st} after {timeout:.0f} s (a concurrent `scripts/cluster.sh up` "
-                        "recreates a removed fake GPU device)")
-        time.sleep(0.25)
+        return st if pred(*st) else None
+
+    st = wait_for(met, timeout, lambda: f"{NODE} to change state (still {_state(client)}; a concurrent "
+                  "`scripts/cluster.sh up` recreates a removed fake GPU device)", interval=0.25)
+    return time.monotonic() - t0, st
 
 
 def test_slurm_health_check_drains_missing_gpu_until_admin_resume_keeps_admin_drain(tmp_path, full_runs):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
+
+from cli_helpers import gpuhpc
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,11 +26,6 @@ printf '%s\\n' "$*" "steps=$GPUHPC_PROFILE_STEPS" > "$out.nsys-rep"
 """
 
 
-def _gpuhpc(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
-
-
 def test_nsys_per_rank_commands_and_profile_listing(tmp_path, slurm, track):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -38,17 +33,14 @@ def test_nsys_per_rank_commands_and_profile_listing(tmp_path, slurm, track):
     (bin_dir / "nsys").chmod(0o755)
     logs = tmp_path / "logs"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", GPUHPC_LOG_DIR=str(logs))
-    proc = _gpuhpc("submit", "--nodes", "2", "--partition", "all", "--template", "mpi", "--time", "2m",
+    proc = gpuhpc("submit", "--nodes", "2", "--partition", "all", "--template", "mpi", "--time", "2m",
                    "--mem", "100M", "--switches", "off", "--profile", "nsys", "--profile-steps", "3-7",
                    "--name", "profiled", "--json", "--", "python", "-c", "pass", env=env)
     assert proc.returncode == 0, proc.stderr
     job_id = json.loads(proc.stdout)["job_id"]
     track(job_id)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if len(list((logs / "profile").glob(f"{job_id}-r0-rank*.nsys-rep"))) == 2:
-            break
-        time.sleep(0.5)
+    wait_for(lambda: len(list((logs / "profile").glob(f"{job_id}-r0-rank*.nsys-rep"))) == 2, 120,
+             lambda: f"both ranks' traces of job {job_id} (now {sorted(p.name for p in (logs / 'profile').glob('*'))})")
     reps = sorted((logs / "profile").glob(f"{job_id}-*.nsys-rep"))
     assert [p.name for p in reps] == [f"{job_id}-r0-rank0.nsys-rep", f"{job_id}-r0-rank1.nsys-rep"]
     for rank, p in enumerate(reps):
@@ -56,7 +48,7 @@ def test_nsys_per_rank_commands_and_profile_listing(tmp_path, slurm, track):
         assert argv.startswith(f"profile -o {logs}/profile/{job_id}-r0-rank{rank} ")
         assert "--capture-range=cudaProfilerApi" in argv and argv.endswith("-- python -c pass")
         assert steps == "steps=3-7"
-    listed = _gpuhpc("profile", job_id, "--json", env=env)
+    listed = gpuhpc("profile", job_id, "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     got = json.loads(listed.stdout)
     assert [t["path"] for t in got["traces"]] == [str(p) for p in reps]

@@ -4,25 +4,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 
 import pytest
 
+from cli_helpers import gpuhpc
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.topology.placement import leaf_nodes
+from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def _gpuhpc(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], capture_output=True, text=True, timeout=120,
-                          env=env)
-
-
 def _submit(*extra: str) -> str:
-    proc = _gpuhpc("submit", "--nodes", "2", "--partition", "all", "--template", "mpi", "--time", "2m",
+    proc = gpuhpc("submit", "--nodes", "2", "--partition", "all", "--template", "mpi", "--time", "2m",
                    "--mem", "100M", "--cpus-per-task", "1", "--name", "placement-test", "--json", *extra,
                    "--", "sleep", "60")
     assert proc.returncode == 0, proc.stderr
@@ -30,15 +24,11 @@ def _submit(*extra: str) -> str:
 
 
 def _placement_when_running(client: SlurmClient, job_id: str, timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = client.show_job(job_id) or {}
-        if rec.get("JobState") == "RUNNING":
-            proc = _gpuhpc("placement", job_id, "--json")
-            assert proc.returncode == 0, proc.stderr
-            return json.loads(proc.stdout) | {"switches": rec.get("Switches", "")}
-        time.sleep(0.5)
-    pytest.fail(f"job {job_id} did not start in {timeout}s")
+    rec = wait_for(lambda: (rec := client.show_job(job_id) or {}).get("JobState") == "RUNNING" and rec, timeout,
+                   lambda: f"job {job_id} to start (now {(client.show_job(job_id) or {}).get('JobState')})")
+    proc = gpuhpc("placement", job_id, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout) | {"switches": rec.get("Switches", "")}
 
 
 @pytest.fixture
@@ -72,13 +62,11 @@ def test_two_node_job_under_one_leaf_and_a_forced_spread(client, tmp_path, monke
 
     # the report reads accounting: slurmdbd learns a job's nodes from slurmctld a moment after
     # it starts (later on a busy controller), so poll until the spread job is there
-    deadline = time.monotonic() + 60
-    while True:
-        report = _gpuhpc("report", "placement", "--period", "day", "--json")
+    def with_spread() -> dict | None:
+        report = gpuhpc("report", "placement", "--period", "day", "--json")
         assert report.returncode == 0, report.stderr
         rows = {r["job_id"]: r for r in json.loads(report.stdout)}
-        if spread in rows or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert spread in rows, f"job {spread} not in the placement report after 60 s: {sorted(rows)}"
+        return rows if spread in rows else None
+
+    rows = wait_for(with_spread, 60, f"job {spread} in the placement report", interval=1)
     assert rows[spread]["extra_leaves"] == 1 and one not in rows

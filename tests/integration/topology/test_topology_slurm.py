@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from gpuhpc.hostlist import expand
 from gpuhpc.slurm import SlurmClient
 from gpuhpc.slurm import commands as cmd
+from polling import wait_for
 
 HERE = Path(__file__).resolve().parent
 DUMP = HERE / "local-fabric.out"
@@ -33,14 +33,12 @@ def _topology_by_name(client: SlurmClient) -> dict[str, dict[str, str]]:
 
 def _reconfigure_and_wait(client: SlurmClient, expect_switch: str | None, timeout: float = 60) -> dict:
     client.run(cmd.scontrol_reconfigure())
-    deadline = time.monotonic() + timeout
-    while True:
+    def loaded() -> dict | None:
         topo = _topology_by_name(client)
-        if expect_switch is None or expect_switch in topo:
-            return topo
-        if time.monotonic() > deadline:
-            raise AssertionError(f"slurmctld did not load switch {expect_switch} within {timeout}s: {topo}")
-        time.sleep(1)
+        return topo if expect_switch is None or expect_switch in topo else None
+
+    return wait_for(loaded, timeout, lambda: f"slurmctld to load switch {expect_switch} ({_topology_by_name(client)})",
+                    interval=1)
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +77,14 @@ def _run_job(client: SlurmClient, *extra: str, timeout: float = 120) -> list[str
     job_id = client.submit_script("#!/bin/bash\nsleep 3\n", extra=[
         "--job-name=gpuhpc-topology-it", "--partition=all", "-N2", "--switches=1", "--ntasks-per-node=1",
         "--cpus-per-task=1", "--mem=100M", "--time=2", "--output=/dev/null", *extra])
+
+    def nodes() -> list[str] | None:
+        rec = client.show_job(job_id) or {}
+        nodes = rec.get("NodeList", "")
+        return expand(nodes) if rec.get("JobState", "") not in ("PENDING", "") and nodes and nodes != "(null)" else None
+
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            rec = client.show_job(job_id) or {}
-            state = rec.get("JobState", "")
-            nodes = rec.get("NodeList", "")
-            if state not in ("PENDING", "") and nodes and nodes != "(null)":
-                return expand(nodes)
-            time.sleep(1)
-        raise AssertionError(f"job {job_id} did not start within {timeout}s: {rec}")
+        return wait_for(nodes, timeout, lambda: f"job {job_id} to get nodes ({client.show_job(job_id)})", interval=1)
     finally:
         rec = client.show_job(job_id) or {}
         if rec.get("JobState") in ("PENDING", "RUNNING", "CONFIGURING", "SUSPENDED"):
