@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import gpuhpc
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
@@ -26,10 +28,7 @@ RATE = "2.50"
 # an account of its own: every GPU job of the other tests also shows up in Prometheus (the real
 # Prolog keeps the job map), so the ranking is checked among this test's jobs only
 ACCOUNT = "gpuhpc-eff-test"
-
-
-def _gpuhpc(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhpc", *args], env=env, capture_output=True, text=True, timeout=120)
+NO_DB = ("GPUHPC_DB_URL",)      # the fixture's env: its own SQLite ledger, whatever GPUHPC_DB_URL says
 
 
 def _hook(kind: str, node: str, job: str, idx: list[int]) -> None:
@@ -47,7 +46,7 @@ def half_idle_job(tmp_path_factory):
     env.pop("GPUHPC_DB_URL", None)
     for args in (("db", "upgrade"), ("ledger", "price", "set", "--gpu-type", "h100", "--rate", RATE,
                                      "--effective", "2020-01-01")):
-        proc = _gpuhpc(*args, env=env)
+        proc = gpuhpc(*args, env=env, unset=NO_DB)
         assert proc.returncode == 0, proc.stderr
     for cmd in (["sacctmgr", "-i", "add", "account", ACCOUNT, "description=efficiency test", "organization=gpuhpc"],
                 ["sacctmgr", "-i", "add", "user", os.environ.get("USER") or "root", f"account={ACCOUNT}"]):
@@ -61,13 +60,8 @@ def half_idle_job(tmp_path_factory):
     idx: dict[str, list[int]] = {}
     saved: dict[str, str] = {}
     try:
-        for _ in range(120):
-            rows = client.queue(job_ids=[job])
-            if rows and rows[0].state.raw == "RUNNING":
-                break
-            time.sleep(1)
-        else:
-            pytest.fail(f"job {job} did not start")
+        wait_for(lambda: (rows := client.queue(job_ids=[job])) and rows[0].state.raw == "RUNNING", 120,
+                 lambda: f"job {job} to start (now {client.queue(job_ids=[job])})", interval=1)
         idx = client.job_gpu_indexes(job)
         (node, gpus), = idx.items()
         saved[node] = (STATE_DIR / f"{node}.json").read_text()
@@ -97,7 +91,7 @@ def half_idle_job(tmp_path_factory):
             for both idle GPUs."""
             if time.monotonic() - t_map < 30:
                 return False
-            proc = _gpuhpc("report", "efficiency", job, "--json", env=env)
+            proc = gpuhpc("report", "efficiency", job, "--json", env=env, unset=NO_DB)
             if proc.returncode != 0:
                 return False
             rep = json.loads(proc.stdout)
@@ -110,9 +104,8 @@ def half_idle_job(tmp_path_factory):
                     and bool(rep["cpu_used_seconds"]) and bool(rep["peak_rss_bytes"])
                     and len([w for w in notified() if w["job_id"] == job]) >= 2)
 
-        deadline = time.monotonic() + 120          # a loaded machine may evaluate the rule late
-        while not decided() and time.monotonic() < deadline:
-            time.sleep(2)
+        # a loaded machine may evaluate the rule late
+        wait_for(decided, 120, f"job {job}'s idle/busy figures and both waste alerts", interval=2)
         waste = notified()                         # once more: nothing is sent twice
     finally:
         client.cancel(job)
@@ -120,11 +113,9 @@ def half_idle_job(tmp_path_factory):
             _hook("epilog", node, job, gpus)
         for node, text in saved.items():
             (STATE_DIR / f"{node}.json").write_text(text)
-    for _ in range(60):             # sacct has the end time
-        rows = [r for r in client.accounting(job_ids=[job]) if r.job_id == job]
-        if rows and rows[0].end not in ("", "Unknown"):
-            break
-        time.sleep(1)
+    rows = wait_for(lambda: (rows := [r for r in client.accounting(job_ids=[job]) if r.job_id == job])
+                    and rows[0].end not in ("", "Unknown") and rows, 60, f"sacct to have job {job}'s end time",
+                    interval=1)
     env["GPUHPC_TEST_JOB_START"] = rows[0].start
     env["GPUHPC_TEST_JOB_END"] = rows[0].end
     return job, node, gpus, env, waste
@@ -132,7 +123,7 @@ def half_idle_job(tmp_path_factory):
 
 def test_report_names_idle_gpus_and_their_cost(half_idle_job):
     job, node, gpus, env, _ = half_idle_job
-    proc = _gpuhpc("report", "efficiency", job, "--json", env=env)
+    proc = gpuhpc("report", "efficiency", job, "--json", env=env, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
     assert rep["gpus"] == 4 and rep["gpu_type"] == "h100" and rep["account"] == ACCOUNT
@@ -149,13 +140,13 @@ def test_report_names_idle_gpus_and_their_cost(half_idle_job):
     # sstat, every 30 s: the 10 s busy loop gets what CPU a loaded 2-core machine leaves it
     assert rep["cpus"] > 0 and rep["cpu_used_seconds"] and rep["cpu_used_seconds"] > 0, rep
     assert rep["peak_rss_bytes"] and rep["peak_rss_bytes"] > 0
-    text = _gpuhpc("report", "efficiency", job, env=env)
+    text = gpuhpc("report", "efficiency", job, env=env, unset=NO_DB)
     assert text.returncode == 0 and "IDLE" in text.stdout and "advice: GPUs" in text.stdout
 
 
 def test_weekly_ranking_puts_it_first(half_idle_job):
     job, _, _, env, _ = half_idle_job
-    proc = _gpuhpc("report", "efficiency", "--account", ACCOUNT, "--period", "week", "--json", env=env)
+    proc = gpuhpc("report", "efficiency", "--account", ACCOUNT, "--period", "week", "--json", env=env, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert rows and any(r["job_id"] == job for r in rows)
@@ -171,7 +162,7 @@ def test_weekly_ranking_puts_it_first(half_idle_job):
 def test_bad_input_exits_2():
     for args in (("report", "efficiency"), ("report", "efficiency", "12x"),
                  ("report", "efficiency", "--account", "research", "--period", "year")):
-        proc = _gpuhpc(*args, env=dict(os.environ))
+        proc = gpuhpc(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
 
@@ -191,7 +182,7 @@ def test_html_page_renders_its_charts_in_headless_chromium(half_idle_job, tmp_pa
 
     job, _, _, env, _ = half_idle_job
     page = tmp_path / "eff.html"
-    proc = _gpuhpc("report", "efficiency", job, "--html", str(page), env=env)
+    proc = gpuhpc("report", "efficiency", job, "--html", str(page), env=env, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     # the console check sees a console error when there is one
     bad = tmp_path / "bad.html"
@@ -241,10 +232,10 @@ def test_ledger_keeps_the_summary_when_prometheus_is_gone(half_idle_job):
     if wait > 0:                    # the exporter's last scrape of the run must be in Prometheus
         time.sleep(wait)
     since = (dt.datetime.fromisoformat(env["GPUHPC_TEST_JOB_START"]) - dt.timedelta(minutes=1)).isoformat()
-    proc = _gpuhpc("ledger", "ingest", "--since", since, "--json", env=env)
+    proc = gpuhpc("ledger", "ingest", "--since", since, "--json", env=env, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["utilisation"] >= 1, proc.stdout
-    again = _gpuhpc("ledger", "ingest", "--since", since, "--json", env=env)
+    again = gpuhpc("ledger", "ingest", "--since", since, "--json", env=env, unset=NO_DB)
     assert again.returncode == 0, again.stderr
     path = subprocess.run([sys.executable, "-c", "from gpuhpc.ledger.paths import default_db_path as p; print(p())"],
                           env=env, capture_output=True, text=True, timeout=60).stdout.strip()
@@ -254,7 +245,7 @@ def test_ledger_keeps_the_summary_when_prometheus_is_gone(half_idle_job):
     assert n == 1
 
     dead = {**env, "GPUHPC_PROMETHEUS_URL": "http://127.0.0.1:9"}
-    proc = _gpuhpc("report", "efficiency", job, "--json", env=dead)
+    proc = gpuhpc("report", "efficiency", job, "--json", env=dead, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
     assert rep["source"] == "ledger"
@@ -265,7 +256,7 @@ def test_ledger_keeps_the_summary_when_prometheus_is_gone(half_idle_job):
     assert rep["rate_per_gpu_hour"] == "2.500000" and float(rep["idle_cost"]) > 0
     assert float(rep["idle_cost"]) == pytest.approx(rep["idle_gpu_hours"] * 2.5, abs=0.011)
 
-    proc = _gpuhpc("report", "efficiency", "--account", ACCOUNT, "--period", "week", "--json", env=dead)
+    proc = gpuhpc("report", "efficiency", "--account", ACCOUNT, "--period", "week", "--json", env=dead, unset=NO_DB)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     ids = [r["job_id"] for r in rows]

@@ -23,6 +23,7 @@ from gpuhpc.monitoring import RECORDED
 from gpuhpc.monitoring.promql import dashboard_exprs, metric_names
 from gpuhpc.monitoring.usage import job_series
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 from standins import nvml_standin
 
 pytestmark = pytest.mark.integration
@@ -41,13 +42,13 @@ def query(expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def wait_for(expr: str, n: int, timeout: float = 40) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
+def series(expr: str, n: int, timeout: float = 40) -> list[dict]:
+    """The query's result once it has at least ``n`` series; fails after ``timeout`` s."""
+    def enough() -> list[dict] | None:
         res = query(expr)
-        if len(res) >= n or time.monotonic() > deadline:
-            return res
-        time.sleep(1)
+        return res if len(res) >= n else None
+
+    return wait_for(enough, timeout, lambda: f"{n} series of {expr} (now {query(expr)})", interval=1)
 
 
 def _hook(kind: str, node: str, job_id: str, user: str, idx: list[int]) -> None:
@@ -59,13 +60,13 @@ def _hook(kind: str, node: str, job_id: str, user: str, idx: list[int]) -> None:
 def _start(client: SlurmClient, tmp_path, *args: str) -> str:
     job = client.submit_script("#!/bin/bash\nsleep 300\n", extra=[*args, "--time=6", "--job-name=gpuhpc-metrics",
                                                                  f"--output={tmp_path}/%j.out"])
-    for _ in range(120):
-        rows = client.queue(job_ids=[job])
-        if rows and rows[0].state.raw == "RUNNING":
-            return job
-        time.sleep(1)
-    client.cancel(job)
-    pytest.fail(f"job {job} did not start: {rows}")
+    try:
+        wait_for(lambda: (rows := client.queue(job_ids=[job])) and rows[0].state.raw == "RUNNING", 120,
+                 lambda: f"job {job} to start (now {client.queue(job_ids=[job])})", interval=1)
+    except AssertionError:
+        client.cancel(job)
+        raise
+    return job
 
 
 def test_targets_are_up():
@@ -97,21 +98,21 @@ def test_running_jobs_gpu_series_carry_job_id_mig_included(tmp_path):
         nvml_standin.write_state(str(STATE_DIR / f"{node}.json"), st)
         # the job's labels come from its job_info series (the per-GPU series carry none)
         sel = f'{{job_id="{gpu_job}"}}'
-        res = wait_for(job_series("gpuhpc_gpu_utilization_percent", sel), 2)
+        res = series(job_series("gpuhpc_gpu_utilization_percent", sel), 2)
         assert len(res) == 2, res
         assert {r["metric"]["user"] for r in res} == {user} and {r["metric"]["node"] for r in res} == {node}
         assert sorted(int(r["metric"]["gpu"]) for r in res) == idx
-        busy = wait_for(f'({job_series("gpuhpc_gpu_utilization_percent", sel)}) > 50', 1)
+        busy = series(f'({job_series("gpuhpc_gpu_utilization_percent", sel)}) > 50', 1)
         assert [int(r["metric"]["gpu"]) for r in busy] == [idx[0]]
 
-        res = wait_for(job_series("gpuhpc_gpu_memory_used_bytes", f'{{job_id="{mig_job}"}}'), 1)
+        res = series(job_series("gpuhpc_gpu_memory_used_bytes", f'{{job_id="{mig_job}"}}'), 1)
         assert not query(f'gpuhpc_gpu_memory_used_bytes{{job_id="{mig_job}"}}')     # no job label on it
         assert len(res) == 1 and res[0]["metric"]["mig"] == "3g.40gb", res
         assert [int(r["metric"]["gpu"]) for r in res] == jobs[1][1]["mig-node1"]
         # recording rule: the job's mean utilisation
         # (the rule is evaluated on its own interval: wait until an evaluation has seen the busy GPU)
-        wait_for(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}} > 1', 1, timeout=90)
-        rec = wait_for(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}}', 1)
+        series(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}} > 1', 1, timeout=90)
+        rec = series(f'gpuhpc:job_gpu_utilization_percent:avg{{job_id="{gpu_job}"}}', 1)
         assert rec and abs(float(rec[0]["value"][1]) - 46.5) < 0.01, rec
     finally:
         for job, per_node in jobs:
@@ -136,14 +137,14 @@ def _scontrol_gpus(client: SlurmClient, partition: str) -> tuple[dict[str, int],
 @pytest.mark.parametrize("partition", ["gpu", "mig"])
 def test_partition_gpu_counts_match_scontrol(partition):
     client = SlurmClient()
-    end = time.monotonic() + 40
-    while time.monotonic() < end:  # other tests start and end jobs: compare one quiet moment
+    seen: dict[str, dict] = {}
+
+    def agreed() -> bool:          # other tests start and end jobs: compare one quiet moment
         total, alloc = _scontrol_gpus(client, partition)
         t0 = time.time()           # a scrape after this moment (the exporter asks Slurm when scraped)
-        deadline = time.monotonic() + 30
-        while not ((ts := query(f'timestamp(gpuhpc_slurm_partition_gpus{{partition="{partition}"}})'))
-                   and min(float(r["value"][1]) for r in ts) > t0) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        wait_for(lambda: (ts := query(f'timestamp(gpuhpc_slurm_partition_gpus{{partition="{partition}"}})'))
+                 and min(float(r["value"][1]) for r in ts) > t0, 30,
+                 f"a scrape of the {partition} partition's GPUs after reading scontrol", interval=0.5)
         res = query(f'gpuhpc_slurm_partition_gpus{{partition="{partition}"}}')
         prom_total: dict[str, float] = {}
         prom_alloc: dict[str, float] = {}
@@ -153,9 +154,10 @@ def test_partition_gpu_counts_match_scontrol(partition):
             if r["metric"]["state"] == "alloc":
                 prom_alloc[t] = float(r["value"][1])
         assert prom_total == {t: float(k) for t, k in total.items()}, (prom_total, total)
-        if prom_alloc == {t: float(k) for t, k in alloc.items()} and _scontrol_gpus(client, partition)[1] == alloc:
-            return
-    pytest.fail(f"allocated GPUs never agreed: prometheus {prom_alloc}, scontrol {alloc}")
+        seen.update(prometheus=prom_alloc, scontrol=alloc)
+        return prom_alloc == {t: float(k) for t, k in alloc.items()} and _scontrol_gpus(client, partition)[1] == alloc
+
+    wait_for(agreed, 40, lambda: f"the allocated GPUs to agree (last: {seen})", interval=0.1)
 
 
 def test_every_dashboard_metric_is_in_prometheus():
