@@ -26,6 +26,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "nodelist": ("nodelist", "res"), "exclude": ("exclude", "res"), "exclusive": ("exclusive", "res"),
     "switches": ("switches", "res"), "profile": ("profile", "spec"), "profile_steps": ("profile_steps", "spec"),
     "image": ("image", "res"), "mount": ("mounts", "res"), "container_workdir": ("container_workdir", "res"),
+    "conda": ("conda", "spec"), "venv": ("venv", "spec"),
     "name": ("name", "spec"), "template": ("template", "spec"), "workdir": ("workdir", "spec"),
     "log_dir": ("log_dir", "spec"), "checkpoint_dir": ("checkpoint_dir", "spec"),
     "grace": ("grace", "spec"), "max_requeues": ("max_requeues", "spec"),
@@ -72,6 +73,13 @@ def _options(f):
         o("--template", type=click.Choice(("single", "torchrun", "deepspeed", "mpi"))),
         o("--mpi", type=click.Choice(("auto", "pmix", "pmi2")), help="MPI plugin for the mpi template"),
         o("--env", "-e", multiple=True, metavar="KEY=VALUE", help="export in the job (repeatable)"),
+        o("--module", multiple=True, metavar="NAME", help="module load NAME before the program (repeatable)"),
+        o("--conda", metavar="ENV", help="activate this conda environment (a name or a path) before the program"),
+        o("--venv", metavar="PATH", help="activate this virtualenv (PATH/bin/activate) before the program"),
+        o("--setup", multiple=True, metavar="LINE", help="a shell line run before the program on every node, "
+                                                         "after --module/--conda/--venv (repeatable)"),
+        o("--sbatch-arg", multiple=True, metavar="--OPT[=VALUE]",
+          help="an sbatch option gpuhpc does not model, e.g. --sbatch-arg=--reservation=maint (repeatable)"),
         o("--workdir", "-D"),
         o("--log-dir", metavar="DIR", help="where %j.out logs go (default ~/.local/share/gpuhpc/logs)"),
         o("--checkpoint-dir", metavar="DIR", help="shared checkpoint dir; %j = job id"),
@@ -140,6 +148,14 @@ def build_spec(ns: SimpleNamespace):
             k, v = item.split("=", 1)
             env[k] = v
         data["env"] = env
+    from gpuhpc.jobs.spec import check_modules, check_sbatch_args, check_setup
+
+    for opt, fld, check in (("setup", "setup", check_setup), ("module", "modules", check_modules),
+                            ("sbatch_arg", "sbatch_args", check_sbatch_args)):
+        items = getattr(ns, opt, None)
+        if items:           # after the job file's; an --sbatch-arg overrides the file's value of its option
+            old = data.get(fld)
+            data[fld] = [*([old] if isinstance(old, str) else old or []), *check(list(items), "--" + opt.replace("_", "-"))]
     cmd = list(ns.command or [])
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

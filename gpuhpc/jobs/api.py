@@ -396,7 +396,8 @@ def _forbid_requeue() -> None:
 
 
 def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: str | None,
-                     requeue: bool = True, checkpoint_dir: str | None = None) -> dict:
+                     requeue: bool = True, checkpoint_dir: str | None = None,
+                     user_setup: tuple[str, ...] = ()) -> dict:
     """submitit parameters from THE sbatch translation (no second mapping). ``requeue``
     (the default, as script mode's): ``--requeue``, so a preemption or a spot reclaim (its node
     set DOWN) requeues the call; False: ``--no-requeue``, the user's explicit opt-out.
@@ -431,6 +432,10 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
         f'export GPUHPC_STOP_COLLECTIVE_TIMEOUT_S="${{GPUHPC_STOP_COLLECTIVE_TIMEOUT_S:-{stop_timeout_s(grace)}}}"',
         'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"',
     ]
+    if user_setup:          # the caller's setup lines (submit(fn, setup=[...])): then, as a script job's, in order
+        from gpuhpc.jobs.spec import SETUP_RUNNER
+
+        setup += [f"export GPUHPC_SETUP={shlex.quote(chr(10).join(user_setup))}", SETUP_RUNNER, "_gpuhpc_setup || exit"]
     params = {"time": minutes, "signal_delay_s": grace, "job_name": name, "setup": setup,
               "additional_parameters": additional}
     if resources.image is not None:             # the call's srun step in the image (pyxis)
@@ -440,7 +445,7 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
 
 def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
                      name: str | None, max_requeues: int, grace: int | str, folder: str | None,
-                     client, requeue: bool = True, dependency: str | None = None) -> "Job":
+                     client, requeue: bool = True, setup: tuple[str, ...] = (), dependency: str | None = None) -> "Job":
     import submitit
 
     from gpuhpc.jobs.checkpoint import Checkpointable
@@ -485,7 +490,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         from gpuhpc.jobs import snapshot     # checkpoints on the cluster, not in this machine's data dir
 
         params = _submitit_params(resources, name, grace_s, None, requeue,
-                                  posixpath.join(snapshot.remote_base(c.runner), "checkpoints", "%j"))
+                                  posixpath.join(snapshot.remote_base(c.runner), "checkpoints", "%j"), user_setup=setup)
         if dependency:
             params["additional_parameters"]["dependency"] = dependency
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
@@ -496,7 +501,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
         return job
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues,
                                       python="python3" if resources.image is not None else None)
-    params = _submitit_params(resources, name, grace_s, None, requeue)
+    params = _submitit_params(resources, name, grace_s, None, requeue, user_setup=setup)
     if dependency:
         params["additional_parameters"]["dependency"] = dependency
     executor.update_parameters(**params)
@@ -519,7 +524,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Resources | dict | None = None,
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
-           cluster: str | None = None, requeue: bool = True, after: Any = None, after_kind: str = "ok",
+           cluster: str | None = None, requeue: bool = True, setup: Any = None, after: Any = None, after_kind: str = "ok",
            **kwargs: Any) -> "Job":
     """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
 
@@ -536,6 +541,9 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     if after_kind not in AFTER_KINDS:
         raise UserInputError(f"unknown after_kind {after_kind!r}", field="after_kind", hint="ok or any")
     ids = after_ids(after, "after")
+    from gpuhpc.jobs.spec import check_setup
+
+    setup_lines = check_setup(setup, "setup")      # shell lines before the call (exit 2), as JobSpec.setup
     if cluster is not None and client is None:
         from gpuhpc.slurm.client import SlurmClient
         from gpuhpc.transport.ssh import shared_runner
@@ -551,6 +559,10 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
             import dataclasses
 
             fn_or_spec = dataclasses.replace(fn_or_spec, **{"after" if after_kind == "ok" else "after_any": ids})
+        if setup_lines:
+            import dataclasses
+
+            fn_or_spec = dataclasses.replace(fn_or_spec, setup=(*fn_or_spec.setup, *setup_lines))
         return submit_spec(fn_or_spec, client=client)
     if isinstance(resources, dict):          # a plain mapping: unknown names list the valid ones
         resources = Resources.from_mapping(resources)
@@ -564,7 +576,7 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
         client = _client(client)
         check_after(client, *((ids, ()) if after_kind == "ok" else ((), ids)))
         dependency = after_dependency(*((ids, ()) if after_kind == "ok" else ((), ids)))
-    return _submit_callable(fn_or_spec, args, kwargs, resources=opts["resources"], name=name,
+    return _submit_callable(fn_or_spec, args, kwargs, setup=setup_lines, resources=opts["resources"], name=name,
                             max_requeues=max_requeues, grace=grace, folder=folder, client=client,
                             requeue=requeue, dependency=dependency)
 

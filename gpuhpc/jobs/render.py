@@ -25,13 +25,13 @@ from pathlib import Path
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.fsutil import bundled_dir, write_atomic
-from gpuhpc.jobs.spec import JobSpec, check_text, container_srun_args, sbatch_options
+from gpuhpc.jobs.spec import SETUP_RUNNER, JobSpec, check_text, container_srun_args, sbatch_options
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]-]+$")
 _SENTINEL = re.compile("\x00([a-z_]+)\x00")
 VARIABLES = ("sbatch_lines", "version", "template", "grace", "max_requeues", "env_lines",
              "checkpoint_dir", "command", "nproc_per_node", "mpi", "python", "collective_timeout",
-             "torchrun_args", "container", "stop_timeout")
+             "torchrun_args", "container", "stop_timeout", "setup", "setup_runner")
 
 
 _BUNDLED_TEMPLATES = bundled_dir("job-templates")
@@ -108,6 +108,10 @@ def context(spec: JobSpec) -> dict[str, str]:
         "collective_timeout": str(collective_timeout_s(spec.grace_s)),
         "stop_timeout": str(stop_timeout_s(spec.grace_s)),
         "torchrun_args": "--no-python " if _runs_python(spec) else "",
+        # the setup lines, one per line, as one quoted word (each line was checked: no newline,
+        # no control character, no template syntax); the templates run them with setup_runner
+        "setup": shlex.quote("\n".join(spec.setup_lines)),
+        "setup_runner": SETUP_RUNNER,
         **container_context(spec),
     }
 

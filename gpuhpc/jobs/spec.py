@@ -105,6 +105,182 @@ def _unknown(kind: str, data: Mapping[str, Any], valid: Sequence[str], prefix: s
                              hint=f"valid: {', '.join(sorted(valid))}")
 
 
+# ---------------------------------------------------------------- sbatch pass-through
+#: sbatch options a job may pass through (``sbatch_args``, ``--sbatch-arg``, ``Resources.extra``):
+#: name -> "value" (``--opt=VALUE``), "flag" (``--opt``) or "either". None of them changes the GPUs,
+#: nodes, time, account, partition or QOS a job is charged for (the ledger reserves those).
+#: Only full names: sbatch takes any unambiguous prefix (``--part`` is ``--partition``).
+SBATCH_PASS_THROUGH: dict[str, str] = {
+    "reservation": "value", "mail-type": "value", "mail-user": "value", "comment": "value",
+    "begin": "value", "deadline": "value", "licenses": "value", "wckey": "value", "nice": "either",
+    "priority": "value", "gres-flags": "value", "gpu-bind": "value", "gpu-freq": "value",
+    "cpu-freq": "value", "mem-bind": "value", "distribution": "value", "hint": "value", "bb": "value",
+    "bbf": "value", "delay-boot": "value", "mcs-label": "value", "network": "value", "power": "value",
+    "profile": "value", "propagate": "either", "acctg-freq": "value", "core-spec": "value",
+    "thread-spec": "value", "tmp": "value", "mincpus": "value", "contiguous": "flag",
+    "sockets-per-node": "value", "cores-per-socket": "value", "threads-per-core": "value",
+    "extra-node-info": "value", "oversubscribe": "flag", "overcommit": "flag", "spread-job": "flag",
+    "use-min-nodes": "flag", "no-kill": "either", "kill-on-invalid-dep": "value", "reboot": "flag",
+    "get-user-env": "either", "prefer": "value", "cluster-constraint": "value", "wait-all-nodes": "value",
+    "batch": "value",
+}
+_GPUS = "gpus/gpu_type (GPUs per node) and tasks_per_node"
+#: sbatch options gpuhpc sets itself (or that would bypass what it models and charges): option ->
+#: the gpuhpc field to use instead. ``container-*`` (pyxis) is matched by prefix.
+SBATCH_OWNED: dict[str, str] = {
+    "gres": "gpus/gpu_type", "gpus": "gpus/gpu_type", "gpus-per-node": "gpus/gpu_type",
+    "gpus-per-task": _GPUS, "gpus-per-socket": _GPUS, "tres-per-task": _GPUS, "ntasks-per-gpu": _GPUS,
+    "cpus-per-gpu": "cpus_per_task", "mem-per-gpu": "mem", "mem-per-cpu": "mem", "mem": "mem",
+    "partition": "partition", "account": "account", "qos": "qos", "time": "time", "time-min": "time",
+    "array": "array", "output": "log_dir", "error": "log_dir", "input": "log_dir", "open-mode": "log_dir",
+    "job-name": "name", "dependency": "dependency", "nodes": "nodes", "ntasks": "tasks_per_node",
+    "ntasks-per-node": "tasks_per_node", "ntasks-per-core": "tasks_per_node",
+    "ntasks-per-socket": "tasks_per_node", "cpus-per-task": "cpus_per_task", "exclusive": "exclusive",
+    "requeue": "requeue/max_requeues", "no-requeue": "requeue/max_requeues", "signal": "grace",
+    "container": "image", "chdir": "workdir", "wrap": "command", "export": "env", "export-file": "env",
+    "constraint": "constraint", "nodelist": "nodelist", "nodefile": "nodelist", "exclude": "exclude",
+    "switches": "switches", "hold": "hold", "parsable": "nothing (gpuhpc reads sbatch's job id)",
+    "clusters": "--cluster (a cluster profile)", "uid": "nothing (run gpuhpc as that user)",
+    "gid": "nothing (run gpuhpc as that user)", "wait": "Job.wait() or gpuhpc status",
+    "test-only": "--dry-run",
+}
+_SBATCH_ARG_RE = re.compile(r"^--([a-z][a-z0-9-]*)(=(.*))?$", re.DOTALL)
+#: what submitit writes unquoted into an #SBATCH line (it shlex.quotes the rest, which sbatch
+#: does not read: sbatch's #SBATCH tokenizer knows double quotes only)
+_SUBMITIT_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def parse_sbatch_arg(arg: Any, field_name: str) -> tuple[str, str | None]:
+    """One pass-through sbatch option -> ``(name, value|None)``; raises UserInputError (the
+    option gpuhpc owns and the field to use instead, a short option, an unknown option ...)."""
+    text = check_text(arg, field_name, allow_empty=False)
+    m = _SBATCH_ARG_RE.match(text)
+    if not m:
+        if re.match(r"^-[A-Za-z]", text):
+            hint = "short options are not passed through: use the long name, e.g. --reservation=NAME"
+        else:
+            hint = "one option per item, e.g. --reservation=maint or --mail-type=END"
+        raise UserInputError(f"{text!r} is not --long-option or --long-option=value", field=field_name, hint=hint)
+    name, value = m.group(1), m.group(3)
+    owner = SBATCH_OWNED.get(name) or ("image/mounts/container_workdir" if name.startswith("container-") else None)
+    if owner:
+        raise UserInputError(f"--{name} is gpuhpc's; use {owner}", field=field_name)
+    kind = SBATCH_PASS_THROUGH.get(name)
+    if kind is None:
+        raise UserInputError(f"--{name} is not an sbatch option gpuhpc passes through", field=field_name,
+                             hint=f"full names only; passed through: {', '.join(sorted(SBATCH_PASS_THROUGH))}")
+    if kind == "value" and not value:
+        raise UserInputError(f"--{name} needs a value", field=field_name, hint=f"--{name}=VALUE")
+    if kind == "flag" and value is not None:
+        raise UserInputError(f"--{name} takes no value", field=field_name, hint=f"--{name}")
+    return name, value
+
+
+def check_sbatch_args(args: Any, field_name: str = "sbatch_args") -> tuple[str, ...]:
+    """A list of pass-through sbatch options (:data:`SBATCH_PASS_THROUGH`), checked; an option
+    given twice keeps its last value (a ``--sbatch-arg`` overrides the job file's)."""
+    if isinstance(args, str):
+        args = [args]
+    if not isinstance(args, (list, tuple)):
+        raise UserInputError("expected a list of --option=value strings", field=field_name,
+                             hint="e.g. sbatch_args: [--reservation=maint, --mail-type=END]")
+    last: dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name, _ = parse_sbatch_arg(arg, f"{field_name}[{i}]")
+        last.pop(name, None)
+        last[name] = arg
+    return tuple(last.values())
+
+
+# ---------------------------------------------------------------- environment setup
+_MODULE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+/@:-]*$")
+#: gpuhpc's own first line when modules are loaded: ``module`` where a non-login shell lacks it
+MODULE_INIT = ('type module >/dev/null 2>&1 || for _gpuhpc_f in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh; '
+               'do if [ -r "$_gpuhpc_f" ]; then . "$_gpuhpc_f"; break; fi; done')
+#: The shell function that runs the setup lines ($GPUHPC_SETUP, one per line) in the calling
+#: shell, in order; the first that fails (non-zero status) is named on stderr and its status
+#: returned. ``set -u`` is off meanwhile (conda's and Lmod's scripts are not written for it).
+#: The job templates and Python mode (submitit's ``setup``) define it from this text.
+SETUP_RUNNER = (
+    '_gpuhpc_setup() { [ -n "${GPUHPC_SETUP:-}" ] || return 0; '
+    'local _gpuhpc_l _gpuhpc_n=0 _gpuhpc_rc=0 _gpuhpc_u=+u; local -a _gpuhpc_ls; '
+    'case $- in *u*) _gpuhpc_u=-u;; esac; set +u; '
+    'mapfile -t _gpuhpc_ls <<<"$GPUHPC_SETUP"; '
+    'for _gpuhpc_l in "${_gpuhpc_ls[@]}"; do _gpuhpc_n=$((_gpuhpc_n + 1)); eval "$_gpuhpc_l"; _gpuhpc_rc=$?; '
+    'if [ "$_gpuhpc_rc" != 0 ]; then printf "gpuhpc[%s]: setup line %s failed (exit %s) on %s: %s\\n" '
+    '"$(date -u +%H:%M:%S)" "$_gpuhpc_n" "$_gpuhpc_rc" "$(hostname)" "$_gpuhpc_l" >&2; break; fi; done; '
+    'set "$_gpuhpc_u"; return "$_gpuhpc_rc"; }'
+)
+
+
+def check_setup_line(value: Any, field_name: str) -> str:
+    """A setup line: the user's own shell, run as written, but one line (no newline, NUL or other
+    control character) and no template syntax (``{{``, ``{%``)."""
+    text = check_text(value, field_name)
+    for mark in ("{{", "{%"):
+        if mark in text:
+            raise UserInputError(f"{mark!r} is not allowed in a setup line", field=field_name,
+                                 hint="template syntax never reaches a job script; put it in a script you run")
+    return text
+
+
+def _str_list(value: Any, field_name: str, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise UserInputError(f"expected a list of {what}", field=field_name)
+    return tuple(value)
+
+
+def check_setup(setup: Any, field_name: str = "setup") -> tuple[str, ...]:
+    lines = _str_list(setup, field_name, "shell lines")
+    return tuple(check_setup_line(line, f"{field_name}[{i}]") for i, line in enumerate(lines))
+
+
+def check_modules(modules: Any, field_name: str = "modules") -> tuple[str, ...]:
+    names = _str_list(modules, field_name, "module names")
+    for i, name in enumerate(names):
+        _check_re(name, f"{field_name}[{i}]", _MODULE_RE, "module name (e.g. cuda/12.4, gcc@12)")
+    return names
+
+
+def _check_env_path(value: Any, field_name: str) -> str:
+    text = check_text(value, field_name, allow_empty=False)
+    if "{{" in text or "{%" in text:
+        raise UserInputError("template syntax is not allowed", field=field_name)
+    return text
+
+
+def _shell_path(path: str) -> str:
+    """A path for the shell, quoted; a leading ``~/`` is the job's ``$HOME``."""
+    import shlex
+
+    if path == "~" or path.startswith("~/"):
+        return '"$HOME"' + (shlex.quote(path[1:]) if len(path) > 1 else "")
+    return shlex.quote(path)
+
+
+def setup_script_lines(modules: Sequence[str] = (), conda: str | None = None, venv: str | None = None,
+                       setup: Sequence[str] = ()) -> list[str]:
+    """THE order of a job's environment setup, as shell lines (values quoted): ``module load``
+    each module, then the conda environment or the venv, then the user's setup lines."""
+    import shlex
+
+    lines: list[str] = []
+    if modules:
+        lines.append(MODULE_INIT)
+        lines += [f"module load {shlex.quote(m)}" for m in modules]
+    if conda:
+        target = _shell_path(conda) if "/" in conda else shlex.quote(conda)
+        lines.append(f'eval "$("${{CONDA_EXE:-conda}}" shell.bash hook)" && conda activate {target}')
+    if venv:
+        lines.append(f". {_shell_path(venv)}/bin/activate")
+    lines += list(setup)
+    return lines
+
+
 # ---------------------------------------------------------------- models
 @dataclass(frozen=True)
 class Resources:
@@ -132,6 +308,9 @@ class Resources:
     container_workdir: str | None = None    # default: the job's workdir
     image_python: bool = False        # the image has this Python (major.minor) with cloudpickle and submitit
     switches: str | None = None       # sbatch --switches N[@TIME]; "off": none (multi-node default: the fewest leaves)
+    # sbatch options gpuhpc does not model (``--reservation=x``, ``--mail-type=END``): job files'
+    # ``sbatch_args``, ``--sbatch-arg``; checked by :func:`check_sbatch_args`
+    extra: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._validate("resources.")
@@ -164,6 +343,7 @@ class Resources:
             raise UserInputError(f"{self.switches!r} is not N or N@TIME", field=f"{p}switches",
                                  hint="e.g. 1@5:00 (one leaf switch, wait up to 5 minutes) or off")
         parse_duration(self.time, f"{p}time")
+        object.__setattr__(self, "extra", check_sbatch_args(self.extra, f"{p}extra"))
         self._validate_container(p)
 
     def _validate_container(self, p: str) -> None:
@@ -365,6 +545,12 @@ class JobSpec:
     array: str | None = None          # sbatch --array (``0-49%8``, ``1,3,5-7``); each task is one job
     profile: str | None = None        # nsys | torch: every rank traced (gpuhpc.jobs.profile)
     profile_steps: str | None = None  # the step window START-STOP (default 10-20)
+    # environment setup on every node before the program (setup_script_lines: modules, then
+    # conda or venv, then the setup lines); docs/jobs.md, "Environment setup and Slurm options"
+    setup: tuple[str, ...] = ()       # shell lines, run as written, one command line each
+    modules: tuple[str, ...] = ()     # module load NAME
+    conda: str | None = None          # a conda environment's name or path: conda activate
+    venv: str | None = None           # a virtualenv's path: . PATH/bin/activate
 
     def __post_init__(self) -> None:
         cmd = self.command
@@ -454,6 +640,18 @@ class JobSpec:
         object.__setattr__(self, "inputs", dict(self.inputs))
         if self.checkpoint is not None:
             check_s3_url(self.checkpoint, "checkpoint")
+        object.__setattr__(self, "setup", check_setup(self.setup, "setup"))
+        object.__setattr__(self, "modules", check_modules(self.modules, "modules"))
+        for name in ("conda", "venv"):
+            if getattr(self, name) is not None:
+                _check_env_path(getattr(self, name), name)
+        if self.conda is not None and self.venv is not None:
+            raise UserInputError("conda and venv both given", field="venv", hint="activate one environment")
+
+    @property
+    def setup_lines(self) -> list[str]:
+        """The job's environment setup as shell lines, in order (:func:`setup_script_lines`)."""
+        return setup_script_lines(self.modules, self.conda, self.venv, self.setup)
 
     @property
     def grace_s(self) -> int:
@@ -482,9 +680,13 @@ class JobSpec:
             raise UserInputError("a job file must be a mapping", field="<job file>")
         res_names = [f.name for f in dataclasses.fields(Resources)]
         spec_names = [f.name for f in dataclasses.fields(cls)]
-        _unknown("job", data, [*spec_names, *res_names, "gpus_per_node", "container"], "")
+        _unknown("job", data, [*spec_names, *res_names, "gpus_per_node", "container", "sbatch_args"], "")
         d = dict(data)
         res = dict(d.pop("resources", None) or {})
+        if d.get("sbatch_args") is not None:      # named as in the job file (Resources.extra)
+            res["extra"] = [*check_sbatch_args(res.get("extra") or (), "resources.extra"),
+                            *check_sbatch_args(d["sbatch_args"], "sbatch_args")]
+        d.pop("sbatch_args", None)
         if d.get("container") is not None:
             res.update(container_fields(d.pop("container")))
         d.pop("container", None)
@@ -541,6 +743,12 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
         opts.append(("exclusive", None))
     if r.switches and r.switches != "off":
         opts.append(("switches", r.switches))
+    for i, arg in enumerate(r.extra):          # pass-through options, checked when Resources was made
+        name, value = parse_sbatch_arg(arg, f"resources.extra[{i}]")
+        if spec is None and value and not _SUBMITIT_PLAIN.match(value):
+            raise UserInputError(f"--{name}'s value {value!r} cannot pass through submitit", field=f"resources.extra[{i}]",
+                                 hint="a Python function's pass-through values are letters, digits and _@%+=:,./-")
+        opts.append((name, value))
     if spec is not None:
         opts.append(("output", spec.output_path))
         opts.append(("open-mode", "append"))          # a requeued run appends to the same log
