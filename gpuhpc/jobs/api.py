@@ -569,6 +569,9 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     opts = {"resources": resources or Resources(), "name": name, "max_requeues": max_requeues, "grace": grace,
             "folder": folder, "client": client, "requeue": requeue, "after": ids, "after_kind": after_kind}
     pending = _BATCH.get()
+    if pending is not None and setup_lines:
+        raise UserInputError("setup lines are not taken inside gpuhpc.batch() yet", field="setup",
+                             hint="submit the call outside the block, or put the lines in the function")
     if pending is not None:
         return pending.add(fn_or_spec, args, kwargs, opts)
     dependency = None

@@ -230,3 +230,9 @@ def test_no_setup_renders_no_wrapper_and_runs_as_before(tmp_path):
     subprocess.run(["bash", "-c", "GPUHPC_SETUP=; " + script], check=True,
                    env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_OUT": str(tmp_path / "argv")})
     assert (tmp_path / "argv").read_text().split() == ["--mpi=pmix", "prog", "arg"]
+
+
+def test_setup_lines_inside_a_batch_block_are_refused_not_dropped():
+    with pytest.raises(UserInputError, match=r"^setup: setup lines are not taken inside gpuhpc.batch\(\)"):
+        with api.batch():
+            api.submit(lambda: 1, setup=["echo hi"], client=object())
