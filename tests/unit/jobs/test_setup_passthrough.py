@@ -148,11 +148,16 @@ def test_gpuhpc_submit_setup_reaches_submitit_after_gpuhpcs_lines_and_is_checked
 
 # ---------------------------------------------------------------- setup: the templates run them
 SRUN = r"""#!/bin/bash
-# srun stand-in: the options, then the task command once per task of two "nodes"
+# srun stand-in: the options, then the task command once per task of two "nodes" (one with
+# --ntasks=1); pyxis' stand-in: with an image's options its tasks run with IN_IMAGE=yes
 case " $* " in *" --mpi=list "*) echo pmix; exit 0;; esac
-while [ "${1#-}" != "$1" ]; do shift; done
+in_image=no n=2
+while [ "${1#-}" != "$1" ]; do
+  case "$1" in --container-image=*) in_image=yes;; --ntasks=1) n=1;; esac
+  shift
+done
 pids=()
-for i in 0 1; do SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 "$@" & pids+=($!); done
+for ((i = 0; i < n; i++)); do IN_IMAGE=$in_image SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 "$@" & pids+=($!); done
 rc=0
 for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 exit $rc
@@ -173,7 +178,8 @@ PROGRAM = ("import os, sys; rank = os.environ.get('SLURM_PROCID', 'batch'); "
            "os.environ.get('VIRTUAL_ENV', ''))")
 
 
-def _run_job(tmp_path: Path, template: str, setup: tuple[str, ...], **spec_kw) -> tuple[int, str, Path]:
+def _run_job(tmp_path: Path, template: str, setup: tuple[str, ...], image: str | None = None,
+             **spec_kw) -> tuple[int, str, Path]:
     bindir, out, venv = tmp_path / "bin", tmp_path / "out", tmp_path / "my venv"
     for d in (bindir, out, venv / "bin"):
         d.mkdir(parents=True, exist_ok=True)
@@ -183,7 +189,7 @@ def _run_job(tmp_path: Path, template: str, setup: tuple[str, ...], **spec_kw) -
         (bindir / name).chmod(0o755)
     nodes = 1 if template == "single" else 2
     spec = JobSpec(command=(sys.executable, "-c", PROGRAM, str(out)), template=template,
-                   resources=Resources(nodes=nodes, gpus=1, time="1h"), checkpoint_dir=str(tmp_path / "ck"),
+                   resources=Resources(nodes=nodes, gpus=1, time="1h", image=image), checkpoint_dir=str(tmp_path / "ck"),
                    modules=("cuda/12.4",), venv=str(venv), setup=setup, **spec_kw)
     (tmp_path / "job.sh").write_text(render(spec))
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
@@ -209,6 +215,18 @@ def test_setup_runs_in_every_task_in_order_before_the_program(template, tmp_path
         assert order.split() == ["module:load", "cuda/12.4", "venv", "setup"]       # once, in order
         assert greeting == f"hi-{0 if template == 'single' else i}" and venv.endswith("/my venv")
     assert "a line of the user's own shell" in err
+
+
+@pytest.mark.parametrize("template", ["single", "torchrun", "deepspeed", "mpi"])
+def test_with_an_image_setup_runs_in_the_container_only(template, tmp_path):
+    rc, err, out = _run_job(tmp_path, template, ('export ORDER="$ORDER setup"', 'export GREETING="$IN_IMAGE"'),
+                            image="nvcr.io#nvidia/pytorch:24.05-py3")
+    assert rc == 0, err
+    ranks = sorted(p.name for p in out.iterdir())
+    assert ranks == (["rank-0"] if template == "single" else ["rank-0", "rank-1"])     # the program's step
+    for name in ranks:
+        order, greeting, _ = (out / name).read_text().split("|")
+        assert greeting == "yes" and order.split() == ["module:load", "cuda/12.4", "venv", "setup"]   # not twice
 
 
 @pytest.mark.parametrize("template", ["single", "deepspeed"])
