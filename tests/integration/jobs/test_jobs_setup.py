@@ -82,3 +82,17 @@ def test_pass_through_options_reach_slurm_and_owned_ones_are_refused(jobs_env, s
     assert len(sbatch_calls()) == 1                      # the wrapper is on the path the refusals took
     rec = slurm.show_job(job_id)
     assert rec["Comment"] == "hello from gpuhpc" and rec["MailType"] == "END", rec
+
+
+def test_python_callable_gets_its_setup_lines_and_options(jobs_env, slurm, track):
+    """gpuhpc.submit(fn, setup=[...]) through submitit: the lines run in its batch script before
+    the call, and Resources(extra=...) reaches Slurm's record."""
+    import gpuhpc
+
+    job = gpuhpc.submit(lambda: os.environ.get("SETUP_MARK"), name="gpuhpc-test-setup-py",
+                        resources=gpuhpc.Resources(partition="cpu", time="5m", extra=("--comment=py-setup",)),
+                        setup=['export SETUP_MARK="set-on-$SLURMD_NODENAME"'])
+    track(job.job_id)
+    assert slurm.show_job(job.job_id)["Comment"] == "py-setup"
+    node = job.result(timeout=120)
+    assert node.startswith("set-on-") and node != "set-on-", node
