@@ -4,7 +4,9 @@ A 40-trial grid at parallelism 8 whose trials report ``loss`` once a step for 10
 half (trials 0-19, first in the grid: the median pruner, as Optuna's, compares a trial with
 *completed* ones, so some must complete first) improves, the bad half (20-39) is clearly worse.
 With ``pruner: {type: median, warmup_steps: 2, min_trials: 4}`` every bad trial is pruned after
-its first reports (``gpuhpc.should_prune()`` in the trial), ends ``pruned`` (not failed), is run
+its first reports (``gpuhpc.should_prune()`` in half the trials, the checkpoint path's
+``gpuhpc.should_stop(step)``, which reads the same stop file a preemption writes, in the other
+half), ends ``pruned`` (not failed), is run
 once and never resumed; every good trial completes. The trial-steps saved against running every
 trial to the end are printed on stderr.
 
@@ -33,8 +35,9 @@ bad, seed = int(sys.argv[1]), int(sys.argv[2])
 for step in range({steps}):
     loss = (2.0 - 0.01 * step) if bad else (1.0 - 0.05 * step - 0.001 * seed)
     gpuhpc.report(step=step, loss=loss)
-    if gpuhpc.should_prune():
-        print(f"pruned after step {{step}}", flush=True)
+    # even seeds ask should_prune(); odd ones only the preemption path's should_stop (its stop file)
+    if (gpuhpc.should_prune() if seed % 2 == 0 else gpuhpc.should_stop(step)):
+        print(f"stopped after step {{step}}", flush=True)
         sys.exit(0)
     time.sleep(0.7)
 """
