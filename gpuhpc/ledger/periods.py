@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError     # at import: a command server's worker stays reusable
 
 from gpuhpc.errors import UserInputError
 
@@ -32,8 +33,6 @@ def zone(name: str) -> dt.tzinfo:
     text = (name or "").strip()
     if text.upper() in ("UTC", "Z", "ETC/UTC"):
         return UTC
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
     try:
         if not text or text.startswith(("/", ".")) or ".." in text or "\\" in text:
             raise ValueError(text)
