@@ -189,7 +189,7 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
     if info.get("driver_job_id"):
         data["after"] = [*after_ids(data.get("after"), "after"), str(info["driver_job_id"])]
     else:
-        arrays = sorted({str(r["job_id"]).split("_", 1)[0] for r in engine.trial_rows(sw.id) if r.get("job_id")})
+        arrays = sorted({str(ch["job_id"]).split("_", 1)[0] for ch in info.get("chunks") or () if ch.get("job_id")})
         if not arrays:
             raise GpuhpcError(f"sweep {sw.id} has submitted no job to wait for",
                               hint=f"gpuhpc sweep status {sw.id}")

@@ -218,12 +218,13 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
           parallelism: int = 16, seed: int = 0, name: str | None = None, max_requeues: int = 5,
           chunk_size: int | None = None, max_queued: int | None = None, hold: bool = False, client=None,
           url: str | None = None, pruner: str | Mapping[str, Any] | None = None,
-          fail_fast: int | None = None) -> Sweep:
+          fail_fast: int | None = None, after: Any = None) -> Sweep:
     """Run ``fn(**params)`` for ``trials`` points of ``space`` (the sweep file's ``parameters``:
     ``{"lr": {"type": "loguniform", "low": 1e-5, "high": 0.1}, "opt": ["adam", "sgd"]}``) as
     Slurm arrays; returns at once with a :class:`Sweep`. ``gpuhpc.sweep`` is
     :func:`gpuhpc.remote.sweeps.sweep`, which adds ``cluster="NAME"`` (from a laptop: the
-    sweep runs on that cluster profile through a driver job)."""
+    sweep runs on that cluster profile through a driver job). ``after=[job_or_id, ...]``: the
+    trials start once those jobs ended COMPLETED (docs/jobs.md, "Pipelines and many calls")."""
     import dataclasses
 
     import cloudpickle
@@ -243,7 +244,7 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
     data = {"name": name or getattr(fn, "__name__", "sweep").strip("<>") or "sweep", "parameters": params,
             "method": method, "seed": seed, "parallelism": parallelism, "resources": dict(resources or {}),
             "metric": dict(metric or {"name": "objective"}), "max_requeues": max_requeues,
-            "chunk_size": chunk_size, "max_queued": max_queued, "hold": hold, "pruner": pruner,
+            "chunk_size": chunk_size, "max_queued": max_queued, "hold": hold, "after": after, "pruner": pruner,
             "fail_fast": fail_fast}
     if trials is not None:
         data["trials"] = trials

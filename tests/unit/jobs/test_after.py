@@ -226,3 +226,90 @@ def test_as_completed_yields_in_finish_order_one_query_per_poll(monkeypatch):
 def test_as_completed_refuses_unsubmitted_batch_handles():
     with pytest.raises(UserInputError):
         list(as_completed([Handle(None, Client())]))
+
+
+# ---------------------------------------------------------------- a job after a sweep
+class FakeSweep:
+    INFOS = {5: {"driver_job_id": "900", "chunks": [{"job_id": "880"}], "directory": ""},
+             6: {"driver_job_id": None, "chunks": [{"job_id": "881"}, {"job_id": "882"}, {"job_id": None}],
+                 "directory": ""}}
+    best_row: dict | None = {"trial": 3, "params": {"lr": 0.01}, "objective": 0.5}
+
+    def __init__(self, sid):
+        self.id = int(sid)
+
+    @classmethod
+    def load(cls, sid, **kw):
+        if int(sid) not in cls.INFOS:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        return cls(sid)
+
+    def info(self):
+        return self.INFOS[self.id]
+
+    def best(self):
+        return self.best_row
+
+
+@pytest.fixture
+def fake_sweeps(monkeypatch):
+    from gpuhpc.sweeps import api as sweeps_api
+    from gpuhpc.sweeps import engine
+
+    monkeypatch.setattr(sweeps_api, "Sweep", FakeSweep)
+    monkeypatch.setattr(engine, "db_url", lambda url=None: "sqlite:////nowhere/gpuhpc.db")
+    return FakeSweep
+
+
+def _ns(sweep_id):
+    return types.SimpleNamespace(file=None, env=None, command=("--", "python", "f.py"), after=None, after_any=None,
+                                 after_sweep=sweep_id)
+
+
+def test_after_sweep_waits_for_the_driver_or_else_every_array(fake_sweeps):
+    from gpuhpc.cli.submit import build_spec
+
+    spec = build_spec(_ns("5"))
+    assert spec.after == ("900",) and spec.after_any == ()
+    assert spec.command[1:] == ("-m", "gpuhpc.sweeps.best", "5", "--", "python", "f.py")
+    assert spec.env["GPUHPC_DB_URL"] == "sqlite:////nowhere/gpuhpc.db"
+    spec = build_spec(_ns("6"))
+    assert spec.after_any == ("881", "882") and spec.after == ()
+    with pytest.raises(GpuhpcError) as e:
+        build_spec(_ns("7"))
+    assert not isinstance(e.value, UserInputError) and "sweep 7 not found" in e.value.message
+    with pytest.raises(UserInputError) as e:
+        build_spec(_ns("7;x"))
+    assert e.value.field == "--after-sweep"
+
+
+def test_best_params_reach_the_command(fake_sweeps, tmp_path, monkeypatch):
+    import json
+    import os
+
+    from gpuhpc.sweeps import best
+
+    FakeSweep.INFOS[5]["directory"] = str(tmp_path)
+    ran: list = []
+    monkeypatch.setattr(os, "execvp", lambda prog, argv: ran.append((prog, argv, dict(os.environ))))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    assert best.main(["5", "--", "python", "f.py"]) == 0
+    prog, argv, env = ran[0]
+    assert argv == ["python", "f.py"] and json.loads(env["GPUHPC_BEST_PARAMS"]) == {"lr": 0.01}
+    assert json.loads((tmp_path / "best-params.json").read_text()) == {"lr": 0.01}
+    assert env["GPUHPC_BEST_PARAMS_FILE"] == str(tmp_path / "best-params.json") and env["GPUHPC_BEST_TRIAL"] == "3"
+    monkeypatch.setattr(FakeSweep, "best_row", None)
+    ran.clear()
+    assert best.main(["5", "--", "python", "f.py"]) == 1 and ran == []           # no completed trial: not run
+    assert best.main(["5", "python"]) == 2
+
+
+def test_python_sweep_after_reaches_its_spec(monkeypatch):
+    from gpuhpc.sweeps import api as sweeps_api
+    from gpuhpc.sweeps import engine
+
+    made: list = []
+    monkeypatch.setattr(engine, "create", lambda spec, **kw: made.append(spec) or 1)
+    client = types.SimpleNamespace(runner=types.SimpleNamespace(is_local=True))
+    sweeps_api.sweep(abs, {"x": [1, 2]}, method="grid", after=[types.SimpleNamespace(job_id="44")], client=client)
+    assert made[0].after == ("44",)
