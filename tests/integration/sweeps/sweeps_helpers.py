@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from ledger_helpers import gpuhpc, research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with jobs)
+from cli_helpers import gpuhpc  # noqa: F401  (tests/cli_helpers.py)
+from ledger_helpers import research_quota  # noqa: F401  (tests/ledger_helpers.py, shared with jobs)
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -73,8 +74,6 @@ def restart_slurmctld(timeout: float = 60) -> int:
     SlurmctldPidFile, wait for it to exit, start the same command line with the same environment
     (SLURM_CONF) and working directory, and wait until ``scontrol ping`` answers. Its state
     (StateSaveLocation) carries the jobs over. Returns the new pid."""
-    import time
-
     from polling import wait_for
 
     cfg = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
@@ -87,10 +86,7 @@ def restart_slurmctld(timeout: float = 60) -> int:
     env = dict(kv.split("=", 1) for kv in (proc / "environ").read_bytes().decode().split("\0") if "=" in kv)
     cwd = os.readlink(proc / "cwd")
     os.kill(pid, 15)
-    deadline = time.monotonic() + timeout
-    while proc.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not proc.exists(), f"slurmctld {pid} did not exit"
+    wait_for(lambda: not proc.exists(), timeout, f"slurmctld {pid} to exit after SIGTERM", interval=0.1)
     subprocess.run(argv, env=env, cwd=cwd, check=True)      # it daemonizes and writes its pid file
 
     def up() -> bool:

@@ -7,12 +7,12 @@ It runs on a private controller of its own, shaped as the local cluster's GPU no
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gpuhpc.slurm.client import SlurmClient
+from polling import wait_for
 from sweeps_helpers import HERE, assert_one_charge_per_run, private_cluster_fixtures, research_quota
 
 pytestmark = [pytest.mark.integration, pytest.mark.isolated]      # a private controller only
@@ -49,10 +49,7 @@ def test_python_sweep_results_in_order_after_a_preemption(private_cluster, sweep
     assert isinstance(sw, api.Sweep)
     d = Path(sw.info()["directory"])
     # preempt the running trials once some have made progress
-    deadline = time.monotonic() + 180
-    while not any(len(_progress(d, t)) > 5 for t in range(N)):
-        assert time.monotonic() < deadline, "no trial started"
-        time.sleep(1)
+    wait_for(lambda: any(len(_progress(d, t)) > 5 for t in range(N)), 180, "a trial to pass step 5", interval=1)
     running = [t for t in range(N) if 5 < len(_progress(d, t)) < 30]
     pid = slurm.submit_script("#!/bin/bash\nsleep 1\n", extra=[
         "--partition=gpu-hi", f"--nodelist={node}", f"--gres={GRES}", "--time=1",

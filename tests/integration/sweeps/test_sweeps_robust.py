@@ -117,7 +117,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
 def test_tpe_proposes_40_distinct_parameter_sets(sweep_env, sweeps, tmp_path):
     """TPE asks for every free slot, told the finished trials and registered the running ones,
     its sampler drawing afresh each round: 40 trials, 40 distinct parameter sets."""
-    pytest.importorskip("optuna", reason="method tpe needs Optuna (pip install 'gpuhpc[tpe]')")
+    import optuna  # noqa: F401  (the `test` extra installs it: a missing Optuna fails here, never skips)
     f = write_sweep(tmp_path / "tpe.yaml", name="t-tpe", method="tpe", seed=3, trials=40,
                     command=f"{PY} -m gpuhpc report-metric loss $(( ({{layers}} - 5) * ({{layers}} - 5) ))",
                     parameters={"lr": {"type": "loguniform", "low": 1.0e-5, "high": 1.0e-1},
