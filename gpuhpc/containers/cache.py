@@ -124,9 +124,35 @@ def entry_name(ref: ImageRef) -> str:
     return ref.digest.split(":", 1)[1] + ".sqsh"
 
 
+# the site's registry credentials, root's only (the gpuhpc_containers role's
+# gpuhpc_containers_site_config_dir/.credentials: root's ENROOT_CONFIG_PATH, docs/containers.md)
+SITE_CREDENTIALS = "/etc/enroot/site/.credentials"
+
+
+def site_login(registry: str, path: str | None = None) -> str | None:
+    """Root's login for ``registry`` in the site's credentials (netrc ``machine HOST login USER
+    password …``), else None. enroot 4.1.2 reads its ``.credentials`` only for a reference that
+    names the user (``docker://USER@REGISTRY#REPO``): root's imports (``gpuhpc image prefetch``)
+    name it, so that a private image is pulled with the site's token."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        words = Path(path or SITE_CREDENTIALS).read_text().split()
+    except (OSError, UnicodeDecodeError):
+        return None
+    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry     # enroot drops the port
+    for i in range(len(words) - 3):
+        if words[i] == "machine" and words[i + 1] == host and words[i + 2] == "login":
+            return words[i + 3]
+    return None
+
+
 def enroot_import(ref: ImageRef, dest: Path) -> None:
-    """``enroot import -o DEST docker://REF`` (enroot's settings are its enroot.conf's)."""
-    res = subprocess.run(["enroot", "import", "--output", str(dest), f"docker://{ref}"], stdin=subprocess.DEVNULL,
+    """``enroot import -o DEST docker://REF`` (enroot's settings are its enroot.conf's); as root,
+    with the site's login for the registry when it has one (:func:`site_login`)."""
+    login = site_login(ref.registry)
+    uri = f"docker://{login}@{ref}" if login else f"docker://{ref}"
+    res = subprocess.run(["enroot", "import", "--output", str(dest), uri], stdin=subprocess.DEVNULL,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if res.returncode != 0:
         tail = " / ".join(res.stdout.strip().splitlines()[-3:])

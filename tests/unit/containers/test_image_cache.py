@@ -161,3 +161,24 @@ def test_a_shared_cache_serves_root_owned_files_only(tmp_path, monkeypatch):
 def test_shared_is_a_site_setting(tmp_path, monkeypatch):
     _site(tmp_path, monkeypatch, '[containers]\nnode_cache_dir = "/scratch/img"\nnode_cache_shared = true\n')
     assert cache.settings().shared
+
+
+def test_roots_imports_name_the_sites_login_so_enroot_uses_its_root_only_credentials(tmp_path, monkeypatch):
+    """enroot 4.1.2 reads ENROOT_CONFIG_PATH/.credentials only for docker://USER@REGISTRY#…: root's
+    import (gpuhpc image prefetch) names the site's login for the registry; nobody else's does."""
+    creds = tmp_path / ".credentials"
+    creds.write_text("machine nvcr.io login $oauthtoken password ngc-key\nmachine 127.0.0.1 login bot password x\n")
+    monkeypatch.setattr(cache, "SITE_CREDENTIALS", str(creds))
+    calls = []
+    monkeypatch.setattr(cache.subprocess, "run",
+                        lambda argv, **kw: calls.append(argv) or subprocess.CompletedProcess(argv, 0, ""))
+    digest = "sha256:" + "ab" * 32
+    monkeypatch.setattr(cache.os, "geteuid", lambda: 0)
+    cache.enroot_import(parse_ref(f"nvcr.io#nvidia/pytorch@{digest}"), tmp_path / "a.sqsh")
+    cache.enroot_import(parse_ref(f"127.0.0.1:5500#gpuhpc/test@{digest}"), tmp_path / "b.sqsh")
+    cache.enroot_import(parse_ref(f"quay.io#x/y@{digest}"), tmp_path / "c.sqsh")
+    monkeypatch.setattr(cache.os, "geteuid", lambda: 1000)
+    cache.enroot_import(parse_ref(f"nvcr.io#nvidia/pytorch@{digest}"), tmp_path / "d.sqsh")
+    assert [argv[-1] for argv in calls] == [f"docker://$oauthtoken@nvcr.io#nvidia/pytorch@{digest}",
+                                            f"docker://bot@127.0.0.1:5500#gpuhpc/test@{digest}",
+                                            f"docker://quay.io#x/y@{digest}", f"docker://nvcr.io#nvidia/pytorch@{digest}"]
