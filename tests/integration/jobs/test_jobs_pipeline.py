@@ -151,8 +151,11 @@ def test_as_completed_asks_slurm_once_per_poll_for_all_jobs(jobs_env, track):
     assert [j.result() for j in jobs] == [x * x for x in range(6)]
 
 
+@pytest.mark.parametrize("max_queued", [3, 2], ids=["no-driver", "driver"])
 def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_env, slurm, track, tmp_path,
-                                                                        monkeypatch):
+                                                                        monkeypatch, max_queued):
+    """3 trials in one array (no driver: the job waits afterany on the sweep's arrays), or 2 at
+    a time (the third is the driver's to submit: the job waits afterok on the driver)."""
     import sys
 
     import yaml
@@ -161,12 +164,13 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
 
     monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
     monkeypatch.delenv("GPUHPC_SWEEP_ROOT", raising=False)
+    monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "2")
     a = _submit(track, "--hold", "--", "true")
     f = tmp_path / "sweep.yaml"
     f.write_text(yaml.safe_dump({
         "name": "pipe", "method": "grid", "parameters": {"x": [1, 2, 3]},
         "command": f"{sys.executable} -m gpuhpc report-metric loss $(( ({{x}} - 2) * ({{x}} - 2) ))",
-        "metric": {"name": "loss", "goal": "minimize"}, "resources": CPU}))
+        "metric": {"name": "loss", "goal": "minimize"}, "resources": CPU, "max_queued": max_queued}))
     res = gpuhpc("sweep", "run", str(f), "--after", a, "--json")
     assert res.returncode == 0, res.stderr
     sid = json.loads(res.stdout)["sweep_id"]
@@ -179,11 +183,14 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
             assert rec["Dependency"].startswith(f"afterok:{a}") and rec["Reason"] == "Dependency", rec
         log = tmp_path / "best.out"
         c = _submit(track, "--after-sweep", str(sid), "--", "sh", "-c", f'echo "$GPUHPC_BEST_PARAMS" > {log}')
-        assert slurm.show_job(c)["Dependency"].startswith("afterany:"), slurm.show_job(c)["Dependency"]
+        assert bool(info["driver_job_id"]) == (max_queued == 2)
+        want = f"afterok:{info['driver_job_id']}" if info["driver_job_id"] else "afterany:"
+        assert slurm.show_job(c)["Dependency"].startswith(want), slurm.show_job(c)["Dependency"]
         slurm.run(["scontrol", "release", a])
         end_c = wait_for(lambda: _ended(slurm, c), 90, f"job {c} after sweep {sid} to end")
         assert end_c.state.state.value == "COMPLETED", end_c
-        ends = [r.end for j in arrays for r in slurm.accounting(job_ids=[j])]
+        ends = [r.end for j in arrays + [ch["job_id"] for ch in engine.sweep_info(sid)["chunks"]]
+                for r in slurm.accounting(job_ids=[j])]
         assert end_c.start >= max(ends), (end_c.start, ends)
         assert json.loads(log.read_text()) == {"x": 2}
     finally:
