@@ -13,6 +13,7 @@ import pytest
 from gpuhpc import submit
 from gpuhpc.errors import UserInputError
 from gpuhpc.jobs.api import JobFailed
+from polling import wait_for
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@x", "PATH": "/usr/bin:/bin"}
@@ -98,8 +99,6 @@ class Counter(Checkpointable):
 
 @pytest.mark.isolated                       # a private controller only
 def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(private_login, on_laptop, tmp_path):
-    import time
-
     from gpuhpc.slurm.client import SlurmClient
     from gpuhpc.transport.local import LocalRunner
 
@@ -111,10 +110,8 @@ def test_a_checkpointable_survives_a_requeue_as_in_local_python_mode(private_log
                  cluster="lab", name="laptop-counter", grace=30)
     slurm = SlurmClient(LocalRunner())
     try:
-        deadline = time.time() + 90
-        while not (progress.exists() and progress.read_text().count("step ") >= 8):
-            assert time.time() < deadline, "the job did not start"
-            time.sleep(0.5)
+        wait_for(lambda: progress.exists() and progress.read_text().count("step ") >= 8, 90,
+                 f"job {job.job_id} to take 8 steps")
         slurm.requeue(job.job_id)
         assert job.result(timeout=240) == 60
         starts = [ln.split() for ln in progress.read_text().splitlines() if ln.startswith("start")]

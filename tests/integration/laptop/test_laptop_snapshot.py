@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
+
+from polling import wait_for
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@x", "PATH": "/usr/bin:/bin"}
@@ -27,13 +28,11 @@ def repo(tmp_path):
 
 
 def _wait(laptop, job_id, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def finished() -> dict | None:
         st = laptop.gpuhpc("--cluster", "lab", "status", job_id, "--json")
-        if st.returncode == 0 and json.loads(st.stdout)["finished"]:
-            return json.loads(st.stdout)
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} did not finish")
+        return json.loads(st.stdout) if st.returncode == 0 and json.loads(st.stdout)["finished"] else None
+
+    return wait_for(finished, timeout, f"job {job_id} to finish", interval=1)
 
 
 def test_job_runs_the_uncommitted_code_from_its_snapshot(laptop, repo, tmp_path):

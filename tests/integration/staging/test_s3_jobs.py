@@ -24,6 +24,7 @@ from gpuhpc.staging import job as sjob
 from gpuhpc.staging.cache import NodeCache
 from gpuhpc.staging.s3 import MB, S3Stager, S3Url
 from gpuhpc.transport.local import LocalRunner
+from polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 # three 8 MB parts: the job's pull is a multipart download (>= 2 GETs); bench/remote.py times 200 MB
@@ -237,10 +238,8 @@ def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, buc
     job = submit_spec(spec, client=client)
     ids.append(job.job_id)
     stager = S3Stager.from_env()
-    deadline = time.time() + 120
-    while not sjob.complete_checkpoints(stager, S3Url.parse(url)):
-        assert time.time() < deadline, "no checkpoint reached S3"
-        time.sleep(1)
+    wait_for(lambda: sjob.complete_checkpoints(stager, S3Url.parse(url)), 120, "a complete checkpoint in S3",
+             interval=1)
     first = client.show_job(job.job_id)["NodeList"]
     assert first in GPU_NODES
     other = GPU_NODES[1] if first == GPU_NODES[0] else GPU_NODES[0]
@@ -248,10 +247,8 @@ def test_checkpoints_go_to_s3_and_the_job_resumes_on_the_other_gpu_node(env, buc
         "--partition=gpu-hi", f"--nodelist={first}", "--gres=gpu:h100:8", "--time=1",
         "--job-name=gpuhpc-test-preemptor", "--output=/dev/null"])
     ids.append(pre)
-    deadline = time.time() + 150
-    while client.restarts(job.job_id) < 1:
-        assert time.time() < deadline, "the job was not requeued"
-        time.sleep(1)
+    wait_for(lambda: client.restarts(job.job_id) >= 1, 150, f"job {job.job_id} to be requeued by the preemptor",
+             interval=1)
     client.update_job(job.job_id, ExcNodeList=first)
     import shutil
 
