@@ -313,3 +313,41 @@ def test_python_sweep_after_reaches_its_spec(monkeypatch):
     client = types.SimpleNamespace(runner=types.SimpleNamespace(is_local=True))
     sweeps_api.sweep(abs, {"x": [1, 2]}, method="grid", after=[types.SimpleNamespace(job_id="44")], client=client)
     assert made[0].after == ("44",)
+
+
+def test_map_array_is_one_array_per_max_array_size_calls(monkeypatch):
+    import contextlib
+
+    import submitit
+
+    arrays: list = []
+
+    class Executor:
+        """submitit's SlurmExecutor as map_array uses it: parameters, a batch, submits."""
+
+        def __init__(self, folder, max_num_timeout=0, **kw):
+            self.params: dict = {}
+
+        def update_parameters(self, **params):
+            self.params.update(params)
+
+        @contextlib.contextmanager
+        def batch(self):
+            self.jobs: list = []
+            yield
+            arrays.append((self.params["array_parallelism"], [j.args for j in self.jobs]))
+            for i, j in enumerate(self.jobs):
+                j.job_id = f"{100 + len(arrays)}_{i}"
+
+        def submit(self, fn, *args, **kwargs):
+            job = types.SimpleNamespace(job_id=None, args=args, paths=types.SimpleNamespace(stdout="/dev/null"))
+            self.jobs.append(job)
+            return job
+
+    monkeypatch.setattr(submitit, "SlurmExecutor", Executor)
+    monkeypatch.setenv("GPUHPC_LEDGER", "off")
+    c = Client()
+    c.config = lambda: {"MaxArraySize": "3"}
+    jobs = api.map_array(pow, range(7), [2] * 7, resources={"time": "5m"}, client=c, parallelism=2)
+    assert arrays == [(2, [(0, 2), (1, 2), (2, 2)]), (2, [(3, 2), (4, 2), (5, 2)]), (1, [(6, 2)])]
+    assert [j.job_id for j in jobs] == ["101_0", "101_1", "101_2", "102_0", "102_1", "102_2", "103_0"]
