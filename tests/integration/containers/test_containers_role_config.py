@@ -2,7 +2,8 @@
 root (connection=local; nothing is built, nothing of this machine's Slurm or /etc is touched), in
 seconds: what it writes about trust (issue 39, points 3-5).
 
-- enroot's per-user parents are root's 0755 (no user can make another's ``user-UID`` first), its
+- enroot's per-user parents are root's 0755 (no user can make another's ``user-UID`` first; one
+  made before, on a node that had world-writable parents, is named for root to remove), its
   temporary directory 1777 (enroot makes only ``mktemp -d`` directories there), the prolog drop-in
   and the enroot hook that refuse a directory not the user's own are installed;
 - the site's registry credentials are root's only (0700 directory, 0600 file), root's
@@ -33,9 +34,11 @@ PLAY = """\
 """
 
 
-def _converge(tmp: Path, name: str, more: str) -> tuple[Path, subprocess.CompletedProcess]:
+def _converge(tmp: Path, name: str, more: str, before=None) -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp / name
     (root / "etc/enroot/hooks.d").mkdir(parents=True)      # what the build installs (not run here)
+    if before:
+        before(root)
     play, extra = tmp / f"{name}-play.yml", tmp / f"{name}-extra.yml"
     play.write_text(PLAY)
     extra.write_text(f"""gpuhpc_containers_prefix: {root}/usr/local
@@ -64,8 +67,19 @@ def _mode(p: Path) -> tuple[int, int]:
     return st.st_uid, st.st_mode & 0o7777
 
 
+def _old_node(root: Path) -> None:
+    """A node converged before the parents were root's: world-writable, a user's own directory
+    and one another user made for uid 4242 (what root must remove)."""
+    for d in ("run", "cache", "data"):
+        (root / "scratch/enroot" / d).mkdir(parents=True)
+        (root / "scratch/enroot" / d).chmod(0o1777)
+    (root / "scratch/enroot/cache/user-0").mkdir(mode=0o700)
+    (root / "scratch/enroot/cache/user-4242").mkdir()
+    (root / "scratch/enroot/cache/user-4242").chmod(0o777)
+
+
 def test_the_role_writes_root_only_credentials_root_owned_parents_and_the_site_policy(tmp_path):
-    root, proc = _converge(tmp_path, "site", """gpuhpc_containers_verify_image: "registry.example.org:5000#base/debian@sha256:{0}"
+    root, proc = _converge(tmp_path, "site", before=_old_node, more="""gpuhpc_containers_verify_image: "registry.example.org:5000#base/debian@sha256:{0}"
 gpuhpc_containers_registry_credentials:
   - {{machine: nvcr.io, login: "$oauthtoken", password: "ngc-key-3f9a"}}
 """.format("ab" * 32))
@@ -73,6 +87,8 @@ gpuhpc_containers_registry_credentials:
     assert "ngc-key-3f9a" not in proc.stdout                                          # no_log
     for d in ("run", "cache", "data"):                                                 # point 3
         assert _mode(root / "scratch/enroot" / d) == (0, 0o755), d
+    named = re.findall(r"enroot directory not its user's own \(owner uid, mode, type, path\): (.*?)\"", proc.stdout)
+    assert named == [f"0 777 d {root}/scratch/enroot/cache/user-4242"], proc.stdout[-3000:]   # for root to remove
     assert _mode(root / "scratch/enroot/tmp") == (0, 0o1777)
     dropin = root / "etc/gpuhpc/prolog.d/50-gpuhpc-enroot-dirs"
     assert _mode(dropin) == (0, 0o755) and f"{root}/scratch/enroot/cache" in dropin.read_text()
