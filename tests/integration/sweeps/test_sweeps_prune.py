@@ -4,9 +4,10 @@ A 40-trial grid at parallelism 8 whose trials report ``loss`` once a step for 10
 half (trials 0-19, first in the grid: the median pruner, as Optuna's, compares a trial with
 *completed* ones, so some must complete first) improves, the bad half (20-39) is clearly worse.
 With ``pruner: {type: median, warmup_steps: 2, min_trials: 4}`` every bad trial is pruned after
-its first reports (``gpuhpc.should_prune()`` in half the trials, the checkpoint path's
-``gpuhpc.should_stop(step)``, which reads the same stop file a preemption writes, in the other
-half), ends ``pruned`` (not failed), is run
+its first reports (``gpuhpc.should_prune()`` in some trials, the checkpoint path's
+``gpuhpc.should_stop(step)``, which reads the same stop file a preemption writes, in others, and
+those that never ask have their task cancelled after the pruner's ``grace``), ends ``pruned``
+(not failed, whether Slurm says COMPLETED or CANCELLED), is run
 once and never resumed; every good trial completes. The trial-steps saved against running every
 trial to the end are printed on stderr.
 
@@ -35,12 +36,17 @@ bad, seed = int(sys.argv[1]), int(sys.argv[2])
 for step in range({steps}):
     loss = (2.0 - 0.01 * step) if bad else (1.0 - 0.05 * step - 0.001 * seed)
     gpuhpc.report(step=step, loss=loss)
+    if bad and seed % 4 == 3:       # deaf: never asks (the driver cancels its task after the grace)
+        pass
     # even seeds ask should_prune(); odd ones only the preemption path's should_stop (its stop file)
-    if (gpuhpc.should_prune() if seed % 2 == 0 else gpuhpc.should_stop(step)):
+    elif (gpuhpc.should_prune() if seed % 2 == 0 else gpuhpc.should_stop(step)):
         print(f"stopped after step {{step}}", flush=True)
         sys.exit(0)
     time.sleep(0.7)
+if bad and seed % 4 == 3:
+    time.sleep(300)
 """
+DEAF = {20 + seed for seed in range(20) if seed % 4 == 3}        # bad trials that never look
 
 
 def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sweep_env, sweeps, tmp_path):
@@ -52,7 +58,7 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
                     command=f"{PY} {script} {{bad}} {{seed}}",
                     parameters={"bad": {"values": [0, 1]}, "seed": {"type": "int", "low": 0, "high": 19}},
                     parallelism=8, resources=CPU, metric={"name": "loss", "goal": "minimize"},
-                    pruner={"type": "median", "warmup_steps": 2, "min_trials": 4})
+                    pruner={"type": "median", "warmup_steps": 2, "min_trials": 4, "grace": 2})
     sid = run_sweep(f)
     sweeps(sid)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "240", "--poll", "1", timeout=260)
@@ -73,7 +79,12 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
         assert by[r["trial"]]["attempts"] == 1 and r["restarts"] == 0, r      # run once, never resumed
     for r in bad:
         mark = json.loads((directory / "trials" / str(r["trial"]) / "pruned").read_text())
-        assert "median" in mark["why"] and steps_run[r["trial"]] < STEPS, (r["trial"], mark, steps_run[r["trial"]])
+        assert "median" in mark["why"], (r["trial"], mark)
+        if r["trial"] in DEAF:          # its task cancelled by the driver once the grace had passed
+            assert by[r["trial"]]["raw_state"].startswith("CANCELLED"), by[r["trial"]]
+        else:                           # it left its loop itself
+            assert steps_run[r["trial"]] < STEPS and by[r["trial"]]["raw_state"].startswith("COMPLETED"), \
+                (r["trial"], mark, steps_run[r["trial"]], by[r["trial"]]["raw_state"])
     assert all(steps_run[r["trial"]] == STEPS for r in good)
     assert info["status"] == "done"
     # never resumed: a resume resubmits nothing, and every pruned trial stays pruned
