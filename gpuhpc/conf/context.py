@@ -214,7 +214,11 @@ def _power(spec: ClusterSpec, release: tuple[int, int] = (22, 5)) -> dict[str, A
                     "market": g.market, "instance_types": list(g.instance_types),
                     "max_nodes": g.max_nodes or g.count, "boot_timeout": g.boot_timeout,
                     "idle_timeout": g.idle_timeout, "capacity_cooldown": g.capacity_cooldown,
-                    "price_tier": g.price_tier} for g in cloud],
+                    "price_tier": g.price_tier,
+                    **{k: v for k, v in (("single_zone", g.single_zone), ("placement_group", g.placement_group),
+                                         ("capacity_reservation_id", g.capacity_reservation_id),
+                                         ("capacity_type", g.capacity_type)) if v is not None and v is not True}}
+                   for g in cloud],
     }
 
 

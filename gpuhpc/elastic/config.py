@@ -99,6 +99,13 @@ def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
                        capacity_reservation_id=g.get("capacity_reservation_id"),
                        capacity_type=g.get("capacity_type"))
                   for g in power["groups"])
+    for i, p in enumerate(pools):
+        if p.capacity_type not in (None, "capacity-block"):
+            raise UserInputError(f"capacity_type {p.capacity_type!r} is not known", field=f"power.groups[{i}].capacity_type",
+                                 hint="capacity-block, or leave it out")
+        if p.capacity_type == "capacity-block" and (p.market != "on_demand" or not p.capacity_reservation_id):
+            raise UserInputError("a Capacity Block needs market on_demand and its capacity_reservation_id",
+                                 field=f"power.groups[{i}].capacity_reservation_id", hint="cr-... of the block")
     return ElasticConfig(cluster=ctx["cluster_name"], pools=pools, state_dir=power["state_dir"],
                          orphan_grace=int(power.get("orphan_grace", 600)),
                          resume_timeout=int(power.get("resume_timeout", 300)),

@@ -351,16 +351,26 @@ class NodeGroup(_Model):
     capacity_cooldown: int = Field(default=300, ge=0)        # seconds a pool rests after a capacity error
     provider: Literal["local", "aws"] | None = None
     price_tier: int = Field(default=0, ge=0, le=1000)        # lower is cheaper; one partition per tier
+    # multi-node jobs on aws (docs/elastic.md): one availability zone per multi-node launch; a
+    # placement group ("cluster": the pool's own, made if missing; else an existing group's name);
+    # an On-Demand Capacity Reservation, or a Capacity Block for ML (capacity_type capacity-block)
+    single_zone: bool = True
+    placement_group: Word | None = None
+    capacity_reservation_id: Word | None = None
+    capacity_type: Literal["capacity-block"] | None = None
 
     @model_validator(mode="after")
     def _cloud_fields(self) -> "NodeGroup":
         if self.capacity == "static":
-            given = [k for k in ("instance_types", "max_nodes", "boot_timeout", "idle_timeout", "provider")
-                     if getattr(self, k) not in (None, [])]
+            given = [k for k in ("instance_types", "max_nodes", "boot_timeout", "idle_timeout", "provider",
+                                 "placement_group", "capacity_reservation_id", "capacity_type")
+                     if getattr(self, k) not in (None, [])] + ([] if self.single_zone else ["single_zone"])
             if given:
                 raise ValueError(f"{', '.join(given)}: only for capacity: cloud")
         elif self.provider is None:
             raise ValueError("a cloud group needs a provider (local or aws)")
+        if self.capacity_type == "capacity-block" and (self.market != "on_demand" or not self.capacity_reservation_id):
+            raise ValueError("capacity_type capacity-block needs market on_demand and the block's capacity_reservation_id")
         if self.max_nodes is not None and self.max_nodes > self.count:
             raise ValueError(f"max_nodes {self.max_nodes} is above count {self.count}")
         return self

@@ -23,7 +23,10 @@ Provider settings (``providers.aws`` in the elastic config): ``region``, ``launc
 ``subnets`` (one fleet override per subnet and type)."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
+import json
 import random
 import time
 from decimal import Decimal
@@ -32,6 +35,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
+from gpuhpc.elastic.providers.userdata import METADATA_OPTIONS, munge_parameter, user_data
 from gpuhpc.elastic.config import ElasticConfig, Pool
 from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_POOL, TAG_TOKEN, CapacityError, Instance,
                                            ProviderError, ThrottledError)
@@ -48,16 +52,53 @@ TERMINATE_MAX = 1000            # instance ids per TerminateInstances call
 MAX_BACKOFF_S = 20.0
 
 
+def template_name(cluster: str, pool: str) -> str:
+    """The launch template :func:`setup` makes for a pool."""
+    return f"gpuhpc-{cluster}-{pool}"
+
+
+def launch_template_data(pool: Pool, *, image_id: str, user_data: str, instance_profile: str | None = None,
+                         security_groups: list[str] | None = None, key_name: str | None = None,
+                         cluster: str = "") -> dict:
+    """A pool's launch template: the image, the nodes' instance profile, the first-boot script
+    (:func:`gpuhpc.elastic.providers.userdata.user_data`), IMDSv2 required with a hop limit of 1 (a
+    container on the node cannot reach the role) and tags in the metadata (the node reads its name
+    there), and the pool's capacity reservation (a Capacity Block: its market type too)."""
+    data: dict[str, Any] = {
+        "ImageId": image_id,
+        "UserData": base64.b64encode(user_data.encode()).decode(),
+        "MetadataOptions": dict(METADATA_OPTIONS),
+        "TagSpecifications": [{"ResourceType": "volume", "Tags": [{"Key": TAG_CLUSTER, "Value": cluster},
+                                                                 {"Key": TAG_POOL, "Value": pool.name}]}],
+    }
+    if instance_profile:
+        data["IamInstanceProfile"] = ({"Arn": instance_profile} if instance_profile.startswith("arn:")
+                                      else {"Name": instance_profile})
+    if security_groups:
+        data["SecurityGroupIds"] = list(security_groups)
+    if key_name:
+        data["KeyName"] = key_name
+    if pool.capacity_reservation_id:
+        data["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": pool.capacity_reservation_id}}
+    if pool.capacity_type == "capacity-block":
+        data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
+    return data
+
+
 class Ec2Provider:
     name = "aws"
 
-    def __init__(self, cluster: str, client: Any, *, launch_template: str, subnets: list[str] | None = None,
-                 retries: int = 6, backoff: float = 0.5, sleep=time.sleep, visible_retries: int = 3,
-                 filter_values_max: int = FILTER_VALUES_MAX) -> None:
+    def __init__(self, cluster: str, client: Any, *, launch_template: str | None = None,
+                 subnets: list[str] | None = None, retries: int = 6, backoff: float = 0.5, sleep=time.sleep,
+                 visible_retries: int = 3, filter_values_max: int = FILTER_VALUES_MAX,
+                 managed_templates: bool = False) -> None:
         self.cluster = cluster
         self.ec2 = client
         self.launch_template = launch_template
+        self.managed_templates = managed_templates      # one template per pool, made by setup()
         self.subnets = list(subnets or [])
+        self._groups: set[str] = set()                  # placement groups known to exist
         self.retries = retries
         self.backoff = backoff
         self.sleep = sleep
@@ -67,10 +108,51 @@ class Ec2Provider:
     @classmethod
     def from_config(cls, config: ElasticConfig) -> "Ec2Provider":
         aws = dict(config.provider_settings.get("aws") or {})
-        if not aws.get("launch_template"):
-            raise ProviderError("NoLaunchTemplate", "providers.aws.launch_template is not set in the elastic config")
+        managed = bool(aws.get("image_id"))
+        if not aws.get("launch_template") and not managed:
+            raise ProviderError("NoLaunchTemplate", "providers.aws.launch_template (or image_id, for the pools' own "
+                                                    "templates) is not set in the elastic config")
         return cls(config.cluster, boto3.client("ec2", region_name=aws.get("region")),
-                   launch_template=aws["launch_template"], subnets=aws.get("subnets"))
+                   launch_template=aws.get("launch_template"), subnets=aws.get("subnets"), managed_templates=managed)
+
+    # ------------------------------------------------------------ names
+    def template_for(self, pool: Pool) -> str:
+        """The launch template a pool's fleets use: its own (``gpuhpc-<cluster>-<pool>``, made by
+        :func:`setup`) when the provider manages templates, else ``providers.aws.launch_template``."""
+        if self.managed_templates or not self.launch_template:
+            return template_name(self.cluster, pool.name)
+        return self.launch_template
+
+    def placement_group_for(self, pool: Pool) -> str | None:
+        """``placement_group: cluster``: the pool's own cluster placement group; another value: that
+        group, as named; none: None."""
+        if not pool.placement_group:
+            return None
+        return f"gpuhpc-{self.cluster}-{pool.name}" if pool.placement_group == "cluster" else pool.placement_group
+
+    def ensure_placement_group(self, pool: Pool) -> str | None:
+        """The pool's placement group, made (strategy ``cluster``, tagged with the cluster) when it
+        is the pool's own and does not exist yet; an existing group named in the pool is used as is."""
+        name = self.placement_group_for(pool)
+        if name is None or name in self._groups:
+            return name
+        if pool.placement_group == "cluster":
+            try:
+                found = self._call("describe_placement_groups", GroupNames=[name]).get("PlacementGroups", [])
+            except ProviderError as exc:
+                if "NotFound" not in exc.code and "InvalidPlacementGroup" not in exc.code:
+                    raise
+                found = []
+            if not found:
+                try:
+                    self._call("create_placement_group", GroupName=name, Strategy="cluster", TagSpecifications=[
+                        {"ResourceType": "placement-group", "Tags": [{"Key": TAG_CLUSTER, "Value": self.cluster},
+                                                                     {"Key": TAG_POOL, "Value": pool.name}]}])
+                except ProviderError as exc:
+                    if "Duplicate" not in exc.code:     # made meanwhile by another worker: fine
+                        raise
+        self._groups.add(name)
+        return name
 
     # ------------------------------------------------------------ calls with retries
     def _call(self, op: str, **kwargs: Any) -> dict:
@@ -135,7 +217,8 @@ class Ec2Provider:
             got = self._owned([{"Name": f"tag:{TAG_TOKEN}", "Values": [attempt_token]}])
             if len(got) < len(nodes):
                 try:
-                    got = self._fleet(pool, itype, len(nodes), attempt_token)
+                    got = self._fleet(pool, itype, len(nodes), attempt_token,
+                                      node=nodes[0] if len(nodes) == 1 else None)
                 except CapacityError as exc:
                     last = exc
                     continue
@@ -145,32 +228,55 @@ class Ec2Provider:
                 continue
             got = sorted(got, key=lambda g: g["InstanceId"])[:len(nodes)]
             for node, raw in zip(nodes, got):
+                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+                if tags.get(TAG_NODE) == node:          # one node: tagged at launch
+                    continue
                 self._call("create_tags", Resources=[raw["InstanceId"]], Tags=[{"Key": TAG_NODE, "Value": node}])
                 raw.setdefault("Tags", []).append({"Key": TAG_NODE, "Value": node})
             return [self._instance(raw) for raw in got]
         raise last or CapacityError("InsufficientInstanceCapacity", pool.name)
 
-    def _fleet(self, pool: Pool, itype: str, count: int, token: str) -> list[dict]:
+    def fleet_request(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None) -> dict:
+        """The CreateFleet request of one launch (pure but for the pool's placement group name):
+        ``instant``, all or nothing (``MinTargetCapacity``), one instance type; a multi-node launch
+        in one availability zone (``SingleAvailabilityZone``) unless the pool says ``single_zone:
+        false``; the pool's placement group in every override; an On-Demand Capacity Reservation or
+        a Capacity Block used first (the template targets the reservation); the cluster, pool and
+        launch tags on every instance, and the node's name too when the launch is one node."""
         spot = pool.market == "spot"
-        overrides = [{"InstanceType": itype, **({"SubnetId": s} if s else {})} for s in (self.subnets or [None])]
+        block = pool.capacity_type == "capacity-block"
+        group = self.placement_group_for(pool)
+        overrides = [{"InstanceType": itype, **({"SubnetId": s} if s else {}),
+                      **({"Placement": {"GroupName": group}} if group else {})} for s in (self.subnets or [None])]
+        tags = [{"Key": TAG_CLUSTER, "Value": self.cluster}, {"Key": TAG_POOL, "Value": pool.name},
+                {"Key": TAG_TOKEN, "Value": token}] + ([{"Key": TAG_NODE, "Value": node}] if node else [])
+        options: dict[str, Any] = {"SingleInstanceType": True, "MinTargetCapacity": count}
+        if count > 1 and (pool.single_zone or group):     # a cluster placement group is one zone anyway
+            options["SingleAvailabilityZone"] = True
         req: dict[str, Any] = {
             "Type": "instant",
             "ClientToken": token,
-            "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateName": self.launch_template,
+            "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": {"LaunchTemplateName": self.template_for(pool),
                                                                        "Version": "$Default"},
                                        "Overrides": overrides}],
-            "TargetCapacitySpecification": {"TotalTargetCapacity": count,
-                                            "DefaultTargetCapacityType": "spot" if spot else "on-demand"},
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": [
-                {"Key": TAG_CLUSTER, "Value": self.cluster}, {"Key": TAG_POOL, "Value": pool.name},
-                {"Key": TAG_TOKEN, "Value": token}]}],
+            "TargetCapacitySpecification": {"TotalTargetCapacity": count, "DefaultTargetCapacityType":
+                                            "spot" if spot else "capacity-block" if block else "on-demand"},
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
         }
         if spot:
-            req["SpotOptions"] = {"AllocationStrategy": "capacity-optimized", "SingleInstanceType": True,
-                                  "MinTargetCapacity": count}
+            req["SpotOptions"] = {"AllocationStrategy": "capacity-optimized", **options}
+        elif block or pool.capacity_reservation_id:
+            # no allocation strategy for a block; the reservation the template targets comes first
+            req["OnDemandOptions"] = {**({} if block else {"AllocationStrategy": "lowest-price"}), **options,
+                                      "CapacityReservationOptions": {"UsageStrategy": "use-capacity-reservations-first"}}
         else:
-            req["OnDemandOptions"] = {"AllocationStrategy": "lowest-price", "SingleInstanceType": True,
-                                      "MinTargetCapacity": count}
+            req["OnDemandOptions"] = {"AllocationStrategy": "lowest-price", **options}
+        return req
+
+    def _fleet(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None) -> list[dict]:
+        spot = pool.market == "spot"
+        self.ensure_placement_group(pool)
+        req = self.fleet_request(pool, itype, count, token, node)
         resp = self._call("create_fleet", **req)
         ids = [i for inst in resp.get("Instances", []) for i in inst.get("InstanceIds", [])]
         if len(ids) < count:
@@ -241,3 +347,75 @@ class Ec2Provider:
     def instances(self) -> list[Instance]:
         notices = self.interruptions()
         return [self._instance(raw, notices) for raw in self._owned()]
+
+    # ------------------------------------------------------------ set-up (once, by an administrator)
+    def ensure_launch_template(self, pool: Pool, data: dict) -> tuple[str, bool]:
+        """The pool's launch template with ``data`` as its default version: made when missing, a
+        new default version when its data changed (the version's description holds the data's
+        digest), untouched otherwise. Returns (name, whether anything changed)."""
+        name = template_name(self.cluster, pool.name)
+        digest = "gpuhpc sha256:" + hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:32]
+        try:
+            versions = self._call("describe_launch_template_versions", LaunchTemplateName=name,
+                                  Versions=["$Default"]).get("LaunchTemplateVersions", [])
+        except ProviderError as exc:
+            if "NotFound" not in exc.code and "NotFound" not in str(exc):
+                raise
+            versions = None
+        if versions is None:
+            self._call("create_launch_template", LaunchTemplateName=name, LaunchTemplateData=data,
+                       VersionDescription=digest, TagSpecifications=[{"ResourceType": "launch-template", "Tags": [
+                           {"Key": TAG_CLUSTER, "Value": self.cluster}, {"Key": TAG_POOL, "Value": pool.name}]}])
+            return name, True
+        if versions and versions[0].get("VersionDescription") == digest:
+            return name, False
+        made = self._call("create_launch_template_version", LaunchTemplateName=name, LaunchTemplateData=data,
+                          VersionDescription=digest)["LaunchTemplateVersion"]
+        self._call("modify_launch_template", LaunchTemplateName=name, DefaultVersion=str(made["VersionNumber"]))
+        return name, True
+
+
+def put_munge_key(ssm: Any, parameter: str, key: bytes, kms_key_id: str | None = None) -> None:
+    """The cluster's munge key into SSM Parameter Store: a SecureString holding it in base64 (the
+    nodes' user data decodes it); overwritten when it exists."""
+    if not 32 <= len(key) <= 2048:
+        raise ProviderError("InvalidMungeKey", f"a munge key is 32 to 2048 bytes, not {len(key)}")
+    ssm.put_parameter(Name=parameter, Value=base64.b64encode(key).decode(), Type="SecureString", Overwrite=True,
+                      Description="gpuhpc munge key (base64)", **({"KeyId": kms_key_id} if kms_key_id else {}))
+
+
+def setup(config: ElasticConfig, *, munge_key: bytes | None = None, ec2: Any = None, ssm: Any = None) -> dict:
+    """What an administrator runs once per change (docs/elastic.md): the munge key into SSM (when
+    given), and for every ``aws`` pool its launch template (user data, IMDSv2, reservation) and its
+    own placement group. ``providers.aws``: ``region``, ``image_id``, ``instance_profile``,
+    ``security_groups``, ``key_name``, ``controllers`` (the conf servers), ``munge_parameter``
+    (default ``/gpuhpc/<cluster>/munge-key``), ``slurmd``. Returns what it made or changed."""
+    aws = dict(config.provider_settings.get("aws") or {})
+    if not aws.get("image_id") or not aws.get("controllers"):
+        from gpuhpc.errors import UserInputError
+
+        raise UserInputError("providers.aws needs image_id and controllers for the pools' launch templates",
+                             field="providers.aws", hint="docs/elastic.md, Nodes that come up by themselves")
+    parameter = aws.get("munge_parameter") or munge_parameter(config.cluster)
+    ec2 = ec2 or boto3.client("ec2", region_name=aws.get("region"))
+    out: dict[str, Any] = {"parameter": parameter, "templates": {}, "placement_groups": []}
+    if munge_key is not None:
+        put_munge_key(ssm or boto3.client("ssm", region_name=aws.get("region")), parameter, munge_key,
+                      aws.get("kms_key_id"))
+        out["munge_key"] = "stored"
+    provider = Ec2Provider(config.cluster, ec2, subnets=aws.get("subnets"), managed_templates=True)
+    for pool in config.pools:
+        if pool.provider != "aws":
+            continue
+        script = user_data(cluster=config.cluster, pool=pool.name, controllers=aws["controllers"],
+                           parameter=parameter, slurmd=aws.get("slurmd") or "/usr/sbin/slurmd")
+        data = launch_template_data(pool, image_id=aws["image_id"], user_data=script,
+                                    instance_profile=aws.get("instance_profile"),
+                                    security_groups=aws.get("security_groups"), key_name=aws.get("key_name"),
+                                    cluster=config.cluster)
+        name, changed = provider.ensure_launch_template(pool, data)
+        out["templates"][name] = "changed" if changed else "unchanged"
+        group = provider.ensure_placement_group(pool)
+        if group:
+            out["placement_groups"].append(group)
+    return out
