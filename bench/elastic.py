@@ -170,8 +170,128 @@ def reconcile_bench(n: int, repeat: int, profile: bool = False) -> tuple[float, 
     return t_pass, acts, commands, t_base
 
 
-def launch_bench(n):
-    print("launch: TODO")
+class TimedEc2:
+    """moto's EC2 client with every call counted and timed: the time inside stands for EC2's."""
+
+    def __init__(self, client):
+        self.client, self.calls, self.inside = client, Counter(), 0.0
+
+    def __getattr__(self, op):
+        fn = getattr(self.client, op)
+
+        def call(**kw):
+            self.calls[op] += 1
+            t = time.perf_counter()
+            try:
+                return fn(**kw)
+            finally:
+                self.inside += time.perf_counter() - t
+        return call
+
+
+class StandInCluster(StandInSlurm):
+    """Slurm for the launch bench: the cloud nodes' table, changed by the worker's updates (Comment,
+    NodeAddr) and by :meth:`register` (a node's slurmd reached the controller)."""
+
+    def __init__(self, names):
+        super().__init__("", {})
+        self.table = {n: PowerNode(n, "IDLE+CLOUD+POWERING_UP") for n in names}
+        self.node_list = None
+
+    def nodes(self, names=None):
+        self.commands["scontrol show node"] += 1
+        return list(self.table.values())
+
+    def jobs_on(self, nodes):
+        self.commands["squeue -w"] += 1
+        return []
+
+    def update(self, node, **fields):
+        self.commands["scontrol update"] += 1
+        cur = self.table[node]
+        self.table[node] = PowerNode(node, cur.state, cur.reason, fields.get("Comment", cur.comment))
+        return True
+
+    def register(self, node):
+        cur = self.table[node]
+        self.table[node] = PowerNode(node, "ALLOCATED+CLOUD", cur.reason, cur.comment, slurmd_start=time.time())
+
+
+def launch_bench(n: int) -> None:
+    """``n`` nodes asked for at once against moto: plans, launches, registration, a pass, clean-up."""
+    import boto3
+    from moto import mock_aws
+
+    from gpuhpc.elastic import worker
+    from gpuhpc.elastic.power import resume_plans
+    from gpuhpc.elastic.providers.base import TAG_CLUSTER, TAG_NODE
+    from gpuhpc.elastic.providers.ec2 import Ec2Provider
+
+    names = [f"gpu{i:05d}" for i in range(n)]
+    # the jobs: 8-node and 4-node jobs, a tenth of the nodes single-node jobs (Slurm 22.05's resume file)
+    jobs, i, job_id = [], 0, 5000
+    while i < n:
+        size = 1 if i >= n * 9 // 10 else (8 if (i // 8) % 2 == 0 else 4)
+        jobs.append({"job_id": job_id, "nodes": hostlist.compress(names[i:i + size])})
+        i, job_id = i + size, job_id + 1
+    resume_text = json.dumps({"jobs": jobs, "all_nodes": hostlist.compress(names)})
+    # moto looks an instance's tags up by scanning every tag of the account (a describe of n
+    # instances costs n^2): index them, so that moto's own cost does not bury gpuhpc's at 2,000
+    from moto.ec2.models import core as moto_core
+    from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
+
+    def indexed_tags(self):
+        tags = self.ec2_backend.tags.get(self.id, {}) if self.id else {}
+        kind = EC2_PREFIX_TO_RESOURCE.get(get_prefix(self.id), "") if self.id else ""
+        return [{"resource_id": self.id, "key": k, "value": v, "resource_type": kind} for k, v in tags.items()]
+
+    moto_core.TaggedEC2Resource.get_tags = indexed_tags
+    with mock_aws(), tempfile.TemporaryDirectory(prefix="gpuhpc-bench-launch-", dir="/var/tmp") as d:
+        raw = boto3.client("ec2", region_name="us-east-1")
+        ami = raw.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        raw.create_launch_template(LaunchTemplateName="gpuhpc-node", LaunchTemplateData={"ImageId": ami})
+        ec2 = TimedEc2(raw)
+        cfg = ElasticConfig(cluster="benchlaunch", state_dir=d, orphan_grace=600, resume_timeout=600,
+                            pools=(Pool("gpu", tuple(names), "aws", instance_types=("p5.48xlarge", "p5e.48xlarge"),
+                                        max_nodes=n),))
+        provider = Ec2Provider(cfg.cluster, ec2, launch_template="gpuhpc-node", sleep=lambda s: None)
+        worker.provider_for = lambda name, config: provider          # the bench's timed client
+        slurm = StandInCluster(names)
+        store = Store(d)
+        t0 = time.perf_counter()
+        plans = resume_plans(cfg, names, resume_text, store, time.time())
+        t_plans = time.perf_counter() - t0
+        worker.run_plans(cfg, plans, slurm)
+        t_launch = time.perf_counter() - t0
+        inside_launch, launch_calls = ec2.inside, Counter(ec2.calls)
+        # registration: each instance's user data reads its node name from its tag and starts slurmd
+        seen = [i for page in raw.get_paginator("describe_instances").paginate(
+                    Filters=[{"Name": f"tag:{TAG_CLUSTER}", "Values": [cfg.cluster]}])
+                for r in page["Reservations"] for i in r["Instances"]]
+        for inst in seen:
+            tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+            slurm.register(tags[TAG_NODE])
+        t1 = time.perf_counter()
+        inside0 = ec2.inside
+        acts = reconcile_once(cfg, slurm, {"aws": provider}, host=HOST)
+        t_pass, inside_pass = time.perf_counter() - t1, ec2.inside - inside0
+        recorded = sum(1 for r in store.read().nodes.values() if r.instance_id)
+        registered = sum(1 for x in slurm.table.values() if "ALLOCATED" in x.state)
+        ends = [a for a in acts if a.kind in ("terminate", "down")]
+        # clean-up: nothing of the bench's cluster left
+        provider.terminate([r.instance_id for r in store.read().nodes.values() if r.instance_id])
+        left = provider.instances()
+    own = t_launch - inside_launch
+    print(f"launch: {n} nodes asked for at once ({len(jobs)} jobs, {len(plans)} launches): "
+          f"{len(seen)} instances, {registered} registered, {recorded} recorded; "
+          f"pass after: {len(acts)} actions ({len(ends)} ends/downs), {len(left)} instances left after clean-up")
+    print(f"  gpuhpc's own work: {own:.1f} s (plans {t_plans:.2f} s) for the launch "
+          f"(goal: ParallelCluster's 600 s: {'met' if own <= 600 else 'MISSED'}), pass {t_pass - inside_pass:.2f} s; "
+          f"inside moto (EC2's stand-in) {inside_launch:.1f} s + {inside_pass:.1f} s")
+    per = ", ".join(f"{op} {c / n:.3f}" for op, c in sorted(launch_calls.items()))
+    print(f"  EC2 calls per node: {sum(launch_calls.values()) / n:.2f} ({per}); "
+          f"Slurm commands: " + ", ".join(f"{k} {v}" for k, v in sorted(slurm.commands.items())))
+
 
 
 def cold_node(boot: float) -> None:

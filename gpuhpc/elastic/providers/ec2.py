@@ -20,7 +20,11 @@ launch), never taken for a capacity failure.
 
 Provider settings (``providers.aws`` in the elastic config): ``region``, ``launch_template``
 (name; AMI, security groups, key and user data that starts slurmd with ``-N <gpuhpc:node tag>``),
-``subnets`` (one fleet override per subnet and type)."""
+``subnets`` (one fleet override per subnet and type); or, for the pools' own templates made by
+:func:`setup` (user data from :mod:`gpuhpc.elastic.providers.userdata`, IMDSv2 required, the munge
+key in SSM): ``image_id``, ``controllers``, ``instance_profile``, ``security_groups``,
+``key_name``, ``munge_parameter``, ``slurmd``. Pool options for multi-node jobs (one zone, a
+placement group, capacity reservations and blocks): :meth:`Ec2Provider.fleet_request`."""
 from __future__ import annotations
 
 import base64

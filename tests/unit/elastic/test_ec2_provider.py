@@ -76,10 +76,20 @@ def ec2_account():
 
 @pytest.fixture
 def ec2(ec2_account, request):
+    """The account's client for a cluster named after the test; afterwards the test's instances are
+    ended and a describe must show none of its cluster pending or running (nothing leaked)."""
     client, ami = ec2_account
     client.test_cluster = request.node.name.replace("_", "-")[:40]
     client.test_ami = ami
-    return client
+    yield client
+    mine = [i["InstanceId"] for r in client.describe_instances(Filters=[
+        {"Name": f"tag:{TAG_CLUSTER}", "Values": [client.test_cluster]}])["Reservations"] for i in r["Instances"]]
+    if mine:
+        client.terminate_instances(InstanceIds=mine)
+    left = [i for r in client.describe_instances(Filters=[
+        {"Name": f"tag:{TAG_CLUSTER}", "Values": [client.test_cluster]},
+        {"Name": "instance-state-name", "Values": ["pending", "running"]}])["Reservations"] for i in r["Instances"]]
+    assert left == [], left
 
 
 def provider(client, **faults) -> tuple[Ec2Provider, FaultyEc2]:
