@@ -127,3 +127,24 @@ def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_en
 
     wait_for(lambda: SlurmClient().active_job_ids(jobs) == set(), 60, "nothing of the sweep left in the queue")
     assert engine.sweep_info(sid)["chunks"] == info["chunks"]     # the driver submitted nothing after
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"pruner": {"type": "medain"}}, "pruner.type"),
+    ({"pruner": {"type": "median", "warmup_steps": -1}}, "pruner.warmup_steps"),
+    ({"pruner": {"type": "asha", "reduction_factor": 1}}, "pruner.reduction_factor"),
+    ({"pruner": {"type": "hyperband", "max_resource": 9}}, "pruner.type"),        # without Optuna (below)
+    ({"fail_fast": 0}, "fail_fast"),
+])
+def test_bad_pruner_or_fail_fast_exit_2_naming_the_field_and_submit_nothing(sweep_env, tmp_path, change, field):
+    no_optuna = tmp_path / "no-optuna"          # `import optuna` fails, as where it is not installed
+    (no_optuna / "optuna").mkdir(parents=True)
+    (no_optuna / "optuna" / "__init__.py").write_text("raise ImportError('optuna is not installed')\n")
+    f = write_sweep(tmp_path / "bad.yaml", name="t-badprune", command="echo {x}", method="grid",
+                    parameters={"x": {"values": [1, 2]}}, resources=CPU, metric={"name": "loss"}, **change)
+    res = gpuhpc("sweep", "run", str(f), env={"PYTHONPATH": str(no_optuna)})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(f"error: {field}:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    if change.get("pruner", {}).get("type") == "hyperband":
+        assert "pip install optuna" in res.stderr
+    assert not (sweep_env / "sweeps").exists()      # nothing written, nothing submitted
