@@ -33,7 +33,6 @@ import sys
 import sysconfig
 import tempfile
 import threading
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -193,9 +192,13 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
         assert len(ids) == 10
         beside = threading.Thread(target=run_refusals, daemon=True)
         beside.start()
-        seen_reason, translated = set(), ""
-        end = time.time() + 240
-        while time.time() < end:
+        seen_reason: set[str] = set()
+        translated = ""
+
+        def decided() -> bool:
+            """One look at the jobs, the limit checked on each: True once they have all ended, or
+            the budget holds the rest for good."""
+            nonlocal translated
             rows = [r for r in client.queue(job_ids=ids) if not r.state.state.is_finished]
             running = [r for r in rows if r.state.state.value == "RUNNING"]
             for r in rows:
@@ -209,15 +212,16 @@ def test_plain_sbatch_never_overspends_and_users_cannot_rewrite_the_ledger(tmp_p
                               r"GPU-hours left; this job may use 0\.02 GPU-hours", out.stdout)
                 translated = m.group(0) if m else out.stdout + out.stderr
             if not rows:
-                break
+                return True
             # decided: nothing runs any more and the usage Slurm has counted (whole minutes, as its
             # limit check counts them; it never decays here) leaves less than one job's minute under
             # GrpTRESMins=4, so no pending job can ever start; a finished job's usage is counted at
             # the next PriorityCalcPeriod, so until then this stays false
-            if translated and all(r.state.state.value == "PENDING" for r in rows) \
-                    and _used_minutes(client, acct, "gres/gpu") + 1 > 4:
-                break
-            time.sleep(2)
+            return bool(translated) and all(r.state.state.value == "PENDING" for r in rows) \
+                and _used_minutes(client, acct, "gres/gpu") + 1 > 4
+
+        wait_for(decided, 240, lambda: f"the 10 jobs to end or be held for good by the budget (pending reasons "
+                 f"{sorted(seen_reason)}, translated: {translated!r})", interval=2)
         beside.join()
         if refused:
             raise refused[0]
