@@ -127,6 +127,13 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     return Group(*parts)
 
 
+def _stopped(info: dict, rows: list[dict]) -> bool:
+    """A sweep that will not go on by itself (cancelled, blocked, failed by fail_fast) once
+    nothing of it is queued or running: its waiting trials wait for `sweep resume`."""
+    return info["status"] in ("cancelled", "blocked", "failed") and \
+        not any(r["state"] in ("pending", "running", "requeued") for r in rows)
+
+
 def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     """Progress, counts per state, the best trial so far, failed trials with their log tails."""
     import time
@@ -175,8 +182,8 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     from rich.live import Live
 
     with Live(_status_renderable(sw, rows, info), console=console(), refresh_per_second=2) as live:
-        while not all(r["state"] in _FINISHED for r in rows) \
-                or len(rows) < info["n_trials"]:
+        while (not all(r["state"] in _FINISHED for r in rows) or len(rows) < info["n_trials"]) \
+                and not _stopped(info, rows):
             time.sleep(interval)
             info, rows = snapshot()
             live.update(_status_renderable(sw, rows, info))

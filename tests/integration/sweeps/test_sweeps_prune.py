@@ -115,6 +115,9 @@ def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_en
     assert res.returncode == 1 and "fail_fast" in res.stderr, (res.stdout, res.stderr)
     info = engine.sweep_info(sid)
     assert info["status"] == "failed" and info["message"].startswith("fail_fast: "), info
+    # status --watch ends too (the waiting trials wait for a resume), saying why
+    st = gpuhpc("sweep", "status", str(sid), "--watch", "--interval", "1", timeout=60)
+    assert st.returncode == 0 and "fail_fast" in st.stdout, (st.stdout, st.stderr)
     rows = engine.trial_rows(sid)
     failed = [r for r in rows if r["state"] == "failed"]
     never = [r for r in rows if r["attempts"] == 0]
