@@ -188,3 +188,29 @@ def test_the_spec_carries_the_pool_options_to_the_elastic_config():
         NodeGroup(**base, capacity_type="capacity-block")
     with pytest.raises(ValueError, match="only for capacity: cloud"):
         NodeGroup(**{**base, "capacity": "static", "provider": None}, placement_group="cluster")
+
+
+def test_the_spec_pool_options_reach_the_elastic_config_and_defaults_add_nothing():
+    """spec -> template context -> ElasticConfig: the options given reach the pool; a group that
+    gives none adds no key to the context (the rendered files and goldens stay as they were)."""
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    from gpuhpc.conf.context import build_context
+    from gpuhpc.spec.cluster import spec_from_data
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "elastic.yaml"
+    data = yaml.safe_load(example.read_text())
+    plain = build_context(spec_from_data(copy.deepcopy(data)))
+    od = next(g for g in data["node_groups"] if g["name"] == "ondemand")
+    od.update(placement_group="cluster", single_zone=False, capacity_type="capacity-block",
+              capacity_reservation_id="cr-0abc")
+    ctx = build_context(spec_from_data(data))
+    pool = config_from_context(ctx).pool("ondemand")
+    assert (pool.placement_group, pool.single_zone, pool.capacity_type, pool.capacity_reservation_id) == \
+        ("cluster", False, "capacity-block", "cr-0abc")
+    assert config_from_context(ctx).pool("spot").single_zone is True
+    keys = {"single_zone", "placement_group", "capacity_reservation_id", "capacity_type"}
+    assert not keys & {k for g in plain["power"]["groups"] for k in g}
