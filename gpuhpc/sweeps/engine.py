@@ -1392,8 +1392,13 @@ def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | N
             spec = spec_from_json(spec_text)
             if spec.fail_fast is None or status != SweepStatus.RUNNING.value:
                 return None
-            failed = [n for (n,) in tx.q("SELECT number FROM sweep_trials WHERE sweep_id = ? AND state = ? "
-                                         "ORDER BY number", (sid, TrialState.FAILED.value))]
+            # failed for good, or shown failed by slurmctld already (accounting confirms it later): the
+            # same word that frees its slot (_trial_over) counts here, so no trial goes out on that slot first
+            failed = [n for n, st, raw in tx.q("SELECT number, state, raw_state FROM sweep_trials WHERE sweep_id = ? "
+                                               "AND state IN (?, ?, ?, ?) ORDER BY number",
+                                               (sid, TrialState.FAILED.value, TrialState.PENDING.value,
+                                                TrialState.RUNNING.value, TrialState.REQUEUED.value))
+                      if st == TrialState.FAILED.value or _STATE.get((raw or "").split(" ", 1)[0]) is TrialState.FAILED]
             if len(failed) < spec.fail_fast:
                 return None
             msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"

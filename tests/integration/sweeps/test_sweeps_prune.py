@@ -1,7 +1,8 @@
 """Early stopping on the local cluster (partition ``cpu``, CPU-only trials).
 
-A 40-trial grid at parallelism 8 whose trials report ``loss`` once a step for 10 steps: the good
-half (trials 0-19, first in the grid: the median pruner, as Optuna's, compares a trial with
+A 40-trial grid at parallelism 8 whose trials report ``loss`` once a step for 10 steps (0.7 s
+apart; 2.5 s for the bad ones, so that one the pruner failed to stop would run to its end whatever
+the load, and the test see it): the good half (trials 0-19, first in the grid: the median pruner, as Optuna's, compares a trial with
 *completed* ones, so some must complete first) improves, the bad half (20-39) is clearly worse.
 With ``pruner: {type: median, warmup_steps: 2, min_trials: 4}`` every bad trial is pruned after
 its first reports (``gpuhpc.should_prune()`` in some trials, the checkpoint path's
@@ -42,7 +43,7 @@ for step in range({steps}):
     elif (gpuhpc.should_prune() if seed % 2 == 0 else gpuhpc.should_stop(step)):
         print(f"stopped after step {{step}}", flush=True)
         sys.exit(0)
-    time.sleep(0.7)
+    time.sleep(2.5 if bad else 0.7)     # a bad trial that is not stopped runs 25 s: far longer than a driver round
 if bad and seed % 4 == 3:
     time.sleep(300)
 """
@@ -58,7 +59,7 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
                     command=f"{PY} {script} {{bad}} {{seed}}",
                     parameters={"bad": {"values": [0, 1]}, "seed": {"type": "int", "low": 0, "high": 19}},
                     parallelism=8, resources=CPU, metric={"name": "loss", "goal": "minimize"},
-                    pruner={"type": "median", "warmup_steps": 2, "min_trials": 4, "grace": 2})
+                    pruner={"type": "median", "warmup_steps": 2, "min_trials": 4, "grace": 10})
     sid = run_sweep(f)
     sweeps(sid)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "240", "--poll", "1", timeout=260)
@@ -122,6 +123,7 @@ def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_en
     failed = [r for r in rows if r["state"] == "failed"]
     never = [r for r in rows if r["attempts"] == 0]
     assert len(failed) >= 3, [(r["trial"], r["state"]) for r in rows]
+    sys.stderr.write(f"\nfail_fast 3, parallelism 2: {len(failed)} failed, {20 - len(never)} of 20 trials submitted\n")
     # at most parallelism trials beyond the third failure were out when it was seen
     assert len(never) >= 20 - 3 - 2 * 2 and all(r["state"] == "waiting" for r in never), \
         [(r["trial"], r["state"], r["attempts"]) for r in rows]
