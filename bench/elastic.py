@@ -15,12 +15,15 @@
    and the node goes up), then one reconciler pass that must find everything in line. Printed: the
    wall time of gpuhpc's own work (everything but the time inside moto's calls, which stands for
    EC2's), the time inside moto, and EC2 API calls per node by operation. Goal: ParallelCluster's
-   10 minutes for the launch.
+   10 minutes for the launch. Then the same launch with each EC2 call taking ``--ec2-latency``
+   seconds (slept before moto answers) and the worker's ``--at-once`` launches side by side: the
+   wall time a real launch wave would take.
 3. Unless --no-cluster: submit -> running on a cold node against the emulated boot time, on the
    private controller of tests/integration/elastic (its own ports; the local provider waits
    --boot seconds before it starts the node's slurmd): the difference is what gpuhpc and Slurm add.
 
-    .venv/bin/python bench/elastic.py [--nodes 10000] [--repeat 3] [--launch 2000] [--boot 2] [--no-cluster]
+    .venv/bin/python bench/elastic.py [--nodes 10000] [--repeat 3] [--launch 2000] [--ec2-latency 1]
+                                      [--at-once 16] [--boot 2] [--no-cluster]
 """
 from __future__ import annotations
 
@@ -173,8 +176,8 @@ def reconcile_bench(n: int, repeat: int, profile: bool = False) -> tuple[float, 
 class TimedEc2:
     """moto's EC2 client with every call counted and timed: the time inside stands for EC2's."""
 
-    def __init__(self, client):
-        self.client, self.calls, self.inside = client, Counter(), 0.0
+    def __init__(self, client, latency: float = 0.0):
+        self.client, self.calls, self.inside, self.latency = client, Counter(), 0.0, latency
 
     def __getattr__(self, op):
         fn = getattr(self.client, op)
@@ -183,6 +186,8 @@ class TimedEc2:
             self.calls[op] += 1
             t = time.perf_counter()
             try:
+                if self.latency:               # EC2's own time per call, stood in for (moto answers at once)
+                    time.sleep(self.latency)
                 return fn(**kw)
             finally:
                 self.inside += time.perf_counter() - t
@@ -217,7 +222,7 @@ class StandInCluster(StandInSlurm):
         self.table[node] = PowerNode(node, "ALLOCATED+CLOUD", cur.reason, cur.comment, slurmd_start=time.time())
 
 
-def launch_bench(n: int) -> None:
+def launch_bench(n: int, latency: float = 0.0, at_once: int = 1) -> None:
     """``n`` nodes asked for at once against moto: plans, launches, registration, a pass, clean-up."""
     import boto3
     from moto import mock_aws
@@ -250,7 +255,7 @@ def launch_bench(n: int) -> None:
         raw = boto3.client("ec2", region_name="us-east-1")
         ami = raw.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
         raw.create_launch_template(LaunchTemplateName="gpuhpc-node", LaunchTemplateData={"ImageId": ami})
-        ec2 = TimedEc2(raw)
+        ec2 = TimedEc2(raw, latency)
         cfg = ElasticConfig(cluster="benchlaunch", state_dir=d, orphan_grace=600, resume_timeout=600,
                             pools=(Pool("gpu", tuple(names), "aws", instance_types=("p5.48xlarge", "p5e.48xlarge"),
                                         max_nodes=n),))
@@ -261,7 +266,7 @@ def launch_bench(n: int) -> None:
         t0 = time.perf_counter()
         plans = resume_plans(cfg, names, resume_text, store, time.time())
         t_plans = time.perf_counter() - t0
-        worker.run_plans(cfg, plans, slurm)
+        worker.run_plans(cfg, plans, slurm, at_once=at_once)
         t_launch = time.perf_counter() - t0
         inside_launch, launch_calls = ec2.inside, Counter(ec2.calls)
         # registration: each instance's user data reads its node name from its tag and starts slurmd
@@ -281,6 +286,11 @@ def launch_bench(n: int) -> None:
         # clean-up: nothing of the bench's cluster left
         provider.terminate([r.instance_id for r in store.read().nodes.values() if r.instance_id])
         left = provider.instances()
+    if at_once > 1 or latency:
+        print(f"launch: {n} nodes, {len(plans)} launches, {at_once} at once, EC2 stood in for at {latency:.2f} s a "
+              f"call: wall {t_launch:.1f} s ({sum(launch_calls.values())} calls, {inside_launch:.1f} s inside them "
+              f"in all); {len(seen)} instances, {registered} registered, {recorded} recorded, {len(left)} left")
+        return
     own = t_launch - inside_launch
     print(f"launch: {n} nodes asked for at once ({len(jobs)} jobs, {len(plans)} launches): "
           f"{len(seen)} instances, {registered} registered, {recorded} recorded; "
@@ -334,6 +344,9 @@ def main() -> int:
     ap.add_argument("--launch", type=int, default=2000, help="nodes asked for at once against moto (0: skip)")
     ap.add_argument("--boot", type=float, default=2.0, help="emulated boot time of a cold node (s)")
     ap.add_argument("--profile", action="store_true", help="cProfile one reconciler pass")
+    ap.add_argument("--ec2-latency", type=float, default=1.0,
+                    help="seconds each EC2 call takes, for the second launch run (0: skip it)")
+    ap.add_argument("--at-once", type=int, default=16, help="the worker's launches side by side in that run")
     ap.add_argument("--no-cluster", action="store_true", help="skip the cold-node measurement")
     args = ap.parse_args()
     if args.nodes:
@@ -350,7 +363,9 @@ def main() -> int:
         print("  actions: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         print("  Slurm commands: " + ", ".join(f"{k} {v}" for k, v in sorted(commands.items())))
     if args.launch:
-        launch_bench(args.launch)
+        launch_bench(args.launch)                    # one launch after another: gpuhpc's own time
+        if args.ec2_latency:                         # side by side, EC2's latency stood in for: the wall time
+            launch_bench(args.launch, args.ec2_latency, args.at_once)
     if not args.no_cluster:
         cold_node(args.boot)
     return 0

@@ -81,7 +81,8 @@ def protect(config: ElasticConfig, slurm: PowerSlurm, store: Store, pool_name: s
     return True
 
 
-def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float, *,
+           provider=None) -> None:
     pool = config.pool(plan.pool)
     before = store.read()                 # one read of the records for both checks (2,000 nodes: a big file)
     if pool.name in before.protected:
@@ -94,7 +95,7 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
     if cooldown and cooldown["until"] > now:
         cool_down(config, slurm, store, pool.name, plan.nodes, f"{cooldown['code']}(cooling)", now)
         return
-    provider = provider_for(pool.provider, config)
+    provider = provider or provider_for(pool.provider, config)
     try:
         instances = provider.launch(pool, list(plan.nodes), plan.token)
     except ProviderError as exc:
@@ -123,7 +124,8 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         slurm.update(node, **fields)
 
 
-def refuse(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+def refuse(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float, *,
+           provider=None) -> None:
     """A launch past ``max_nodes``: its nodes DOWN with the reason (the job requeues at once, as on
     a capacity error), and the pool's idle powered-down nodes too, so Slurm does not try them one
     by one; the reconciler returns them when the pool has room (:func:`gpuhpc.elastic.reconcile.decide`)."""
@@ -147,7 +149,8 @@ def pool_full(config: ElasticConfig, store: Store, pool_name: str) -> str | None
     return cap_reason(pool_name, in_use, pool.max_nodes, 0) if in_use >= pool.max_nodes else None
 
 
-def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float) -> None:
+def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, now: float, *,
+            provider=None) -> None:
     pool = config.pool(plan.pool)
     if plan.instance_ids:
         # the tails for the ledger: registration (SlurmdStartTime) and last job (LastBusyTime)
@@ -159,7 +162,7 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
                               last_busy=seen[iid].last_busy if iid in seen else None,
                               suspend_at=None if failed else now)
             for iid in plan.instance_ids))
-        provider_for(pool.provider, config).terminate(list(plan.instance_ids))
+        (provider or provider_for(pool.provider, config)).terminate(list(plan.instance_ids))
         with store.update() as state:
             for iid in plan.instance_ids:
                 state.releasing.pop(iid, None)
@@ -180,15 +183,40 @@ def release(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, 
             slurm.resume(hostlist.compress(plan.nodes))
 
 
-def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None = None) -> None:
+LAUNCHES_AT_ONCE = 16     # plans carried out side by side (a CreateFleet takes seconds: 500 jobs one by one, minutes)
+
+
+def run_plans(config: ElasticConfig, plans: list[Plan], slurm: PowerSlurm | None = None,
+              at_once: int = LAUNCHES_AT_ONCE) -> None:
+    """Carry out the plans, up to ``at_once`` side by side (threads: the provider calls wait on
+    the network). Records and the journal are changed under their file locks; each provider is
+    made once, before the threads start (boto3's default session is not thread-safe)."""
     slurm = slurm or PowerSlurm()
     store = Store(config.state_dir)
+    providers: dict[str, object] = {}
     for plan in plans:
+        name = config.pool(plan.pool).provider
+        if plan.op in ("launch", "terminate", "failed") and name not in providers:
+            try:
+                providers[name] = provider_for(name, config)
+            except Exception:                   # the plan itself reports it (its own provider_for)
+                log.exception("provider %s", name)
+
+    def one(plan: Plan) -> None:
         try:
             step = {"launch": launch, "refuse": refuse}.get(plan.op, release)
-            step(config, slurm, store, plan, time.time())
+            step(config, slurm, store, plan, time.time(), provider=providers.get(config.pool(plan.pool).provider))
         except Exception:                       # one plan's failure must not stop the others
             log.exception("plan %s for %s failed", plan.op, plan.nodes)
+
+    if len(plans) <= 1 or at_once <= 1:
+        for plan in plans:
+            one(plan)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(at_once, len(plans)), thread_name_prefix="gpuhpc-plan") as ex:
+        list(ex.map(one, plans))
 
 
 def main(argv: list[str]) -> int:
