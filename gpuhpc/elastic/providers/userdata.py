@@ -7,7 +7,8 @@ limit of 1, so a container on the node cannot reach the instance role) for the r
 ``gpuhpc:node`` tag (the node's Slurm name: given at launch, or by CreateTags right after a fleet;
 the template turns tags in the metadata on), fetches the munge key from SSM Parameter Store through
 the instance role (a SecureString holding the key in base64; never in the image or the user data),
-starts munge, and starts a configless ``slurmd --conf-server CONTROLLERS -N NAME``. Every value is
+starts munge, a configless ``slurmd --conf-server CONTROLLERS -N NAME`` and, where the image has
+gpuhpc, the spot notice watcher (:mod:`gpuhpc.elastic.spotwatch`). Every value is
 validated here and quoted (``shlex.quote``) where it enters the script.
 
 Pure: text and dicts out; the EC2 provider (:mod:`gpuhpc.elastic.providers.ec2`) puts them in the
@@ -99,6 +100,11 @@ if systemctl cat slurmd >/dev/null 2>&1; then
   systemctl restart slurmd
 else
   "$SLURMD" --conf-server "$CONTROLLERS" -N "$NODE"
+fi
+# the spot notice watcher (gpuhpc.elastic.spotwatch), where the image has gpuhpc
+if python3 -c 'import gpuhpc.elastic.spotwatch' >/dev/null 2>&1; then
+  systemd-run --unit=gpuhpc-spotwatch --property=Restart=always \
+      python3 -m gpuhpc.elastic.spotwatch --node "$NODE"
 fi
 """
 

@@ -139,6 +139,8 @@ def test_user_data_is_valid_bash_with_every_value_quoted():
     assert script.startswith("#!/bin/bash\n") and "set -euo pipefail" in script
     assert re.search(r"^PARAMETER=/site/c1/munge\.key$", script, re.M)
     assert "base64 -d > /etc/munge/munge.key.new" in script and "chmod 0400" in script
+    # the spot notice watcher starts under the node's name, where the image has gpuhpc
+    assert 'python3 -m gpuhpc.elastic.spotwatch --node "$NODE"' in script
 
 
 def test_put_munge_key_refuses_what_is_not_a_key(aws):
