@@ -111,7 +111,7 @@ def _optuna_replay(pruner, goal, trials):
 
 
 def test_asha_decides_as_optunas_successive_halving_pruner():
-    optuna = pytest.importorskip("optuna", reason="the cross-check needs Optuna (pip install optuna)")
+    import optuna                 # a test dependency (pyproject: test): missing, the test must fail
     import random
 
     rng = random.Random(3)
@@ -127,7 +127,7 @@ def test_asha_decides_as_optunas_successive_halving_pruner():
 
 
 def test_median_decides_as_optunas_median_pruner_at_the_last_step():
-    optuna = pytest.importorskip("optuna", reason="the cross-check needs Optuna (pip install optuna)")
+    import optuna                 # a test dependency (pyproject: test): missing, the test must fail
     done = [curve(n, "completed", [1.0 - 0.05 * s - 0.01 * n for s in range(10)]) for n in range(6)]
     running = [curve(10 + k, "running", [0.7 + 0.1 * k - 0.01 * s for s in range(4)], t0=100.0) for k in range(6)]
     ours = pruners.decide(MEDIAN, "minimize", [*done, *running], [t.number for t in running])
@@ -210,7 +210,7 @@ def test_should_prune_reads_the_trials_mark(tmp_path, monkeypatch):
 
 
 def test_hyperband_replays_the_reports_into_optunas_pruner():
-    pytest.importorskip("optuna", reason="the hyperband pruner is Optuna's (pip install optuna)")
+    import optuna  # noqa: F401  (a test dependency: missing, the test must fail)
     cfg = pruners.parse({"type": "hyperband", "min_resource": 1, "max_resource": 9, "reduction_factor": 3})
     good = [curve(n, "completed", [1.0 - 0.05 * s for s in range(10)], t0=n * 0.1) for n in range(12)]
     bad = [curve(20 + n, "running", [5.0 + 0.01 * s for s in range(4)], t0=100 + n * 0.1) for n in range(12)]
