@@ -443,6 +443,20 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
     return params
 
 
+def _python_name_and_grace(name: str | None, fn: Callable[..., Any], grace: int | str,
+                           resources: Resources) -> tuple[str, int]:
+    """A Python-mode job's name (default: the function's) and grace in seconds, both checked."""
+    if name is None:
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+    name = check_text(name, "name", allow_empty=False)
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name):
+        raise UserInputError(f"job name {name!r} must match [A-Za-z0-9._-]+ in Python mode", field="name")
+    grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
+    if grace_s >= resources.time_s:
+        raise UserInputError("grace must be shorter than the time limit", field="grace")
+    return name, grace_s
+
+
 def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
                      name: str | None, max_requeues: int, grace: int | str, folder: str | None,
                      client, requeue: bool = True, setup: tuple[str, ...] = (), dependency: str | None = None) -> "Job":
@@ -452,14 +466,7 @@ def _submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resou
 
     if not callable(fn):
         raise UserInputError(f"{fn!r} is not callable", field="fn")
-    if name is None:
-        name = getattr(fn, "__name__", None) or type(fn).__name__
-    name = check_text(name, "name", allow_empty=False)
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name):
-        raise UserInputError(f"job name {name!r} must match [A-Za-z0-9._-]+ in Python mode", field="name")
-    grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
-    if grace_s >= resources.time_s:
-        raise UserInputError("grace must be shorter than the time limit", field="grace")
+    name, grace_s = _python_name_and_grace(name, fn, grace, resources)
     if resources.image is not None:
         check_container_policy(resources)
         if not resources.image_python:
@@ -850,14 +857,7 @@ def _submit_calls(calls: list[tuple[Callable[..., Any], tuple, dict]], *, resour
     if parallelism is not None and (isinstance(parallelism, bool) or not isinstance(parallelism, int)
                                     or parallelism < 1):
         raise UserInputError(f"expected a positive whole number, got {parallelism!r}", field="parallelism")
-    first = calls[0][0]
-    name = name or getattr(first, "__name__", None) or type(first).__name__
-    name = check_text(name, "name", allow_empty=False)
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,128}", name):
-        raise UserInputError(f"job name {name!r} must match [A-Za-z0-9._-]+ in Python mode", field="name")
-    grace_s = grace if isinstance(grace, int) else parse_duration(grace, "grace")
-    if grace_s >= resources.time_s:
-        raise UserInputError("grace must be shorter than the time limit", field="grace")
+    name, grace_s = _python_name_and_grace(name, calls[0][0], grace, resources)
     if not isinstance(requeue, bool):
         raise UserInputError("expected true/false", field="requeue")
     if resources.image is not None:

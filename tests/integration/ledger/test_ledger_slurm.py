@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
-import time
 import uuid
 from decimal import Decimal
 from fractions import Fraction
@@ -15,27 +14,12 @@ from gpuhpc.ledger import admin, db, hooks, ingest, quota, slurm_sync
 from gpuhpc.ledger.pricing import to_decimal
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.slurm import parsers
-from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 ACCOUNT = "research"      # exists on the local cluster (docs/DEVELOPING.md)
-
-
-@pytest.fixture()
-def client():
-    return SlurmClient()
-
-
-@pytest.fixture()
-def jobs(client):
-    """Job ids to scancel at teardown (ours only)."""
-    ids: list[str] = []
-    yield ids
-    for j in ids:
-        client.run(cmd.scancel(j), check=False)
 
 
 

@@ -24,8 +24,6 @@ import pytest
 
 from gpuhpc.ledger import admin, db, ingest, periods, reports
 from gpuhpc.ledger.pricing import to_decimal
-from gpuhpc.slurm import commands as cmd
-from gpuhpc.slurm.client import SlurmClient
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -34,20 +32,6 @@ UTC = dt.timezone.utc
 T_PRICE = dt.datetime(2026, 1, 1, tzinfo=UTC)
 RATE = Decimal("3.60")                  # per GPU-hour: 0.001 per GPU-second
 RESOLUTION_S = Decimal("0.0018")        # the ledger keeps GPU-hours to 6 decimals: half of 3.6 ms
-
-
-@pytest.fixture()
-def client():
-    return SlurmClient()
-
-
-@pytest.fixture()
-def jobs(client):
-    """Job ids to scancel at teardown (ours only)."""
-    ids: list[str] = []
-    yield ids
-    for j in ids:
-        client.run(cmd.scancel(j), check=False)
 
 
 @pytest.fixture()
