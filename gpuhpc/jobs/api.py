@@ -416,6 +416,7 @@ def _submitit_params(resources: Resources, name: str, grace: int, scratch_root: 
     minutes = -(-resources.time_s // 60)
     setup = [
         'export GPUHPC_JOB_ID="$SLURM_JOB_ID"',
+        'export GPUHPC_RUN_ID="$SLURM_JOB_ID"',            # the same across requeues (docs/jobs.md)
         'export GPUHPC_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"',
         'export GPUHPC_SCRATCH="${GPUHPC_SCRATCH_ROOT:-/tmp}/gpuhpc-$SLURM_JOB_ID"',
         'mkdir -p -- "$GPUHPC_SCRATCH"',

@@ -5,7 +5,7 @@ parameters), points the checkpoint contract at the trial's own directory (a pree
 or one resubmitted by ``sweep resume``, finds its checkpoint again) and replaces itself with
 the trial: ``bash -c`` of the command with every value shell-quoted (command sweeps), or the
 pickled callable (Python sweeps). Environment: ``GPUHPC_SWEEP_ID``, ``GPUHPC_TRIAL_ID``,
-``GPUHPC_PARAMS_JSON``, ``GPUHPC_TRIAL_DIR``, ``GPUHPC_METRICS_FILE`` (where
+``GPUHPC_RUN_ID`` (:func:`run_id`: the same in every run of the trial), ``GPUHPC_PARAMS_JSON``, ``GPUHPC_TRIAL_DIR``, ``GPUHPC_METRICS_FILE`` (where
 :func:`gpuhpc.report` appends), ``GPUHPC_CHECKPOINT_DIR``, ``GPUHPC_LATEST_CHECKPOINT``.
 
 Early stopping: the sweep driver prunes a trial by writing ``pruned`` in its directory
@@ -25,6 +25,12 @@ from pathlib import Path
 PRUNED = "pruned"
 #: in a trial's directory: ``$GPUHPC_STOP_DIR`` of the run now running it (where the driver asks it to stop)
 STOP_DIR = "stop_dir"
+
+
+def run_id(sweep_id: object, number: int) -> str:
+    """A trial's ``GPUHPC_RUN_ID``: its sweep and trial number, whichever array, requeue or
+    ``sweep resume`` runs it (an experiment tracker resumes one run, not one per job)."""
+    return f"sweep{sweep_id}-trial{number}"
 
 
 def should_prune() -> bool:
@@ -53,6 +59,8 @@ def trial_env(sweep_dir: Path, chunk: int, task: int) -> tuple[dict, dict[str, s
 
     latest = latest_checkpoint(ckpt)
     env = {"GPUHPC_SWEEP_ID": str(meta["sweep_id"]), "GPUHPC_TRIAL_ID": str(number),
+           # the same whichever array, requeue or resume runs the trial (experiment trackers)
+           "GPUHPC_RUN_ID": run_id(meta["sweep_id"], number),
            "GPUHPC_PARAMS_JSON": json.dumps(entry["params"], sort_keys=True), "GPUHPC_TRIAL_DIR": str(tdir),
            "GPUHPC_METRICS_FILE": str(tdir / "metrics.jsonl"), "GPUHPC_CHECKPOINT_DIR": str(ckpt),
            "GPUHPC_LATEST_CHECKPOINT": str(latest) if latest else ""}
