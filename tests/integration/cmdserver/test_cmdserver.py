@@ -96,6 +96,9 @@ def test_ctrl_c_reaches_the_command_and_a_killed_client_ends_it(cmd_client):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert cmd_client.taken(proc) == "server"      # a worker holds its stdin: the command is running
     proc.send_signal(signal.SIGINT)
+    # our end of its stdin stays open until it has exited: closed at once (communicate), the command
+    # could read end-of-file and fail on empty input before the forwarded SIGINT reached it
+    proc.wait(timeout=30)
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
 

@@ -36,7 +36,7 @@ def main() -> int:
         with open(latest) as fh:
             state = json.load(fh)
     progress = open(args.progress, "a", buffering=1)
-    progress.write(f"start {ckpt.restart_count()} {state['step']}\n")
+    progress.write(f"start {ckpt.restart_count()} {state['step']} {os.environ.get('GPUHPC_RUN_ID', '-')}\n")
     step_seconds = args.step_seconds if not args.slow_runs or ckpt.restart_count() < args.slow_runs else 0.0
 
     def save() -> None:

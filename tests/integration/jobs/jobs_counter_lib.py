@@ -2,6 +2,7 @@
 through PYTHONPATH)."""
 from __future__ import annotations
 
+import os
 import time
 
 from gpuhpc.jobs.checkpoint import Checkpointable
@@ -29,7 +30,7 @@ class Counter(Checkpointable):
         if slow_runs and self.restarts >= slow_runs:
             step_seconds = 0.0
         with open(progress, "a", buffering=1) as log:
-            log.write(f"start {self.restarts} {step}\n")
+            log.write(f"start {self.restarts} {step} {os.environ.get('GPUHPC_RUN_ID', '-')}\n")
             while step < steps:
                 time.sleep(step_seconds)
                 step, value = step + 1, advance(step + 1, value)

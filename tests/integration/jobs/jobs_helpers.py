@@ -12,13 +12,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def progress_runs(progress_text: str) -> list[dict]:
-    """[{restart, resume, last}] per run of a counter program (counter_train.py, the
-    Python-API Counter), from its progress log of ``start R RESUME`` and ``step N`` lines."""
+    """[{restart, resume, last, run_id}] per run of a counter program (counter_train.py, the
+    Python-API Counter), from its progress log of ``start R RESUME RUN_ID`` and ``step N`` lines
+    (RUN_ID: the run's $GPUHPC_RUN_ID)."""
     runs: list[dict] = []
     for line in progress_text.splitlines():
         parts = line.split()
         if parts[:1] == ["start"]:
-            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2])})
+            runs.append({"restart": int(parts[1]), "resume": int(parts[2]), "last": int(parts[2]), "run_id": parts[3]})
         elif parts[:1] == ["step"] and runs:
             runs[-1]["last"] = int(parts[1])
     return runs

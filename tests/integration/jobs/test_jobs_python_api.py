@@ -72,6 +72,7 @@ def test_python_callable_survives_preemption_and_requeue(jobs_env, tmp_path, slu
     for prev, cur in zip(runs, runs[1:]):
         assert 0 <= prev["last"] - cur["resume"] <= 1, (prev, cur)
     assert runs[-1]["restart"] >= 3
+    assert {r["run_id"] for r in runs} == {job.job_id}                  # one GPUHPC_RUN_ID: the job's, every run
     assert "SIGUSR2" in job.logs() or "USR2" in job.logs()
 
 

@@ -73,6 +73,7 @@ def test_script_job_survives_preemption_requeue_and_time_limit(jobs_env, tmp_pat
         assert 0 <= prev["last"] - cur["resume"] <= EVERY, (prev, cur)
     restarts = [r["restart"] for r in runs]
     assert restarts[0] == 0 and restarts == sorted(set(restarts))      # GPUHPC_RESTART_COUNT counts up
+    assert {r["run_id"] for r in runs} == {job_id}                      # one GPUHPC_RUN_ID: the job's, every run
     # accounting shows the restarts: scontrol Restarts= and one sacct row per earlier run
     assert slurm.restarts(job_id) >= len(ACTIONS)
     rows = [r for r in slurm.accounting(job_ids=[job_id], duplicates=True) if r.job_id == job_id]

@@ -253,7 +253,7 @@ def test_sweep_state_on_postgresql(pg_sweep_db, sweeps, tmp_path):
 #: per trial or per job by design: compared by name only
 _PER_TRIAL = {"GPUHPC_TRIAL_ID", "GPUHPC_PARAMS_JSON", "GPUHPC_TRIAL_DIR", "GPUHPC_METRICS_FILE",
               "GPUHPC_CHECKPOINT_DIR", "GPUHPC_LATEST_CHECKPOINT", "GPUHPC_JOB_ID", "GPUHPC_STOP_DIR",
-              "GPUHPC_SCRATCH"}
+              "GPUHPC_SCRATCH", "GPUHPC_RUN_ID"}
 
 
 def _trial_env(path: Path) -> dict[str, str]:
@@ -287,6 +287,9 @@ def test_chunks_the_driver_submits_run_with_the_same_environment_as_the_first(sw
         ours = {k: ("" if k in _PER_TRIAL else v) for k, v in env.items() if k.startswith(("GPUHPC_", "NCCL_"))}
         return env.get("NPROC"), env.get("SLURM_CPUS_PER_TASK"), slurm_names, ours
 
+    # one GPUHPC_RUN_ID per trial, whichever chunk ran it (experiment trackers, issue 33.2)
+    assert sorted(e["GPUHPC_RUN_ID"] for e in envs.values()) == sorted(f"sweep{sid}-trial{n}" for n in range(6))
+    assert all(e["GPUHPC_RUN_ID"] == f"sweep{sid}-trial{e['GPUHPC_TRIAL_ID']}" for e in envs.values())
     for i in range(2, 6):                        # chunks 1 and 2, submitted by the driver
         assert shape(envs[i]) == shape(first), (i, {k: v for k, v in envs[i].items() if first.get(k) != v},
                                                 {k: v for k, v in first.items() if k not in envs[i]})
