@@ -1,7 +1,9 @@
-"""A recording stand-in for :class:`gpuhpc.slurm.power.PowerSlurm`'s node calls (the worker's and
-the reconciler's side of Slurm in the elastic unit tests): answers ``nodes`` from a list, records
-every change it is asked for in ``calls``."""
+"""Stand-ins for the elastic unit tests: a recording :class:`gpuhpc.slurm.power.PowerSlurm` (the
+worker's and the reconciler's side of Slurm: answers ``nodes`` from a list, records every change
+it is asked for in ``calls``), and one moto EC2 account (:func:`moto_ec2`)."""
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 
 class RecordingSlurm:
@@ -26,3 +28,17 @@ class RecordingSlurm:
     def update(self, node, **fields):
         self.calls.append(("update", node, fields))
         return True
+
+
+@contextmanager
+def moto_ec2():
+    """moto's in-process EC2 with the launch template ``gpuhpc-node``: yields (client, AMI id).
+    Its set-up costs seconds: a test module opens one and makes each test its own cluster."""
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-east-1")
+        ami = client.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+        client.create_launch_template(LaunchTemplateName="gpuhpc-node", LaunchTemplateData={"ImageId": ami})
+        yield client, ami

@@ -6,16 +6,15 @@ first and launches a block's request as on-demand, and the tests assert the requ
 test ends with a describe showing no instance of its cluster."""
 from __future__ import annotations
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
 
 from gpuhpc.elastic.config import Pool, config_from_context
 from gpuhpc.elastic.providers.base import TAG_CLUSTER
 from gpuhpc.elastic.providers.ec2 import Ec2Provider, launch_template_data
 from gpuhpc.errors import UserInputError
 
+from .fakes import moto_ec2
 from .test_ec2_provider import FaultyEc2
 
 GPU = Pool(name="gpu", nodes=tuple(f"g{i}" for i in range(1, 9)), provider="aws", instance_types=("p5.48xlarge",),
@@ -56,10 +55,7 @@ class PlacementEc2(FaultyEc2):
 
 @pytest.fixture(scope="module")
 def account():
-    with mock_aws():
-        client = boto3.client("ec2", region_name="us-east-1")
-        ami = client.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
-        client.create_launch_template(LaunchTemplateName="gpuhpc-node", LaunchTemplateData={"ImageId": ami})
+    with moto_ec2() as (client, _ami):
         yield client
 
 

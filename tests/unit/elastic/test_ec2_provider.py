@@ -8,17 +8,15 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
-import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
 
 from gpuhpc.elastic.config import ElasticConfig, Pool
 from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_TOKEN, CapacityError, ProviderError,
                                            ThrottledError)
 from gpuhpc.elastic.providers.ec2 import Ec2Provider
 
-from .fakes import RecordingSlurm
+from .fakes import RecordingSlurm, moto_ec2
 
 SPOT = Pool(name="spot", nodes=("spot01", "spot02", "spot03"), provider="aws", market="spot",
             instance_types=("p5.48xlarge", "p5e.48xlarge", "p4d.24xlarge"), max_nodes=3)
@@ -67,11 +65,8 @@ class FaultyEc2:
 @pytest.fixture(scope="module")
 def ec2_account():
     """One moto account for the module (its set-up costs seconds); each test is its own cluster."""
-    with mock_aws():
-        client = boto3.client("ec2", region_name="us-east-1")
-        ami = client.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
-        client.create_launch_template(LaunchTemplateName="gpuhpc-node", LaunchTemplateData={"ImageId": ami})
-        yield client, ami
+    with moto_ec2() as account:
+        yield account
 
 
 @pytest.fixture
