@@ -338,7 +338,7 @@ class _Batch:
         tx = self.tx
         for cluster, ids in by_cluster.items():
             for chunk in _chunks(ids):
-                for job_id, task, start, *rest in tx.q(
+                for job_id, task, start, *rest in tx.execute(
                         f"SELECT job_id, array_task_id, run_start, {columns} FROM usage_records "
                         f"WHERE cluster = ? AND job_id IN ({', '.join('?' * len(chunk))})", (cluster, *chunk)):
                     if not tx.pg and len(start) != 26:          # not the form written here: normalise
@@ -433,7 +433,7 @@ class _Batch:
         if old.elapsed_s == run.elapsed_s and old.state == state:
             return
         d_hours, d_amount = price.gpu_hours - old.gpu_hours, price.amount - old.amount
-        self.tx.q("UPDATE usage_records SET run_end = ?, state = ?, elapsed_s = ?, gpu_hours = ?, amount = ?, "
+        self.tx.execute("UPDATE usage_records SET run_end = ?, state = ?, elapsed_s = ?, gpu_hours = ?, amount = ?, "
                   "priced = ? WHERE id = ?", (self.ts(run.run_end), state, run.elapsed_s, self.tx.num(price.gpu_hours),
                                               self.tx.num(price.amount), price.priced, old.id))
         self.res.runs_updated += 1
@@ -446,7 +446,7 @@ class _Batch:
         if not new:
             return
         tx, num = self.tx, self.tx.num
-        tx.cur.executemany(_USAGE_INSERT.replace("?", "%s") if tx.pg else _USAGE_INSERT, [
+        tx.execute_many(_USAGE_INSERT, [
             (*p.key, None if r.run_end is None else tx.ts(r.run_end), r.state[:32], r.elapsed_s, r.user,
              r.account, r.partition, r.qos, p.gpu_type, p.gpus, r.job_name, num(p.price.gpu_hours),
              num(p.price.amount), p.price.priced)
@@ -461,7 +461,7 @@ class _Batch:
     def insert_charges(self) -> None:
         tx, ts, num = self.tx, self.ts, self.tx.num
         if self.charges:
-            tx.cur.executemany(_CHARGE_INSERT.replace("?", "%s") if tx.pg else _CHARGE_INSERT, [
+            tx.execute_many(_CHARGE_INSERT, [
                 (c.usage_id, c.reservation_id, c.account, c.user, num(c.gpu_hours), num(c.rate),
                  num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind) for c in self.charges])
 
@@ -516,7 +516,7 @@ def reprice(*, url: str | None = None, res: IngestResult | None = None) -> Inges
         book = pricing.PriceCache(q.load_price_book(s))
         batch = _Batch(s, book, [], res, None)
         tx = batch.tx
-        rows = tx.q("SELECT id, cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s, user_name, "
+        rows = tx.execute("SELECT id, cluster, job_id, array_task_id, run_start, run_end, state, elapsed_s, user_name, "
                     "account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount FROM usage_records "
                     "WHERE priced = ? ORDER BY id", (False,)).fetchall()
         todo: list[tuple[int, Run, Decimal, Decimal, pricing.Price]] = []
@@ -532,7 +532,7 @@ def reprice(*, url: str | None = None, res: IngestResult | None = None) -> Inges
                 batch.by_cluster[cluster].add(job_id)
         batch.resv, batch.holds = batch.reservations()
         for uid, run, hours, amount, price in todo:
-            tx.q("UPDATE usage_records SET gpu_hours = ?, amount = ?, priced = ? WHERE id = ?",
+            tx.execute("UPDATE usage_records SET gpu_hours = ?, amount = ?, priced = ? WHERE id = ?",
                  (tx.num(price.gpu_hours), tx.num(price.amount), True, uid))
             batch.book_delta(run, batch.resv.get((run.cluster, run.job_id)), uid, price.gpu_hours - hours,
                              price.amount - amount, price.rate, "reprice", old_s=run.elapsed_s, old=(hours, amount),

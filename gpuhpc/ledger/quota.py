@@ -55,18 +55,23 @@ class Tx:
         self.for_update = " FOR UPDATE" if self.pg else ""   # SQLite: BEGIN IMMEDIATE locks already
         self.cur = conn.cursor()
 
-    def q(self, sql: str, params: tuple | list = ()) -> Any:
+    def execute(self, sql: str, params: tuple | list = ()) -> Any:
+        """Run ``sql`` (``?`` placeholders, whatever the dialect); returns the cursor."""
         self.cur.execute(sql.replace("?", "%s") if self.pg else sql, params)
         return self.cur
 
+    def execute_many(self, sql: str, rows: list) -> None:
+        """Run ``sql`` (``?`` placeholders) once per row of ``rows``."""
+        self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, rows)
+
     def one(self, sql: str, params: tuple | list = ()) -> tuple | None:
-        return self.q(sql, params).fetchone()
+        return self.execute(sql, params).fetchone()
 
     def insert(self, sql: str, params: tuple | list) -> int:
         """An INSERT; returns the new row's id (the database assigns it)."""
         if self.pg:
-            return self.q(sql + " RETURNING id", params).fetchone()[0]
-        return self.q(sql, params).lastrowid
+            return self.execute(sql + " RETURNING id", params).fetchone()[0]
+        return self.execute(sql, params).lastrowid
 
     # values
     @staticmethod
@@ -222,7 +227,7 @@ def transaction(url: str) -> Iterator[Tx]:
 # ------------------------------------------------------------------ price book and counters
 def load_price_book(tx: Tx) -> pricing.PriceBook:
     book = pricing.PriceBook()
-    for gpu_type, rate, base, num, den, eff in tx.q(
+    for gpu_type, rate, base, num, den, eff in tx.execute(
             "SELECT gpu_type, rate, base_gpu_type, fraction_num, fraction_den, effective_from FROM gpu_prices").fetchall():
         if rate is not None:
             book.add_price(gpu_type, tx.parse_ts(eff), rate=tx.dec(rate))
@@ -230,7 +235,7 @@ def load_price_book(tx: Tx) -> pricing.PriceBook:
             book.add_price(gpu_type, tx.parse_ts(eff), base=base, fraction=f"{num}/{den}")
         else:
             raise LedgerError(f"the price of {gpu_type} from {eff} has neither a rate nor a base type and fraction")
-    for kind, name, mult, eff in tx.q("SELECT kind, name, multiplier, effective_from FROM price_multipliers").fetchall():
+    for kind, name, mult, eff in tx.execute("SELECT kind, name, multiplier, effective_from FROM price_multipliers").fetchall():
         book.add_multiplier(kind, name, tx.parse_ts(eff), tx.dec(mult))
     return book
 
@@ -330,7 +335,7 @@ def _account_of(tx: Tx, req: ChargeRequest) -> tuple[int | None, tuple[int, str]
         return user_id, tx.one("SELECT id, name FROM accounts WHERE name = ?", (req.account,))
     if user_id is None:
         return None, None
-    ms = tx.q("SELECT a.id, a.name, m.is_default FROM accounts a JOIN memberships m ON m.account_id = a.id "
+    ms = tx.execute("SELECT a.id, a.name, m.is_default FROM accounts a JOIN memberships m ON m.account_id = a.id "
               "WHERE m.user_id = ?", (user_id,)).fetchall()
     pick = [m for m in ms if m[2]] or (ms if len(ms) == 1 else [])
     return user_id, (tuple(pick[0][:2]) if pick else None)
@@ -345,7 +350,7 @@ def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = N
     quotas = []
     if acct is not None:
         quotas = [(qid, uid, period, None if h is None else tx.dec(h), None if m is None else tx.dec(m))
-                  for qid, uid, period, h, m in tx.q(
+                  for qid, uid, period, h, m in tx.execute(
                       "SELECT id, user_id, period, gpu_hours, money FROM quotas WHERE account_id = ? ORDER BY id"
                       + tx.for_update, (acct[0],)).fetchall()
                   if uid is None or uid == user_id]
@@ -370,9 +375,9 @@ def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = N
                      req.time_limit_s, req.array_size, req.job_name[:255], tx.num(wc.gpu_hours), tx.num(wc.amount),
                      tx.ts(now)))
     for bid, held_h, held_m in counters:
-        tx.q("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
+        tx.execute("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
              (tx.num(held_h + wc.gpu_hours), tx.num(held_m + wc.amount), bid))
-        tx.q("INSERT INTO reservation_holds (reservation_id, quota_usage_id, gpu_hours, money) VALUES (?, ?, ?, ?)",
+        tx.execute("INSERT INTO reservation_holds (reservation_id, quota_usage_id, gpu_hours, money) VALUES (?, ?, ?, ?)",
              (rid, bid, tx.num(wc.gpu_hours), tx.num(wc.amount)))
     return Reservation(id=rid, gpu_hours=wc.gpu_hours, amount=wc.amount, account=account_name, url=url)
 
@@ -427,7 +432,7 @@ def attach_job(reservation_id: int, job_id: str, *, url: str | None = None, conn
 
 def attach_job_in(tx: Tx, reservation_id: int, job_id: str) -> None:
     """:func:`attach_job` inside an open transaction (a submitter recording several at once)."""
-    tx.q("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
+    tx.execute("UPDATE reservations SET job_id = ?, status = CASE status WHEN 'held' THEN 'submitted' ELSE status END "
          "WHERE id = ?", (str(job_id).split(";", 1)[0].strip(), reservation_id))
     if tx.cur.rowcount != 1:
         raise LedgerError(f"no reservation {reservation_id}")
@@ -436,24 +441,24 @@ def attach_job_in(tx: Tx, reservation_id: int, job_id: str) -> None:
 def release_holds(tx: Tx, reservation_id: int, status: str, now: dt.datetime) -> None:
     """Give back what a reservation still holds and close it as ``status`` (released or
     settled). The caller holds the quota locks (PostgreSQL) or runs on SQLite."""
-    for hid, bid, h, m in tx.q("SELECT id, quota_usage_id, gpu_hours, money FROM reservation_holds "
+    for hid, bid, h, m in tx.execute("SELECT id, quota_usage_id, gpu_hours, money FROM reservation_holds "
                                "WHERE reservation_id = ? ORDER BY id", (reservation_id,)).fetchall():
         h, m = tx.dec(h), tx.dec(m)
         if not (h or m):
             continue
         held_h, held_m = (tx.dec(v) for v in tx.one("SELECT held_gpu_hours, held_money FROM quota_usage WHERE id = ?",
                                                     (bid,)))
-        tx.q("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
+        tx.execute("UPDATE quota_usage SET held_gpu_hours = ?, held_money = ? WHERE id = ?",
              (tx.num(held_h - h), tx.num(held_m - m), bid))
-        tx.q("UPDATE reservation_holds SET gpu_hours = ?, money = ? WHERE id = ?", (tx.num(ZERO), tx.num(ZERO), hid))
-    tx.q("UPDATE reservations SET status = ?, closed_at = ? WHERE id = ?", (status, tx.ts(now), reservation_id))
+        tx.execute("UPDATE reservation_holds SET gpu_hours = ?, money = ? WHERE id = ?", (tx.num(ZERO), tx.num(ZERO), hid))
+    tx.execute("UPDATE reservations SET status = ?, closed_at = ? WHERE id = ?", (status, tx.ts(now), reservation_id))
 
 
 def lock_quotas_of(tx: Tx, reservation_id: int) -> None:
     """Lock the quota rows a reservation holds against, in id order (the order every writer
     uses: quota rows first, then reservation rows)."""
     if tx.pg:
-        tx.q("SELECT id FROM quotas WHERE id IN (SELECT u.quota_id FROM reservation_holds h JOIN quota_usage u ON "
+        tx.execute("SELECT id FROM quotas WHERE id IN (SELECT u.quota_id FROM reservation_holds h JOIN quota_usage u ON "
              "u.id = h.quota_usage_id WHERE h.reservation_id = ?) ORDER BY id FOR UPDATE", (reservation_id,))
 
 

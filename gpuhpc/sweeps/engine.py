@@ -165,10 +165,6 @@ def _conn(url: str | None):
     return quota.Connection(db_url(url))
 
 
-def _many(tx, sql: str, rows: list) -> None:
-    tx.cur.executemany(sql.replace("?", "%s") if tx.pg else sql, rows)
-
-
 def _ledger_url(url: str | None) -> str | None:
     """The ledger for reservations: the sweep database when the ledger is not switched off."""
     from gpuhpc.ledger import hooks
@@ -312,9 +308,9 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
                             "n_trials, driver_job_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, NULL, '', ?, "
                             "NULL, ?, ?)", (spec.name, getpass.getuser(), cluster, spec_json(spec), kind,
                                             SweepStatus.RUNNING.value, n, t, t))
-            tx.q("UPDATE sweeps SET directory = ? WHERE id = ?", (str(root / str(sid)), sid))
+            tx.execute("UPDATE sweeps SET directory = ? WHERE id = ?", (str(root / str(sid)), sid))
             zero, waiting = tx.num(Decimal(0)), TrialState.WAITING.value
-            _many(tx, "INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
+            tx.execute_many("INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
                       "updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?)",
                   [(sid, i, json.dumps(p, sort_keys=True), waiting, zero, t) for i, p in enumerate(first)])
     finally:
@@ -379,9 +375,9 @@ def _forget(sid: int, url: str | None, directory: Path) -> None:
         with conn.transaction() as tx:
             if tx.one("SELECT count(*) FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL", (sid,))[0]:
                 return
-            tx.q("DELETE FROM sweep_trials WHERE sweep_id = ?", (sid,))
-            tx.q("DELETE FROM sweep_chunks WHERE sweep_id = ?", (sid,))
-            tx.q("DELETE FROM sweeps WHERE id = ?", (sid,))
+            tx.execute("DELETE FROM sweep_trials WHERE sweep_id = ?", (sid,))
+            tx.execute("DELETE FROM sweep_chunks WHERE sweep_id = ?", (sid,))
+            tx.execute("DELETE FROM sweeps WHERE id = ?", (sid,))
     finally:
         conn.close()
     shutil.rmtree(directory, ignore_errors=True)
@@ -588,11 +584,11 @@ def _live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | 
     live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
     over = _trial_over if slots else _ended
     counts: dict[int, int] = {}
-    for cid, raw in tx.q("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
+    for cid, raw in tx.execute("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
                          "AND chunk_id IS NOT NULL", (sid, *live)):
         if not over(raw):
             counts[cid] = counts.get(cid, 0) + 1
-    return [(cid, job, counts[cid]) for cid, job in tx.q("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
+    return [(cid, job, counts[cid]) for cid, job in tx.execute("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
                                                          "AND state != 'failed' ORDER BY number", (sid,))
             if counts.get(cid)]
 
@@ -617,7 +613,7 @@ def draining(sid: int, url: str | None = None) -> bool:
                           (sid, TrialState.WAITING.value))[0]:
                 return False
             states: dict[int, set[str]] = {}
-            for cid, state, raw in tx.q("SELECT chunk_id, state, raw_state FROM sweep_trials WHERE sweep_id = ? AND "
+            for cid, state, raw in tx.execute("SELECT chunk_id, state, raw_state FROM sweep_trials WHERE sweep_id = ? AND "
                                         "state IN (?, ?, ?) AND chunk_id IS NOT NULL",
                                         (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
                                          TrialState.REQUEUED.value)):
@@ -688,7 +684,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             if row is None:
                 raise UserInputError(f"no sweep {sid}", field="ID")
             status, spec_text, directory, name, cluster = row
-            waiting = [(n, p) for n, p in tx.q("SELECT number, params FROM sweep_trials WHERE sweep_id = ? AND "
+            waiting = [(n, p) for n, p in tx.execute("SELECT number, params FROM sweep_trials WHERE sweep_id = ? AND "
                                                "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
             last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
                           (sid,))
@@ -739,8 +735,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             with conn.transaction() as tx:
                 _attach_in(tx, sid, done)
                 for _, chunk_id, _, rid in chunks[len(done):]:
-                    tx.q("UPDATE sweep_chunks SET state = 'failed' WHERE id = ?", (chunk_id,))
-                    tx.q("UPDATE sweep_trials SET state = ? WHERE sweep_id = ? AND chunk_id = ? AND job_id IS NULL",
+                    tx.execute("UPDATE sweep_chunks SET state = 'failed' WHERE id = ?", (chunk_id,))
+                    tx.execute("UPDATE sweep_trials SET state = ? WHERE sweep_id = ? AND chunk_id = ? AND job_id IS NULL",
                          (TrialState.WAITING.value, sid, chunk_id))
                     if rid is not None:             # never submitted: the hold goes back
                         quota.lock_quotas_of(tx, rid)
@@ -774,13 +770,13 @@ def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: Swee
             chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
                                  "created_at) VALUES (?, ?, NULL, ?, ?, 'submitting', ?)",
                                  (sid, first + k, len(rows), json.dumps([n for n, _ in rows]), t))
-            tx.q(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
+            tx.execute(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
                  f"state = ? AND number IN ({', '.join('?' * len(rows))})",
                  (TrialState.PENDING.value, chunk_id, sid, TrialState.WAITING.value, *(n for n, _ in rows)))
             if tx.cur.rowcount != len(rows):
-                tx.q("UPDATE sweep_trials SET state = ?, chunk_id = NULL WHERE chunk_id = ?",
+                tx.execute("UPDATE sweep_trials SET state = ?, chunk_id = NULL WHERE chunk_id = ?",
                      (TrialState.WAITING.value, chunk_id))
-                tx.q("DELETE FROM sweep_chunks WHERE id = ?", (chunk_id,))
+                tx.execute("DELETE FROM sweep_chunks WHERE id = ?", (chunk_id,))
                 break
             rid = None
             if cluster is not None:
@@ -797,9 +793,9 @@ def _attach_in(tx, sid: int, done: Sequence[tuple[int, str, Sequence[tuple[int, 
 
     t = tx.ts(now())
     pending = TrialState.PENDING.value
-    _many(tx, "UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?",
+    tx.execute_many("UPDATE sweep_chunks SET job_id = ?, state = 'submitted' WHERE id = ?",
           [(job_id, chunk_id) for chunk_id, job_id, _, _ in done])
-    _many(tx, "UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
+    tx.execute_many("UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
               "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
               "WHERE sweep_id = ? AND number = ?",
           [(chunk_id, task, f"{job_id}_{task}", pending, t, sid, number)
@@ -828,7 +824,7 @@ def _settle_hold(job_name: str, job_id: str | None, url: str | None) -> None:
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
-            for (rid,) in tx.q("SELECT id FROM reservations WHERE job_name = ? AND status = 'held' AND job_id IS NULL",
+            for (rid,) in tx.execute("SELECT id FROM reservations WHERE job_name = ? AND status = 'held' AND job_id IS NULL",
                                (job_name,)).fetchall():
                 if job_id is not None:
                     quota.attach_job_in(tx, rid, job_id)
@@ -1309,7 +1305,7 @@ def histories(sid: int, *, url: str | None = None) -> tuple[SweepSpec, Path, lis
     try:
         with conn.transaction() as tx:
             spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
-            rows = list(tx.q("SELECT number, state FROM sweep_trials WHERE sweep_id = ? AND state != ? "
+            rows = list(tx.execute("SELECT number, state FROM sweep_trials WHERE sweep_id = ? AND state != ? "
                              "ORDER BY number", (sid, TrialState.WAITING.value)))
     finally:
         conn.close()
@@ -1334,7 +1330,7 @@ def prune(sid: int, *, client=None, url: str | None = None) -> list[int]:
     try:
         with conn.transaction() as tx:
             status, spec_text = tx.one("SELECT status, spec FROM sweeps WHERE id = ?", (sid,))
-            live = list(tx.q("SELECT number, state, raw_state, job_id FROM sweep_trials WHERE sweep_id = ? AND "
+            live = list(tx.execute("SELECT number, state, raw_state, job_id FROM sweep_trials WHERE sweep_id = ? AND "
                              "state IN (?, ?, ?)", (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
                                                     TrialState.REQUEUED.value)))
     finally:
@@ -1394,7 +1390,7 @@ def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | N
                 return None
             # failed for good, or shown failed by slurmctld already (accounting confirms it later): the
             # same word that frees its slot (_trial_over) counts here, so no trial goes out on that slot first
-            failed = [n for n, st, raw in tx.q("SELECT number, state, raw_state FROM sweep_trials WHERE sweep_id = ? "
+            failed = [n for n, st, raw in tx.execute("SELECT number, state, raw_state FROM sweep_trials WHERE sweep_id = ? "
                                                "AND state IN (?, ?, ?, ?) ORDER BY number",
                                                (sid, TrialState.FAILED.value, TrialState.PENDING.value,
                                                 TrialState.RUNNING.value, TrialState.REQUEUED.value))
@@ -1404,9 +1400,9 @@ def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | N
             msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"
                    f"{', ...' if len(failed) > 10 else ''}), at most {spec.fail_fast - 1} allowed; "
                    "the rest were cancelled or never submitted")
-            tx.q("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE id = ? AND status = ?",
+            tx.execute("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE id = ? AND status = ?",
                  (SweepStatus.FAILED.value, msg, tx.ts(now()), sid, SweepStatus.RUNNING.value))
-            jobs = [j for (j,) in tx.q("SELECT job_id FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL",
+            jobs = [j for (j,) in tx.execute("SELECT job_id FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL",
                                        (sid,))]
     finally:
         conn.close()
@@ -1562,7 +1558,7 @@ def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
     conn = _conn(url)
     try:
         with conn.transaction() as tx:
-            return {st: n for st, n in tx.q("SELECT state, count(*) FROM sweep_trials WHERE sweep_id = ? "
+            return {st: n for st, n in tx.execute("SELECT state, count(*) FROM sweep_trials WHERE sweep_id = ? "
                                              "GROUP BY state", (sid,))}
     finally:
         conn.close()

@@ -596,7 +596,3 @@ def spec_json(spec: SweepSpec) -> str:
 
 def spec_from_json(text: str) -> SweepSpec:
     return SweepSpec.from_mapping(json.loads(text), check=False)
-
-
-def chunks_of(items: Sequence[int], size: int) -> list[list[int]]:
-    return [list(items[i:i + size]) for i in range(0, len(items), size)]

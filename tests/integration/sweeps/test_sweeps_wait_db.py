@@ -36,7 +36,7 @@ def _running_sweep(url: str, tmp_path) -> int:
                             "'command', 'running', NULL, ?, 2, '999999', ?, ?)",
                             (spec.name, spec_json(spec), str(tmp_path / "sweep"), t, t))
             for n, state in ((0, "completed"), (1, "running")):
-                tx.q("INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
+                tx.execute("INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
                      "updated_at) VALUES (?, ?, ?, ?, 1, 0, ?, ?)", (sid, n, f'{{"x": {n}}}', state,
                                                                     tx.num(0), t))
     finally:
@@ -51,8 +51,8 @@ def _finish(url: str, sid: int) -> None:
     conn = engine._conn(url)
     try:
         with conn.transaction() as tx:
-            tx.q("UPDATE sweep_trials SET state = 'completed' WHERE sweep_id = ?", (sid,))
-            tx.q("UPDATE sweeps SET status = 'done', updated_at = ? WHERE id = ?", (tx.ts(engine.now()), sid))
+            tx.execute("UPDATE sweep_trials SET state = 'completed' WHERE sweep_id = ?", (sid,))
+            tx.execute("UPDATE sweeps SET status = 'done', updated_at = ? WHERE id = ?", (tx.ts(engine.now()), sid))
     finally:
         conn.close()
 

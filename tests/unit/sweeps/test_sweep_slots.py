@@ -11,7 +11,7 @@ class _Tx:
     def __init__(self, trials: list[tuple[int, str]], chunks: list[tuple[int, str]]) -> None:
         self.trials, self.chunks = trials, chunks
 
-    def q(self, sql: str, params: tuple):
+    def execute(self, sql: str, params: tuple):
         return self.trials if "FROM sweep_trials" in sql else self.chunks
 
 
