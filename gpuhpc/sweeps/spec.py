@@ -328,51 +328,74 @@ class SweepSpec:
         return out
 
     def _check(self, *, python: bool) -> None:
+        """Every field, one section at a time, in the order the file reads (the first error wins)."""
+        self._check_name()
+        self._check_parameters()
+        self._check_command(python=python)
+        self._check_trials()
+        self._check_limits()
+        self._check_resources()
+        self._check_env()
+
+    def _check_name(self) -> None:
+        """``name``: a sweep name (letters, digits, . _ -)."""
         if not _NAME_RE.match(self.name):
             raise UserInputError(f"{self.name!r} is not a valid sweep name", field="name",
                                  hint="letters, digits, . _ - (at most 100)")
+
+    def _check_parameters(self) -> None:
+        """``parameters``: at least one, each checked by :meth:`_check_parameter`."""
         if not self.parameters:
             raise UserInputError("no parameters", field="parameters")
         for pname, p in self.parameters.items():
-            f = f"parameters.{pname}"
-            if not _PARAM_RE.match(pname):
-                raise UserInputError("a parameter name must be an identifier", field=f)
-            kind = p.kind
-            if kind == "values" or p.values is not None:
-                if p.type not in (None, "values"):
-                    raise UserInputError(f"a {p.type} parameter takes low and high, not values", field=f"{f}.values")
-                if not p.values:
-                    raise UserInputError("empty list of values", field=f"{f}.values")
-                if p.low is not None or p.high is not None:
-                    raise UserInputError("values and low/high are exclusive", field=f"{f}.low")
-                for i, v in enumerate(p.values):
-                    if isinstance(v, float) and not math.isfinite(v):
-                        raise UserInputError("not a finite number", field=f"{f}.values[{i}]")
-                    if isinstance(v, str) and "\x00" in v:
-                        raise UserInputError("NUL is not allowed", field=f"{f}.values[{i}]")
-                continue
-            if not kind:
-                raise UserInputError("give a type (uniform, loguniform, int) with low and high, or values",
-                                     field=f"{f}.type")
+            self._check_parameter(pname, p)
+
+    def _check_parameter(self, pname: str, p: Param) -> None:
+        """One parameter: a list of values, or a type with a finite, non-empty range (a grid needs
+        values or int)."""
+        f = f"parameters.{pname}"
+        if not _PARAM_RE.match(pname):
+            raise UserInputError("a parameter name must be an identifier", field=f)
+        kind = p.kind
+        if kind == "values" or p.values is not None:
+            if p.type not in (None, "values"):
+                raise UserInputError(f"a {p.type} parameter takes low and high, not values", field=f"{f}.values")
+            if not p.values:
+                raise UserInputError("empty list of values", field=f"{f}.values")
+            if p.low is not None or p.high is not None:
+                raise UserInputError("values and low/high are exclusive", field=f"{f}.low")
+            for i, v in enumerate(p.values):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise UserInputError("not a finite number", field=f"{f}.values[{i}]")
+                if isinstance(v, str) and "\x00" in v:
+                    raise UserInputError("NUL is not allowed", field=f"{f}.values[{i}]")
+            return
+        if not kind:
+            raise UserInputError("give a type (uniform, loguniform, int) with low and high, or values",
+                                 field=f"{f}.type")
+        for side in ("low", "high"):
+            v = getattr(p, side)
+            if v is None:
+                raise UserInputError(f"a {kind} parameter needs {side}", field=f"{f}.{side}")
+            if not math.isfinite(v):
+                raise UserInputError("not a finite number", field=f"{f}.{side}")
+        if p.low > p.high:                          # type: ignore[operator]
+            raise UserInputError(f"low ({p.low:g}) > high ({p.high:g})", field=f"{f}.low")
+        if kind in ("uniform", "loguniform") and p.low == p.high:
+            raise UserInputError(f"empty range [{p.low:g}, {p.high:g}]", field=f"{f}.high")
+        if kind == "loguniform" and p.low <= 0:     # type: ignore[operator]
+            raise UserInputError("a loguniform range must be positive", field=f"{f}.low")
+        if kind == "int":
             for side in ("low", "high"):
-                v = getattr(p, side)
-                if v is None:
-                    raise UserInputError(f"a {kind} parameter needs {side}", field=f"{f}.{side}")
-                if not math.isfinite(v):
-                    raise UserInputError("not a finite number", field=f"{f}.{side}")
-            if p.low > p.high:                          # type: ignore[operator]
-                raise UserInputError(f"low ({p.low:g}) > high ({p.high:g})", field=f"{f}.low")
-            if kind in ("uniform", "loguniform") and p.low == p.high:
-                raise UserInputError(f"empty range [{p.low:g}, {p.high:g}]", field=f"{f}.high")
-            if kind == "loguniform" and p.low <= 0:     # type: ignore[operator]
-                raise UserInputError("a loguniform range must be positive", field=f"{f}.low")
-            if kind == "int":
-                for side in ("low", "high"):
-                    if float(getattr(p, side)) != int(getattr(p, side)):
-                        raise UserInputError("an int parameter needs whole numbers", field=f"{f}.{side}")
-            if self.method == "grid" and kind != "int":
-                raise UserInputError(f"a grid needs values for every parameter; {kind} has none",
-                                     field=f"{f}.values", hint="list values, or use method: random")
+                if float(getattr(p, side)) != int(getattr(p, side)):
+                    raise UserInputError("an int parameter needs whole numbers", field=f"{f}.{side}")
+        if self.method == "grid" and kind != "int":
+            raise UserInputError(f"a grid needs values for every parameter; {kind} has none",
+                                 field=f"{f}.values", hint="list values, or use method: random")
+
+    def _check_command(self, *, python: bool) -> None:
+        """``command``: none in a Python sweep; else text whose placeholders name parameters, none
+        where a text value would run as shell code."""
         if python:
             if self.command is not None:
                 raise UserInputError("a Python sweep has no command", field="command")
@@ -391,6 +414,9 @@ class SweepSpec:
                     raise UserInputError(f"placeholder {{{ph}}} is inside $(...), ${{...}} or backquotes, where "
                                          f"a text value would run as shell code", field="command",
                                          hint="move it out (e.g. v={" + ph + "}; ... \"$v\"), or use numbers only")
+
+    def _check_trials(self) -> None:
+        """``method``, ``trials`` and ``max_trials``: how many trials, and not more than the sweep allows."""
         if self.method == "tpe":
             try:
                 import optuna  # noqa: F401
@@ -412,6 +438,10 @@ class SweepSpec:
             raise UserInputError(f"{what} {self.n_trials} trials, more than max_trials ({self.max_trials})",
                                  field="trials", hint=f"set max_trials: {self.n_trials} in the file if you mean it, "
                                                       "or fewer values / trials")
+
+    def _check_limits(self) -> None:
+        """``parallelism``, ``max_requeues``, ``chunk_size``, ``max_queued``, ``fail_fast`` and the
+        metric's name."""
         if self.parallelism < 1:
             raise UserInputError(f"must be >= 1, got {self.parallelism}", field="parallelism")
         for name in ("max_requeues",):
@@ -423,6 +453,10 @@ class SweepSpec:
                 raise UserInputError("must be >= 1", field=name)
         if not _PARAM_RE.match(self.metric.name):
             raise UserInputError("a metric name must be an identifier", field="metric.name")
+
+    def _check_resources(self) -> None:
+        """``resources`` and ``resources_by``: the job file's checks, per rule; a Python sweep's
+        image has its Python."""
         if "array" in self.resources:
             raise UserInputError("a sweep makes its own arrays", field="resources.array")
         Resources.from_mapping(self.resources)          # the job file's keys and checks
@@ -449,11 +483,13 @@ class SweepSpec:
                                  "cloudpickle and gpuhpc, which a Python sweep's trials need inside it",
                                  field="resources.image_python", hint="declare it with image_python=True, or use a "
                                  "command sweep (docs/containers.md)")
+
+    def _check_env(self) -> None:
+        """``env`` values and the driver's partition."""
         for k, v in self.env.items():
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:
             Resources(partition=self.driver_partition)
-
 
 def _resource_rules(v: Any) -> tuple[dict[str, Any], ...]:
     """``resources_by``: a list of ``{when: {param: value}, resources: {...}}``."""
