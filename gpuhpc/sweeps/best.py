@@ -6,13 +6,18 @@ command; the job starts once the sweep has ended, so the best trial is final):
 - ``GPUHPC_BEST_PARAMS_FILE``: the same JSON in ``<sweep dir>/best-params.json``;
 - ``GPUHPC_BEST_TRIAL`` (its number), ``GPUHPC_BEST_OBJECTIVE`` (its metric), ``GPUHPC_AFTER_SWEEP``.
 
-A sweep with no completed trial has no best: exit 1 with one line, the command not run.
+The job starts when the sweep's arrays (or its driver) have ended, but Slurm's accounting may
+not know every trial's end yet: the best is taken once every trial is in a final state, waited
+for up to ``GPUHPC_BEST_WAIT_S`` seconds (default 300; past it, the best of the trials that have
+finished, with a line naming how many had not). A sweep with no completed trial has no best:
+exit 1 with one line, the command not run.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhpc.sweeps.api import Sweep
 
     try:
+        wait_s = float(os.environ.get("GPUHPC_BEST_WAIT_S", "") or 300)
+    except ValueError:
+        sys.stderr.write("gpuhpc: GPUHPC_BEST_WAIT_S must be a number of seconds\n")
+        return 2
+    try:
         sw = Sweep.load(sid)
+        deadline = time.monotonic() + wait_s
+        while not sw.done() and time.monotonic() < deadline:     # accounting catching up with the ends
+            time.sleep(2)
+        if not sw.done():
+            sys.stderr.write(f"gpuhpc: sweep {sid}: not every trial is final after {wait_s:g} s; "
+                             "the best of those that are\n")
         best = sw.best()
         info = sw.info()
     except GpuhpcError as exc:

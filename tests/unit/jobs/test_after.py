@@ -234,9 +234,19 @@ class FakeSweep:
              6: {"driver_job_id": None, "chunks": [{"job_id": "881"}, {"job_id": "882"}, {"job_id": None}],
                  "directory": ""}}
     best_row: dict | None = {"trial": 3, "params": {"lr": 0.01}, "objective": 0.5}
+    # accounting behind the sweep's real end: so many done() calls see a trial not final yet,
+    # and best() until then is the best of the others
+    lagging = 0
+    early_row = {"trial": 1, "params": {"lr": 0.1}, "objective": 0.9}
 
     def __init__(self, sid):
         self.id = int(sid)
+
+    def done(self):
+        if FakeSweep.lagging:
+            FakeSweep.lagging -= 1
+            return False
+        return True
 
     @classmethod
     def load(cls, sid, **kw):
@@ -248,7 +258,7 @@ class FakeSweep:
         return self.INFOS[self.id]
 
     def best(self):
-        return self.best_row
+        return self.early_row if FakeSweep.lagging else self.best_row
 
 
 @pytest.fixture
@@ -351,3 +361,28 @@ def test_map_array_is_one_array_per_max_array_size_calls(monkeypatch):
     jobs = api.map_array(pow, range(7), [2] * 7, resources={"time": "5m"}, client=c, parallelism=2)
     assert arrays == [(2, [(0, 2), (1, 2), (2, 2)]), (2, [(3, 2), (4, 2), (5, 2)]), (1, [(6, 2)])]
     assert [j.job_id for j in jobs] == ["101_0", "101_1", "101_2", "102_0", "102_1", "102_2", "103_0"]
+
+
+def test_the_best_waits_until_accounting_has_every_trial_final(fake_sweeps, tmp_path, monkeypatch):
+    """The job after a driverless sweep starts when its arrays end; sacct may not have the last
+    trial's end yet. The best is taken once every trial is final, not from the trials seen so far."""
+    import os
+
+    from gpuhpc.sweeps import best
+
+    FakeSweep.INFOS[5]["directory"] = str(tmp_path)
+    ran: list = []
+    monkeypatch.setattr(os, "execvp", lambda prog, argv: ran.append(dict(os.environ)))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(best.time, "sleep", lambda s: None)
+    monkeypatch.setattr(FakeSweep, "lagging", 3)
+    assert best.main(["5", "--", "python", "f.py"]) == 0
+    assert ran[0]["GPUHPC_BEST_TRIAL"] == "3" and FakeSweep.lagging == 0
+    # past GPUHPC_BEST_WAIT_S: the best of the trials that are final, said on stderr
+    ran.clear()
+    monkeypatch.setattr(FakeSweep, "lagging", 10**6)
+    monkeypatch.setenv("GPUHPC_BEST_WAIT_S", "0")
+    assert best.main(["5", "--", "python", "f.py"]) == 0 and ran[0]["GPUHPC_BEST_TRIAL"] == "1"
+    monkeypatch.setenv("GPUHPC_BEST_WAIT_S", "soon")
+    assert best.main(["5", "--", "python", "f.py"]) == 2
+
