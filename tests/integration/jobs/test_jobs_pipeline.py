@@ -180,7 +180,9 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
         for j in arrays:
             track(j)
             rec = slurm.show_job(j)
-            assert rec["Dependency"].startswith(f"afterok:{a}") and rec["Reason"] == "Dependency", rec
+            assert rec["Dependency"].startswith(f"afterok:{a}"), rec
+            # the reason is set by slurmctld's next scheduling pass (None just after the submit)
+            wait_for(lambda j=j: slurm.show_job(j)["Reason"] == "Dependency", 60, f"job {j} pending on its dependency")
         log = tmp_path / "best.out"
         c = _submit(track, "--after-sweep", str(sid), "--", "sh", "-c", f'echo "$GPUHPC_BEST_PARAMS" > {log}')
         assert bool(info["driver_job_id"]) == (max_queued == 2)
