@@ -208,31 +208,6 @@ class PriceCache:
         return Price(hours, rate_d, q6(units * rate.numerator, 3600 * rate.denominator))
 
 
-def period_start(period: str, at: dt.datetime) -> dt.datetime:
-    """Start (UTC) of the day / ISO week (Monday) / month containing ``at``; epoch for total."""
-    at = at.astimezone(dt.timezone.utc)
-    if period == "day":
-        return at.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period == "week":
-        d = at.replace(hour=0, minute=0, second=0, microsecond=0)
-        return d - dt.timedelta(days=d.weekday())
-    if period == "month":
-        return at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    if period == "total":
-        return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-    raise UserInputError(f"unknown period {period!r}", hint="use day, week, month or total")
-
-
-def period_end(period: str, start: dt.datetime) -> dt.datetime | None:
-    if period == "day":
-        return start + dt.timedelta(days=1)
-    if period == "week":
-        return start + dt.timedelta(days=7)
-    if period == "month":
-        return (start.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
-    return None
-
-
 def unmirrored_qos(book: PriceBook, at: dt.datetime) -> list[str]:
     """QOS names whose multiplier is not 1 at ``at`` or in a later-dated entry. Slurm bills a job
     by its partition's ``TRESBillingWeights`` alone, so such a multiplier exists in the ledger only

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 from gpuhpc.errors import LedgerError, UserInputError
-from gpuhpc.ledger import pricing
+from gpuhpc.ledger import periods, pricing
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2026, 1, 1, tzinfo=UTC)
@@ -99,9 +99,9 @@ def test_bad_inputs():
 
 def test_periods():
     t = dt.datetime(2026, 11, 30, 2, 53, tzinfo=UTC)       # a Monday
-    assert pricing.period_start("day", t) == dt.datetime(2026, 11, 30, tzinfo=UTC)
-    assert pricing.period_start("week", t) == dt.datetime(2026, 11, 30, tzinfo=UTC)
-    assert pricing.period_start("week", t - dt.timedelta(days=1)) == dt.datetime(2026, 11, 23, tzinfo=UTC)
-    assert pricing.period_start("month", t) == dt.datetime(2026, 11, 1, tzinfo=UTC)
-    assert pricing.period_end("month", dt.datetime(2026, 12, 1, tzinfo=UTC)) == dt.datetime(2027, 1, 1, tzinfo=UTC)
+    assert periods.period_start("day", t) == dt.datetime(2026, 11, 30, tzinfo=UTC)
+    assert periods.period_start("week", t) == dt.datetime(2026, 11, 30, tzinfo=UTC)
+    assert periods.period_start("week", t - dt.timedelta(days=1)) == dt.datetime(2026, 11, 23, tzinfo=UTC)
+    assert periods.period_start("month", t) == dt.datetime(2026, 11, 1, tzinfo=UTC)
+    assert periods.period_end("month", dt.datetime(2026, 12, 1, tzinfo=UTC)) == dt.datetime(2027, 1, 1, tzinfo=UTC)
     assert pricing.mig_slices("3g.40gb") == 3 and pricing.mig_slices("h100") is None
