@@ -44,6 +44,10 @@ class Plan:
     job_id: str | None = None
     instance_ids: tuple[str, ...] = ()
     reason: str = ""
+    each: bool = False            # a launch of single-node jobs batched: best effort per node
+
+
+BATCH_MAX = 500     # nodes per batched launch (ParallelCluster's default launch batch size)
 
 
 def _token(cluster: str, job_id: str | None, nodes: tuple[str, ...], now: float) -> str:
@@ -53,12 +57,16 @@ def _token(cluster: str, job_id: str | None, nodes: tuple[str, ...], now: float)
 
 def resume_plans(config: ElasticConfig, nodes: list[str], resume_text: str | None, store: Store,
                  now: float) -> list[Plan]:
-    """The launches for ``nodes`` (one per job and pool, all or nothing), recorded in ``store``.
-    Nodes that already have a live record (a second call for the same resume) and nodes of no
-    cloud pool are left out. A launch that would take a pool past its ``max_nodes`` (records
-    held: launches asked for, in flight or up) is refused whole, every pool of it: a ``refuse``
-    plan per pool, nothing recorded (the worker sets its nodes DOWN with the reason)."""
+    """The launches for ``nodes``, recorded in ``store``: one per multi-node job and pool, all or
+    nothing; the single-node jobs (and nodes no job named) of a pool together, in one best-effort
+    launch per pool and call (``each``; up to :data:`BATCH_MAX` nodes), so 500 one-GPU jobs are one
+    CreateFleet, not 500. Nodes that already have a live record (a second call for the same
+    resume) and nodes of no cloud pool are left out. A launch that would take a pool past its
+    ``max_nodes`` (records held: launches asked for, in flight or up) is refused: a multi-node
+    job whole, every pool of it; single-node jobs each, the ones past the cap. A ``refuse`` plan
+    records nothing (the worker sets its nodes DOWN with the reason)."""
     plans = []
+    singles: dict[str, list[tuple[str, str | None]]] = {}      # pool -> (node, job id), in order
     with store.update() as state:
         for launch in plan_launches(nodes, resume_text):
             by_pool: dict[str, list[str]] = {}
@@ -68,6 +76,10 @@ def resume_plans(config: ElasticConfig, nodes: list[str], resume_text: str | Non
                 if pool is None or (rec is not None and now - rec.requested_at < config.resume_timeout):
                     continue
                 by_pool.setdefault(pool.name, []).append(n)
+            if len(launch.nodes) == 1:
+                for pool_name, members in by_pool.items():
+                    singles.setdefault(pool_name, []).append((members[0], launch.job_id))
+                continue
             refused = None
             for pool_name, members in by_pool.items():
                 cap = config.pool(pool_name).max_nodes
@@ -89,6 +101,26 @@ def resume_plans(config: ElasticConfig, nodes: list[str], resume_text: str | Non
                     state.nodes[n] = NodeRecord(node=n, pool=pool_name, token=token, requested_at=now,
                                                 job_id=launch.job_id)
                 plans.append(Plan("launch", pool_name, tuple(members), token, launch.job_id))
+        for pool_name, wanted in singles.items():
+            cap = config.pool(pool_name).max_nodes
+            names = {n for n, _ in wanted}
+            in_use = sum(1 for r in state.nodes.values() if r.pool == pool_name and r.node not in names)
+            room = len(wanted) if not cap else max(0, cap - in_use)
+            fit, over = wanted[:room], wanted[room:]
+            if over:
+                members = tuple(n for n, _ in over)
+                for n in members:
+                    state.nodes.pop(n, None)
+                plans.append(Plan("refuse", pool_name, members, _token(config.cluster, None, members, now),
+                                  reason=cap_reason(pool_name, in_use + len(fit), cap, len(over))))
+            for i in range(0, len(fit), BATCH_MAX):
+                chunk = fit[i:i + BATCH_MAX]
+                members = tuple(n for n, _ in chunk)
+                token = _token(config.cluster, chunk[0][1] if len(chunk) == 1 else None, members, now)
+                for n, job_id in chunk:
+                    state.nodes[n] = NodeRecord(node=n, pool=pool_name, token=token, requested_at=now, job_id=job_id)
+                plans.append(Plan("launch", pool_name, members, token, chunk[0][1] if len(chunk) == 1 else None,
+                                  each=len(chunk) > 1))
     return plans
 
 

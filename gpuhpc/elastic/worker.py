@@ -6,6 +6,9 @@ code, so Slurm requeues the job without waiting for ResumeTimeout, and cools the
 other powered-down nodes go DOWN with the same reason until the reconciler ends the cooldown, so
 the requeued job runs in the next price tier.
 
+A batched launch of single-node jobs (``Plan.each``) that gets fewer instances than nodes keeps
+what it got: those nodes boot, the rest go DOWN with the code and the pool cools down.
+
 A launch past the pool's ``max_nodes`` (refused by the resume program, under the records' lock)
 sets its nodes DOWN with the reason ``gpuhpc max_nodes pool P: ...`` (the job requeues, and its
 nodes show why), and the pool's idle powered-down nodes with it; the reconciler returns them as
@@ -23,7 +26,7 @@ from gpuhpc.elastic import journal
 from gpuhpc.elastic.config import ElasticConfig, load_config
 from gpuhpc.elastic.power import Plan, cap_reason
 from gpuhpc.elastic.providers import provider_for
-from gpuhpc.elastic.providers.base import ProviderError, ThrottledError
+from gpuhpc.elastic.providers.base import PartialLaunch, ProviderError, ThrottledError
 from gpuhpc.elastic.reconcile import COOLDOWN_REASON, PROTECTED_REASON, instance_of
 from gpuhpc.elastic.store import Store
 from gpuhpc.slurm.power import PowerSlurm
@@ -97,7 +100,20 @@ def launch(config: ElasticConfig, slurm: PowerSlurm, store: Store, plan: Plan, n
         return
     provider = provider or provider_for(pool.provider, config)
     try:
-        instances = provider.launch(pool, list(plan.nodes), plan.token)
+        if plan.each:
+            instances = provider.launch(pool, list(plan.nodes), plan.token, each=True)
+        else:
+            instances = provider.launch(pool, list(plan.nodes), plan.token)
+    except PartialLaunch as exc:
+        # a batch of single-node jobs got fewer instances than nodes: the first ones run, the
+        # rest go DOWN with the code (their jobs requeue) and the pool cools down
+        instances = exc.instances
+        rest = plan.nodes[len(instances):]
+        log.warning("launch %s on %s got %d of %d: %s", hostlist.compress(plan.nodes), pool.name, len(instances),
+                    len(plan.nodes), exc)
+        journal.append(config.state_dir, {"event": "launch_failed", "cluster": config.cluster, "pool": pool.name,
+                                          "code": exc.code, "nodes": list(rest), "at": time.time()})
+        cool_down(config, slurm, store, pool.name, rest, exc.code, time.time())
     except ProviderError as exc:
         log.warning("launch %s on %s failed: %s", plan.nodes, pool.name, exc)
         journal.append(config.state_dir, {"event": "launch_failed", "cluster": config.cluster, "pool": pool.name,

@@ -1,7 +1,9 @@
 """The provider interface. Every instance a provider makes carries ownership tags
 (:data:`TAG_CLUSTER`, :data:`TAG_NODE`, :data:`TAG_POOL`, :data:`TAG_TOKEN`); it lists and ends only
-instances with its cluster's tag. A launch is all or nothing: a provider that gets fewer
-instances than nodes ends the ones it got and raises :class:`CapacityError`."""
+instances with its cluster's tag. A launch is all or nothing (one job's nodes): a provider that
+gets fewer instances than nodes ends the ones it got and raises :class:`CapacityError`. A launch
+with ``each=True`` (single-node jobs of one pool, batched into one call) is best effort: the
+nodes it got instances for run, and :class:`PartialLaunch` names the rest."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,6 +36,15 @@ class CapacityError(ProviderError):
     the nodes go DOWN at once with the code and the pool cools down."""
 
 
+class PartialLaunch(CapacityError):
+    """A best-effort launch (``each=True``) got instances for its first ``len(instances)`` nodes
+    only (in order): those run; the rest go DOWN with the code and the pool cools down."""
+
+    def __init__(self, code: str, message: str = "", instances: "list[Instance] | tuple" = ()) -> None:
+        super().__init__(code, message)
+        self.instances = list(instances)
+
+
 @dataclass(frozen=True)
 class Instance:
     id: str
@@ -50,8 +61,9 @@ class Instance:
 class Provider(Protocol):
     name: str
 
-    def launch(self, pool: Pool, nodes: list[str], token: str) -> list[Instance]:
-        """One instance per node (in order), tagged; idempotent for the same ``token``."""
+    def launch(self, pool: Pool, nodes: list[str], token: str, *, each: bool = False) -> list[Instance]:
+        """One instance per node (in order), tagged; idempotent for the same ``token``. All or
+        nothing, or with ``each`` best effort (:class:`PartialLaunch` for a shortfall)."""
         ...
 
     def terminate(self, instance_ids: list[str]) -> list[str]:

@@ -41,8 +41,8 @@ from botocore.exceptions import ClientError
 
 from gpuhpc.elastic.providers.userdata import METADATA_OPTIONS, munge_parameter, user_data
 from gpuhpc.elastic.config import ElasticConfig, Pool
-from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_POOL, TAG_TOKEN, CapacityError, Instance,
-                                           ProviderError, ThrottledError)
+from gpuhpc.elastic.providers.base import (TAG_CLUSTER, TAG_NODE, TAG_POOL, TAG_TOKEN, CapacityError,
+                                           Instance, PartialLaunch, ProviderError, ThrottledError)
 
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
@@ -212,9 +212,11 @@ class Ec2Provider:
                         interrupted_at=(interrupted or {}).get(raw["InstanceId"]))
 
     # ------------------------------------------------------------ Provider
-    def launch(self, pool: Pool, nodes: list[str], token: str) -> list[Instance]:
+    def launch(self, pool: Pool, nodes: list[str], token: str, *, each: bool = False) -> list[Instance]:
         if not pool.instance_types:
             raise ProviderError("NoInstanceTypes", f"pool {pool.name} lists no instance_types")
+        if each:
+            return self._launch_each(pool, nodes, token)
         last = None
         for i, itype in enumerate(pool.instance_types):
             attempt_token = f"{token}-{i}"
@@ -230,19 +232,60 @@ class Ec2Provider:
                 self.terminate([g["InstanceId"] for g in got])
                 last = CapacityError("InsufficientInstanceCapacity", f"{len(got)}/{len(nodes)} {itype}")
                 continue
-            got = sorted(got, key=lambda g: g["InstanceId"])[:len(nodes)]
-            for node, raw in zip(nodes, got):
-                tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
-                if tags.get(TAG_NODE) == node:          # one node: tagged at launch
-                    continue
-                self._call("create_tags", Resources=[raw["InstanceId"]], Tags=[{"Key": TAG_NODE, "Value": node}])
-                raw.setdefault("Tags", []).append({"Key": TAG_NODE, "Value": node})
-            return [self._instance(raw) for raw in got]
+            got = sorted(got, key=lambda g: g["InstanceId"])
+            if len(got) > len(nodes):                  # more than asked for: none left unowned
+                self.terminate([g["InstanceId"] for g in got[len(nodes):]])
+            return self._name(nodes, got[:len(nodes)])
         raise last or CapacityError("InsufficientInstanceCapacity", pool.name)
 
-    def fleet_request(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None) -> dict:
+    def _launch_each(self, pool: Pool, nodes: list[str], token: str) -> list[Instance]:
+        """Best effort for single-node jobs batched into one launch: one fleet per instance type
+        for the nodes still without an instance, no minimum; what a type gives is kept, the next
+        type is asked for the rest. A retried launch takes what each attempt's token already has
+        and asks that type nothing more (the same ClientToken with another count is refused)."""
+        got: list[dict] = []
+        last: CapacityError | None = None
+        for i, itype in enumerate(pool.instance_types):
+            want = len(nodes) - len(got)
+            if want <= 0:
+                break
+            attempt_token = f"{token}-{i}"
+            mine = self._owned([{"Name": f"tag:{TAG_TOKEN}", "Values": [attempt_token]}])
+            if not mine:
+                try:
+                    mine = self._fleet(pool, itype, want, attempt_token,
+                                       node=nodes[len(got)] if want == 1 else None, each=True)
+                except CapacityError as exc:
+                    last = exc
+                    continue
+            mine = sorted(mine, key=lambda g: g["InstanceId"])
+            if len(mine) > want:                       # more than asked for: none left unowned
+                self.terminate([g["InstanceId"] for g in mine[want:]])
+            got.extend(mine[:want])
+        named = self._name(nodes[:len(got)], got)
+        if len(named) < len(nodes):
+            code = last.code if last else "InsufficientInstanceCapacity"
+            if not named:
+                raise last or CapacityError(code, pool.name)
+            raise PartialLaunch(code, f"{len(named)}/{len(nodes)} in pool {pool.name}", named)
+        return named
+
+    def _name(self, nodes: list[str], got: list[dict]) -> list[Instance]:
+        """Tag each instance with its node (one call per instance not tagged at launch: a node's
+        name differs per instance, and a fleet's tags are one set for all)."""
+        for node, raw in zip(nodes, got):
+            tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
+            if tags.get(TAG_NODE) == node:          # one node: tagged at launch
+                continue
+            self._call("create_tags", Resources=[raw["InstanceId"]], Tags=[{"Key": TAG_NODE, "Value": node}])
+            raw.setdefault("Tags", []).append({"Key": TAG_NODE, "Value": node})
+        return [self._instance(raw) for raw in got]
+
+    def fleet_request(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None,
+                      each: bool = False) -> dict:
         """The CreateFleet request of one launch (pure but for the pool's placement group name):
-        ``instant``, all or nothing (``MinTargetCapacity``), one instance type; a multi-node launch
+        ``instant``, all or nothing (``MinTargetCapacity``; not for ``each``, a batch of single-node
+        jobs, which takes what it gets, in any zone), one instance type; a multi-node launch
         in one availability zone (``SingleAvailabilityZone``) unless the pool says ``single_zone:
         false``; the pool's placement group in every override; an On-Demand Capacity Reservation or
         a Capacity Block used first (the template targets the reservation); the cluster, pool and
@@ -254,8 +297,8 @@ class Ec2Provider:
                       **({"Placement": {"GroupName": group}} if group else {})} for s in (self.subnets or [None])]
         tags = [{"Key": TAG_CLUSTER, "Value": self.cluster}, {"Key": TAG_POOL, "Value": pool.name},
                 {"Key": TAG_TOKEN, "Value": token}] + ([{"Key": TAG_NODE, "Value": node}] if node else [])
-        options: dict[str, Any] = {"SingleInstanceType": True, "MinTargetCapacity": count}
-        if count > 1 and (pool.single_zone or group):     # a cluster placement group is one zone anyway
+        options: dict[str, Any] = {"SingleInstanceType": True, **({} if each else {"MinTargetCapacity": count})}
+        if count > 1 and not each and (pool.single_zone or group):     # a cluster placement group is one zone anyway
             options["SingleAvailabilityZone"] = True
         req: dict[str, Any] = {
             "Type": "instant",
@@ -277,13 +320,14 @@ class Ec2Provider:
             req["OnDemandOptions"] = {"AllocationStrategy": "lowest-price", **options}
         return req
 
-    def _fleet(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None) -> list[dict]:
+    def _fleet(self, pool: Pool, itype: str, count: int, token: str, node: str | None = None,
+               each: bool = False) -> list[dict]:
         spot = pool.market == "spot"
         self.ensure_placement_group(pool)
-        req = self.fleet_request(pool, itype, count, token, node)
+        req = self.fleet_request(pool, itype, count, token, node, each)
         resp = self._call("create_fleet", **req)
         ids = [i for inst in resp.get("Instances", []) for i in inst.get("InstanceIds", [])]
-        if len(ids) < count:
+        if len(ids) < count and not (each and ids):
             codes = [e.get("ErrorCode", "") for e in resp.get("Errors", [])]
             if ids:
                 self.terminate(ids)

@@ -97,7 +97,8 @@ class LocalProvider:
                         launched_at=rec["launched_at"], instance_type="local", market=rec.get("market", "on_demand"),
                         addr="127.0.0.1", interrupted_at=rec.get("interrupted_at"))
 
-    def launch(self, pool: Pool, nodes: list[str], token: str) -> list[Instance]:
+    def launch(self, pool: Pool, nodes: list[str], token: str, *, each: bool = False) -> list[Instance]:
+        # ``each`` (best effort) launches the same here: a local pool has room for all or none
         fault = self._faults().get(pool.name) or {}
         if fault.get("mode") == "capacity":
             raise CapacityError(fault.get("code", "InsufficientInstanceCapacity"), f"local pool {pool.name}")

@@ -48,7 +48,8 @@ class FaultyEc2:
                 {"ErrorCode": self.capacity[itype], "ErrorMessage": "no capacity", "Lifecycle": "spot"}]}
         if self.partial is not None:
             req = {**req, "TargetCapacitySpecification": {**req["TargetCapacitySpecification"],
-                                                          "TotalTargetCapacity": self.partial}}
+                                                          "TotalTargetCapacity": min(
+                self.partial, req["TargetCapacitySpecification"]["TotalTargetCapacity"])}}
         # moto's instant fleet does not take SpotOptions.MinTargetCapacity: strip what it ignores
         return self.client.create_fleet(**req)
 

@@ -23,13 +23,14 @@ def test_a_launch_past_max_nodes_is_refused_with_the_reason_and_records_nothing(
     cfg = config(tmp_path)
     store = Store(tmp_path)
     first = resume_plans(cfg, ["s1", "s2"], None, store, now=100.0)
-    assert [p.op for p in first] == ["launch", "launch"]
+    assert [(p.op, p.nodes, p.each) for p in first] == [("launch", ("s1", "s2"), True)]   # one batch
     refused = resume_plans(cfg, ["s3"], None, store, now=101.0)
     assert [(p.op, p.pool, p.nodes) for p in refused] == [("refuse", "spot", ("s3",))]
     assert refused[0].reason == f"{CAP_REASON} pool spot: 2 of 2 in use, 1 more asked"
     assert sorted(store.read().nodes) == ["s1", "s2"]
     # a pool with no cap launches anything
-    assert [p.op for p in resume_plans(cfg, ["o1", "o2"], None, store, now=102.0)] == ["launch"] * 2
+    assert [(p.op, p.nodes) for p in resume_plans(cfg, ["o1", "o2"], None, store, now=102.0)] == [
+        ("launch", ("o1", "o2"))]
 
 
 def test_a_job_is_refused_whole_when_it_does_not_fit(tmp_path):

@@ -3,6 +3,7 @@ another take minutes on EC2): ``run_plans`` runs up to ``at_once`` plans at once
 provider once, and loses no record when the launches finish together."""
 from __future__ import annotations
 
+import json
 import threading
 
 from gpuhpc.elastic import worker
@@ -24,7 +25,7 @@ class GatedProvider:
         self.barrier = threading.Barrier(N, timeout=20)
         self.made = 0
 
-    def launch(self, pool, nodes, token):
+    def launch(self, pool, nodes, token, each=False):
         self.barrier.wait()
         return [Instance(f"i-{n}", n, pool.name, "pending", 1.0, "t") for n in nodes]
 
@@ -40,10 +41,11 @@ def test_launches_run_side_by_side_and_every_record_is_kept(tmp_path, monkeypatc
         return provider
 
     monkeypatch.setattr(worker, "provider_for", make)
-    names = tuple(f"n{i}" for i in range(N))
+    names = tuple(f"n{i}" for i in range(2 * N))
     cfg = ElasticConfig(cluster="c", state_dir=str(tmp_path), pools=(Pool("p", names, "x"),))
     store = Store(tmp_path)
-    plans = resume_plans(cfg, list(names), None, store, now=100.0)       # no job map: one launch per node
+    jobs = json.dumps({"jobs": [{"job_id": 10 + i, "nodes": f"n{2 * i},n{2 * i + 1}"} for i in range(N)]})
+    plans = resume_plans(cfg, list(names), jobs, store, now=100.0)       # two-node jobs: one launch each
     assert len(plans) == N
     slurm = RecordingSlurm()
     worker.run_plans(cfg, plans, slurm, at_once=N)
