@@ -16,7 +16,22 @@ rewriting it between scrapes::
 
 A value left out is "not supported" (``NVMLError_NotSupported``), as real NVML answers for,
 say, PCIe throughput on a MIG device. :func:`state_from_listing` builds a state from a real
-``nvidia-smi -L`` capture.
+``nvidia-smi -L`` capture; :func:`state_from_query` from a real ``nvidia-smi -q`` (text or XML)
+capture, with each GPU's health fields read from it (:func:`health_from_query`: clocks, clock
+event reasons, power limit, PCIe replays, ECC counts, retired pages, remapped rows; what the
+capture shows as N/A is left out, so NVML answers "not supported").
+
+The dcgm-exporter fields (a GPU's keys; all optional)::
+
+    "sm_clock_mhz", "mem_clock_mhz", "clock_reasons" (NVML's bitmask), "power_limit_mw",
+    "energy_mj", "pcie_replay", "ecc": {"sbe_vol", "dbe_vol", "sbe_agg", "dbe_agg"},
+    "retired_sbe", "retired_dbe" (page counts), "retired_pending" (0/1),
+    "remapped_rows": [correctable, uncorrectable, pending, failure],
+    "nvlink_errors": {"crc_flit", "crc_data", "replay", "recovery"}
+
+a MIG instance's ``"gpm_graphics_util"`` (percent, what NVML GPM reports between two samples),
+and the node's ``"xid_events": [[gpu index, xid], ...]`` (append only: an event set delivers
+the events appended after it was created, each once).
 """
 from __future__ import annotations
 
@@ -35,6 +50,22 @@ NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
 NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_ERROR_TIMEOUT = 10
+nvmlEventTypeXidCriticalError = 0x8  # noqa: N816 (pynvml's name)
+NVML_GPM_METRIC_GRAPHICS_UTIL = 1
+NVML_GPM_METRICS_GET_VERSION = 1
 ENV = "GPUHPC_NVML_STANDIN"
 
 
@@ -44,7 +75,8 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        return {3: "Not Supported", 2: "Invalid Argument", 6: "Not Found"}.get(self.value, f"NVML error {self.value}")
+        return {3: "Not Supported", 2: "Invalid Argument", 6: "Not Found", 10: "Timeout"}.get(
+            self.value, f"NVML error {self.value}")
 
 
 class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
@@ -53,20 +85,30 @@ class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
 
 
 _state: dict | None = None
+_inits = 0          # NVML counts its inits: the state goes with the last shutdown
 
 
 def nvmlInit() -> None:  # noqa: N802 (pynvml's names throughout)
-    global _state
+    global _state, _inits
     path = os.environ.get(ENV)
     if not path:
         raise NVMLError(NVML_ERROR_NOT_FOUND)
     with open(path, encoding="utf-8") as fh:
         _state = json.load(fh)
+    _inits += 1
 
 
 def nvmlShutdown() -> None:  # noqa: N802
-    global _state
-    _state = None
+    global _state, _inits
+    _inits = max(0, _inits - 1)
+    if not _inits:
+        _state = None
+
+
+def shutdown_all() -> None:
+    """Undo every nvmlInit (a test's end: the GPU exporter's XID watch holds one)."""
+    while _inits:
+        nvmlShutdown()
 
 
 def _gpus() -> list[dict]:
@@ -166,14 +208,134 @@ def nvmlDeviceGetPcieThroughput(h: _Handle, counter: int) -> int:  # noqa: N802
 
 def nvmlDeviceGetFieldValues(h: _Handle, field_ids):  # noqa: N802
     keys = {NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "nvlink_tx_kib", NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "nvlink_rx_kib"}
+    errors = {NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crc_flit", NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL:
+              "crc_data", NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+              NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery"}
     out = []
     for f in field_ids:
         fid = f[0] if isinstance(f, tuple) else f
         key = keys.get(fid)
-        value = h.data.get(key) if key else None
+        value = h.data.get(key) if key else (h.data.get("nvlink_errors") or {}).get(errors.get(fid, ""))
         out.append(SimpleNamespace(fieldId=fid, nvmlReturn=NVML_SUCCESS if value is not None else NVML_ERROR_NOT_SUPPORTED,
                                    value=SimpleNamespace(ullVal=int(value or 0))))
     return out
+
+
+def nvmlDeviceGetMinorNumber(h: _Handle) -> int:  # noqa: N802
+    if h.mig is not None:
+        raise NVMLError_NotSupported()
+    return h.data.get("minor", h.gpu)
+
+
+def nvmlDeviceGetClockInfo(h: _Handle, clock: int) -> int:  # noqa: N802
+    return _get(h, "sm_clock_mhz" if clock == NVML_CLOCK_SM else "mem_clock_mhz")
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(h: _Handle) -> int:  # noqa: N802
+    return _get(h, "clock_reasons")
+
+
+def nvmlDeviceGetPowerManagementLimit(h: _Handle) -> int:  # noqa: N802
+    return _get(h, "power_limit_mw")
+
+
+def nvmlDeviceGetTotalEnergyConsumption(h: _Handle) -> int:  # noqa: N802
+    return _get(h, "energy_mj")
+
+
+def nvmlDeviceGetPcieReplayCounter(h: _Handle) -> int:  # noqa: N802
+    return _get(h, "pcie_replay")
+
+
+def nvmlDeviceGetTotalEccErrors(h: _Handle, error_type: int, counter_type: int) -> int:  # noqa: N802
+    ecc = _get(h, "ecc")
+    key = ("sbe" if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else "dbe") + \
+        ("_vol" if counter_type == NVML_VOLATILE_ECC else "_agg")
+    if ecc.get(key) is None:
+        raise NVMLError_NotSupported()
+    return ecc[key]
+
+
+def nvmlDeviceGetRetiredPages(h: _Handle, cause: int) -> list[int]:  # noqa: N802
+    n = _get(h, "retired_sbe" if cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else "retired_dbe")
+    return [0x1000 * (k + 1) for k in range(n)]
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(h: _Handle) -> int:  # noqa: N802
+    return _get(h, "retired_pending")
+
+
+def nvmlDeviceGetRemappedRows(h: _Handle) -> tuple[int, int, int, int]:  # noqa: N802
+    return tuple(_get(h, "remapped_rows"))
+
+
+# XID events: an event set delivers the state's "xid_events" appended after it was created
+class _EventSet:
+    def __init__(self, start: int) -> None:
+        self.next, self.gpus = start, set()
+
+
+def nvmlEventSetCreate() -> _EventSet:  # noqa: N802
+    return _EventSet(len((_state or {}).get("xid_events", [])))
+
+
+def nvmlDeviceRegisterEvents(h: _Handle, types: int, events: _EventSet) -> None:  # noqa: N802
+    if h.mig is not None:
+        raise NVMLError_NotSupported()
+    if types & nvmlEventTypeXidCriticalError:
+        events.gpus.add(h.gpu)
+
+
+def nvmlEventSetWait_v2(events: _EventSet, timeout_ms: int):  # noqa: N802
+    queued = (_state or {}).get("xid_events", [])
+    while events.next < len(queued):
+        gpu, xid = queued[events.next]
+        events.next += 1
+        if gpu in events.gpus:
+            return SimpleNamespace(device=_Handle(gpu, None, _gpus()[gpu]), eventType=nvmlEventTypeXidCriticalError,
+                                   eventData=xid, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+    raise NVMLError(NVML_ERROR_TIMEOUT)
+
+
+# GPM (Hopper): a sample holds the instance's "gpm_graphics_util"; the metric between two
+# samples is the second's value
+def nvmlGpmQueryDeviceSupport(h: _Handle):  # noqa: N802
+    return SimpleNamespace(version=1, isSupportedDevice=int(any("gpm_graphics_util" in m
+                                                                for m in h.data.get("mig") or [])))
+
+
+def nvmlGpmSampleAlloc():  # noqa: N802
+    return SimpleNamespace(util=None)
+
+
+def nvmlGpmSampleFree(sample) -> None:  # noqa: N802
+    sample.util = None
+
+
+def nvmlGpmMigSampleGet(h: _Handle, gi: int, sample):  # noqa: N802
+    for m in h.data.get("mig") or []:
+        if m.get("gi") == gi:
+            sample.util = _get(_Handle(h.gpu, 0, m), "gpm_graphics_util")
+            return sample
+    raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+
+class c_nvmlGpmMetricsGet_t:  # noqa: N801 (pynvml's name)
+    def __init__(self) -> None:
+        self.version = self.numMetrics = 0
+        self.sample1 = self.sample2 = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=NVML_SUCCESS, value=0.0) for _ in range(4)]
+
+
+def nvmlGpmMetricsGet(q: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:  # noqa: N802
+    if q.sample1 is None or q.sample2 is None or q.sample2.util is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    for m in q.metrics[: q.numMetrics]:
+        if m.metricId == NVML_GPM_METRIC_GRAPHICS_UTIL:
+            m.value, m.nvmlReturn = float(q.sample2.util), NVML_SUCCESS
+        else:
+            m.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+    return q
 
 
 # ------------------------------------------------------------------ states from captures
@@ -201,12 +363,158 @@ def state_from_listing(text: str, *, util: int = 0) -> dict:
 
 
 def state_from_query(text: str, *, util: int = 0) -> dict:
-    """A stand-in state from a real ``nvidia-smi -q`` (text or XML) capture's GPUs."""
+    """A stand-in state from a real ``nvidia-smi -q`` (text or XML) capture's GPUs, each with
+    the health fields the capture shows (:func:`health_from_query`)."""
     from gpuhpc.inventory.smi import parse_query_text, parse_query_xml, sniff
 
     q = parse_query_text(text) if sniff(text) == "query" else parse_query_xml(text)
     listing = "\n".join(f"GPU {g.index}: {g.name} (UUID: {g.uuid})" for g in q.gpus)
-    return state_from_listing(listing, util=util)
+    state = state_from_listing(listing, util=util)
+    for gpu, fields in zip(state["gpus"], health_from_query(text)):
+        gpu.update(fields)
+    return state
+
+
+# NVML's clock event reason bits, by nvidia-smi -q's line (text) and element suffix (XML)
+REASON_BITS = {"idle": 0x1, "applications clocks setting": 0x2, "sw power cap": 0x4, "hw slowdown": 0x8,
+               "sync boost": 0x10, "sw thermal slowdown": 0x20, "hw thermal slowdown": 0x40,
+               "hw power brake slowdown": 0x80, "display clock setting": 0x100}
+_XML_REASONS = {"gpu_idle": "idle", "applications_clocks_setting": "applications clocks setting",
+                "sw_power_cap": "sw power cap", "hw_slowdown": "hw slowdown", "sync_boost": "sync boost",
+                "sw_thermal_slowdown": "sw thermal slowdown", "hw_thermal_slowdown": "hw thermal slowdown",
+                "hw_power_brake_slowdown": "hw power brake slowdown", "display_clocks_setting": "display clock setting"}
+
+
+def _number(v: str | None) -> float | None:
+    """``"700.00 W"``, ``"2619 MHz"``, ``"67"`` -> the number; N/A, missing or text -> None."""
+    word = (v or "").split()[:1]
+    try:
+        return float(word[0]) if word else None
+    except ValueError:
+        return None
+
+
+def _text_tree(block: list[str]) -> dict[str, str]:
+    """One GPU's ``-q`` text lines -> {"Section/Sub/Key": value} (nesting by indentation)."""
+    out, stack = {}, []
+    for line in block:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        key, sep, value = line.strip().partition(":")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key.strip()))
+        if sep:
+            out["/".join(k for _, k in stack)] = value.strip()
+    return out
+
+
+def _fields(get, reasons: dict[str, str]) -> dict:
+    """The stand-in keys from one GPU's values: ``get(key)`` for the generic keys, ``reasons``
+    {reason: "Active"/"Not Active"}."""
+    g: dict = {}
+
+    def put(key: str, value, scale: float = 1) -> None:
+        if value is not None:
+            g[key] = int(round(value * scale))
+
+    put("pcie_replay", _number(get("replay")))
+    put("sm_clock_mhz", _number(get("sm")))
+    put("mem_clock_mhz", _number(get("mem")))
+    put("power_limit_mw", _number(get("power_limit")), 1000)
+    if reasons:
+        g["clock_reasons"] = sum(bit for name, bit in REASON_BITS.items() if reasons.get(name, "").lower() == "active")
+    ecc = {}
+    for key, parts in (("sbe_vol", get("vol_corr")), ("dbe_vol", get("vol_unc")),
+                       ("sbe_agg", get("agg_corr")), ("dbe_agg", get("agg_unc"))):
+        values = [_number(p) for p in parts]
+        if values and all(v is not None for v in values):
+            ecc[key] = int(sum(values))
+    if ecc:
+        g["ecc"] = ecc
+    put("retired_sbe", _number(get("retired_sbe")))
+    put("retired_dbe", _number(get("retired_dbe")))
+    pending = (get("retired_pending") or "").strip().lower()
+    if pending in ("yes", "no"):
+        g["retired_pending"] = int(pending == "yes")
+    rows = [get("remap_corr"), get("remap_unc"), get("remap_pending"), get("remap_failure")]
+    if all(r is not None and r.strip().upper() != "N/A" for r in rows):
+        g["remapped_rows"] = [int(_number(rows[0]) or 0), int(_number(rows[1]) or 0),
+                              int(rows[2].strip().lower() in ("yes", "1")), int(rows[3].strip().lower() in ("yes", "1"))]
+    return g
+
+
+def health_from_query(text: str) -> list[dict]:
+    """Each GPU's dcgm-exporter fields from a real ``nvidia-smi -q`` capture (text or ``-x``
+    XML), as stand-in state keys; a value the capture shows as N/A is left out."""
+    if text.lstrip().startswith("<?xml") or text.lstrip().startswith("<"):
+        return _health_from_xml(text)
+    blocks, cur = [], None
+    for line in text.splitlines():
+        if line.startswith("GPU ") and ":" in line:
+            cur = []
+            blocks.append(cur)
+        elif cur is not None:
+            cur.append(line)
+    out = []
+    for block in blocks:
+        t = _text_tree(block)
+        reasons_section = "Clocks Event Reasons" if any(k.startswith("Clocks Event Reasons/") for k in t) \
+            else "Clocks Throttle Reasons"
+        reasons = {k.rsplit("/", 1)[1].lower(): v for k, v in t.items() if k.startswith(reasons_section + "/")}
+        power = "GPU Power Readings" if "GPU Power Readings/Current Power Limit" in t else "Power Readings"
+        unc = ("SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable")
+
+        def both(kind: str, names: tuple[str, ...]) -> list[str]:
+            got = [t[f"ECC Errors/{kind}/{n}"] for n in names if f"ECC Errors/{kind}/{n}" in t]
+            return got or [t.get(f"ECC Errors/{kind}/SRAM Uncorrectable", "N/A")]
+
+        keys = {"replay": t.get("PCI/Replays Since Reset"), "sm": t.get("Clocks/SM"), "mem": t.get("Clocks/Memory"),
+                "power_limit": t.get(f"{power}/Current Power Limit", t.get(f"{power}/Power Limit")),
+                "vol_corr": [t.get("ECC Errors/Volatile/SRAM Correctable"), t.get("ECC Errors/Volatile/DRAM Correctable")],
+                "agg_corr": [t.get("ECC Errors/Aggregate/SRAM Correctable"),
+                             t.get("ECC Errors/Aggregate/DRAM Correctable")],
+                "vol_unc": both("Volatile", unc), "agg_unc": both("Aggregate", unc),
+                "retired_sbe": t.get("Retired Pages/Single Bit ECC"), "retired_dbe": t.get("Retired Pages/Double Bit ECC"),
+                "retired_pending": t.get("Retired Pages/Pending Page Blacklist"),
+                "remap_corr": t.get("Remapped Rows/Correctable Error"),
+                "remap_unc": t.get("Remapped Rows/Uncorrectable Error"), "remap_pending": t.get("Remapped Rows/Pending"),
+                "remap_failure": t.get("Remapped Rows/Remapping Failure Occurred")}
+        out.append(_fields(lambda k, keys=keys: keys[k], reasons))
+    return out
+
+
+def _health_from_xml(text: str) -> list[dict]:
+    import xml.etree.ElementTree as ET
+
+    out = []
+    for gpu in ET.fromstring(text).findall("gpu"):
+        def x(path: str) -> str | None:
+            e = gpu.find(path)
+            return e.text if e is not None and e.text is not None and len(e) == 0 else None
+
+        reasons = {}
+        for section in ("clocks_event_reasons", "clocks_throttle_reasons"):
+            for e in gpu.findall(f"{section}/*"):
+                suffix = e.tag.split("_reason_", 1)[-1]
+                if suffix in _XML_REASONS:
+                    reasons[_XML_REASONS[suffix]] = e.text or ""
+        power = "gpu_power_readings" if gpu.find("gpu_power_readings") is not None else "power_readings"
+        keys = {"replay": x("pci/replay_counter"), "sm": x("clocks/sm_clock"), "mem": x("clocks/mem_clock"),
+                "power_limit": x(f"{power}/current_power_limit") or x(f"{power}/power_limit"),
+                "vol_corr": [x("ecc_errors/volatile/sram_correctable"), x("ecc_errors/volatile/dram_correctable")],
+                "vol_unc": [x("ecc_errors/volatile/sram_uncorrectable"), x("ecc_errors/volatile/dram_uncorrectable")],
+                "agg_corr": [x("ecc_errors/aggregate/sram_correctable"), x("ecc_errors/aggregate/dram_correctable")],
+                "agg_unc": [x("ecc_errors/aggregate/sram_uncorrectable"), x("ecc_errors/aggregate/dram_uncorrectable")],
+                "retired_sbe": x("retired_pages/multiple_single_bit_retirement/retired_count"),
+                "retired_dbe": x("retired_pages/double_bit_retirement/retired_count"),
+                "retired_pending": x("retired_pages/pending_retirement"),
+                "remap_corr": x("remapped_rows/remapped_row_corr"), "remap_unc": x("remapped_rows/remapped_row_unc"),
+                "remap_pending": x("remapped_rows/remapped_row_pending"),
+                "remap_failure": x("remapped_rows/remapped_row_failure")}
+        out.append(_fields(lambda k, keys=keys: keys[k], reasons))
+    return out
 
 
 def with_mig_geometry(state: dict, lgip_text: str, gpu_type: str) -> dict:
