@@ -168,11 +168,12 @@ def billing_weights(billing: dict[str, Any] | None, partitions: list[dict[str, A
     return out
 
 
-# AuthInfo cred_expire for a cluster with cloud nodes when runtime.cred_expire is not set: a
-# requeued job (a spot reclaim, a node that never booted) may start again only cred_expire + 1 s
-# later; Slurm's 120 s default would add two minutes to every reclaim. 30 s still leaves a job
-# credential time to reach a node that is busy (docs/elastic.md).
-ELASTIC_CRED_EXPIRE = 30
+# AuthInfo cred_expire for a cluster with cloud nodes when runtime.cred_expire is not set: Slurm's
+# and slurm-gcp's 120 s, written out. A requeued job (a spot reclaim, a node that never booted) may
+# start again only cred_expire + 1 s later, but a shorter lifetime lets a job credential expire
+# before a busy slurmd (a node booting, a loaded controller) takes it: the step fails. A site that
+# wants faster requeues lowers it knowingly (docs/elastic.md); the tests do.
+ELASTIC_CRED_EXPIRE = 120
 ELASTIC_SUSPEND_TIME = 300      # SuspendTime when no cloud group sets idle_timeout
 RESUME_TIMEOUT_MARGIN = 30      # ResumeTimeout default: the slowest boot_timeout + this
 

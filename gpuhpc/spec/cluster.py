@@ -423,7 +423,7 @@ class Power(_Model):
     where ``gpuhpc power`` keeps its launch records."""
     programs_dir: AbsPath = "/usr/local/sbin"   # gpuhpc-power-resume, -suspend, -resume-fail
     resume_timeout: int | None = Field(default=None, ge=1)    # default: the slowest boot_timeout + 30
-    suspend_timeout: int = Field(default=30, ge=1)
+    suspend_timeout: int = Field(default=300, ge=1)  # slurm-gcp's: a cloud instance's end can take minutes
     state_dir: AbsPath = "/var/lib/gpuhpc/elastic"
     cloud_dns: bool = False                    # the cloud nodes' names resolve (else NodeAddr is rendered)
     orphan_grace: int = Field(default=600, ge=0)   # seconds before the reconciler ends an untracked instance

@@ -52,7 +52,7 @@ def test_the_power_block_as_slurm_reads_it():
     assert lines["ResumeRate"] == lines["SuspendRate"] == "0"
     assert lines["SuspendExcNodes"] == "fixed[1-2]"
     assert "idle_on_node_suspend" in lines["SlurmctldParameters"]
-    assert "cred_expire=30" in lines["AuthInfo"]
+    assert "cred_expire=120" in lines["AuthInfo"] and lines["SuspendTimeout"] == "300"
     assert "NodeName=spot[01-16],od[01-08] " in conf and conf.count("State=CLOUD") == 1
     assert "NodeName=fixed[1-2] " in conf and "State=UNKNOWN" in conf
 
@@ -62,10 +62,16 @@ def test_no_cloud_group_renders_no_power_block():
     assert "ResumeProgram" not in files["slurm.conf"] and "State=CLOUD" not in files["slurm.conf"]
 
 
-def test_cred_expire_defaults_to_30_with_cloud_nodes(data):
-    del data["runtime"]["cred_expire"]
-    files, _ = render_spec(spec_from_data(data))
-    assert "cred_expire=30" in files["slurm.conf"]
+def test_cred_expire_and_suspend_timeout_default_to_what_holds_on_a_busy_cluster(data):
+    """Slurm's and slurm-gcp's 120 s / 300 s (issue 38.7): a shorter credential can expire before a
+    busy node takes it; a spec that sets them keeps its values."""
+    data["runtime"].pop("cred_expire", None)
+    data["power"].pop("suspend_timeout", None)
+    conf = render_spec(spec_from_data(data))[0]["slurm.conf"]
+    assert "cred_expire=120" in conf and "\nSuspendTimeout=300\n" in conf
+    data["runtime"]["cred_expire"], data["power"]["suspend_timeout"] = 30, 60
+    conf = render_spec(spec_from_data(data))[0]["slurm.conf"]
+    assert "cred_expire=30" in conf and "\nSuspendTimeout=60\n" in conf
 
 
 def test_resume_timeout_shorter_than_boot_is_refused(data):
