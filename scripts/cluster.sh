@@ -84,6 +84,11 @@ install() {
   flock -u 8
 }
 
+# one up/ensure/down at a time on this machine's checkout: a second waits, then finds the cluster
+# current (ensure) instead of reinstalling the collection under the first one's running play
+case "${1:-up}" in
+  up|ensure|down|purge) exec 9>"$ROOT/.ansible/up.lock"; flock 9 ;;
+esac
 case "${1:-up}" in
   build)   build ;;
   install) install ;;
