@@ -24,6 +24,7 @@ _LAZY = {
     "Checkpointable": "gpuhpc.jobs.checkpoint",
     "should_stop": "gpuhpc.jobs.coord",
     "save_shard": "gpuhpc.jobs.checkpoint",
+    "commit": "gpuhpc.jobs.checkpoint",
     "report": "gpuhpc.ledger.metrics",
     "should_prune": "gpuhpc.sweeps.trial",
     "sweep": "gpuhpc.remote.sweeps",

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.jobs import ckpt_formats
+
 _stop = False
 
 
@@ -78,10 +80,14 @@ def _pointer(d: Path) -> Path | None:
 
 
 def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path | None:
-    """The newest *complete* checkpoint: where the ``.gpuhpc-latest`` link points (an older
-    ``latest`` symlink is read too), else the newest visible entry (never a file named
-    ``latest``: DeepSpeed's tag file); a sharded step directory counts only with a complete
-    manifest (:func:`is_complete`).
+    """The newest *complete* checkpoint (:func:`complete_checkpoints`'s last), or None.
+
+    Where the ``.gpuhpc-latest`` link points (an older ``latest`` symlink is read too) unless a
+    framework completed a newer save since the link moved (torch DCP's ``.metadata``,
+    DeepSpeed's ``latest`` file, a Trainer's ``trainer_state.json``, :func:`commit`'s marker:
+    :mod:`gpuhpc.jobs.ckpt_formats`); without a link, the newest complete entry. A save cut
+    off before its framework's mark, a sharded step without a complete manifest, an empty
+    directory and a DeepSpeed ``latest`` file itself are never returned.
 
     Without ``directory`` the job's ``$GPUHPC_LATEST_CHECKPOINT`` is trusted when set."""
     if directory is None:
@@ -89,16 +95,64 @@ def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path |
         if env and os.path.exists(env) and is_complete(env):
             return Path(env)
         directory = checkpoint_dir()
-    d = Path(directory)
-    target = _pointer(d)
-    if target is not None and is_complete(target):
-        return target
+    found = complete_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def complete_checkpoints(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The complete checkpoints of ``directory`` (default: :func:`checkpoint_dir`), oldest first
+    by when each save completed; the pointer's target (``.gpuhpc-latest``) ranks as completed
+    when the pointer moved, and only a framework-marked save completed later ranks above it."""
+    d = Path(directory) if directory is not None else checkpoint_dir()
     try:
         entries = [p for p in d.iterdir() if not p.name.startswith(".") and p.name != _LEGACY_POINTER]
     except FileNotFoundError:
-        return None
-    entries = [p for p in entries if is_complete(p)]
-    return max(entries, key=lambda p: p.stat().st_mtime_ns, default=None)
+        return []
+    ctx = ckpt_formats.SaveDir.of(d)
+    saved = _saved_names(d)
+    ranked: list[tuple[int, int, str, Path]] = []
+    for p in entries:
+        v = _verdict(p, ctx, saved)
+        if v is not None and v.complete:
+            ranked.append((v.done_at, 1 if v.marked else 0, p.name, p))
+    target = _pointer(d)
+    if target is not None and is_complete(target):
+        link = d / POINTER if (d / POINTER).is_symlink() else d / _LEGACY_POINTER
+        try:
+            moved = link.lstat().st_mtime_ns
+        except OSError:
+            moved = 0
+        # the pointer wins ties and every unmarked entry (a stray newer file is not a checkpoint)
+        ranked = [r for r in ranked if r[3].resolve() != target and r[1] and r[0] > moved]
+        return [target, *(r[3] for r in sorted(ranked, key=lambda r: (r[0], r[2])))]
+    ranked.sort(key=lambda r: (r[0], r[1], r[2]))
+    return [r[3] for r in ranked]
+
+
+def _saved_names(d: Path) -> set[str]:
+    try:
+        return {n for n in (d / SAVED).read_text().splitlines() if n}
+    except OSError:
+        return set()
+
+
+def _verdict(p: Path, ctx: "ckpt_formats.SaveDir", saved: set[str]) -> "ckpt_formats.Verdict | None":
+    """How complete ``p`` (an entry of a checkpoint dir) is: gpuhpc's own saves first (a sharded
+    step by its manifest; what save_atomic renamed into place and listed is complete), then the
+    framework rules."""
+    if p.is_dir() and (p / _SHARDED).exists():
+        ok = _sharded_complete(p)
+        return ckpt_formats.Verdict("sharded", ok, _mtime_ns(p) if ok else 0)
+    if p.name in saved and p.exists():
+        return ckpt_formats.Verdict("plain", True, _mtime_ns(p))
+    return ckpt_formats.classify(p, ctx)
+
+
+def _mtime_ns(p: Path) -> int:
+    try:
+        return p.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def keep_count(keep: int | None = None) -> int:
@@ -470,12 +524,60 @@ def save_shard(src: str | os.PathLike[str] | bytes, step: int, *, rank: int | No
                 {"rank": r, "world_size": world, "file": name, "host": socket.gethostname(),
                  "bytes": copied.size, "sha256": copied.hash.hexdigest(), "run": _run_id()})
     if r == 0:
-        commit(step, world, directory=base, timeout=timeout, keep=keep)
+        commit_step(step, world, directory=base, timeout=timeout, keep=keep)
     return sdir
 
 
-def commit(step: int, world_size: int, *, directory: str | os.PathLike[str] | None = None,
-           timeout: float | None = None, keep: int | None = None) -> Path:
+def commit(path: str | os.PathLike[str] | int, world_size: int | None = None, **kwargs: Any) -> Path:
+    """``gpuhpc.commit(dir)``: mark a checkpoint directory that your own code (or a framework
+    gpuhpc does not know) finished writing as complete, and make it the newest.
+
+    Call it once, on one rank (rank 0), after every rank's part of the save is written (after
+    the framework's save returned on every rank, e.g. after a barrier). Every file in ``dir`` is
+    fsynced, then ``dir/.gpuhpc-committed`` is written (a temporary name renamed into place) and
+    the ``.gpuhpc-latest`` pointer in ``dir``'s parent is moved to it: the resume path
+    (:func:`latest_checkpoint`, ``$GPUHPC_LATEST_CHECKPOINT``) and the S3 uploader take it, and
+    never a directory still being written. Nothing is copied or pruned. Returns ``dir``.
+
+    (``commit(step, world_size, ...)``, rank 0's half of :func:`save_shard`, is
+    :func:`commit_step`; that call form still works.)"""
+    if isinstance(path, int) and not isinstance(path, bool):
+        if world_size is None:
+            raise TypeError("commit(step, world_size): world_size is required (or pass a directory)")
+        return commit_step(path, world_size, **kwargs)
+    if world_size is not None or kwargs:
+        raise TypeError("commit(dir) takes only the directory")
+    d = Path(path)
+    if not d.is_dir():
+        raise ValueError(f"commit: {d} is not a directory (save a single file with save_atomic)")
+    if d.name.startswith(".") or d.name == _LEGACY_POINTER:
+        raise ValueError(f"commit: {d.name!r} is not a checkpoint name (hidden, or DeepSpeed's tag file)")
+    for root, _dirs, names in os.walk(d):
+        for n in names:
+            f = Path(root) / n
+            if f.is_symlink() or n == ckpt_formats.COMMITTED:
+                continue
+            try:
+                fd = os.open(f, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(root))
+    _write_json(d / ckpt_formats.COMMITTED,
+                {"job": _job_id(), "run": _run_id(), "host": socket.gethostname(),
+                 "committed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+    _fsync_dir(d)
+    _point_latest(d.parent, d.name)
+    return d
+
+
+def commit_step(step: int, world_size: int, *, directory: str | os.PathLike[str] | None = None,
+                timeout: float | None = None, keep: int | None = None) -> Path:
     """Rank 0's half of :func:`save_shard`: wait for all shards, write the manifest, move the
     pointer, keep the newest ``keep`` steps, remove this job's leftovers."""
     base = Path(directory) if directory is not None else checkpoint_dir()
@@ -526,12 +628,20 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 
 def is_complete(path: str | os.PathLike[str], *, verify: bool = False) -> bool:
-    """A plain checkpoint (file, or a directory without the sharded marker) is complete; a
-    sharded step directory is complete when its manifest lists ``world_size`` shards that are
-    all present with their recorded sizes (and, with ``verify``, checksums)."""
+    """Is ``path`` a complete checkpoint? A sharded step directory (``save_shard``) when its
+    manifest lists ``world_size`` shards that are all present with their recorded sizes (and,
+    with ``verify``, checksums); what :func:`save_atomic` renamed into place; otherwise by its
+    framework's completion mark (:mod:`gpuhpc.jobs.ckpt_formats`: torch DCP's ``.metadata``,
+    DeepSpeed's ``latest`` naming the tag, a Trainer's ``trainer_state.json``, :func:`commit`'s
+    marker); a plain file, or a non-empty directory without any framework's shape, is complete."""
     p = Path(path)
-    if not p.is_dir() or not (p / _SHARDED).exists():
-        return p.exists()
+    if p.is_dir() and (p / _SHARDED).exists():
+        return _sharded_complete(p, verify=verify)
+    v = _verdict(p, ckpt_formats.SaveDir.of(p.parent), _saved_names(p.parent))
+    return v is not None and v.complete
+
+
+def _sharded_complete(p: Path, *, verify: bool = False) -> bool:
     m = read_manifest(p)
     if m is None or len(m.get("shards", ())) != m.get("world_size"):
         return False
@@ -604,8 +714,8 @@ class Checkpointable:
 def main(argv: list[str] | None = None) -> int:
     """``python -m gpuhpc.jobs.checkpoint save-shard SRC STEP`` (the job templates' shell
     function ``gpuhpc_save_shard``), ``save SRC [NAME]`` (``gpuhpc_save_checkpoint``),
-    ``clean`` (the job template, before the program starts) and ``latest`` (prints the newest
-    complete checkpoint)."""
+    ``commit DIR`` (:func:`commit`), ``clean`` (the job template, before the program starts) and
+    ``latest`` (prints the newest complete checkpoint)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["save"] and len(args) in (2, 3):
         try:
@@ -628,11 +738,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpuhpc_save_shard: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args[:1] == ["commit"] and len(args) == 2:
+        try:
+            print(commit(args[1]))
+        except ValueError as exc:
+            print(f"gpuhpc commit: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args == ["latest"]:
         p = latest_checkpoint()
         print(p if p is not None else "")
         return 0
-    print("usage: python -m gpuhpc.jobs.checkpoint save-shard SRC STEP | save SRC [NAME] | clean | latest",
+    print("usage: python -m gpuhpc.jobs.checkpoint save-shard SRC STEP | save SRC [NAME] | commit DIR | clean | latest",
           file=sys.stderr)
     return 2
 
