@@ -55,7 +55,7 @@ def launch_event(config: ElasticConfig, pool: Pool, inst: Instance, price: str |
 def end_event(config: ElasticConfig, instance_id: str, at: float, reason: str, *, registered_at: float | None = None,
               last_busy: float | None = None, suspend_at: float | None = None, orphan: Instance | None = None,
               pool: Pool | None = None) -> dict:
-    """``reason``: suspend | boot-failed | gone | reclaim | orphan. An orphan was never journalled
+    """``reason``: suspend | boot-failed | gone | reclaim | impaired (failed status checks) | orphan. An orphan was never journalled
     at launch: its event carries what a launch event would (from the provider's listing)."""
     e = {"event": "end", "cluster": config.cluster, "id": instance_id, "at": at, "reason": reason,
          "registered_at": registered_at, "last_busy": last_busy, "suspend_at": suspend_at}

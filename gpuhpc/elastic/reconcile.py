@@ -217,6 +217,14 @@ def decide(config: ElasticConfig, nodes: list[PowerNode], instances: list[Instan
                 d.add("terminate", inst.id, "spot reclaim")
                 d.add("forget", name)
                 budget(name, f"the spot reclaim of {inst.id}")
+        elif inst.impaired and not flags & {"POWERED_DOWN", "POWERING_DOWN"}:
+            # failed EC2 status checks (a hardware or host fault): replaced as a reclaim is, the
+            # job requeues and Slurm resumes the node on a new instance (ParallelCluster does the same)
+            d.add("down", name, f"gpuhpc: instance {inst.id} failed EC2 {inst.impaired} status checks")
+            d.add("power_down", name)
+            d.add("terminate", inst.id, f"failed {inst.impaired} status checks")
+            d.add("forget", name)
+            budget(name, f"the failed status checks of {inst.id}")
 
     for pool_name in sorted(state.boot_failures):
         pool = config.pool_by_name.get(pool_name)
@@ -355,8 +363,8 @@ def reconcile_once(config: ElasticConfig, slurm: PowerSlurm | None = None, provi
     instances = [i for prov in providers.values() for i in prov.instances()]
     state = store.read()
     live = {i.id for i in instances if i.state != "terminated"}
-    noticed = {i.id for i in instances if i.interrupted_at}
-    # the nodes whose jobs matter: an interruption notice, or the instance gone
+    noticed = {i.id for i in instances if i.interrupted_at or i.impaired}
+    # the nodes whose jobs matter: an interruption notice, failed status checks, or the instance gone
     watched = [r.node for r in state.nodes.values()
                if r.instance_id and (r.instance_id in noticed or r.instance_id not in live)]
     jobs_on: dict[str, list[str]] = {}
@@ -429,7 +437,8 @@ def end_events(config: ElasticConfig, actions: list[Action], nodes: list[PowerNo
             pool = config.pool_by_name.get(inst.pool) if inst and inst.pool else None
             out.append(journal.end_event(config, a.target, now, "orphan", orphan=inst, pool=pool))
         elif a.kind == "down" and a.target in state.nodes and state.nodes[a.target].instance_id:
-            why = "reclaim" if "spot reclaim" in a.reason else "gone" if "is gone" in a.reason else None
+            why = ("reclaim" if "spot reclaim" in a.reason else "gone" if "is gone" in a.reason
+                   else "impaired" if "status checks" in a.reason else None)
             node = by_node.get(a.target)
             if why:
                 out.append(journal.end_event(config, state.nodes[a.target].instance_id, now, why,

@@ -56,6 +56,7 @@ class Instance:
     market: str = "on_demand"
     addr: str | None = None
     interrupted_at: float | None = None   # a spot interruption notice, when the provider has one
+    impaired: str | None = None           # the provider's health checks it fails ("system", "instance")
 
 
 class Provider(Protocol):

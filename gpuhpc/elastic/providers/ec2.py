@@ -200,7 +200,8 @@ class Ec2Provider:
                                {"Name": "instance-state-name", "Values": ["pending", "running"]}, *(extra or [])])
 
     @staticmethod
-    def _instance(raw: dict, interrupted: dict[str, float] | None = None) -> Instance:
+    def _instance(raw: dict, interrupted: dict[str, float] | None = None,
+                  impaired: dict[str, str] | None = None) -> Instance:
         tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
         launched = raw.get("LaunchTime")
         return Instance(id=raw["InstanceId"], node=tags.get(TAG_NODE), pool=tags.get(TAG_POOL),
@@ -209,7 +210,8 @@ class Ec2Provider:
                         instance_type=raw.get("InstanceType", ""),
                         market="spot" if raw.get("InstanceLifecycle") == "spot" else "on_demand",
                         addr=raw.get("PrivateIpAddress"),
-                        interrupted_at=(interrupted or {}).get(raw["InstanceId"]))
+                        interrupted_at=(interrupted or {}).get(raw["InstanceId"]),
+                        impaired=(impaired or {}).get(raw["InstanceId"]))
 
     # ------------------------------------------------------------ Provider
     def launch(self, pool: Pool, nodes: list[str], token: str, *, each: bool = False) -> list[Instance]:
@@ -392,9 +394,31 @@ class Ec2Provider:
                 out[req["InstanceId"]] = when.timestamp() if hasattr(when, "timestamp") else time.time()
         return out
 
+    def impaired(self) -> dict[str, str]:
+        """Instance id -> the EC2 status checks it fails (``system``, ``instance`` or
+        ``system+instance``), for the instances EC2 reports impaired: one filtered call per check
+        (and page), whatever the number of instances. An error answers {}: no instance is ended
+        for want of an answer."""
+        failed: dict[str, list[str]] = {}
+        for check, key in (("system", "SystemStatus"), ("instance", "InstanceStatus")):
+            token = None
+            while True:
+                try:
+                    resp = self._call("describe_instance_status", Filters=[
+                        {"Name": f"{check}-status.status", "Values": ["impaired"]}], **({"NextToken": token} if token else {}))
+                except ProviderError:
+                    return {}
+                for st in resp.get("InstanceStatuses", []):
+                    if st.get(key, {}).get("Status") == "impaired":      # the filter, checked again
+                        failed.setdefault(st["InstanceId"], []).append(check)
+                token = resp.get("NextToken")
+                if not token:
+                    break
+        return {iid: "+".join(checks) for iid, checks in failed.items()}
+
     def instances(self) -> list[Instance]:
-        notices = self.interruptions()
-        return [self._instance(raw, notices) for raw in self._owned()]
+        notices, bad = self.interruptions(), self.impaired()
+        return [self._instance(raw, notices, bad) for raw in self._owned()]
 
     # ------------------------------------------------------------ set-up (once, by an administrator)
     def ensure_launch_template(self, pool: Pool, data: dict) -> tuple[str, bool]:

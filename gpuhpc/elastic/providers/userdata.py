@@ -136,7 +136,8 @@ def controller_policy(*, cluster: str, region: str = "REGION", account: str = "A
         {"Sid": "EndOwnInstances", "Effect": "Allow", "Action": "ec2:TerminateInstances",
          "Resource": f"{arn}:instance/*", "Condition": owned},
         {"Sid": "Read", "Effect": "Allow", "Resource": "*", "Action": [
-            "ec2:DescribeInstances", "ec2:DescribeSpotInstanceRequests", "ec2:DescribeSpotPriceHistory",
+            "ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "ec2:DescribeSpotInstanceRequests",
+            "ec2:DescribeSpotPriceHistory",
             "ec2:DescribeLaunchTemplates", "ec2:DescribeLaunchTemplateVersions", "ec2:DescribePlacementGroups"]},
         {"Sid": "PassNodeRole", "Effect": "Allow", "Action": "iam:PassRole",
          "Resource": f"arn:aws:iam::{account}:role/{instance_role}",

@@ -301,3 +301,36 @@ def test_throttling_never_cools_the_pool_capacity_does(tmp_path, monkeypatch, er
     assert downed[0] == "s1"                                   # the launch's own node: its job requeues
     cooling = store.read().cooldowns["spot"]["until"] > before + 60
     assert cooling == cools and (downed == ["s1"]) != cools, (downed, store.read().cooldowns)
+
+
+class ImpairedEc2(FaultyEc2):
+    """EC2's status checks, which moto always reports ok: ``impaired`` maps an instance id to the
+    checks it fails; answers filtered as EC2 does, a page at a time (one status per page)."""
+
+    def __init__(self, client, impaired=None, **kw):
+        super().__init__(client, **kw)
+        self.impaired = dict(impaired or {})
+
+    def describe_instance_status(self, Filters, NextToken=None):
+        self.calls.append(("describe_instance_status", {"Filters": Filters, "NextToken": NextToken}))
+        self._maybe_throttle("DescribeInstanceStatus")
+        check = Filters[0]["Name"].split("-")[0]
+        rows = [{"InstanceId": i, "SystemStatus": {"Status": "impaired" if "system" in c else "ok"},
+                 "InstanceStatus": {"Status": "impaired" if "instance" in c else "ok"}}
+                for i, c in sorted(self.impaired.items()) if check in c]
+        at = int(NextToken or 0)
+        return {"InstanceStatuses": rows[at:at + 1], **({"NextToken": str(at + 1)} if at + 1 < len(rows) else {})}
+
+
+def test_instances_failing_status_checks_are_reported_with_the_checks(ec2):
+    p, _ = provider(ec2)
+    got = p.launch(SPOT, ["spot01", "spot02", "spot03"], "tok-st")
+    faulty = ImpairedEc2(ec2, impaired={got[0].id: ("system",), got[2].id: ("system", "instance"),
+                                        "i-notours": ("instance",)})
+    p.ec2 = faulty
+    seen = {i.node: i.impaired for i in p.instances()}
+    assert seen == {"spot01": "system", "spot02": None, "spot03": "system+instance"}
+    assert sum(1 for op, _ in faulty.calls if op == "describe_instance_status") == 4   # 2 checks, 3 rows, a page each
+    faulty.throttle = 10                                   # no answer: nobody is taken for impaired
+    p.sleep, p.retries = (lambda s: None), 1
+    assert p.impaired() == {}

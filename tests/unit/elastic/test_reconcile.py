@@ -149,3 +149,18 @@ def test_an_instance_a_suspend_is_ending_is_no_orphan_for_its_grace():
     assert decide(CFG, [], [old], releasing, NOW) == []
     stale = State(releasing={"i-8": NOW - 600})          # its worker died: the orphan rule again
     assert [a.kind for a in decide(CFG, [], [old], stale, NOW)] == ["terminate"]
+
+
+def test_an_instance_failing_status_checks_is_replaced_and_its_job_counted():
+    """Issue 38.7: an instance EC2 reports impaired is ended and its node goes DOWN then powers
+    down (the job requeues, Slurm resumes the node on a new instance), as ParallelCluster replaces
+    unhealthy instances; a node already powering down is left to its suspend."""
+    from dataclasses import replace
+
+    bad = replace(inst("i-1", "s1"), impaired="system")
+    acts = run([node("s1", "ALLOCATED+CLOUD")], [bad, inst("i-2", "s2")], [rec("s1", "i-1"), rec("s2", "i-2")],
+               jobs_on={"s1": ["77"]})
+    assert [(a.kind, a.target) for a in acts] == [("down", "s1"), ("power_down", "s1"), ("terminate", "i-1"),
+                                                   ("forget", "s1")]
+    assert acts[0].reason == "gpuhpc: instance i-1 failed EC2 system status checks"
+    assert run([node("s1", "IDLE+CLOUD+POWERING_DOWN")], [bad], [rec("s1", "i-1")]) == []
