@@ -10,6 +10,8 @@ registry not listed, or a tag where pins are required. The policy is ``/etc/gpuh
 image pinned by digest comes from the node image cache when the site has one (imported once per
 node); anything else is imported with ``enroot import`` into a file of this step that ``release``
 removes. The site installs a two-line script as PATH: ``exec PYTHON -m gpuhpc.containers.importer "$@"``.
+``PATH gpus 1,2`` prints the UUIDs of Slurm's GPUs 1 and 2 on this node (the role's enroot GPU hook:
+:mod:`gpuhpc.containers.gpus`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 from gpuhpc.containers.cache import enroot_import, ensure, settings
+from gpuhpc.containers.gpus import job_gpu_uuids
 from gpuhpc.containers.image import check_image
 from gpuhpc.errors import GpuhpcError
 
@@ -54,11 +57,17 @@ def main(argv: list[str]) -> int:
         if argv == ["release"]:
             release()
             return 0
+        if len(argv) == 2 and argv[0] == "gpus":            # the role's enroot GPU hook (gpuhpc.containers.gpus)
+            print(",".join(job_gpu_uuids(argv[1])))
+            return 0
     except GpuhpcError as exc:
+        if argv[:1] == ["gpus"]:
+            sys.stderr.write(f"gpuhpc: cannot give the container the job's GPUs {argv[1]} by UUID: {exc}\n")
+            return 1
         hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
         sys.stderr.write(f"gpuhpc: image refused or not imported: {exc}{hint}\n")
         return 1
-    sys.stderr.write("usage: importer get docker://REF | importer release\n")
+    sys.stderr.write("usage: importer get docker://REF | importer release | importer gpus INDICES\n")
     return 2
 
 

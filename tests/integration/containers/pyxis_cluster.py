@@ -4,7 +4,9 @@ directories under one directory in /var/tmp; no accounting; a few seconds). Neve
 cluster's plugstack: every job of every user there would load it. Its nodes are GPU nodes of
 stand-ins: gres gpu:4 on device nodes without a driver, and tests/standins/nvidia-container-cli on slurmd's
 PATH (enroot's 98-nvidia hook calls it for an image that asks for GPUs), with the role's
-90-gpuhpc-slurm-gpus.sh hook. Used by test_pyxis_private.py and bench/container_start.py.
+90-gpuhpc-slurm-gpus.sh hook (rendered: its importer is ``base/gpu-importer``, this checkout's
+gpuhpc.containers.importer, which maps the job's GPUs to UUIDs through the NVML the job's
+GPUHPC_NVML_MODULE names). Used by test_pyxis_private.py and bench/container_start.py.
 
 Two nodes on one host: partition ``pyx`` is pyx-node1 alone, ``pyx2`` both (its jobs are
 preempted by those of ``pyxhi``, with the job's signal and a 30 s GraceTime). Two slurmd on one
@@ -17,14 +19,18 @@ node image cache): the second node's slurmd runs in a mount namespace of its own
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import jinja2
 from private_slurm import PrivateSlurm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,7 +39,7 @@ CTLD_PORT, SLURMD_PORT, NODE_PORT = 16937, 16938, 17331      # node i: NODE_PORT
 GPUS = 4
 NODES = ("pyx-node1", "pyx-node2")
 PER_NODE = ("pyxis", "enroot", "images")        # bound per node (the second node's namespace)
-HOOK = ROOT / "ansible/roles/gpuhpc_containers/files/90-gpuhpc-slurm-gpus.sh"
+HOOK = ROOT / "ansible/roles/gpuhpc_containers/templates/90-gpuhpc-slurm-gpus.sh.j2"
 STANDINS = ROOT / "tests/standins"
 ENROOT_DIRS = ("enroot", "enroot/tmp", "enroot/run", "enroot/cache", "enroot/data")
 
@@ -188,7 +194,16 @@ def pyxis_cluster() -> Iterator[PrivateSlurm]:
             fh.write(f"ENROOT_RUNTIME_PATH {base}/enroot/run/$(id -u)\nENROOT_CACHE_PATH {base}/enroot/cache/$(id -u)\n"
                      f"ENROOT_DATA_PATH {base}/enroot/data/$(id -u)\nENROOT_TEMP_PATH {base}/enroot/tmp\n"
                      f"ENROOT_ALLOW_HTTP yes\nENROOT_SQUASH_OPTIONS {SQUASH_OPTIONS}\n")
-        shutil.copy(HOOK, prefix / "etc" / "enroot" / "hooks.d" / HOOK.name)
+        importer = base / "gpu-importer"
+        importer.write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(ROOT))} exec {shlex.quote(sys.executable)} "
+                            "-m gpuhpc.containers.importer \"$@\"\n")
+        importer.chmod(0o755)
+        hook = prefix / "etc" / "enroot" / "hooks.d" / HOOK.name.removesuffix(".j2")
+        jenv = jinja2.Environment(keep_trailing_newline=True)
+        jenv.filters["quote"] = shlex.quote
+        hook.write_text(jenv.from_string(HOOK.read_text()).render(ansible_managed="rendered by pyxis_cluster.py",
+                                                                  gpuhpc_containers_importer=str(importer)))
+        hook.chmod(0o755)
         for i in range(GPUS):          # gres wants character devices: NVIDIA's major, no driver behind it
             os.mknod(base / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(195, i))
         (base / "gres.conf").write_text("AutoDetect=off\n" + "".join(
@@ -210,3 +225,20 @@ def pyxis_cluster() -> Iterator[PrivateSlurm]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def shuffled_nvml(where: Path, minors: list[int]) -> dict[str, str]:
+    """A job environment whose NVML (for the GPU hook's importer) sees GPUs with the device minor
+    numbers ``minors`` in that index order (an HGX board whose /dev/nvidiaN numbering is not its
+    PCI bus order): the NVML stand-in (tests/standins/nvml_standin.py, its documented JSON state)
+    plus the minor number, which it does not answer. UUID of minor M: ``GPU-minor-M``."""
+    state = where / "nvml-state.json"
+    state.write_text(json.dumps({"driver": "535.161.08", "gpus": [
+        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-minor-{m}", "minor": m} for m in minors]}))
+    module = where / "shuffled_nvml.py"
+    module.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                      "from standins.nvml_standin import *  # noqa: F403\n\n\n"
+                      "def nvmlDeviceGetMinorNumber(h):  # noqa: N802\n    return h.data['minor']\n")
+    for p in (where, state, module):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return {"GPUHPC_NVML_MODULE": str(module), "GPUHPC_NVML_STANDIN": str(state)}

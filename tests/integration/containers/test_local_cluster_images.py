@@ -4,7 +4,7 @@ mount namespace of its own (docs/containers.md, "The local cluster"): the local 
 (scripts/services/registry.sh) pinned by digest, ``gpuhpc submit --image …@sha256:… -- cat
 /etc/os-release`` prints the image's OS; an ordinary user's file written to a mount belongs to that
 user; an NGC-style image on a GPU node asks the nvidia-container-cli stand-in (on slurmd's PATH) for
-exactly the job's GPUs; a two-node step in an image gets a container on each node; a plain ``srun
+exactly the job's GPUs, by UUID; a two-node step in an image gets a container on each node; a plain ``srun
 --container-image`` or ``sbatch --container-image`` of an ordinary user meets the site's image policy
 in pyxis' importer (the role's ``gpuhpc_containers_importer_python``). Skipped, saying why, on a local
 cluster without containers where no mirror was given; with a mirror, missing containers fail."""
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import registry_image
+from pyxis_cluster import registry_image, shuffled_nvml
 
 from polling import wait_for
 
@@ -80,22 +80,27 @@ def test_an_ordinary_users_file_in_a_mount_belongs_to_that_user(hostile):
     assert (out / "written").stat().st_uid == hostile.uid
 
 
-def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(tmp_path):
+def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus_by_uuid(tmp_path):
     """The image sets NVIDIA_VISIBLE_DEVICES=all: enroot's 98-nvidia hook, after the role's
     90-gpuhpc-slurm-gpus.sh, asks the stand-in for the step's GPUs on that node (SLURM_STEP_GPUS),
-    not every GPU of the node."""
+    not every GPU of the node, by UUID: NVML here enumerates the node's device minors in reverse
+    (7..0), so Slurm's GPU N (gpu-nodeX-nvidiaN, minor N) is NVML's 7-N, and only the UUIDs name
+    the right ones (the role's importer maps them: python -I, the job's GPUHPC_NVML_MODULE file)."""
     image = registry_image("ngc")
     log = tmp_path / "nvidia-container-cli.log"
+    tmp_path.chmod(0o755)
     res = subprocess.run(["srun", "--partition=gpu", "--time=2", "--gres=gpu:h100:2", f"--container-image={image}",
                           "sh", "-c", 'echo "step=$SLURM_STEP_GPUS inside=$NVIDIA_VISIBLE_DEVICES"'],
-                         env=_env(GPUHPC_NVCLI_LOG=str(log)), capture_output=True, text=True, timeout=180)
+                         env=_env(GPUHPC_NVCLI_LOG=str(log), **shuffled_nvml(tmp_path, list(range(7, -1, -1)))),
+                         capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr
     line = next((x for x in res.stdout.splitlines() if x.startswith("step=")), "")
     step, inside = (kv.split("=", 1)[1] for kv in line.split())
-    assert len(step.split(",")) == 2 and inside == step, res.stdout
+    want = ",".join(f"GPU-minor-{i}" for i in step.split(","))
+    assert len(step.split(",")) == 2 and inside == want, res.stdout
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and "configure" in calls[0].split(), calls
-    assert f"--device={step}" in calls[0].split() and "--compute" in calls[0].split(), calls
+    assert f"--device={want}" in calls[0].split() and "--compute" in calls[0].split(), calls
 
 
 def test_a_two_node_step_in_an_image_gets_a_container_on_each_node():

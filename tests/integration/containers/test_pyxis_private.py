@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import NODES, ROOT, node_dir, python_image, pyxis_cluster, registry_image
+from pyxis_cluster import NODES, ROOT, node_dir, python_image, pyxis_cluster, registry_image, shuffled_nvml
 
 from polling import wait_for
 
@@ -88,10 +88,12 @@ def test_an_ordinary_user_runs_as_itself_and_owns_what_it_writes_to_a_mount(clus
         shutil.rmtree(out, ignore_errors=True)
 
 
-def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(cluster, tmp_path):
-    """The image sets NVIDIA_VISIBLE_DEVICES=all; the job holds GPUs 1 and 2 (a job on GPU 0
-    first): enroot's 98-nvidia hook, after the role's 90-gpuhpc-slurm-gpus.sh, asks the stand-in
-    on slurmd's PATH for --device=1,2, not all (nor the first two)."""
+def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus_by_uuid(cluster, tmp_path):
+    """The image sets NVIDIA_VISIBLE_DEVICES=all; the job holds Slurm's GPUs 1 and 2 (a job on GPU 0
+    first), the device files of minors 1 and 2. NVML enumerates the node's GPUs in another order
+    (minors 2, 0, 3, 1: an HGX board's PCI bus order), so NVML's GPUs 1 and 2 are minors 0 and 3:
+    enroot's 98-nvidia hook, after the role's 90-gpuhpc-slurm-gpus.sh, asks the stand-in on slurmd's
+    PATH for the UUIDs of minors 1 and 2, not for indices (nor all, nor the first two)."""
     client, env, base = cluster.client, cluster.env, cluster.base
     image = registry_image("ngc")
     holder = client.run(["sbatch", "--parsable", "--partition=pyx", "--gpus=1", "--time=2", "--wrap", "sleep 120"],
@@ -104,14 +106,30 @@ def test_an_ngc_style_image_asks_nvidia_container_cli_for_exactly_the_jobs_gpus(
         log = tmp_path / "nvidia-container-cli.log"
         res = subprocess.run(["srun", "--partition=pyx", "--time=5", "--gpus=2", f"--container-image={image}",
                               "sh", "-c", 'echo "step=$SLURM_STEP_GPUS inside=$NVIDIA_VISIBLE_DEVICES"'],
-                             env={**env, "GPUHPC_NVCLI_LOG": str(log)}, capture_output=True, text=True, timeout=180)
+                             env={**env, "GPUHPC_NVCLI_LOG": str(log), **shuffled_nvml(tmp_path, [2, 0, 3, 1])},
+                             capture_output=True, text=True, timeout=180)
     finally:
         client.run(["scancel", holder_id], check=False)
     assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
-    assert "step=1,2 inside=1,2" in res.stdout, res.stdout
+    assert "step=1,2 inside=GPU-minor-1,GPU-minor-2" in res.stdout, res.stdout
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and " configure " in f" {calls[0]} ", calls
-    assert "--device=1,2" in calls[0].split() and "--compute" in calls[0].split(), calls
+    assert "--device=GPU-minor-1,GPU-minor-2" in calls[0].split() and "--compute" in calls[0].split(), calls
+
+
+def test_an_ngc_style_image_is_refused_when_the_jobs_gpus_cannot_be_mapped(cluster, tmp_path):
+    """NVML sees no GPU with the job's device minor (a node whose gres.conf names other devices):
+    the container does not start, and the step's error names the GPU and the minors NVML has,
+    rather than handing nvidia-container-cli a Slurm index that means another GPU."""
+    image = registry_image("ngc")
+    log = tmp_path / "nvidia-container-cli.log"
+    res = subprocess.run(["srun", "--partition=pyx", "--time=5", "--gpus=1", f"--container-image={image}", "true"],
+                         env={**cluster.env, "GPUHPC_NVCLI_LOG": str(log), **shuffled_nvml(tmp_path, [7, 8])},
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode != 0, res.stdout
+    assert "cannot give the container the job's GPUs 0 by UUID" in res.stderr, res.stderr
+    assert "is none of NVML's GPUs (minors [7, 8])" in res.stderr, res.stderr
+    assert not log.exists() or not log.read_text().strip(), log.read_text()
 
 
 def _cache_env(env: dict, base: Path, tmp_path: Path, sub: str = "") -> dict:
