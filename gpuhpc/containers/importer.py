@@ -8,15 +8,20 @@ creates the container, and reads the squashfs file's path from stdout; ``PATH re
 registry not listed, or a tag where pins are required. The policy is ``/etc/gpuhpc/config.toml``'s
 (a job's ``GPUHPC_SITE_CONFIG`` may add rules, never lift them: :func:`site_policies`). An allowed
 image pinned by digest comes from the node image cache when the site has one (imported once per
-node); anything else is imported with ``enroot import`` into a file of this step that ``release``
-removes. The site installs a two-line script as PATH: ``exec PYTHON -m gpuhpc.containers.importer "$@"``.
+node); anything else is imported with ``enroot import`` into a directory of this step with a name
+nobody can know before (``mkdtemp``, 0700: another user cannot make or link the file's name
+first) that ``release`` removes. The site installs a two-line script as PATH: ``exec PYTHON -m gpuhpc.containers.importer "$@"``.
 ``PATH gpus 1,2`` prints the UUIDs of Slurm's GPUs 1 and 2 on this node (the role's enroot GPU hook:
 :mod:`gpuhpc.containers.gpus`).
 """
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import stat
 import sys
+import tempfile
 from pathlib import Path
 
 from gpuhpc.containers.cache import enroot_import, ensure, settings
@@ -25,10 +30,28 @@ from gpuhpc.containers.image import check_image
 from gpuhpc.errors import GpuhpcError
 
 
-def _step_file() -> Path:
-    base = os.environ.get("ENROOT_TEMP_PATH") or os.environ.get("TMPDIR") or "/tmp"
+def _step_prefix() -> tuple[Path, str]:
+    """(the directory for this step's import: ``ENROOT_TEMP_PATH``, ``TMPDIR`` or /tmp, the job's;
+    the name prefix of this user's step directories there)."""
+    base = Path(os.environ.get("ENROOT_TEMP_PATH") or os.environ.get("TMPDIR") or "/tmp")
     step = f"{os.environ.get('SLURM_JOB_ID', 'nojob')}.{os.environ.get('SLURM_STEP_ID', 'nostep')}"
-    return Path(base) / f"gpuhpc-import-{os.geteuid()}-{step}.sqsh"
+    return base, f"gpuhpc-import-{os.geteuid()}-{step}."
+
+
+def _step_dir() -> Path:
+    """A new directory of this step's import: a name nobody could know before (mkdtemp: made with
+    O_EXCL semantics, mode 0700, never a path that existed), in a base only root, this user or the
+    sticky bit guard (else another user could rename it away and put theirs in its place). enroot
+    writes the squashfs file inside it, where nobody else can make, replace or link a name."""
+    base, prefix = _step_prefix()
+    try:
+        st = os.stat(base)
+    except OSError as exc:
+        raise GpuhpcError(f"the import directory {base} (ENROOT_TEMP_PATH, else TMPDIR): {exc.strerror}") from None
+    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & 0o1000):
+        raise GpuhpcError(f"the import directory {base} (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}) lets other "
+                          "users replace what is made in it", hint="set TMPDIR to a directory of yours, or a sticky one")
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 
 def get(uri: str) -> str:
@@ -39,14 +62,26 @@ def get(uri: str) -> str:
     if s.enabled and ref.pinned:
         path, _ = ensure(ref, s)
         return str(path)
-    dest = _step_file()
-    dest.unlink(missing_ok=True)
-    enroot_import(ref, dest)
-    return str(dest)
+    d = _step_dir()
+    try:
+        enroot_import(ref, d / "image.sqsh")
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    return str(d / "image.sqsh")
 
 
 def release() -> None:
-    _step_file().unlink(missing_ok=True)
+    """Remove this step's import directories: this user's own (never a symlink, nor another's of
+    the same prefix)."""
+    base, prefix = _step_prefix()
+    for p in base.glob(f"{glob.escape(prefix)}*"):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
