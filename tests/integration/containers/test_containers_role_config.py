@@ -10,6 +10,11 @@ seconds: what it writes about trust (issue 39, points 3-5).
   ``ENROOT_CONFIG_PATH``; every other user's stays ``${HOME}/.config/enroot``;
 - the site policy names the registries the role was given and pins every partition by default;
   with no registry named the role stops and asks; ``any`` is written only when chosen.
+NVIDIA's container tools (issue 39.1: nvidia-container-cli, which enroot's 98-nvidia.sh calls for every
+image that sets NVIDIA_VISIBLE_DEVICES): with the site's mirror the role writes NVIDIA's apt source and
+key from it (``--tags validate,nvidia_repo``; the apt install itself needs a real mirror, none here),
+and verify (``--tags nvidia_verify``) refuses a GPU host without nvidia-container-cli, naming the
+setting; with the stand-in on the prefix's PATH it passes.
 The whole role (build, verify) is tests/integration/containers/test_containers_role.py (stage c)."""
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ PLAY = """\
 """
 
 
-def _converge(tmp: Path, name: str, more: str, before=None) -> tuple[Path, subprocess.CompletedProcess]:
+def _converge(tmp: Path, name: str, more: str, before=None,
+              tags: str = "validate,configure") -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp / name
     (root / "etc/enroot/hooks.d").mkdir(parents=True)      # what the build installs (not run here)
     if before:
@@ -49,6 +55,8 @@ gpuhpc_containers_plugstack_dir: {root}/etc/slurm/plugstack.conf.d
 gpuhpc_containers_policy_file: {root}/etc/gpuhpc/containers.toml
 gpuhpc_containers_prolog_dir: {root}/etc/gpuhpc/prolog.d
 gpuhpc_containers_pyxis_args: [runtime_path={root}/run/pyxis]
+gpuhpc_containers_apt_sources_dir: {root}/etc/apt/sources.list.d
+gpuhpc_containers_apt_keyrings_dir: {root}/etc/apt/keyrings
 {more}""")
     venv_bin = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
@@ -56,7 +64,7 @@ gpuhpc_containers_pyxis_args: [runtime_path={root}/run/pyxis]
                 "ANSIBLE_COLLECTIONS_PATH": str(REPO / "ansible"),
                 "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible-tmp"), "ANSIBLE_NOCOLOR": "1", "NO_COLOR": "1",
                 "PATH": f"{venv_bin}{os.pathsep}{env.get('PATH', '')}"})
-    proc = subprocess.run([str(venv_bin / "ansible-playbook"), "-i", "localhost,", str(play), "--tags", "validate,configure",
+    proc = subprocess.run([str(venv_bin / "ansible-playbook"), "-i", "localhost,", str(play), "--tags", tags,
                            "-e", "ansible_connection=local", "-e", f"ansible_python_interpreter={sys.executable}",
                            "-e", f"@{extra}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     return root, proc
@@ -125,3 +133,43 @@ def test_no_registry_named_stops_the_role_and_any_is_an_explicit_choice(tmp_path
     text = (root / "etc/gpuhpc/containers.toml").read_text()
     assert "gpuhpc_containers_allowed_registries: any" in text
     assert tomllib.loads(text)["containers"] == {"allowed_registries": [], "require_digest_partitions": []}
+
+
+KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n(the mirror's copy of NVIDIA's key)\n-----END PGP PUBLIC KEY BLOCK-----\n"
+
+
+def test_with_the_site_mirror_the_role_writes_nvidias_apt_source_and_key_from_it(tmp_path):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "gpgkey").write_text(KEY)
+    root, proc = _converge(tmp_path, "nv", f"gpuhpc_containers_allowed_registries: [nvcr.io]\n"
+                                          f"gpuhpc_containers_nvidia_repo: file://{mirror}/\n", tags="validate,nvidia_repo",
+                           before=lambda r: (r / "etc/apt/sources.list.d").mkdir(parents=True))   # apt's own
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    key = root / "etc/apt/keyrings/nvidia-container-toolkit.asc"
+    assert key.read_text() == KEY and _mode(key)[1] == 0o644
+    source = (root / "etc/apt/sources.list.d/nvidia-container-toolkit.list").read_text().splitlines()
+    assert source[1:] == [f"deb [signed-by={key}] file://{mirror}/stable/deb/$(ARCH) /"], source
+    _, bad = _converge(tmp_path, "nvbad", "gpuhpc_containers_allowed_registries: [nvcr.io]\n"
+                                          "gpuhpc_containers_nvidia_repo: 'https://mirror.example.org/x y'\n",
+                       tags="validate,nvidia_repo")
+    assert bad.returncode != 0 and "gpuhpc_containers_nvidia_repo must be the URL of the site's mirror" in bad.stdout, \
+        bad.stdout[-3000:]
+    assert not (tmp_path / "nvbad/etc/apt/sources.list.d").exists()
+
+
+def test_verify_refuses_a_gpu_host_without_nvidia_container_cli_and_passes_with_it(tmp_path):
+    more = "gpuhpc_containers_allowed_registries: [nvcr.io]\ngpuhpc_containers_nvidia: true\n"
+    _, missing = _converge(tmp_path, "gpu", more, tags="nvidia_verify")
+    assert missing.returncode != 0, missing.stdout[-3000:]
+    assert ("nvidia-container-cli (libnvidia-container-tools) is missing on localhost: enroot's 98-nvidia.sh fails "
+            "every image that sets NVIDIA_VISIBLE_DEVICES (NGC images). Set gpuhpc_containers_nvidia_repo") \
+        in missing.stdout, missing.stdout[-3000:]
+
+    def standin(root: Path) -> None:        # nvidia-container-cli on the prefix's PATH (tests/standins)
+        (root / "usr/local/bin").mkdir(parents=True)
+        (root / "usr/local/bin/nvidia-container-cli").symlink_to(REPO / "tests/standins/nvidia-container-cli")
+    _, found = _converge(tmp_path, "gpu2", more, before=standin, tags="nvidia_verify")
+    assert found.returncode == 0, found.stdout[-3000:]
+    _, cpu = _converge(tmp_path, "cpu", "gpuhpc_containers_allowed_registries: [nvcr.io]\n", tags="nvidia_verify")
+    assert cpu.returncode == 0, cpu.stdout[-3000:]          # auto: no NVIDIA driver on this host, no GPUs to give
