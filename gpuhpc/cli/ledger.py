@@ -298,3 +298,13 @@ def user_add(name: str, account: str, default: bool) -> None:
     admin_only("ledger user add")
     created = admin.add_user(name, account, default=default)
     sys.stderr.write(f"user {name} {'added to' if created else 'already in'} {account}\n")
+
+
+def _register() -> None:
+    from gpuhpc.cli import ledger_adjust
+
+    for c in ledger_adjust.COMMANDS:
+        ledger.add_command(c)
+
+
+_register()

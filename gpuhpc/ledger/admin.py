@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.ledger import db, pricing, quota
+from gpuhpc.ledger import audit, db, pricing, quota
 from gpuhpc.ledger.orm import (Account, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier, Quota,
                                QuotaUsage, Reservation, ReservationStatus, User, utcnow)
 
@@ -129,6 +129,7 @@ def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = 
     frac = pricing.parse_fraction(fraction or "1") if base else None
     with db.session_scope(url) as s:
         row = s.scalar(select(GpuPrice).where(GpuPrice.gpu_type == gpu_type, GpuPrice.effective_from == eff))
+        before = None if row is None else _price_dict(row)
         if row is None:
             row = GpuPrice(gpu_type=gpu_type, effective_from=eff)
             s.add(row)
@@ -137,6 +138,14 @@ def set_price(gpu_type: str, *, rate: Decimal | None = None, base: str | None = 
         row.fraction_num = frac.numerator if frac else None
         row.fraction_den = frac.denominator if frac else None
         row.currency = currency
+        audit.record(s, "price.set", f"gpu {gpu_type} from {eff.isoformat()}", before, _price_dict(row))
+
+
+def _price_dict(row: GpuPrice) -> dict:
+    return {"rate": None if row.rate is None else str(pricing.to_decimal(Decimal(row.rate))),
+            "of": row.base_gpu_type,
+            "fraction": f"{row.fraction_num}/{row.fraction_den}" if row.base_gpu_type else None,
+            "currency": row.currency}
 
 
 def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from: dt.datetime | None = None,
@@ -148,10 +157,13 @@ def set_multiplier(kind: str, name: str, multiplier: Decimal, *, effective_from:
             _refuse_qos_with_money(s, name)
         row = s.scalar(select(PriceMultiplier).where(PriceMultiplier.kind == k, PriceMultiplier.name == name,
                                                      PriceMultiplier.effective_from == eff))
+        before = None if row is None else {"multiplier": str(pricing.to_decimal(Decimal(row.multiplier)))}
         if row is None:
             row = PriceMultiplier(kind=k, name=name, effective_from=eff, multiplier=multiplier)
             s.add(row)
         row.multiplier = multiplier
+        audit.record(s, "multiplier.set", f"{k.value} {name} from {eff.isoformat()}", before,
+                     {"multiplier": str(pricing.to_decimal(Decimal(multiplier)))})
 
 
 # Slurm bills a job by its partition's TRESBillingWeights only: a QOS multiplier lives in the ledger
@@ -198,6 +210,7 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
         if money is not None:
             _refuse_money_with_qos(s)
         q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)).with_for_update())
+        before = None if q is None else _quota_dict(q)
         if q is None:
             q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p)
             s.add(q)
@@ -209,6 +222,18 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
         q.gpu_hours = gpu_hours
         q.money = money
         q.updated_at = utcnow()
+        audit.record(s, "quota.set", _quota_target(account, user), before, _quota_dict(q))
+
+
+def _quota_target(account: str, user: str | None) -> str:
+    return f"account {account}" + (f" user {user}" if user else "")
+
+
+def _quota_dict(q: Quota) -> dict:
+    def d(v: Decimal | None) -> str | None:
+        return None if v is None else str(pricing.to_decimal(Decimal(v)))
+
+    return {"period": Period(q.period).value, "gpu_hours": d(q.gpu_hours), "money": d(q.money)}
 
 
 def remove_quota(account: str, *, user: str | None = None, url: str | None = None) -> bool:
@@ -222,6 +247,7 @@ def remove_quota(account: str, *, user: str | None = None, url: str | None = Non
         q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)))
         if q is None:
             return False
+        audit.record(s, "quota.remove", _quota_target(account, user if uid else None), _quota_dict(q), None)
         s.delete(q)
         return True
 

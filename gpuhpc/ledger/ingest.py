@@ -32,9 +32,9 @@ from typing import NamedTuple
 from sqlalchemy import delete, insert, select, tuple_
 from sqlalchemy.orm import Session
 
-from gpuhpc.ledger import db, periods, pricing
+from gpuhpc.ledger import adjust, audit, db, periods, pricing
 from gpuhpc.ledger import admin as q
-from gpuhpc.ledger.orm import (Account, IngestState, JobMetric, Quota, QuotaUsage, Reservation, ReservationHold,
+from gpuhpc.ledger.orm import (Account, Adjustment, IngestState, JobMetric, Quota, QuotaUsage, Reservation, ReservationHold,
                                ReservationStatus, UsageRecord, User, utcnow)
 from gpuhpc.slurm.parsers import AcctRow
 from gpuhpc.slurm.state import JobState
@@ -177,6 +177,8 @@ class IngestResult:
     metrics: int = 0
     batches: int = 0
     utilisation: int = 0          # run utilisation summaries stored (gpuhpc.monitoring.summaries)
+    refunds: int = 0              # NODE_FAIL runs refunded (the node_fail_refund policy)
+    refunded_amount: Decimal = ZERO
 
     def as_dict(self) -> dict:
         return {k: (str(v) if isinstance(v, Decimal) else v) for k, v in self.__dict__.items()}
@@ -277,7 +279,8 @@ class ChargeRow(NamedTuple):
     amount: Decimal
     bucket_at: dt.datetime
     created_at: dt.datetime
-    kind: str = "usage"          # or "reprice": a run charged 0 for want of a price, charged now
+    kind: str = "usage"          # or "reprice": a run charged 0 for want of a price, charged now; "refund"
+    adjustment_id: int | None = None     # a refund's adjustment (gpuhpc.ledger.adjust)
 
 
 class PricedRun(NamedTuple):
@@ -293,7 +296,7 @@ _USAGE_INSERT = ("INSERT INTO usage_records (cluster, job_id, array_task_id, run
                  "user_name, account_name, partition, qos, gpu_type, gpus, job_name, gpu_hours, amount, priced) "
                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 _CHARGE_INSERT = ("INSERT INTO charges (usage_id, reservation_id, account_name, user_name, gpu_hours, rate, amount, "
-                  "bucket_at, created_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                  "bucket_at, created_at, kind, adjustment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
 
 def _chunks(ids: set[str], n: int = 500) -> Iterator[list[str]]:
@@ -463,7 +466,57 @@ class _Batch:
         if self.charges:
             tx.execute_many(_CHARGE_INSERT, [
                 (c.usage_id, c.reservation_id, c.account, c.user, num(c.gpu_hours), num(c.rate),
-                 num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind) for c in self.charges])
+                 num(c.amount), ts(c.bucket_at), ts(c.created_at), c.kind, c.adjustment_id) for c in self.charges])
+        self.charges = []
+
+    def refund_node_fail(self, runs: list[Run]) -> None:
+        """The ``node_fail_refund`` policy: a run that ended NODE_FAIL gets back what its charges
+        net to, per day they were booked in (a ``refund`` charge each, with one adjustment per
+        run saying why), so each quota period gets back what it counted. Idempotent: a run
+        refunded before nets to zero and books nothing; a later top-up is refunded too."""
+        failed = [r for r in runs if r.state.startswith("NODE_FAIL")]
+        if not failed:
+            return
+        by_cluster: dict[str, set[str]] = defaultdict(set)
+        for r in failed:
+            by_cluster[r.cluster].add(r.job_id)
+        ids = dict(self._stored("id", by_cluster))
+        uid_of = {ids[self.key(r)]: r for r in failed if self.key(r) in ids}
+        tx = self.tx
+        nets: dict[int, list[tuple[dt.datetime, Decimal, Decimal]]] = defaultdict(list)
+        chunk_ids = sorted(uid_of)
+        for i in range(0, len(chunk_ids), 500):
+            chunk = chunk_ids[i:i + 500]
+            for uid, at, h, m in tx.execute(
+                    f"SELECT usage_id, bucket_at, sum(gpu_hours), sum(amount) FROM charges WHERE usage_id IN "
+                    f"({', '.join('?' * len(chunk))}) GROUP BY usage_id, bucket_at", chunk).fetchall():
+                h, m = pricing.to_decimal(tx.dec(h)), pricing.to_decimal(tx.dec(m))
+                if h or m:
+                    nets[uid].append((tx.parse_ts(at), h, m))
+        who = f"policy node_fail_refund ({audit.actor(self.s)})"[:128]
+        for uid, parts in sorted(nets.items()):
+            run = uid_of[uid]
+            hours, money = sum((p[1] for p in parts), ZERO), sum((p[2] for p in parts), ZERO)
+            job = run.job_id if run.array_task_id < 0 else f"{run.job_id}_{run.array_task_id}"
+            a = Adjustment(kind="refund", account_name=run.account, user_name=run.user, cluster=run.cluster,
+                           job_id=job[:32], gpu_hours=-hours, amount=-money,
+                           reason=f"NODE_FAIL: run started {run.run_start.isoformat()} refunded by the "
+                                  f"node_fail_refund policy", detail="", bucket_at=min(p[0] for p in parts),
+                           created_by=who, created_at=self.now)
+            self.s.add(a)
+            self.s.flush()
+            for at, h, m in parts:
+                for quota in self.books.quotas_for(run.account, run.user):
+                    self.books.add_used(quota, at, -h, -m)
+                self.charges.append(ChargeRow(uid, None, run.account, run.user, -h, ZERO, -m, at, self.now,
+                                              "refund", a.id))
+            audit.record(self.s, "adjust.refund", f"account {run.account} user {run.user} job {job}", None,
+                         {"adjustment": a.id, "gpu_hours": str(-hours), "amount": str(-money)})
+            self.res.refunds += 1
+            self.res.refunded_amount += money
+        self.books.apply()
+        self.s.flush()
+        self.insert_charges()
 
     def settle(self) -> None:
         """Release what is left of the holds of reservations whose jobs are over."""
@@ -499,6 +552,8 @@ class _Batch:
         self.books.apply()
         self.s.flush()              # counters and holds, before the charges and the settlement below them
         self.insert_charges()
+        if adjust.policy(self.s, "node_fail_refund") == "on":
+            self.refund_node_fail(runs)
         self.settle()
         self.s.flush()
         self.res.batches += 1

@@ -242,14 +242,21 @@ class UsageRecord(Base):
 
 
 class Charge(Base):
-    """Append-only money entries: a run's first charge, then adjustments (e.g. a running job
-    settled again once it ended). ``bucket_at`` decides which quota period it counts in."""
+    """Append-only money entries (a trigger refuses UPDATE and DELETE, migration 0009): a run's
+    first charge, then top-ups (a running job settled again once it ended) and adjustments.
+    ``bucket_at`` decides which quota period it counts in. ``kind``: usage, reprice (a run
+    charged 0 for want of a price, charged now), adjust (a credit or debit), refund (a NODE_FAIL
+    run, by policy), correction (``gpuhpc ledger reprice``); the last three point at their
+    :class:`Adjustment`."""
 
     __tablename__ = "charges"
     __table_args__ = (Index("ix_charges_account_bucket", "account_name", "bucket_at"),)
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    usage_id: Mapped[int] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"))
+    # NULL for an adjustment of an account rather than of a run (migration 0009)
+    usage_id: Mapped[int | None] = mapped_column(ForeignKey("usage_records.id", ondelete="CASCADE"))
     reservation_id: Mapped[int | None] = mapped_column(ForeignKey("reservations.id", ondelete="SET NULL"))
+    adjustment_id: Mapped[int | None] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), ForeignKey("adjustments.id"))
     account_name: Mapped[str] = mapped_column(String(64))
     user_name: Mapped[str] = mapped_column(String(64))
     gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
@@ -257,7 +264,54 @@ class Charge(Base):
     amount: Mapped[Decimal] = mapped_column(MONEY)
     bucket_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
-    kind: Mapped[str] = mapped_column(String(16), default="usage", server_default="usage")   # usage | reprice
+    kind: Mapped[str] = mapped_column(String(16), default="usage", server_default="usage")
+
+
+class Adjustment(Base):
+    """Why some charges were booked (migration 0009): a credit or debit with its reason, an
+    automatic NODE_FAIL refund, or a rate correction over a period; its money is in the charges
+    that point at it (``Charge.adjustment_id``). Signed: a credit is negative. Append-only."""
+
+    __tablename__ = "adjustments"
+    __table_args__ = (Index("ix_adjustments_account_bucket", "account_name", "bucket_at"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))                  # credit | debit | refund | correction
+    account_name: Mapped[str] = mapped_column(String(64))
+    user_name: Mapped[str] = mapped_column(String(64), default="")  # "" = the account as a whole
+    cluster: Mapped[str | None] = mapped_column(String(64))
+    job_id: Mapped[str | None] = mapped_column(String(32))
+    gpu_hours: Mapped[Decimal] = mapped_column(HOURS)
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    reason: Mapped[str] = mapped_column(Text)
+    detail: Mapped[str] = mapped_column(Text, default="")         # JSON (a correction's rate, window, type)
+    bucket_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class LedgerAudit(Base):
+    """Who changed prices, multipliers, quotas, policies and adjustments, when, from what to
+    what (JSON). Append-only; admins only (migration 0009)."""
+
+    __tablename__ = "ledger_audit"
+    __table_args__ = (Index("ix_ledger_audit_at", "at"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(255))
+    before: Mapped[str | None] = mapped_column(Text)
+    after: Mapped[str | None] = mapped_column(Text)
+
+
+class LedgerPolicy(Base):
+    """A named ledger switch (``node_fail_refund``); admins only (migration 0009)."""
+
+    __tablename__ = "ledger_policies"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(255))
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class JobMetric(Base):

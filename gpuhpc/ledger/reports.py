@@ -21,7 +21,7 @@ from sqlalchemy import or_, select
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.ledger import admin, db, periods, pricing
-from gpuhpc.ledger.orm import JobMetric, UsageRecord
+from gpuhpc.ledger.orm import Charge, JobMetric, UsageRecord
 
 GROUPS = {"user": "user_name", "account": "account_name", "partition": "partition", "gpu-type": "gpu_type"}
 PERIODS = ("day", "week", "month")
@@ -35,6 +35,7 @@ class CostRow:
     gpu_hours: Decimal = ZERO
     cost: Decimal = ZERO
     jobs: set[str] = field(default_factory=set)
+    adjustments: Decimal = ZERO   # of cost: credits, debits, refunds, corrections dated in this period
     work: dict[str, float] = field(default_factory=lambda: defaultdict(float))         # metric -> units done
     work_cost: dict[str, Decimal] = field(default_factory=lambda: defaultdict(Decimal))  # cost of runs with it
 
@@ -46,7 +47,8 @@ class CostRow:
 
     def as_dict(self, metrics: list[str]) -> dict:
         d = {"period_start": self.period_start.date().isoformat(), "key": self.key,
-             "gpu_hours": str(self.gpu_hours), "cost": str(self.cost), "jobs": len(self.jobs)}
+             "gpu_hours": str(self.gpu_hours), "cost": str(self.cost), "jobs": len(self.jobs),
+             "adjustments": str(self.adjustments)}
         for m in metrics:
             v = self.per_million(m)
             d[f"cost_per_1m_{unit(m)}"] = None if v is None else str(v)
@@ -141,6 +143,28 @@ def cost_report(*, by: str = "account", period: str = "month", since: dt.datetim
                     names.add(name)
                     row.work[name] += value * (to - frm).total_seconds()
                     row.work_cost[name] += cost
+        # adjustments (gpuhpc.ledger.adjust): their charges, in the period of their date
+        adj = (select(Charge.bucket_at, Charge.gpu_hours, Charge.amount, Charge.account_name, Charge.user_name,
+                      UsageRecord.partition, UsageRecord.gpu_type, Charge.usage_id)
+               .outerjoin(UsageRecord, UsageRecord.id == Charge.usage_id)
+               .where(Charge.adjustment_id.is_not(None)))
+        if since is not None:
+            adj = adj.where(Charge.bucket_at >= since)
+        if until is not None:
+            adj = adj.where(Charge.bucket_at < until)
+        for at, hours, amount, account, user, partition, gpu_type, usage_id in s.execute(adj):
+            key = {"account": account, "user": user or "-", "partition": partition or "-",
+                   "gpu-type": (gpu_type or "cpu") if usage_id is not None else "-"}[by]
+            ps = periods.period_start(period, at, tz).astimezone(tz)
+            row = rows.get((ps, key))
+            if row is None:
+                row = rows[(ps, key)] = CostRow(ps, key)
+            hours, amount = Decimal(hours), Decimal(amount)
+            row.gpu_hours += hours
+            row.cost += amount
+            row.adjustments += amount
+            by_gpu[(gpu_type or "cpu") if usage_id is not None else "adjustments"] += amount
+            total += amount
     ordered = sorted(rows.values(), key=lambda x: (x.period_start, -x.cost, x.key))
     return CostReport(by, period, ordered, sorted(names), dict(sorted(by_gpu.items(), key=lambda kv: -kv[1])), total)
 
