@@ -2,14 +2,20 @@
 
 * ``$ per million samples`` of a configuration = price per GPU-hour x its GPUs / (throughput x 3600) x 10^6;
 * scaling efficiency = throughput / (GPUs x the 1-GPU throughput at the same per-GPU batch size);
-* the recommendation: the lowest $ per million samples (the highest throughput per GPU when no
-  price is known), the higher throughput on a tie;
+* a trial's throughput: the median of its reports after the warm-up ones (the sprint's
+  ``warmup``), with their spread (lowest and highest) beside it;
+* the recommendation, with a ``goal`` (N samples by a deadline): the cheapest configuration that
+  finishes N samples in the time left (fewest GPU-hours when no price is known), the faster on a
+  tie; none finishing in time names the fastest and how long it needs. Without a goal: the lowest
+  $ per million samples (the highest throughput per GPU when no price is known);
 * a bottleneck guess where throughput stops rising while utilisation is low: communication
   (spread slower than one leaf, or poor scaling across GPUs/nodes), CPU (the CPUs near full),
-  else input (nothing else explains idle GPUs).
+  else input (nothing else explains idle GPUs). With utilisation unknown the last is
+  ``unknown``: idle GPUs are not known to be idle.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -32,6 +38,8 @@ class TrialRecord:
     rate: Decimal | None = None             # price per GPU-hour
     job_id: str = ""
     trial: int = 0
+    spread: tuple[float, float] | None = None   # lowest and highest report after the warm-up
+    reports: int = 0                        # reports the throughput is the median of (0: one final value)
 
     @property
     def gpus(self) -> int:
@@ -45,6 +53,34 @@ class TrialRecord:
         c = self.config
         return (f"bs{c.get('batch_size', 1)} {c.get('nodes', 1)}x{c.get('gpus_per_node', 1)}gpu "
                 f"{c.get('placement', 'one-leaf')}")
+
+
+def throughput_of(history: list[float], warmup: int) -> tuple[float | None, tuple[float, float] | None, int]:
+    """(median, (lowest, highest), reports used) of a trial's reports of the metric after the first
+    ``warmup``; with no more than ``warmup`` reports, the last one alone (no spread, 0 used)."""
+    steady = [v for v in history[warmup:] if v == v]          # NaN never reaches a median
+    if not steady:
+        return (history[-1] if history else None), None, 0
+    return statistics.median(steady), (min(steady), max(steady)), len(steady)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """N samples in ``hours`` (the time left until the deadline when the result is made)."""
+    samples: int
+    hours: float
+    deadline: str = ""                     # as written, for the reason
+
+
+def hours_for(r: TrialRecord, goal: Goal) -> float | None:
+    return goal.samples / r.throughput / 3600 if r.ok else None
+
+
+def cost_for(r: TrialRecord, goal: Goal) -> Decimal | None:
+    h = hours_for(r, goal)
+    if h is None or r.rate is None:
+        return None
+    return (r.rate * r.gpus * Decimal(repr(h))).quantize(Decimal("0.01"))
 
 
 def cost_per_million(r: TrialRecord) -> Decimal | None:
@@ -71,7 +107,33 @@ def scaling(records: list[TrialRecord]) -> dict[int, float | None]:
     return out
 
 
-def recommend(records: list[TrialRecord]) -> tuple[TrialRecord | None, str]:
+def recommend_for_goal(records: list[TrialRecord], goal: Goal) -> tuple[TrialRecord | None, str]:
+    """The cheapest configuration that finishes ``goal.samples`` in ``goal.hours``."""
+    done = [r for r in records if r.ok]
+    if not done:
+        return None, "no configuration completed with a throughput"
+    fits = [r for r in done if hours_for(r, goal) <= goal.hours]
+    by = f"{goal.samples:,} samples by {goal.deadline or f'{goal.hours:.1f} h from now'}"
+    if not fits:
+        fastest = max(done, key=lambda r: (r.throughput, -r.gpus, -r.trial))
+        return None, (f"no configuration finishes {by} ({goal.hours:.1f} h left): the fastest, trial "
+                      f"{fastest.trial} ({fastest.label()}), needs {hours_for(fastest, goal):.1f} h")
+    priced = [r for r in fits if cost_for(r, goal) is not None]
+    if priced:
+        best = min(priced, key=lambda r: (cost_for(r, goal), hours_for(r, goal), r.trial))
+        why = (f"cheapest configuration that finishes {by}: {hours_for(best, goal):.1f} h on {best.gpus} GPU(s), "
+               f"{cost_for(best, goal)} at {best.rate}/GPU-hour")
+    else:
+        best = min(fits, key=lambda r: (hours_for(r, goal) * r.gpus, hours_for(r, goal), r.trial))
+        why = (f"no price known: fewest GPU-hours that finish {by}: {hours_for(best, goal):.1f} h on "
+               f"{best.gpus} GPU(s) = {hours_for(best, goal) * best.gpus:.1f} GPU-hours")
+    others = len(fits) - 1
+    return best, why + (f" ({others} other configuration(s) also finish in time)" if others else "")
+
+
+def recommend(records: list[TrialRecord], goal: Goal | None = None) -> tuple[TrialRecord | None, str]:
+    if goal is not None:
+        return recommend_for_goal(records, goal)
     done = [r for r in records if r.ok]
     if not done:
         return None, "no configuration completed with a throughput"
@@ -121,10 +183,14 @@ def bottlenecks(records: list[TrialRecord]) -> list[dict[str, Any]]:
                               if o.config.get("batch_size", 1) < r.config.get("batch_size", 1)),
                              key=lambda o: -o.config.get("batch_size", 1))
             if smaller and r.throughput < smaller[0].throughput * PLATEAU:
-                guess = "CPU" if (r.cpu_percent or 0) >= HIGH_CPU else "input"
+                # idle GPUs point at the input pipeline only when the GPUs are known to be idle
+                guess = ("CPU" if (r.cpu_percent or 0) >= HIGH_CPU else
+                         "input" if r.util_percent is not None else "unknown")
                 why = (f"raising the batch from {smaller[0].config['batch_size']} gives {r.throughput:.0f} samples/s "
-                       f"vs {smaller[0].throughput:.0f}" + (f", CPUs {r.cpu_percent:.0f}% busy" if guess == "CPU"
-                                                             else ": the input pipeline does not keep up"))
+                       f"vs {smaller[0].throughput:.0f}" + (
+                           f", CPUs {r.cpu_percent:.0f}% busy" if guess == "CPU" else
+                           ": the input pipeline does not keep up" if guess == "input" else
+                           ": a plateau, but with no GPU utilisation figure its cause is not known"))
         if guess is not None:
             out.append({"trial": r.trial, "config": r.label(), "bottleneck": guess, "why": f"{why}; {util}"})
     return out
@@ -147,19 +213,28 @@ class SprintResult:
                 "notes": self.notes}
 
 
-def analyse(name: str, metric: str, records: list[TrialRecord]) -> SprintResult:
+def analyse(name: str, metric: str, records: list[TrialRecord], goal: Goal | None = None) -> SprintResult:
     eff = scaling(records)
     rows = []
     for r in records:
         cpm = cost_per_million(r)
+        goal_figs = {}
+        if goal is not None:
+            h, c = hours_for(r, goal), cost_for(r, goal)
+            goal_figs = {"hours_for_goal": None if h is None else round(h, 2),
+                         "cost_for_goal": None if c is None else float(c),
+                         "finishes_in_time": None if h is None else h <= goal.hours}
         rows.append({"trial": r.trial, **r.config, "gpus": r.gpus, "state": r.state, "job_id": r.job_id,
                      "throughput": None if r.throughput is None else round(r.throughput, 3),
+                     "throughput_low": None if r.spread is None else round(r.spread[0], 3),
+                     "throughput_high": None if r.spread is None else round(r.spread[1], 3),
+                     "reports": r.reports, **goal_figs,
                      "usd_per_million": None if cpm is None else float(cpm),
                      "scaling_efficiency": eff.get(r.trial),
                      "gpu_util_percent": None if r.util_percent is None else round(r.util_percent, 1),
                      "util_source": r.util_source,
                      "cpu_percent": None if r.cpu_percent is None else round(r.cpu_percent, 1),
                      "rate_per_gpu_hour": None if r.rate is None else float(r.rate)})
-    best, reason = recommend(records)
+    best, reason = recommend(records, goal)
     return SprintResult(name, metric, rows, next((row for row in rows if best and row["trial"] == best.trial), None),
                         reason, bottlenecks(records))

@@ -17,6 +17,10 @@ A sprint file (YAML)::
     resources: {partition: gpu, time: 2m}   # every trial's job (a sweep file's resources)
     template: single                # how a trial starts (default single: one process)
     multi_node_template: torchrun   # ... and a multi-node configuration when template is single (default)
+    goal: {samples: 2000000000, deadline: 48h}   # the question: the cheapest configuration that
+                                    # finishes N samples by the deadline (a duration from now, or
+                                    # an ISO 8601 time with its zone: 2026-12-05T18:00+01:00)
+    warmup: 1                       # reports at each trial's start left out of its throughput
 
 Each axis is a grid parameter of the sweep. ``batch_size`` reaches the command as
 ``{batch_size}``; GPUs per node, nodes and placement are each configuration's own Slurm request
@@ -34,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.sprints.analysis import Goal
 
 AXES = ("batch_size", "gpus_per_node", "nodes", "placement")
 PLACEMENTS = ("one-leaf", "spread", "one-nvlink")
@@ -79,6 +84,21 @@ class Budget(BaseModel):
     cost: Decimal | None = Field(None, gt=0)       # the same, priced
 
 
+class GoalSpec(BaseModel):
+    """``goal:``: N samples by a deadline."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    samples: int = Field(gt=0)
+    deadline: str = Field(min_length=1, max_length=64)
+
+    @field_validator("samples", mode="before")
+    @classmethod
+    def _whole(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{v!r} is not a whole number of samples >= 1")
+        return v
+
+
 class SprintSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -94,6 +114,8 @@ class SprintSpec(BaseModel):
     request: bool = True            # GPUs per node / nodes / placement as real Slurm requests
     template: Literal["single", "torchrun", "deepspeed", "mpi"] = "single"
     multi_node_template: Literal["torchrun", "deepspeed", "mpi"] = "torchrun"
+    goal: GoalSpec | None = None
+    warmup: int = Field(1, ge=0, le=1000)   # reports left out at each trial's start
 
     @field_validator("prices")
     @classmethod
@@ -235,11 +257,40 @@ def from_mapping(data: Any, source: str = "sprint file") -> SprintSpec:
     if spec.request and "one-nvlink" in spec.axes.placement and spec.resources.get("constraint"):
         raise UserInputError("placement one-nvlink sets each multi-node trial's constraint ([nvl-a|nvl-b...])",
                              field="resources.constraint", hint="drop resources.constraint, or one-nvlink")
+    goal_of(spec)                   # a deadline that is no time, or one in the past: exit 2 now
     if spec.budget.gpu_hours is not None and spec.worst_gpu_hours() > spec.budget.gpu_hours + 1e-9:
         raise UserInputError(f"the configurations may use {spec.worst_gpu_hours():.2f} GPU-hours (their GPUs x the "
                              f"trial time limit), the budget is {spec.budget.gpu_hours}", field="budget.gpu_hours",
                              hint="fewer axes values or a shorter resources.time")
     return spec
+
+
+def goal_of(spec: SprintSpec, now: Any = None) -> Goal | None:
+    """The sprint's goal with the hours left: ``goal.deadline`` is a duration from ``now`` (``48h``,
+    ``2d``, Slurm's ``2-00:00:00``) or an ISO 8601 time with its zone. Exit 2 naming the field for
+    a time without a zone, one in the past, or neither."""
+    import datetime as dt
+
+    from gpuhpc.jobs.spec import parse_duration
+
+    if spec.goal is None:
+        return None
+    text = spec.goal.deadline.strip()
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        when = None
+    if when is not None:
+        if when.tzinfo is None:
+            raise UserInputError(f"{text!r} has no time zone", field="goal.deadline",
+                                 hint="add one, e.g. 2026-12-05T18:00+01:00 or ...Z, or write a duration: 48h")
+        hours = (when - now).total_seconds() / 3600
+        if hours <= 0:
+            raise UserInputError(f"{text} is in the past", field="goal.deadline", hint="a later time, or a duration: 48h")
+    else:
+        hours = parse_duration(text, "goal.deadline") / 3600
+    return Goal(spec.goal.samples, hours, text)
 
 
 def load_file(path: str) -> SprintSpec:
