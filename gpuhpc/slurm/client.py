@@ -2,23 +2,37 @@
 
 It combines the pure builders (:mod:`gpuhpc.slurm.commands`), the pure parsers
 (:mod:`gpuhpc.slurm.parsers`) and a :class:`~gpuhpc.transport.Runner` (local subprocess or
-SSH): Slurm's command-line tools are the one backend (PyPI has no pyslurm for Slurm 22.05).
+SSH). Jobs, nodes, partitions and accounting are read through one of three transports, chosen
+once per client (:attr:`SlurmClient.transport`):
+
+- ``pyslurm``: Slurm's C API in-process (:mod:`gpuhpc.slurm.pyslurm_reads`), on a local runner
+  where an importable pyslurm has the running Slurm's major.minor (PyPI has pyslurm 25.11 only);
+- ``json``: ``squeue/sacct --json`` on Slurm >= 23.02;
+- ``cli``: the framed text parsers (Slurm 22.05, whose ``--json`` drops rows).
+
+``GPUHPC_SLURM_TRANSPORT`` (auto | pyslurm | json | cli) forces one; :attr:`SlurmClient.calls`
+counts which transport served each read.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import functools
+import os
 import posixpath
 from collections.abc import Iterable, Sequence
 
 from typing import TYPE_CHECKING
 
-from gpuhpc.errors import GpuhpcError, SlurmError, TransportError
+from gpuhpc.errors import GpuhpcError, SlurmError, TransportError, UserInputError
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.transport import CommandResult, Runner, default_runner
 
 JOB_STARTERS = frozenset({"sbatch", "srun", "salloc"})   # their environment becomes the job's
+TRANSPORTS = ("pyslurm", "json", "cli")
+TRANSPORT_ENV = "GPUHPC_SLURM_TRANSPORT"
+JSON_SINCE = (23, 2)          # the first Slurm whose squeue/sacct --json keep every row and filter
 
 if TYPE_CHECKING:
     from gpuhpc.slurm import parsers
@@ -32,6 +46,10 @@ def _row_tag() -> str:
     return "\x1e" + secrets.token_hex(12)
 
 
+def _dotted(version: tuple[int, int, int]) -> str:
+    return f"{version[0]}.{version[1]:02d}.{version[2]}"
+
+
 def _parsers():
     # imported on first use: `gpuhpc submit` needs only parse_sbatch_parsable, and building the
     # parsers' dataclasses costs milliseconds of CLI start-up
@@ -41,9 +59,16 @@ def _parsers():
 
 
 class SlurmClient:
-    def __init__(self, runner: Runner | None = None, *, timeout: float = 60.0) -> None:
+    def __init__(self, runner: Runner | None = None, *, timeout: float = 60.0,
+                 transport: str | None = None) -> None:
         self.runner = runner or default_runner()
         self.timeout = timeout
+        if transport is not None and transport not in (*TRANSPORTS, "auto"):
+            raise UserInputError(f"transport: unknown {transport!r}; use one of auto, {', '.join(TRANSPORTS)}")
+        self._transport_choice = transport
+        #: {(read, transport): count}: which transport served each read ("queue", "nodes",
+        #: "partitions", "accounting"), e.g. calls[("queue", "pyslurm")]
+        self.calls: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # ------------------------------------------------------------ plumbing
     def run(self, argv: list[str], *, input: str | None = None, check: bool = True,
@@ -60,13 +85,87 @@ class SlurmClient:
 
     @functools.cached_property
     def version(self) -> tuple[int, int, int]:
+        """The Slurm tools' version (``sinfo --version``); on a local runner remembered per
+        ``sinfo`` binary (path, size, mtime) in the user's cache, so a CLI start-up pays no
+        subprocess for it."""
+        from gpuhpc.slurm import versions
+
+        if self.runner.is_local:
+            getenv = getattr(self.runner, "getenv", os.environ.get)
+            return versions.local_version(getenv("PATH"),
+                                          lambda: self.run(cmd.sinfo_version()).stdout)
         return _parsers().parse_version(self.run(cmd.sinfo_version()).stdout)
+
+    # ------------------------------------------------------------ transports
+    @functools.cached_property
+    def transport(self) -> str:
+        """Which transport this client reads jobs, nodes, partitions and accounting through:
+        ``pyslurm`` (a local runner, pyslurm importable with the running Slurm's major.minor and
+        this process's ``SLURM_CONF``), else ``json`` (Slurm >= 23.02), else ``cli``. Forced by the
+        constructor's ``transport`` or ``GPUHPC_SLURM_TRANSPORT``; a forced one that cannot work
+        is refused (UserInputError)."""
+        choice = self._transport_choice or os.environ.get(TRANSPORT_ENV) or "auto"
+        field = "transport" if self._transport_choice else TRANSPORT_ENV
+        if choice not in (*TRANSPORTS, "auto"):
+            raise UserInputError(f"{field}: unknown {choice!r}; use one of auto, {', '.join(TRANSPORTS)}")
+        if choice == "cli":
+            return "cli"
+        if choice in ("auto", "pyslurm"):
+            why = self._pyslurm_unusable()
+            if why is None:
+                return "pyslurm"
+            if choice == "pyslurm":
+                raise UserInputError(f"{field}: pyslurm cannot be used here: {why}; unset it or choose cli")
+        try:
+            version = self.version
+        except GpuhpcError:             # no sinfo to ask: the text parsers, which need no version
+            if choice == "json":
+                raise
+            return "cli"
+        if version[:2] >= JSON_SINCE:
+            return "json"
+        if choice == "json":
+            raise UserInputError(f"{field}: json needs Slurm >= 23.02 (this is {_dotted(version)}); use cli")
+        return "cli"
+
+    def _pyslurm_unusable(self) -> str | None:
+        """None when pyslurm can serve this client's reads, else why not (one phrase)."""
+        from gpuhpc.slurm import pyslurm_reads
+
+        if not self.runner.is_local:
+            return "the runner is not local"
+        getenv = getattr(self.runner, "getenv", os.environ.get)
+        if (getenv("SLURM_CONF") or None) != (os.environ.get("SLURM_CONF") or None):
+            return "this client's SLURM_CONF is not the process's (pyslurm reads the process's)"
+        found = pyslurm_reads.available_version()
+        if found is None:
+            return "it is not installed (or does not import)"
+        try:
+            version = self.version
+        except GpuhpcError as exc:
+            return f"the running Slurm's version is unknown ({exc})"
+        if found[:2] != version[:2]:
+            return f"pyslurm {_dotted(found)} does not match Slurm {_dotted(version)}"
+        return None
+
+    def _served(self, read: str) -> str:
+        transport = self.transport
+        self.calls[(read, transport)] += 1
+        return transport
 
     # ------------------------------------------------------------ cluster
     def nodes(self) -> list[parsers.NodeInfo]:
+        if self._served("nodes") == "pyslurm":
+            from gpuhpc.slurm import pyslurm_reads
+
+            return pyslurm_reads.nodes()
         return _parsers().parse_nodes(self.run(cmd.scontrol_show("node")).stdout)
 
     def partitions(self) -> list[parsers.PartitionInfo]:
+        if self._served("partitions") == "pyslurm":
+            from gpuhpc.slurm import pyslurm_reads
+
+            return pyslurm_reads.partitions()
         return _parsers().parse_partitions(self.run(cmd.scontrol_show("partition")).stdout)
 
     def topology(self) -> list[dict[str, str]]:
@@ -128,7 +227,19 @@ class SlurmClient:
         return _parsers().parse_sbatch_parsable(self.run(argv, input=script).stdout)
 
     def queue(self, *, user: str | None = None, job_ids: Iterable[str] = ()) -> list[parsers.QueueRow]:
-        ids = list(job_ids)
+        ids = [str(j) for j in job_ids]
+        served = self._served("queue")
+        if served == "pyslurm":
+            from gpuhpc.slurm import pyslurm_reads
+
+            return pyslurm_reads.queue(user=user, job_ids=ids)
+        if served == "json":
+            res = self.run(cmd.squeue_json(user=user, job_ids=ids), check=False)
+            if not res.ok:
+                if ids and "Invalid job id" in (res.stderr + res.stdout):
+                    return []
+                raise SlurmError("squeue failed", argv=list(res.argv), stderr=res.stderr, returncode=res.returncode)
+            return _parsers().parse_squeue_json(res.stdout, user=user, job_ids=ids)
         tag = _row_tag()
         argv, fmt = cmd.squeue(user=user, job_ids=ids, row_tag=tag), cmd.squeue_format(tag)
         if self.runner.is_local:      # the environment of a local process: readable by its user only
@@ -145,6 +256,17 @@ class SlurmClient:
     def accounting(self, *, job_ids: Iterable[str] = (), user: str | None = None,
                    all_users: bool = False, since: str | None = None, until: str | None = None,
                    duplicates: bool = False, allocations: bool = True) -> list[parsers.AcctRow]:
+        served = self._served("accounting")
+        if served == "pyslurm":
+            from gpuhpc.slurm import pyslurm_reads
+
+            return pyslurm_reads.accounting(job_ids=[str(j) for j in job_ids], user=user, all_users=all_users,
+                                            since=since, until=until, duplicates=duplicates,
+                                            allocations=allocations)
+        if served == "json":
+            argv = cmd.sacct_json(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
+                                  duplicates=duplicates, allocations=allocations)
+            return _parsers().parse_sacct_json(self.run(argv).stdout, allocations=allocations)
         sep = cmd.SEP + _row_tag()
         argv = cmd.sacct(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
                          duplicates=duplicates, allocations=allocations, delimiter=sep)

@@ -256,3 +256,39 @@ def sreport_account_user(since: str, until: str, *, tres: str = "gres/gpu") -> l
     one row per account (its subtree's total) and per user in it."""
     return ["sreport", "--noheader", "--parsable2", "-t", "seconds", f"--tres={tres}", "cluster",
             "AccountUtilizationByUser", f"start={since}", f"end={until}"]
+
+
+# ---------------------------------------------------------------- structured output (Slurm >= 23.02)
+def squeue_json(*, user: str | None = None, job_ids: Iterable[str] = ()) -> list[str]:
+    """``squeue --json``: every job record (array tasks pending as one record, see
+    :func:`gpuhpc.slurm.parsers.parse_squeue_json`), filtered by ``user``/``job_ids`` (honoured
+    from 23.02; 22.05's ``--json`` ignored them and is never used)."""
+    argv = ["squeue", "--json", "--all", "--states=all"]
+    if user:
+        argv.append(f"--user={user}")
+    ids = [str(j) for j in job_ids]
+    if ids:
+        argv.append(f"--jobs={','.join(ids)}")
+    return argv
+
+
+def sacct_json(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bool = False,
+               since: str | None = None, until: str | None = None, allocations: bool = True,
+               duplicates: bool = False) -> list[str]:
+    """``sacct --json`` with :func:`sacct`'s selection (a job record carries its steps;
+    ``allocations`` is applied by the parser)."""
+    argv = ["sacct", "--json"]
+    if duplicates:
+        argv.append("--duplicates")
+    ids = [str(j) for j in job_ids]
+    if ids:
+        argv.append(f"--jobs={','.join(ids)}")
+    if all_users:
+        argv.append("--allusers")
+    elif user:
+        argv.append(f"--user={user}")
+    if since:
+        argv.append(f"--starttime={since}")
+    if until:
+        argv.append(f"--endtime={until}")
+    return argv

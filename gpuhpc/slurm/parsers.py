@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _replace
 
 from gpuhpc.errors import SlurmError
 from gpuhpc.slurm.commands import SACCT_FIELDS, SEP, SQUEUE_FIELDS
@@ -636,3 +636,229 @@ def parse_sreport_account_user(text: str) -> list[Utilization]:
         cluster, account, login, _proper, tres, used = parts
         out.append(Utilization(cluster, account, login, tres, int(used)))
     return out
+
+
+# ---------------------------------------------------------------- squeue/sacct --json (Slurm >= 23.02)
+# Slurm's data_parser output: numbers that may be unset or infinite are {"set", "infinite",
+# "number"}; times are epoch seconds (0: none); a job's state is a list of flags, the base state
+# first. JSON carries any name as it is (newlines, 0x1f, U+2028), so nothing here frames rows.
+def _num(value, default: int | None = 0) -> int | None:
+    """A data_parser number: a plain int, or {"set", "infinite", "number"} (None when infinite)."""
+    if isinstance(value, dict):
+        if value.get("infinite"):
+            return None
+        if not value.get("set", True):
+            return default
+        value = value.get("number", default)
+    if isinstance(value, bool) or value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _state(value) -> SlurmState:
+    if isinstance(value, dict):                        # sacct: {"current": [...], "reason": ...}
+        value = value.get("current", [])
+    if isinstance(value, list):
+        value = " ".join(str(v) for v in value)
+    return SlurmState.parse(str(value or ""))
+
+
+def _clock(seconds: int) -> str:
+    """Seconds as squeue's %M prints them: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
+    d, rem = divmod(max(seconds, 0), 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    if d:
+        return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _limit(minutes, unlimited: str = "UNLIMITED") -> str:
+    """A time limit in minutes (data_parser number) as squeue's %l / sacct's Timelimit print it."""
+    value = _num(minutes, default=-1)
+    if value is None:
+        return unlimited
+    if value < 0:
+        return "Partition_Limit"
+    return _clock(value * 60)
+
+
+def _acct_limit(minutes) -> str:
+    """A time limit in minutes (data_parser number) as sacct's Timelimit prints it (``00:01:00``,
+    ``1-00:00:00``)."""
+    from gpuhpc.slurm.durations import format_duration
+
+    value = _num(minutes, default=-1)
+    if value is None:
+        return "UNLIMITED"
+    return "Partition_Limit" if value < 0 else format_duration(value * 60)
+
+
+def _epoch(value) -> int:
+    return _num(value, default=0) or 0
+
+
+def _iso(value) -> str:
+    """An epoch (data_parser number) as sacct prints it with SLURM_TIME_FORMAT=standard (local
+    time, ``2026-12-01T10:00:00``); ``Unknown`` for none."""
+    import datetime as dt
+
+    t = _epoch(value)
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t > 0 else "Unknown"
+
+
+def _task_ids(spec: str) -> list[str]:
+    """An array's task string (``0-3``, ``1,5-9:2``, ``0-99%4``) -> each task id."""
+    out: list[str] = []
+    for part in (spec or "").split("%", 1)[0].split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
+        if not m:
+            continue
+        lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        out.extend(str(i) for i in range(lo, hi + 1, max(step, 1)))
+    return out
+
+
+def _json_doc(text: str, what: str) -> dict:
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise SlurmError(f"{what} --json printed no JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise SlurmError(f"{what} --json printed {type(doc).__name__}, not an object")
+    for err in doc.get("errors") or []:
+        if isinstance(err, dict) and err.get("error_number") not in (0, None):
+            raise SlurmError(f"{what} --json: {err.get('description') or err.get('error')}")
+    return doc
+
+
+def parse_squeue_json(text: str, *, user: str | None = None, job_ids=()) -> list[QueueRow]:
+    """``squeue --json`` -> :class:`QueueRow` s, one per job and per array task, as
+    ``squeue --array`` rows (a pending array's tasks, one record there, each get a row). Rows of
+    another ``user`` or outside ``job_ids`` (a job id, an array's id, or ``ID_TASK``) are
+    dropped here as well, whatever squeue's filters did."""
+    import time
+
+    now = int(time.time())
+    wanted = {str(j) for j in job_ids}
+    rows = []
+    for job in _json_doc(text, "squeue").get("jobs") or []:
+        if not isinstance(job, dict) or not isinstance(job.get("job_id"), int):
+            _skip("squeue --json", str(job))
+            continue
+        raw = str(job["job_id"])
+        array_id = _num(job.get("array_job_id"), 0) or 0
+        task = _num(job.get("array_task_id"), None) if (job.get("array_task_id") or {}).get("set", True) else None
+        task_string = job.get("array_task_string") or ""
+        state = _state(job.get("job_state"))
+        start, end = _epoch(job.get("start_time")), _epoch(job.get("end_time"))
+        if state.state.value in ("RUNNING", "SUSPENDED", "COMPLETING") or state.state.is_finished:
+            elapsed = max((min(end, now) if end and state.state.is_finished else now) - start, 0) if start else 0
+        else:
+            elapsed = 0
+        common = dict(
+            name=str(job.get("name") or ""), state=state, elapsed=_clock(elapsed),
+            time_limit=_limit(job.get("time_limit")), nodes=_num(job.get("node_count"), 0) or 0,
+            tres_per_node=str(job.get("tres_per_node") or "N/A"), partition=str(job.get("partition") or ""),
+            user=str(job.get("user_name") or ""), account=str(job.get("account") or ""),
+            nodelist=str(job.get("nodes") or ""), reason=str(job.get("state_reason") or "None"),
+            qos=str(job.get("qos") or ""),
+        )
+        if array_id and task is None and task_string:       # a pending array's tasks, one record
+            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in _task_ids(task_string)]
+        elif array_id:
+            keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
+        else:
+            keys = [(raw, raw, raw, "N/A")]
+        for job_id, job_id_raw, array_job_id, array_task_id in keys:
+            if user and common["user"] != user:
+                continue
+            if wanted and not wanted & {job_id, job_id_raw, array_job_id}:
+                continue
+            rows.append(QueueRow(job_id=job_id, job_id_raw=job_id_raw, array_job_id=array_job_id,
+                                 array_task_id=array_task_id, **common))
+    return rows
+
+
+def _tres_list(items) -> dict[str, str]:
+    """data_parser TRES [{"type": "gres", "name": "gpu:h100", "count": 2}, ...] -> sacct's
+    ``AllocTRES`` dict ({"gres/gpu:h100": "2", "mem": "500M", ...})."""
+    out: dict[str, str] = {}
+    for t in items or []:
+        if not isinstance(t, dict) or "type" not in t:
+            continue
+        key = f"{t['type']}/{t['name']}" if t.get("name") else str(t["type"])
+        count = _num(t.get("count"), 0) or 0
+        if count <= 0:                  # sacct's text leaves out what is unset (energy: -2) or none
+            continue
+        out[key] = _mem(count) if key == "mem" else str(count)
+    return out
+
+
+def _mem(mb: int) -> str:
+    """Megabytes as sacct's TRES strings print them: in the largest unit that divides exactly."""
+    units = "MGTP"
+    i = 0
+    while mb >= 1024 and mb % 1024 == 0 and i < len(units) - 1:
+        mb //= 1024
+        i += 1
+    return f"{mb}{units[i]}"
+
+
+def parse_sacct_json(text: str, *, allocations: bool = True) -> list[AcctRow]:
+    """``sacct --json`` -> :class:`AcctRow` s, one per job (allocation), the fields sacct's
+    text prints (times local ISO, ``Unknown`` when unset); with ``allocations=False`` each
+    step follows its job as ``ID.STEP``."""
+    rows = []
+    for job in _json_doc(text, "sacct").get("jobs") or []:
+        if not isinstance(job, dict) or not isinstance(job.get("job_id"), int):
+            _skip("sacct --json", str(job))
+            continue
+        raw = str(job["job_id"])
+        array = job.get("array") or {}
+        het = job.get("het") or {}
+        array_id = _num(array.get("job_id"), 0) or 0
+        task = _num(array.get("task_id"), None)
+        het_offset = _num(het.get("job_offset"), None)
+        if array_id and task is not None:
+            job_id = f"{array_id}_{task}"
+        elif array_id and array.get("task"):
+            job_id = f"{array_id}_[{array['task']}]"
+        elif het_offset is not None and _num(het.get("job_id"), 0):
+            job_id = f"{_num(het.get('job_id'))}+{het_offset}"
+        else:
+            job_id = raw
+        t = job.get("time") or {}
+        exit_code = job.get("exit_code") or {}
+        rc = _num(exit_code.get("return_code"), 0) or 0
+        sig = _num((exit_code.get("signal") or {}).get("id"), 0) or 0
+        tres = job.get("tres") or {}
+        row = AcctRow(
+            job_id=job_id, job_id_raw=raw, name=str(job.get("name") or ""), state=_state(job.get("state")),
+            elapsed_s=_num(t.get("elapsed"), 0) or 0, submit=_iso(t.get("submission")), start=_iso(t.get("start")),
+            end=_iso(t.get("end")), alloc_tres=_tres_list(tres.get("allocated")),
+            req_tres=_tres_list(tres.get("requested")), partition=str(job.get("partition") or ""),
+            account=str(job.get("account") or ""), user=str(job.get("user") or ""),
+            nodelist=str(job.get("nodes") or ""), exit_code=f"{rc}:{sig}",
+            restarts=_num(job.get("restart_cnt"), 0) or 0, time_limit=_acct_limit(t.get("limit")),
+            qos=str(job.get("qos") or ""), cluster=str(job.get("cluster") or ""),
+        )
+        rows.append(row)
+        if not allocations:
+            for step in job.get("steps") or []:
+                sid = (step.get("step") or {}).get("id")
+                name = sid if isinstance(sid, str) else f"{raw}.{(step.get('step') or {}).get('name', '')}"
+                st = step.get("time") or {}
+                rows.append(_replace(row, job_id=name, job_id_raw=name,
+                                                name=str((step.get("step") or {}).get("name") or ""),
+                                                state=_state(step.get("state")),
+                                                elapsed_s=_num(st.get("elapsed"), 0) or 0,
+                                                start=_iso(st.get("start")), end=_iso(st.get("end")),
+                                                alloc_tres=_tres_list((step.get("tres") or {}).get("allocated"))))
+    return rows
