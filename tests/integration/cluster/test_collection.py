@@ -169,7 +169,10 @@ def _inventory(spec_path: Path) -> dict:
                  # this machine's own sshd and PAM are not the private cluster's to harden
                  # (as in ansible/inventories/local)
                  "gpuhpc_hardening_ssh_no_passwords": False,
-                 "gpuhpc_hardening_pam_slurm_adopt": False},
+                 "gpuhpc_hardening_pam_slurm_adopt": False,
+                 # one test host: Slurm's ports open, the state on the disk /tmp is on (verify names both)
+                 "gpuhpc_hardening_allow_open_slurm_ports": True,
+                 "gpuhpc_hardening_allow_shared_state_filesystem": True},
         "children": {"slurm_controller": {"hosts": {"localhost": None}},
                      "slurmdbd": {"hosts": {"localhost": None}},
                      "slurm_compute": {"hosts": {"localhost": None}}},
