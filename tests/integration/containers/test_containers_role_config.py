@@ -43,6 +43,9 @@ def _converge(tmp: Path, name: str, more: str, before=None,
               tags: str = "validate,configure") -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp / name
     (root / "etc/enroot/hooks.d").mkdir(parents=True)      # what the build installs (not run here)
+    (root / "usr/local/share/enroot/hooks.d").mkdir(parents=True)
+    for hook in ("50-slurm-pmi.sh", "50-slurm-pytorch.sh", "50-sharp.sh"):
+        (root / "usr/local/share/enroot/hooks.d" / hook).write_text("#!/bin/sh\n")
     if before:
         before(root)
     play, extra = tmp / f"{name}-play.yml", tmp / f"{name}-extra.yml"
@@ -101,6 +104,9 @@ gpuhpc_containers_registry_credentials:
     dropin = root / "etc/gpuhpc/prolog.d/50-gpuhpc-enroot-dirs"
     assert _mode(dropin) == (0, 0o755) and f"{root}/scratch/enroot/cache" in dropin.read_text()
     assert os.access(root / "etc/enroot/hooks.d/00-gpuhpc-own-dirs.sh", os.X_OK)
+    for hook in ("50-slurm-pmi.sh", "50-slurm-pytorch.sh"):                            # point 6: enroot's own, enabled
+        assert os.readlink(root / "etc/enroot/hooks.d" / hook) == f"{root}/usr/local/share/enroot/hooks.d/{hook}"
+    assert not (root / "etc/enroot/hooks.d/50-sharp.sh").exists()                     # the others stay off
     site = root / "etc/enroot/site"                                                    # point 4
     assert _mode(site) == (0, 0o700) and _mode(site / ".credentials") == (0, 0o600)
     assert "machine nvcr.io login $oauthtoken password ngc-key-3f9a\n" in (site / ".credentials").read_text()
