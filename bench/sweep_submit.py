@@ -101,12 +101,12 @@ def main() -> int:
     # the baseline's scripts: exactly what gpuhpc sweep run renders for its chunks
     sys.path.insert(0, pkg)
     from gpuhpc.jobs.render import render
-    from gpuhpc.sweeps.engine import _trial_spec
+    from gpuhpc.sweeps.planner import trial_spec
     from gpuhpc.sweeps.spec import load_file
 
     spec = load_file(sweep_file)
     sizes = [min(args.chunk, args.trials - i) for i in range(0, args.trials, args.chunk)]
-    scripts = [render(_trial_spec(spec, 0, __import__("pathlib").Path(tmp) / "raw", n, k, k))
+    scripts = [render(trial_spec(spec, 0, __import__("pathlib").Path(tmp) / "raw", n, k, k))
                for n, k in enumerate(sizes)]
 
     # every held task cancelled at the end stays a job record until MinJobAge: make sure this
@@ -134,7 +134,7 @@ def main() -> int:
                 times["sbatch"].append(time.perf_counter() - t0)
                 # and of gpuhpc's start: the interpreter and the modules sweep run imports
                 t0 = time.perf_counter()
-                _run([sys.executable, "-c", "import gpuhpc.cli.sweep, gpuhpc.sweeps.engine, gpuhpc.sweeps.spec, "
+                _run([sys.executable, "-c", "import gpuhpc.cli.sweep, gpuhpc.sweeps.submission, gpuhpc.sweeps.spec, "
                                             "gpuhpc.jobs.api, gpuhpc.ledger.quota, yaml"], env)
                 times["python + imports"].append(time.perf_counter() - t0)
                 denv = dict(env, GPUHPC_DATA_DIR=os.path.join(tmp, f"cli{rep}"))

@@ -45,7 +45,7 @@ def run(file: str, as_json: bool, after: str | None = None) -> int:
     """Validate FILE, submit the trials the cluster allows now (the driver job submits the rest)
     and return at once with the sweep id. ``after``: job ids (``--after``, replacing the file's
     ``after:``) that must end COMPLETED before the first arrays and the driver start."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import submission
     from gpuhpc.sweeps.spec import load_file
 
     spec = load_file(file)
@@ -55,7 +55,7 @@ def run(file: str, as_json: bool, after: str | None = None) -> int:
         from gpuhpc.jobs.spec import after_ids
 
         spec = dataclasses.replace(spec, after=after_ids(after, "--after"))
-    sid = engine.create(spec)
+    sid = submission.create(spec)
     if as_json:
         print_json({"sweep_id": sid})
     else:
@@ -83,7 +83,7 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     from rich.table import Table
     from rich.text import Text
 
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     counts: dict[str, int] = {}
     for r in rows:
@@ -101,7 +101,7 @@ def _status_renderable(sw, rows: list[dict], info: dict):
     for s, style in _STATE_STYLE.items():
         t.highlight_words([s], style=style)
     parts.append(t)
-    b = engine.best(rows, spec.metric.goal)
+    b = store.best(rows, spec.metric.goal)
     if b is not None:
         parts.append(Text(f"best: trial {b['trial']} {spec.metric.name}={b['objective']:.6g} params {b['params']}"))
     failed = [r for r in rows if r["state"] == "failed"]
@@ -139,7 +139,7 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
     import time
 
     from gpuhpc.cli._console import console
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     from gpuhpc.sweeps.api import retrying
 
@@ -156,8 +156,8 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
         except DriverGone as exc:
             _echo(f"warning: {exc.one_line()}", err=True)
         info = sw.info()
-        rows = engine.trial_rows(sw.id)
-        with engine.session(None) as s:
+        rows = store.trial_rows(sw.id)
+        with store.session(None) as s:
             from gpuhpc.sweeps.models import SweepTrial
 
             raws = {t.number: t.job_id_raw for t in s.query(SweepTrial).filter_by(sweep_id=sw.id)}
@@ -170,7 +170,7 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
-        b = engine.best(rows, info["spec"].metric.goal)
+        b = store.best(rows, info["spec"].metric.goal)
         print_json({"sweep_id": sw.id, "name": info["name"], "status": info["status"], "message": info["message"],
                     "n_trials": info["n_trials"], "counts": counts, "pruned": counts.get("pruned", 0),
                     "failed": counts.get("failed", 0), "driver_job_id": info["driver_job_id"],

@@ -118,7 +118,7 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
            client=None, url: str | None = None, utilisation: bool = True) -> SprintResult:
     """Run the sprint (a spec, its mapping, or a sprint file's path), wait for every trial and
     return its :class:`SprintResult` (table rows, recommendation, bottlenecks)."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import submission
     from gpuhpc.sweeps.api import Sweep
     from gpuhpc.sweeps.spec import SweepSpec
 
@@ -135,7 +135,7 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
     shapes = rules(spec, client)
     sweep_spec = SweepSpec.from_mapping(spec.sweep_mapping(shapes))
     try:            # every shape is checked against the nodes before anything is written or submitted
-        sid = engine.create(sweep_spec, client=client, url=url)
+        sid = submission.create(sweep_spec, client=client, url=url)
     except UserInputError as exc:
         raise as_axis_error(exc) from None
     handle = Sweep(sid, client=client, url=url)
@@ -151,9 +151,9 @@ def sprint(spec: SprintSpec | Mapping[str, Any] | str, *, timeout: float | None 
 
 def collect(spec: SprintSpec, sweep_id: int, rate: Decimal | None, *, client=None, url: str | None = None,
             utilisation: bool = True) -> SprintResult:
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    recs = records(spec, engine.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation)
+    recs = records(spec, store.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation)
     res = analyse(spec.name, spec.metric, recs)
     res.sweep_id = sweep_id
     base = ", ".join(f"{k}={v}" for k, v in spec.resources.items())

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.sweeps.state import SweepStatus, TrialState
 
 
 class DriverGone(GpuhpcError):
@@ -95,11 +96,11 @@ class Sweep:
 
     @classmethod
     def load(cls, sweep_id: int | str, *, client=None, url: str | None = None) -> "Sweep":
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import store
 
         if not str(sweep_id).isdigit():
             raise UserInputError(f"{sweep_id!r} is not a sweep id", field="ID")
-        engine.sweep_info(int(sweep_id), url=url)         # exists?
+        store.sweep_info(int(sweep_id), url=url)         # exists?
         return cls(int(sweep_id), client=client, url=url)
 
     @property
@@ -112,38 +113,38 @@ class Sweep:
 
     # ------------------------------------------------------------ state
     def refresh(self) -> dict[str, int]:
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps.refresh import refresh
 
-        return engine.refresh(self.id, client=self.client, url=self._url)
+        return refresh(self.id, client=self.client, url=self._url)
 
     def follow(self) -> dict[str, int]:
         """Trials per state: what the sweep's driver last wrote while it runs (no Slurm query
         of our own: one refresher per sweep), else a refresh. Raises :class:`DriverGone`
         (exit 1, with the command that restarts it) when the driver died."""
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import control, store
 
-        info = engine.sweep_info(self.id, url=self._url)
-        if info["driver_job_id"] and info["status"] == "running":
-            gone, stuck = engine.driver_check(self.id, client=self.client, url=self._url)
+        info = store.sweep_info(self.id, url=self._url)
+        if info["driver_job_id"] and info["status"] == SweepStatus.RUNNING.value:
+            gone, stuck = control.driver_check(self.id, client=self.client, url=self._url)
             if gone:
                 raise DriverGone(gone)
             self.driver_stuck = stuck
-            return engine.counts_of(self.id, url=self._url)
+            return store.counts_of(self.id, url=self._url)
         self.driver_stuck = None
         return self.refresh()
 
     def info(self) -> dict[str, Any]:
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import store
 
-        return engine.sweep_info(self.id, url=self._url)
+        return store.sweep_info(self.id, url=self._url)
 
     def rows(self, refresh: bool = True) -> list[dict[str, Any]]:
         """One dict per trial, in trial order (trial, params, state, metrics, job_id, restarts, gpu_hours)."""
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import store
 
         if refresh:
             self.refresh()
-        return engine.trial_rows(self.id, url=self._url)
+        return store.trial_rows(self.id, url=self._url)
 
     def done(self) -> bool:
         from gpuhpc.sweeps.models import TrialState
@@ -182,9 +183,9 @@ class Sweep:
             time.sleep(poll)
 
     def best(self) -> dict[str, Any] | None:
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import store
 
-        return engine.best(self.rows(), self.info()["spec"].metric.goal)
+        return store.best(self.rows(), self.info()["spec"].metric.goal)
 
     def results(self, refresh: bool = True) -> list[Any]:
         """What ``fn`` returned, in trial order (None for a trial that did not finish). For a
@@ -198,19 +199,19 @@ class Sweep:
         out = []
         for r in rows:
             p = Path(info["directory"]) / "trials" / str(r["trial"]) / "result.pkl"
-            out.append(cloudpickle.loads(p.read_bytes()) if r["state"] == "completed" and p.exists() else None)
+            out.append(cloudpickle.loads(p.read_bytes()) if r["state"] == TrialState.COMPLETED.value and p.exists() else None)
         return out
 
     def resume(self) -> list[int]:
         """Resubmit failed, cancelled and never-started trials (never a finished one)."""
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import control
 
-        return engine.resume(self.id, client=self.client, url=self._url)
+        return control.resume(self.id, client=self.client, url=self._url)
 
     def cancel(self) -> list[str]:
-        from gpuhpc.sweeps import engine
+        from gpuhpc.sweeps import control
 
-        return engine.cancel(self.id, client=self.client, url=self._url)
+        return control.cancel(self.id, client=self.client, url=self._url)
 
 
 def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | None = None, method: str = "random",
@@ -229,7 +230,7 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
 
     import cloudpickle
 
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import submission
     from gpuhpc.sweeps.spec import SweepSpec
 
     if not callable(fn):
@@ -257,5 +258,5 @@ def sweep(fn: Callable[..., Any], space: Mapping[str, Any], *, trials: int | Non
     if not c.runner.is_local:
         raise UserInputError("a Python sweep can only be submitted where gpuhpc runs Slurm commands locally",
                              field="fn", hint="use gpuhpc sweep run FILE with a command")
-    sid = engine.create(spec, kind="python", client=c, url=url, payload=cloudpickle.dumps(fn))
+    sid = submission.create(spec, kind="python", client=c, url=url, payload=cloudpickle.dumps(fn))
     return Sweep(sid, client=c, url=url)

@@ -1,5 +1,5 @@
 """The sweep driver: ``python -m gpuhpc.sweeps.driver SWEEP_ID``, run as a small requeueable
-job on the CPU partition (:func:`gpuhpc.sweeps.engine.start_driver`).
+job on the CPU partition (:func:`gpuhpc.sweeps.submission.start_driver`).
 
 A loop with a sleep: bring the trials up to date from Slurm's accounting, submit the waiting
 trials the limits allow now (a chunk at a time), and for ``tpe`` ask Optuna for new trials in
@@ -7,7 +7,7 @@ batches of ``parallelism`` (told the finished ones' objectives); with a ``pruner
 trials the pruner names, with ``fail_fast`` it stops the sweep after that many failures. It exits when every trial is
 finished or the sweep was cancelled. All its state is in the database, so after its own
 requeue, preemption or a slurmctld restart it simply starts the loop again; a chunk it was
-submitting when it was stopped is found again by name (:func:`~gpuhpc.sweeps.engine.recover`).
+submitting when it was stopped is found again by name (:func:`~gpuhpc.sweeps.submission.recover`).
 """
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
     import optuna
     from sqlalchemy import func, insert
 
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
     from gpuhpc.sweeps.models import SweepTrial, TrialState
 
-    rows = engine.trial_rows(sid, url=url)
+    rows = store.trial_rows(sid, url=url)
     active = [r for r in rows if not TrialState(r["state"]).is_terminal]
     room = min(free, spec.parallelism - len(active), spec.n_trials - len(rows))
     if room <= 0:
@@ -72,9 +72,9 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
                 break
     if not new:
         return 0
-    with engine.session(url) as s:
+    with store.session(url) as s:
         start = (s.query(func.max(SweepTrial.number)).filter_by(sweep_id=sid).scalar() or -1) + 1
-        t = engine.now()
+        t = store.now()
         s.execute(insert(SweepTrial), [dict(sweep_id=sid, number=start + i, params=json.dumps(p, sort_keys=True),
                                              state=TrialState.WAITING.value, attempts=0, restarts=0, gpu_hours=0,
                                              updated_at=t) for i, p in enumerate(new)])
@@ -82,47 +82,49 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
 
 
 def _step(sid: int, client, url: str | None, limits: dict) -> bool:
-    """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.engine.balance`), ask TPE,
+    """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.submission.balance`), ask TPE,
     submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
     from gpuhpc.errors import QuotaExceeded, SlurmError
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import control, holds, planner, store, submission
     from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
+    from gpuhpc.sweeps.refresh import refresh
+    from gpuhpc.sweeps.spec import spec_from_json
 
-    counts = engine.refresh(sid, client=client, url=url)
-    with engine.session(url) as s:
+    counts = refresh(sid, client=client, url=url)
+    with store.session(url) as s:
         sw = s.get(Sweep, sid)
         status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
-        spec = engine.spec_from_json(sw.spec)
+        spec = spec_from_json(sw.spec)
     if status == SweepStatus.CANCELLED.value:
         _log("cancelled: exiting")
         return True
     if status != SweepStatus.RUNNING.value:         # done (every trial finished), or blocked
         _log(f"sweep {status}: {json.dumps(counts, sort_keys=True)}; exiting")
         return True
-    stopped = engine.check_fail_fast(sid, client=client, url=url)
+    stopped = control.check_fail_fast(sid, client=client, url=url)
     if stopped:
         _log(f"sweep failed: {stopped}; exiting")
         return True
-    pruned = engine.prune(sid, client=client, url=url)
+    pruned = control.prune(sid, client=client, url=url)
     if pruned:
         _log(f"pruned trial(s) {', '.join(map(str, pruned))}")
-    free = engine.balance(sid, client=client, url=url)
+    free = submission.balance(sid, client=client, url=url)
     if spec.method == "tpe" and free > 0:
         if _tpe_ask(sid, spec, url, free):
-            counts = engine.refresh(sid, client=client, url=url)
+            counts = refresh(sid, client=client, url=url)
     waiting = counts.get(TrialState.WAITING.value, 0)
     created = sum(counts.values())
     if waiting and free > 0:
-        queued = engine.queued_now(sid, url)
+        queued = store.queued_now(sid, url)
         fresh = _stale(limits, queued)
         for attempt in (1, 2):
-            plan = engine.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued, fresh=fresh)
+            plan = planner.plan_submission(spec, client, len_waiting=waiting, queued_by_sweep=queued, fresh=fresh)
             n = min(plan.now, plan.chunk)
             if n <= 0:
                 break
             try:
-                engine.check_quota(spec, n, cluster or "default", url)
-                ids = engine.submit_waiting(sid, client=client, url=url, limit=n)
+                holds.check_quota(spec, n, cluster or "default", url)
+                ids = submission.submit_waiting(sid, client=client, url=url, limit=n)
                 if ids:
                     _log(f"submitted {n} trial(s) as {', '.join(ids)}")
                 break
@@ -135,7 +137,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
                 _log(f"slurmctld refused {n} more trial(s) (submit limit); "
                      f"{'asking the limits again' if attempt == 1 else 'again next round'}")
             except QuotaExceeded as exc:
-                with engine.session(url) as s:
+                with store.session(url) as s:
                     sw2 = s.get(Sweep, sid)
                     sw2.status, sw2.message = SweepStatus.BLOCKED.value, exc.one_line()
                 _log(f"blocked: {exc.one_line()}")
@@ -162,11 +164,11 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
     round retried with a growing pause (up to 5 min); after ``GPUHPC_SWEEP_DRIVER_GIVE_UP``
     seconds (default 30 min) of nothing but errors it requeues its own job (a fresh start on
     perhaps another node) or, outside Slurm, exits 1."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store, submission
 
     poll = poll if poll is not None else float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
     give_up = float(os.environ.get("GPUHPC_SWEEP_DRIVER_GIVE_UP", "1800"))
-    client = engine.slurm_client()
+    client = store.slurm_client()
     _log(f"sweep {sid}: starting (restart {os.environ.get('SLURM_RESTART_COUNT', '0')})")
     limits: dict = {}
     recovered = False
@@ -175,12 +177,12 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
     while True:
         try:
             if not recovered:
-                engine.recover(sid, client=client, url=url)
+                submission.recover(sid, client=client, url=url)
                 recovered = True
             if _step(sid, client, url, limits):
                 return 0
             failing_since, pause = None, poll
-            if engine.draining(sid, url):
+            if store.draining(sid, url):
                 # an array is in its last wave with trials waiting for its slots: hand each
                 # freed slot on within a couple of seconds, not a whole poll later
                 pause = min(poll, 2.0)
@@ -205,9 +207,9 @@ def _give_up(client, msg: str, why: str = "failing for too long") -> int:
     if job:
         try:
             if client is None:
-                from gpuhpc.sweeps import engine
+                from gpuhpc.sweeps import store
 
-                client = engine.slurm_client()
+                client = store.slurm_client()
             client.requeue(job)
             return 0
         except Exception as exc:       # the requeue failed too: the job ends, `sweep wait` says so

@@ -7,7 +7,7 @@
   Slurm's accounting says about it (state, restarts, GPU-hours), plus its reported metrics.
 
 Trial state is *derived* from ``sacct --duplicates`` (never from heartbeats), so no trial can
-be a zombie: see :mod:`gpuhpc.sweeps.engine`.
+be a zombie: see :mod:`gpuhpc.sweeps.refresh`.
 """
 from __future__ import annotations
 

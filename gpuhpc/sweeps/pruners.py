@@ -2,7 +2,7 @@
 
 A pruner looks at the values of the sweep's metric that each trial reported per step
 (:func:`gpuhpc.report`, ``report(step=s, loss=v)``) and names the running trials to stop.
-The sweep driver asks it every round (:func:`gpuhpc.sweeps.engine.prune`); a trial learns
+The sweep driver asks it every round (:func:`gpuhpc.sweeps.control.prune`); a trial learns
 it was pruned from :func:`gpuhpc.should_prune` (and from the checkpoint path's stop file,
 :func:`gpuhpc.should_stop`), exits, and ends ``pruned``.
 
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.sweeps.state import TrialState
 
 TYPES = ("none", "median", "asha", "successive_halving", "hyperband")
 #: each type's fields and their defaults (None: required)
@@ -100,7 +101,7 @@ class TrialHistory:
     order written: (step, value, time)."""
 
     number: int
-    state: str
+    state: TrialState
     reports: list[tuple[int, float, float]] = field(default_factory=list)
 
     def values(self) -> dict[int, tuple[float, float]]:
@@ -136,7 +137,7 @@ def decide(pruner: Mapping[str, Any] | None, goal: str, trials: Sequence[TrialHi
 
 
 def median(cfg: Mapping[str, Any], goal: str, trials: Sequence[TrialHistory], wanted: set[int]) -> dict[int, str]:
-    completed = [t.values() for t in trials if t.state == "completed" and t.reports]
+    completed = [t.values() for t in trials if t.state == TrialState.COMPLETED and t.reports]
     out: dict[int, str] = {}
     if len(completed) < cfg.get("min_trials", 5):
         return out
@@ -214,7 +215,7 @@ def hyperband(cfg: Mapping[str, Any], goal: str, trials: Sequence[TrialHistory],
             if step not in firsts:
                 firsts[step] = (value, ts)
                 events.append((ts, 0, t.number, step, value))
-        if t.state == "completed" and t.reports:
+        if t.state == TrialState.COMPLETED and t.reports:
             events.append((t.reports[-1][2], 1, t.number, None, t.reports[-1][1]))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     live: dict[int, Any] = {}

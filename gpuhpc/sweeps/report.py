@@ -7,15 +7,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gpuhpc.sweeps.state import TrialState
+
 
 def html_report(info: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     from gpuhpc.reports import charts
-    from gpuhpc.sweeps.engine import best
+    from gpuhpc.sweeps.store import best
 
     spec = info["spec"]
     metric = spec.metric.name
-    done = [r for r in rows if r["objective"] is not None and r["state"] == "completed"]
-    pruned = [r for r in rows if r["state"] == "pruned"]
+    done = [r for r in rows if r["objective"] is not None and r["state"] == TrialState.COMPLETED.value]
+    pruned = [r for r in rows if r["state"] == TrialState.PRUNED.value]
     marks = {r["trial"]: pruned_mark(info["directory"], r["trial"]) for r in pruned}
     parts = [f"<h1>Sweep {info['sweep_id']}: {html.escape(info['name'])}</h1>",
              f"<p>{len(rows)} trials, {len(done)} with {html.escape(metric)} ({spec.metric.goal}), "
@@ -66,7 +68,7 @@ def html_report(info: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     parts.append("<h2>Trials</h2><table border=1 cellspacing=0 cellpadding=3><tr><th>trial</th><th>state</th>"
                  f"<th>{html.escape(metric)}</th><th>params</th><th>job</th><th>restarts</th><th>GPU-h</th></tr>")
     for r in rows:
-        style = " style='color:#999999'" if r["state"] == "pruned" else ""
+        style = " style='color:#999999'" if r["state"] == TrialState.PRUNED.value else ""
         parts.append(f"<tr{style}><td>{r['trial']}</td><td>{r['state']}</td><td>{'' if r['objective'] is None else r['objective']}"
                      f"</td><td><code>{html.escape(json.dumps(r['params'], sort_keys=True))}</code></td>"
                      f"<td>{html.escape(r['job_id'] or '')}</td><td>{r['restarts']}</td><td>{r['gpu_hours']}</td></tr>")

@@ -160,7 +160,7 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
 
     import yaml
 
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import control, store
 
     monkeypatch.delenv("GPUHPC_DB_URL", raising=False)
     monkeypatch.delenv("GPUHPC_SWEEP_ROOT", raising=False)
@@ -175,7 +175,7 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
     assert res.returncode == 0, res.stderr
     sid = json.loads(res.stdout)["sweep_id"]
     try:
-        info = engine.sweep_info(sid)
+        info = store.sweep_info(sid)
         arrays = [c["job_id"] for c in info["chunks"]] + ([info["driver_job_id"]] if info["driver_job_id"] else [])
         for j in arrays:
             track(j)
@@ -191,9 +191,9 @@ def test_sweep_after_a_job_and_a_job_after_the_sweep_gets_the_best_params(jobs_e
         slurm.run(["scontrol", "release", a])
         end_c = wait_for(lambda: _ended(slurm, c), 90, f"job {c} after sweep {sid} to end")
         assert end_c.state.state.value == "COMPLETED", end_c
-        ends = [r.end for j in arrays + [ch["job_id"] for ch in engine.sweep_info(sid)["chunks"]]
+        ends = [r.end for j in arrays + [ch["job_id"] for ch in store.sweep_info(sid)["chunks"]]
                 for r in slurm.accounting(job_ids=[j])]
         assert end_c.start >= max(ends), (end_c.start, ends)
         assert json.loads(log.read_text()) == {"x": 2}
     finally:
-        engine.cancel(sid, client=slurm)
+        control.cancel(sid, client=slurm)

@@ -70,9 +70,9 @@ def test_jobs_status_exporter_and_sweep_reads_survive_hostile_names(hostile, hos
     assert fams["gpuhpc_slurm_scrape_ok"].samples[0].value == 1.0
     assert not [s for f in fams.values() for s in f.samples if "424242" in s.labels.values()]
     # a sweep driver's read of the queue (an array named like that, every task)
-    from gpuhpc.sweeps.engine import _queue_by_task
+    from gpuhpc.sweeps.refresh import queue_by_task
 
-    by_task = _queue_by_task(client, [array])
+    by_task = queue_by_task(client, [array])
     assert by_task is not None and set(by_task) == {(array, 0), (array, 1), (array, 2)}
     assert {r.name for r in by_task.values()} == {NAMES[1]} and {r.user for r in by_task.values()} == {hostile.name}
 

@@ -32,10 +32,10 @@ def sprint_env(tmp_path, monkeypatch) -> dict:
 
 
 def _cancel_sweep(sid: int) -> None:
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import control
 
     try:
-        engine.cancel(sid)
+        control.cancel(sid)
     except Exception:
         pass
 
@@ -62,9 +62,9 @@ def test_toy_sprint_finds_best_cost_per_throughput_and_renders(sprint_env, tmp_p
     rows = res["rows"]
     assert len(rows) == len(configs) and all(r["state"] == "completed" for r in rows)
     # every configuration was its own request: the shape each trial's job really had
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    trials = {t["trial"]: t for t in engine.trial_rows(res["sweep_id"])}
+    trials = {t["trial"]: t for t in store.trial_rows(res["sweep_id"])}
     for r in rows:
         got = trials[r["trial"]]["metrics"]
         assert (got["alloc_nodes"], got["alloc_gpus_per_node"]) == (r["nodes"], r["gpus_per_node"]), (r, got)
@@ -113,7 +113,7 @@ def test_a_configuration_no_node_holds_exits_2_naming_the_axis_and_submits_nothi
     line and exit 2 is the same for every command (tests/unit/test_cli_errors.py)."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.sprints.run import sprint
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     with pytest.raises(UserInputError) as exc:
         sprint({"name": "too-many-gpus", "command": "echo {batch_size}",
@@ -122,4 +122,4 @@ def test_a_configuration_no_node_holds_exits_2_naming_the_axis_and_submits_nothi
     assert exc.value.exit_code == 2 and exc.value.field == "axes.gpus_per_node", line
     assert "9 GPUs per node requested" in line and "smaller axes.gpus_per_node values" in line
     with pytest.raises(UserInputError, match="no sweep"):
-        engine.sweep_info(1)
+        store.sweep_info(1)

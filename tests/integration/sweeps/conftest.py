@@ -36,11 +36,11 @@ def sweeps(slurm):
     """Register sweep ids; each is cancelled (driver and arrays) at the end."""
     ids: list[int] = []
     yield ids.append
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import control
 
     for sid in ids:
         try:
-            engine.cancel(sid, client=slurm)
+            control.cancel(sid, client=slurm)
         except Exception:           # the test's own data dir may be gone: nothing to cancel then
             pass
 

@@ -59,7 +59,7 @@ def _preempt(slurm: SlurmClient, node: str, chunks: list[str], track, directory:
 
 def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_restart(
         private_cluster, sweep_env, sweeps, track, slurm: SlurmClient, tmp_path, monkeypatch):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     nodes = private_cluster.gpu_nodes
     from gpuhpc.sweeps.api import Sweep
@@ -73,7 +73,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
                     metric={"name": "loss", "goal": "minimize"}, max_queued=64, max_requeues=8)
     sid = run_sweep(f)
     sweeps(sid)
-    driver = engine.sweep_info(sid)["driver_job_id"]
+    driver = store.sweep_info(sid)["driver_job_id"]
     assert driver                                # max_queued < trials: the driver submits the rest
     rng = random.Random(1)
     requeued: set[str] = set()
@@ -82,7 +82,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
     deadline = time.monotonic() + 300
     while not (len(requeued) >= 10 and len(preemptors) >= 2 and driver_requeued and restarted) \
             and time.monotonic() < deadline:
-        chunks = [c["job_id"] for c in engine.sweep_info(sid)["chunks"] if c["job_id"]]
+        chunks = [c["job_id"] for c in store.sweep_info(sid)["chunks"] if c["job_id"]]
         running = [f"{r.array_job_id}_{r.array_task_id}" for r in slurm.queue(job_ids=chunks)
                    if r.state.state.value == "RUNNING" and r.array_task_id.isdigit()]
         for job in rng.sample(running, min(2, len(running))):
@@ -91,7 +91,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
                 requeued.add(job)
         if len(preemptors) < 2 and len(requeued) >= 2 + 4 * len(preemptors):
             for node in rng.sample(nodes, len(nodes)):      # the first node the trials fill
-                job = _preempt(slurm, node, chunks, track, Path(engine.sweep_info(sid)["directory"]))
+                job = _preempt(slurm, node, chunks, track, Path(store.sweep_info(sid)["directory"]))
                 if job:
                     preemptors.append(job)
                     break
@@ -116,7 +116,7 @@ def test_a_sweep_survives_preemption_requeues_driver_requeue_and_slurmctld_resta
     restarted_jobs = {r["job_id"] for r in rows if r["restarts"] > 0}
     assert restarted_jobs >= requeued, requeued - restarted_jobs
     assert slurm.restarts(driver) >= 1
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     submitted = [c for c in info["chunks"] if c["job_id"]]     # a chunk sbatch refused (slurmctld down) has none
     assert info["status"] == "done" and sum(c["n_tasks"] for c in submitted) == N
     assert_one_charge_per_run(slurm, sweep_env / "ledger.db", [c["job_id"] for c in submitted])

@@ -43,14 +43,14 @@ def test_bad_files_exit_2_and_submit_nothing(sweep_env, tmp_path, change, field)
 
 
 def test_a_sweep_whose_first_array_slurm_refuses_leaves_nothing_behind(sweep_env, tmp_path):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     f = write_sweep(tmp_path / "r.yaml", name="t-refused", command="echo {x}", method="random", trials=3,
                     parameters={"x": {"type": "uniform", "low": 0, "high": 1}}, metric={"name": "loss"},
                     resources={**CPU, "account": "gpuhpc-no-such-account"})
     res = gpuhpc("sweep", "run", str(f))
     assert res.returncode == 1 and "sbatch" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
-    conn = engine._conn(None)
+    conn = store.connect(None)
     try:
         with conn.transaction() as tx:
             assert tx.one("SELECT count(*) FROM sweeps", ())[0] == 0        # no "running" sweep left behind
@@ -69,9 +69,9 @@ def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, mo
     res = gpuhpc("sweep", "run", str(f))
     assert res.returncode == 3, res.stderr
     assert "2 of the sweep's 10 trials would fit" in res.stderr
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    with engine.session(None) as s:
+    with store.session(None) as s:
         from gpuhpc.sweeps.models import Sweep
 
         assert s.query(Sweep).count() == 0

@@ -77,9 +77,9 @@ def _sweep(tmp_path: Path, name: str) -> int:
 
 
 def _driver_log(sid: int):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    logs = Path(engine.sweep_info(sid)["directory"]) / "logs"
+    logs = Path(store.sweep_info(sid)["directory"]) / "logs"
     return lambda: "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*driver*")))
 
 
@@ -104,9 +104,9 @@ def test_the_driver_retries_through_a_postgresql_restart(private_pg, sweeps, slu
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")
     sid = _sweep(tmp_path, "t-pg")
     sweeps(sid)
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    driver = engine.sweep_info(sid)["driver_job_id"]
+    driver = store.sweep_info(sid)["driver_job_id"]
     log = _driver_log(sid)
     wait_for(lambda: f"sweep {sid}: starting" in log(), 60, f"driver job {driver} to start")
     pg("stop")
@@ -129,9 +129,9 @@ def test_the_driver_retries_through_a_full_disk(sweep_env, small_fs, sweeps, slu
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")
     sid = _sweep(tmp_path, "t-full")
     sweeps(sid)
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    driver = engine.sweep_info(sid)["driver_job_id"]
+    driver = store.sweep_info(sid)["driver_job_id"]
     log = _driver_log(sid)
     wait_for(lambda: f"sweep {sid}: starting" in log(), 60, f"driver job {driver} to start")
     filler = _fill(small_fs)

@@ -91,7 +91,7 @@ def _t(text: str) -> float:
 
 def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, sweeps, slurm: SlurmClient, tmp_path,
                                                                  submit_limited, monkeypatch):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     monkeypatch.setenv("GPUHPC_SWEEP_DRIVER_POLL", "1")     # 5 s trials: hand freed slots on within a second
 
@@ -103,7 +103,7 @@ def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, swee
     t0 = time.time()
     sid = run_sweep(f)
     sweeps(sid)
-    first = engine.sweep_info(sid)
+    first = store.sweep_info(sid)
     assert len(first["chunks"]) == 1 and first["driver_job_id"]      # the rest is the driver's
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "600", "--poll", "1", timeout=650)
     assert res.returncode == 0, (res.stdout, res.stderr)
@@ -112,7 +112,7 @@ def test_200_trials_hold_parallelism_16_under_max_submit_jobs_40(sweep_env, swee
     for r in rows:
         x = r["params"]["x"]
         assert x == r["trial"] and r["state"] == "completed" and r["metrics"]["loss"] == float((x - 37) ** 2), r
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     chunks = [c["job_id"] for c in info["chunks"] if c["job_id"]]
     runs = [r for r in slurm.accounting(job_ids=chunks) if r.array_task_id is not None]
     starts, ends = [_t(r.start) for r in runs], [_t(r.end) for r in runs]

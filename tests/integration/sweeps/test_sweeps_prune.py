@@ -51,7 +51,7 @@ DEAF = {20 + seed for seed in range(20) if seed % 4 == 3}        # bad trials th
 
 
 def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sweep_env, sweeps, tmp_path):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     script = tmp_path / "trial.py"
     script.write_text(TRIAL.format(steps=STEPS))
@@ -65,9 +65,9 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "240", "--poll", "1", timeout=260)
     assert res.returncode == 0, (res.stdout, res.stderr)     # pruned trials are no failure
     rows = results(sid)
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     directory = Path(info["directory"])
-    by = {r["trial"]: r for r in engine.trial_rows(sid)}
+    by = {r["trial"]: r for r in store.trial_rows(sid)}
     good = [r for r in rows if r["params"]["bad"] == 0]
     bad = [r for r in rows if r["params"]["bad"] == 1]
     assert len(good) == len(bad) == 20
@@ -91,7 +91,7 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
     # never resumed: a resume resubmits nothing, and every pruned trial stays pruned
     res = gpuhpc("sweep", "resume", str(sid), "--json")
     assert res.returncode == 0 and json.loads(res.stdout)["resubmitted"] == [], res.stderr
-    assert [r["trial"] for r in engine.trial_rows(sid) if r["state"] == "pruned"] == [r["trial"] for r in bad]
+    assert [r["trial"] for r in store.trial_rows(sid) if r["state"] == "pruned"] == [r["trial"] for r in bad]
     st = gpuhpc("sweep", "status", str(sid), "--json")
     assert st.returncode == 0 and json.loads(st.stdout)["pruned"] == 20, st.stdout
     html = tmp_path / "r.html"
@@ -105,7 +105,7 @@ def test_median_pruner_stops_the_bad_half_which_ends_pruned_and_never_resumes(sw
 
 
 def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_env, sweeps, tmp_path):
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     f = write_sweep(tmp_path / "ff.yaml", name="t-failfast", method="grid", command="echo trial {x}; exit 3",
                     parameters={"x": {"type": "int", "low": 0, "high": 19}}, parallelism=2, chunk_size=2,
@@ -114,12 +114,12 @@ def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_en
     sweeps(sid)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "120", "--poll", "1", timeout=140)
     assert res.returncode == 1 and "fail_fast" in res.stderr, (res.stdout, res.stderr)
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     assert info["status"] == "failed" and info["message"].startswith("fail_fast: "), info
     # status --watch ends too (the waiting trials wait for a resume), saying why
     st = gpuhpc("sweep", "status", str(sid), "--watch", "--interval", "1", timeout=60)
     assert st.returncode == 0 and "fail_fast" in st.stdout, (st.stdout, st.stderr)
-    rows = engine.trial_rows(sid)
+    rows = store.trial_rows(sid)
     failed = [r for r in rows if r["state"] == "failed"]
     never = [r for r in rows if r["attempts"] == 0]
     assert len(failed) >= 3, [(r["trial"], r["state"]) for r in rows]
@@ -131,7 +131,7 @@ def test_fail_fast_stops_the_sweep_after_n_failures_and_submits_no_more(sweep_en
     from gpuhpc.slurm.client import SlurmClient
 
     wait_for(lambda: SlurmClient().active_job_ids(jobs) == set(), 60, "nothing of the sweep left in the queue")
-    assert engine.sweep_info(sid)["chunks"] == info["chunks"]     # the driver submitted nothing after
+    assert store.sweep_info(sid)["chunks"] == info["chunks"]     # the driver submitted nothing after
 
 
 @pytest.mark.parametrize("change, field", [

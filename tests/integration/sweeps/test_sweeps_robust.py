@@ -79,7 +79,7 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     ``sacct`` fails (for the CLI and for the driver job, which inherits PATH): no trial is
     ended by a query that failed, and a ``resume`` in the middle resubmits nothing (trials 40-59
     wait for the test's go-ahead after it: the sweep cannot have ended before it)."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     work = tmp_path / "work"
     work.mkdir()
@@ -102,10 +102,10 @@ def test_trials_run_in_the_users_directory_and_survive_a_failing_squeue_and_sacc
     (work / "go").touch()                        # the rest of the sweep may end now
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "400", "--poll", "1", timeout=450)
     assert res.returncode == 0, (res.stdout, res.stderr)
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     assert len(info["chunks"]) >= 3 and info["spec"].workdir == str(work)     # most from the driver
     rows = _all_completed_once(sid, 60, info["directory"])
-    assert {r["attempts"] for r in engine.trial_rows(sid)} == {1}, resumed.stdout     # none resubmitted
+    assert {r["attempts"] for r in store.trial_rows(sid)} == {1}, resumed.stdout     # none resubmitted
     assert all(int((flaky / f"{t}.count").read_text()) >= 3 for t in ("squeue", "sacct"))     # each failed
     monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])     # the real sacct again
     # the driver saw the sweep done and ended by itself
@@ -138,14 +138,14 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     is gone, it exits 1 in one line naming the command that restarts it, which works.
     16 trials in chunks of 4 at parallelism 4: the driver may have submitted the second chunk
     before it was killed, and ``resume`` still leaves trials waiting for a new driver."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     f = write_sweep(tmp_path / "d.yaml", name="t-dead", method="grid", command=f"sleep 1; {PY} -m gpuhpc "
                     "report-metric loss {x}", parameters={"x": {"type": "int", "low": 0, "high": 15}},
                     parallelism=4, resources=CPU, metric={"name": "loss", "goal": "minimize"}, chunk_size=4)
     sid = run_sweep(f)
     sweeps(sid)
-    driver = engine.sweep_info(sid)["driver_job_id"]
+    driver = store.sweep_info(sid)["driver_job_id"]
     assert driver
     slurm.cancel(driver)                         # killed, not requeued: nothing follows the sweep now
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
@@ -153,16 +153,16 @@ def test_wait_on_a_sweep_whose_driver_died_exits_1_with_the_restart_command(swee
     assert res.stderr.count("\n") == 1 and f"restart it with: gpuhpc sweep resume {sid}" in res.stderr, res.stderr
     res = gpuhpc("sweep", "resume", str(sid), "--json")
     assert res.returncode == 0, res.stderr
-    assert engine.sweep_info(sid)["driver_job_id"] not in (None, driver)
+    assert store.sweep_info(sid)["driver_job_id"] not in (None, driver)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert [r["state"] for r in results(sid)] == ["completed"] * 16
 
 
 def _sweep_info(sid: int) -> dict:
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    return engine.sweep_info(sid)
+    return store.sweep_info(sid)
 
 
 def test_resume_resubmits_only_the_missing_trials(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
@@ -265,7 +265,7 @@ def test_chunks_the_driver_submits_run_with_the_same_environment_as_the_first(sw
     array, the driver job (its own ``--cpus-per-task=1``, SLURM_*, GPUHPC_* and the node's NCCL
     profile in its environment) the two others. Every trial sees the same CPU count, the same
     SLURM_* names, no SLURM_CPUS_PER_TASK it did not ask for, and the same GPUHPC_*/NCCL_*."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     out = tmp_path / "env"
     out.mkdir()
@@ -277,7 +277,7 @@ def test_chunks_the_driver_submits_run_with_the_same_environment_as_the_first(sw
     sweeps(sid)
     res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
     assert res.returncode == 0, (res.stdout, res.stderr)
-    info = engine.sweep_info(sid)
+    info = store.sweep_info(sid)
     assert info["driver_job_id"] and len([c for c in info["chunks"] if c["job_id"]]) == 3, info["chunks"]
     envs = {i: _trial_env(out / f"{i}.env") for i in range(6)}
     first = envs[0]                              # chunk 0, submitted by `sweep run`
@@ -299,7 +299,7 @@ def test_the_driver_takes_its_partitions_max_time(sweep_env, sweeps, slurm: Slur
     """Issue 32.2: the driver's partition (``cpu``) allows 30 minutes: the driver asks for 30
     minutes, not 7 days (which, under this controller's EnforcePartLimits=NO, would leave it
     pending with PartitionTimeLimit for ever), starts, and finishes the sweep."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     slurm.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=30"])
     try:
@@ -308,7 +308,7 @@ def test_the_driver_takes_its_partitions_max_time(sweep_env, sweeps, slurm: Slur
                         max_queued=2, resources=CPU, metric={"name": "loss", "goal": "minimize"})
         sid = run_sweep(f)
         sweeps(sid)
-        driver = engine.sweep_info(sid)["driver_job_id"]
+        driver = store.sweep_info(sid)["driver_job_id"]
         assert driver
         job = slurm.show_job(driver)
         assert job is not None and job["TimeLimit"] == "00:30:00" and job["Partition"] == "cpu", job

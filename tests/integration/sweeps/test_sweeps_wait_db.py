@@ -21,16 +21,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.isolated]
 
 def _running_sweep(url: str, tmp_path) -> int:
     """A running sweep of 2 trials (one completed, one running) with a driver job recorded."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
     from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
     spec = SweepSpec.from_mapping({"name": "t-waitdb", "command": "true", "method": "grid",
                                    "parameters": {"x": {"type": "int", "low": 0, "high": 1}},
                                    "resources": {"partition": "cpu", "time": "5m"}, "metric": {"name": "loss"}})
-    conn = engine._conn(url)
+    conn = store.connect(url)
     try:
         with conn.transaction() as tx:
-            t = tx.ts(engine.now())
+            t = tx.ts(store.now())
             sid = tx.insert("INSERT INTO sweeps (name, user_name, cluster, spec, kind, status, message, directory, "
                             "n_trials, driver_job_id, created_at, updated_at) VALUES (?, 'root', 'default', ?, "
                             "'command', 'running', NULL, ?, 2, '999999', ?, ?)",
@@ -46,13 +46,13 @@ def _running_sweep(url: str, tmp_path) -> int:
 
 def _finish(url: str, sid: int) -> None:
     """The driver's last round: the running trial completed, the sweep done."""
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
-    conn = engine._conn(url)
+    conn = store.connect(url)
     try:
         with conn.transaction() as tx:
             tx.execute("UPDATE sweep_trials SET state = 'completed' WHERE sweep_id = ?", (sid,))
-            tx.execute("UPDATE sweeps SET status = 'done', updated_at = ? WHERE id = ?", (tx.ts(engine.now()), sid))
+            tx.execute("UPDATE sweeps SET status = 'done', updated_at = ? WHERE id = ?", (tx.ts(store.now()), sid))
     finally:
         conn.close()
 

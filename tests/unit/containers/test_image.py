@@ -85,7 +85,7 @@ def test_a_command_sweep_runs_in_an_image():
 
 
 def test_a_python_sweep_runs_in_an_image_that_declares_its_python_with_the_sweep_directory_mounted(tmp_path):
-    from gpuhpc.sweeps.engine import _trial_container
+    from gpuhpc.sweeps.planner import trial_container
     from gpuhpc.sweeps.spec import SweepSpec
 
     data = {"name": "s", "metric": {"name": "loss"}, "method": "grid", "parameters": {"lr": {"values": [1, 2]}},
@@ -93,10 +93,10 @@ def test_a_python_sweep_runs_in_an_image_that_declares_its_python_with_the_sweep
     with pytest.raises(UserInputError, match="resources.image_python.*cloudpickle and gpuhpc"):
         SweepSpec.from_mapping(data, python=True)
     spec = SweepSpec.from_mapping({**data, "resources": {**data["resources"], "image_python": True}}, python=True)
-    args = _trial_container(spec, tmp_path, "python")
+    args = trial_container(spec, tmp_path, "python")
     assert args[1] == f"--container-mounts=/d:/d,{tmp_path}:{tmp_path}", args
     with pytest.raises(UserInputError, match="GPUHPC_DATA_DIR.*cannot be mounted"):
-        _trial_container(spec, tmp_path / "a,b", "python")
+        trial_container(spec, tmp_path / "a,b", "python")
     command = SweepSpec.from_mapping({**data, "command": "echo {lr}"})
-    assert _trial_container(command, tmp_path / "a b", "command") == [f"--container-image={data['resources']['image']}",
+    assert trial_container(command, tmp_path / "a b", "command") == [f"--container-image={data['resources']['image']}",
                                                                    "--container-mounts=/d:/d"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
-from gpuhpc.sweeps import engine, trial
+from gpuhpc.sweeps import environment, trial
 
 
 def _run(tmp_path: Path, restart: int, inherited: str | None = None, **env: str) -> str:
@@ -45,4 +45,4 @@ def test_a_run_id_given_with_env_wins(tmp_path):
 def test_a_sweep_trial_has_one_run_id_whichever_job_runs_it(tmp_path):
     assert trial.run_id(12, 3) == trial.run_id("12", 3) == "sweep12-trial3" != trial.run_id(12, 4)
     # the driver's own never reaches a later array (it is a job's, like GPUHPC_JOB_ID)
-    assert "GPUHPC_RUN_ID" in engine.JOB_GPUHPC
+    assert "GPUHPC_RUN_ID" in environment.JOB_GPUHPC

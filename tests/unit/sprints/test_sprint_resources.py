@@ -3,11 +3,12 @@ placement axes use) and the sprint's shapes: each configuration its own Slurm re
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import planner
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
 
 BASE = {"name": "s", "command": "run --bs {bs}", "method": "grid", "template": "mpi", "metric": {"name": "thr", "goal": "maximize"},
@@ -29,15 +30,15 @@ def test_resources_by_updates_each_trial_and_survives_the_json_round_trip():
 def test_trials_of_one_shape_share_an_array_and_each_array_gets_its_resources():
     spec = _spec(resources_by=[{"when": {"nodes": n}, "resources": {"nodes": n}} for n in (1, 2)])
     waiting = [(i, json.dumps(p)) for i, p in enumerate(spec.generate())]
-    groups, res = engine._shape_groups(spec, waiting, 51)
+    groups, res = planner.shape_groups(spec, waiting, 51)
     assert [[n for n, _ in g] for g in groups] == [[0, 2], [1, 3]]
     assert [(r.nodes, t) for r, t in res] == [(1, "mpi"), (2, "mpi")]
-    job = engine._trial_spec(spec, 1, engine.Path("/x"), 0, 2, 2, res=res[1][0], template="torchrun")
+    job = planner.trial_spec(spec, 1, pathlib.Path("/x"), 0, 2, 2, res=res[1][0], template="torchrun")
     assert job.resources.nodes == 2 and job.resources.partition == "all" and job.template == "torchrun"
-    groups, res = engine._shape_groups(spec, waiting, 1)            # chunks still cut at the array size
+    groups, res = planner.shape_groups(spec, waiting, 1)            # chunks still cut at the array size
     assert len(groups) == 4 and [r.nodes for r, _ in res] == [1, 1, 2, 2]
     plain = _spec()
-    groups, res = engine._shape_groups(plain, waiting, 3)
+    groups, res = planner.shape_groups(plain, waiting, 3)
     assert [len(g) for g in groups] == [3, 1] and res == [None, None]
 
 
@@ -105,7 +106,7 @@ def test_sprint_file_runs_as_a_sweep_with_one_rule_per_shape():
     assert (r["nodes"], r["gpus"], r["nodelist"], r["switches"]) == (2, 4, "gpu-node1,gpu-node2", "off")
     one = {"batch_size": 32, "gpus_per_node": 4, "layout": "1n"}
     assert (sweep.template_for(one), sweep.template_for({**one, "layout": "2n-one-leaf"})) == ("single", "mpi")
-    groups, shapes_of = engine._shape_groups(sweep, [(i, json.dumps(p)) for i, p in enumerate(trials)], 51)
+    groups, shapes_of = planner.shape_groups(sweep, [(i, json.dumps(p)) for i, p in enumerate(trials)], 51)
     assert len(groups) == 6 and {t for _, t in shapes_of} == {"single", "mpi"}
     # {nodes} or {placement} in the command: the full grid, each axis a parameter
     full = from_mapping({**spec.model_dump(mode="json"), "command": "x {batch_size} {placement}"})

@@ -4,7 +4,7 @@ never reach a chunk; a user's settings (and SLURM_CONF) do, and GPUHPC_DB_URL is
 from __future__ import annotations
 
 from gpuhpc.slurm.client import SlurmClient
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import environment
 from gpuhpc.transport.local import LocalRunner
 
 DRIVER_ENV = {
@@ -19,7 +19,7 @@ DRIVER_ENV = {
 
 
 def test_the_driver_jobs_own_environment_stays_behind():
-    env = engine.arrays_environment(DRIVER_ENV, "postgresql://sweep")
+    env = environment.arrays_environment(DRIVER_ENV, "postgresql://sweep")
     assert env == {"PATH": "/usr/bin:/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm/slurm.conf",
                    "GPUHPC_DATA_DIR": "/home/u/data", "GPUHPC_SWEEP_ROOT": "/shared/sweeps",
                    "GPUHPC_PYTHON": "/opt/py", "GPUHPC_DB_URL": "postgresql://sweep",
@@ -34,7 +34,7 @@ def test_sbatch_runs_with_that_environment(monkeypatch, tmp_path):
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("GPUHPC_DB_URL", f"sqlite:///{tmp_path / 'x.db'}")
     c = SlurmClient(LocalRunner(env={"SLURM_CONF": "/private/slurm.conf"}))
-    sub = engine.submit_client(c, f"sqlite:///{tmp_path / 'x.db'}")
+    sub = environment.submit_client(c, f"sqlite:///{tmp_path / 'x.db'}")
     seen = dict(line.split("=", 1) for line in sub.runner.run(["env"]).stdout.splitlines() if "=" in line)
     assert not [k for k in seen if k.startswith(("SRUN_", "SBATCH_", "NCCL_"))
                 or (k.startswith("SLURM_") and k != "SLURM_CONF")], seen
@@ -50,4 +50,4 @@ def test_a_client_without_a_local_runner_is_used_as_it_is():
         pass
 
     c = Fake()
-    assert engine.submit_client(c) is c
+    assert environment.submit_client(c) is c

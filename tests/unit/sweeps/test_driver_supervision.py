@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from gpuhpc.sweeps import driver, engine
+from gpuhpc.sweeps import driver, store, submission
 
 
 class _Client:
@@ -17,8 +17,8 @@ class _Client:
 
 def _setup(monkeypatch, errors: list[BaseException]):
     client = _Client()
-    monkeypatch.setattr(engine, "slurm_client", lambda *a, **k: client)
-    monkeypatch.setattr(engine, "recover", lambda *a, **k: None)
+    monkeypatch.setattr(store, "slurm_client", lambda *a, **k: client)
+    monkeypatch.setattr(submission, "recover", lambda *a, **k: None)
     calls = []
 
     def step(sid, c, url, limits):
@@ -51,7 +51,7 @@ def test_a_driver_failing_for_too_long_requeues_its_own_job(monkeypatch):
 
 def test_a_fatal_error_outside_the_loop_requeues_the_driver_a_few_times(monkeypatch):
     client = _Client()
-    monkeypatch.setattr(engine, "slurm_client", lambda *a, **k: client)
+    monkeypatch.setattr(store, "slurm_client", lambda *a, **k: client)
 
     def run(sid):
         raise RuntimeError("cannot start")

@@ -12,7 +12,7 @@ import pytest
 from gpuhpc.ledger import db
 from gpuhpc.slurm.parsers import parse_partitions
 from gpuhpc.slurm.state import SlurmState
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import store, submission
 from gpuhpc.sweeps.api import Sweep as SweepHandle
 from gpuhpc.sweeps.models import Sweep, SweepTrial
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
@@ -32,11 +32,11 @@ PARTS = parse_partitions(
     ("gone", "7-00:00:00"),              # a partition Slurm did not list
 ])
 def test_the_driver_gets_its_partitions_max_time(partition, time):
-    assert engine.driver_time(PARTS, partition) == time
+    assert submission.driver_time(PARTS, partition) == time
 
 
 def test_no_partitions_known_keeps_7_days():
-    assert engine.driver_time([], None) == engine.DRIVER_TIME == "7-00:00:00"
+    assert submission.driver_time([], None) == submission.DRIVER_TIME == "7-00:00:00"
 
 
 class _Queue:
@@ -56,7 +56,7 @@ def _pending_driver_sweep(url: str, tmp_path) -> int:
                                    "resources": {"partition": "cpu", "time": "5m"},
                                    "metric": {"name": "loss", "goal": "minimize"}})
     old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10)     # no heartbeat: it never ran
-    with engine.session(url) as s:
+    with store.session(url) as s:
         sw = Sweep(name="p", user_name="u", cluster="c", spec=spec_json(spec), status="running",
                    directory=str(tmp_path), n_trials=4, driver_job_id="900", updated_at=old, created_at=old)
         s.add(sw)
@@ -98,6 +98,6 @@ def test_sweep_run_asks_for_the_partitions_once():
     spec = SweepSpec.from_mapping({"name": "p", "command": "echo {x}", "method": "grid",
                                    "parameters": {"x": {"type": "int", "low": 0, "high": 3}},
                                    "resources": {"partition": "gpu", "time": "5m"}, "metric": {"name": "loss"}})
-    assert engine._driver_partition(spec, c) == "cpu"
-    assert engine.driver_time(engine._partitions(c), engine._driver_partition(spec, c)) == "00:30:00"
+    assert submission.driver_partition(spec, c) == "cpu"
+    assert submission.driver_time(submission.cluster_partitions(c), submission.driver_partition(spec, c)) == "00:30:00"
     assert Client.calls == 1

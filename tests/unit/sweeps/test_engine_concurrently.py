@@ -1,4 +1,4 @@
-"""engine._concurrently: sweep run's independent questions to slurmctld, asked at once."""
+"""planner.concurrently: sweep run's independent questions to slurmctld, asked at once."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import planner
 
 
 def test_results_by_name_and_calls_overlap():
@@ -19,7 +19,7 @@ def test_results_by_name_and_calls_overlap():
             return value
         return fn
 
-    assert engine._concurrently({"a": ask(1), "b": ask(2), "c": ask(3)}) == {"a": 1, "b": 2, "c": 3}
+    assert planner.concurrently({"a": ask(1), "b": ask(2), "c": ask(3)}) == {"a": 1, "b": 2, "c": 3}
 
 
 def test_an_error_in_any_call_is_raised_after_all_ended():
@@ -34,7 +34,7 @@ def test_an_error_in_any_call_is_raised_after_all_ended():
         raise UserInputError("no node has 100000 GPUs", field="resources.gpus")
 
     with pytest.raises(UserInputError, match="100000"):
-        engine._concurrently({"fits": bad, "limits": slow})
+        planner.concurrently({"fits": bad, "limits": slow})
     assert ended == ["slow"]
 
 
@@ -42,8 +42,8 @@ def test_needs_records_only_for_a_large_batch():
     class L:
         max_job_count = 10000
 
-    assert not engine._needs_records(100, L())
-    assert engine._needs_records(101, L())
+    assert not planner.needs_records(100, L())
+    assert planner.needs_records(101, L())
     L.max_job_count = 1000                         # min(100, 1000 // 20) = 50
-    assert engine._needs_records(51, L()) and not engine._needs_records(50, L())
-    assert engine._needs_records(101, None) and not engine._needs_records(100, None)
+    assert planner.needs_records(51, L()) and not planner.needs_records(50, L())
+    assert planner.needs_records(101, None) and not planner.needs_records(100, None)

@@ -11,7 +11,7 @@ import pytest
 
 from gpuhpc.ledger import db
 from gpuhpc.slurm.state import SlurmState
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import refresh, store
 from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial, TrialState
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
@@ -35,7 +35,7 @@ def _row(state: str, task: int = 0, job: str = "500"):
     ([], None, False, False, TrialState.CANCELLED),                        # never known to accounting
 ])
 def test_the_verdict(runs, rng, finished, had_runs, want):
-    st, raw = engine.gone_verdict(runs, rng, finished, had_runs)
+    st, raw = refresh.gone_verdict(runs, rng, finished, had_runs)
     assert st is want and len(raw) <= 64
 
 
@@ -56,7 +56,7 @@ class _Client:
 
 def _gone_trial(url: str, tmp_path) -> int:
     old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10)
-    with engine.session(url) as s:
+    with store.session(url) as s:
         sw = Sweep(name="g", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=1)
         s.add(sw)
@@ -83,8 +83,8 @@ def test_a_gone_trial_is_confirmed_before_it_is_ended(tmp_path, direct, metrics,
         (tmp_path / "trials" / "0").mkdir(parents=True)
         (tmp_path / "trials" / "0" / "metrics.jsonl").write_text(json.dumps({"metrics": metrics}) + "\n")
     c = _Client(direct)
-    engine.refresh(sid, client=c, url=url)
-    row = engine.trial_rows(sid, url=url)[0]
+    refresh.refresh(sid, client=c, url=url)
+    row = store.trial_rows(sid, url=url)[0]
     assert row["state"] == want, row
     assert c.asked.count(["500"]) == 1, c.asked          # one direct query of the array
     if metrics is not None:

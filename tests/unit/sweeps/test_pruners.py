@@ -184,7 +184,7 @@ def test_pruner_defaults_round_trip_and_none():
 
 # ---------------------------------------------------------------- what the pruner reads, what the trial sees
 def test_history_reads_the_metric_per_step_first_report_wins(tmp_path):
-    from gpuhpc.sweeps.engine import read_history
+    from gpuhpc.sweeps.metrics import read_history
 
     f = tmp_path / "metrics.jsonl"
     lines = [{"ts": 1.0, "step": 0, "metrics": {"loss": 3.0}}, {"ts": 2.0, "step": 1, "metrics": {"acc": 0.5}},

@@ -10,7 +10,7 @@ from sqlalchemy import event
 
 from gpuhpc.ledger import db
 from gpuhpc.slurm.state import SlurmState
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import metrics, refresh, store
 from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
@@ -37,7 +37,7 @@ class _Client:
 
 
 def _sweep(url: str, tmp_path) -> int:
-    with engine.session(url) as s:
+    with store.session(url) as s:
         sw = Sweep(name="c", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=N_DONE + 2)
         s.add(sw)
@@ -76,7 +76,7 @@ def test_a_round_loads_and_reads_only_live_trials(tmp_path, monkeypatch):
     def on_load(target, context):
         loaded.append(target.number)
 
-    monkeypatch.setattr(engine, "open", counting_open, raising=False)
+    monkeypatch.setattr(metrics, "open", counting_open, raising=False)
     event.listen(SweepTrial, "load", on_load)
     c = _Client()
     try:
@@ -85,7 +85,7 @@ def test_a_round_loads_and_reads_only_live_trials(tmp_path, monkeypatch):
             c.round = r
             loaded.clear()
             opened.clear()
-            counts = engine.refresh(sid, client=c, url=url)
+            counts = refresh.refresh(sid, client=c, url=url)
             per_round.append((sorted(loaded), sorted(opened), counts))
     finally:
         event.remove(SweepTrial, "load", on_load)

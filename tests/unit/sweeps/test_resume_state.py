@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhpc.ledger import db
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import refresh, store
 from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
@@ -32,7 +32,7 @@ class _Client:
 
 
 def _sweep(url: str, tmp_path, state: str) -> int:
-    with engine.session(url) as s:
+    with store.session(url) as s:
         sw = Sweep(name="r", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=1)
         s.add(sw)
@@ -53,7 +53,7 @@ def test_only_a_trial_with_a_task_now_is_followed_in_its_array(tmp_path, state, 
     db.upgrade(url)
     sid = _sweep(url, tmp_path, state)
     c = _Client()
-    engine.refresh(sid, client=c, url=url)
+    refresh.refresh(sid, client=c, url=url)
     assert ("500" in c.asked) is asked, c.asked
     if not asked:
-        assert c.asked == [] and [r["state"] for r in engine.trial_rows(sid, url=url)] == ["waiting"]
+        assert c.asked == [] and [r["state"] for r in store.trial_rows(sid, url=url)] == ["waiting"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.sweeps.engine import check_state_db
+from gpuhpc.sweeps.submission import check_state_db
 
 
 def test_sqlite_with_a_driver_on_another_host_is_refused():

@@ -7,7 +7,9 @@ from gpuhpc.errors import UserInputError
 from gpuhpc.jobs.spec import JobSpec, array_size, sbatch_options
 from gpuhpc.slurm.commands import SACCT_FIELDS, SEP
 from gpuhpc.slurm.parsers import parse_sacct, parse_submit_limits
-from gpuhpc.sweeps.engine import _read_metrics, _runs_by_task, best
+from gpuhpc.sweeps.metrics import read_metrics
+from gpuhpc.sweeps.refresh import runs_by_task
+from gpuhpc.sweeps.store import best
 
 
 def _row(job_id, state, elapsed="10", tres="cpu=1,gres/gpu=1"):
@@ -21,7 +23,7 @@ def test_runs_by_task_with_requeues_and_pending_ranges():
         _row("100_0", "PREEMPTED"), _row("100_0", "REQUEUED"), _row("100_0", "COMPLETED"),
         _row("100_1", "RUNNING"), _row("100_[2-4,7%2]", "PENDING"), _row("101_[0-50]", "CANCELLED by 0"),
     ])
-    runs, ranges = _runs_by_task(parse_sacct(text))
+    runs, ranges = runs_by_task(parse_sacct(text))
     assert [r.state.state.value for r in runs[("100", 0)]] == ["PREEMPTED", "REQUEUED", "COMPLETED"]
     assert len(runs[("100", 1)]) == 1
     assert sorted(t for (j, t) in ranges if j == "100") == [2, 3, 4, 7]
@@ -74,8 +76,8 @@ def test_best_respects_goal_and_ties():
 def test_metrics_file_last_value_and_torn_line(tmp_path):
     f = tmp_path / "m.jsonl"
     f.write_text('{"step": 1, "metrics": {"loss": 3.0}}\n{"step": 2, "metrics": {"loss": 2.5, "acc": 0.5}}\n{"st')
-    assert _read_metrics(f) == {"loss": 2.5, "acc": 0.5, "step": 2}
-    assert _read_metrics(tmp_path / "none") is None
+    assert read_metrics(f) == {"loss": 2.5, "acc": 0.5, "step": 2}
+    assert read_metrics(tmp_path / "none") is None
 
 
 @pytest.mark.parametrize("text, n", [("0-9%2", 10), ("1,4-6", 4), ("0-10:5", 3), ("7", 1), ("0-50%16", 51)])

@@ -2,11 +2,11 @@
 on) no longer holds one of the sweep's P slots, but still counts against MaxSubmitJobs."""
 from __future__ import annotations
 
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import planner, store
 
 
 class _Tx:
-    """The two queries :func:`engine._live_chunks` makes, answered from lists."""
+    """The two queries :func:`store.live_chunks` makes, answered from lists."""
 
     def __init__(self, trials: list[tuple[int, str]], chunks: list[tuple[int, str]]) -> None:
         self.trials, self.chunks = trials, chunks
@@ -18,6 +18,6 @@ class _Tx:
 def test_a_completing_task_frees_its_slot_but_stays_queued():
     tx = _Tx([(1, "RUNNING"), (1, "COMPLETING"), (1, "PENDING"), (1, "COMPLETED"), (2, "COMPLETING")],
              [(1, "100"), (2, "101")])
-    assert engine._live_chunks(tx, 7, slots=True) == [(1, "100", 2)]           # chunk 2: nothing runs
-    assert engine._live_chunks(tx, 7) == [(1, "100", 3), (2, "101", 1)]        # what slurmctld counts
-    assert engine.slots_in_use(engine._live_chunks(tx, 7, slots=True), {1: 16, 2: 4}) == 2
+    assert store.live_chunks(tx, 7, slots=True) == [(1, "100", 2)]           # chunk 2: nothing runs
+    assert store.live_chunks(tx, 7) == [(1, "100", 3), (2, "101", 1)]        # what slurmctld counts
+    assert planner.slots_in_use(store.live_chunks(tx, 7, slots=True), {1: 16, 2: 4}) == 2

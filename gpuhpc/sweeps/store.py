@@ -1,0 +1,229 @@
+"""The sweep state store: where a sweep's state lives and how it is read.
+
+- the gpuhpc database (the ledger's: SQLite or PostgreSQL; tables in :mod:`gpuhpc.sweeps.models`),
+  through an ORM :func:`session` (the readers) or a DB-API :func:`connect` (the submit path: no
+  SQLAlchemy import, so ``gpuhpc sweep run`` stays close to sbatch);
+- the sweep directory under :func:`sweep_root` (chunk parameter files, ``throttles.json``,
+  each trial's directory);
+- the reads every other module shares: :func:`trial_rows`, :func:`sweep_info`, :func:`counts_of`,
+  the live chunks and the slots they hold (:func:`live_chunks`, :func:`queued_now`, :func:`draining`).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpuhpc.errors import UserInputError
+from gpuhpc.sweeps.spec import spec_from_json
+from gpuhpc.sweeps.state import ChunkState, TrialState, ended, trial_over
+
+
+UTC = dt.timezone.utc
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(UTC)
+
+
+def sweep_root() -> Path:
+    """``$GPUHPC_SWEEP_ROOT``, else ``<gpuhpc data dir>/sweeps``: every node must see it (the
+    trials read their parameter files and write metrics there)."""
+    env = os.environ.get("GPUHPC_SWEEP_ROOT")
+    if env:
+        return Path(env).expanduser().absolute()
+    from gpuhpc.fsutil import data_dir
+
+    return (data_dir() / "sweeps").absolute()
+
+
+def slurm_client(client=None):
+    """``client``, else a :class:`~gpuhpc.slurm.client.SlurmClient` of the default runner."""
+    if client is not None:
+        return client
+    from gpuhpc.slurm.client import SlurmClient
+
+    return SlurmClient()
+
+
+def db_url(url: str | None = None) -> str:
+    """The gpuhpc database (the ledger's). The embedded SQLite file is created (migrated to
+    head) on first use; any other database must be at head (``gpuhpc db upgrade``)."""
+    from gpuhpc.ledger import paths
+
+    url = url or paths.db_url()
+    if url.startswith("sqlite") and not os.path.exists(paths.default_db_path() if url == paths.db_url() else "/"):
+        from gpuhpc.ledger import db
+
+        f = db.sqlite_file(url)
+        if f is not None and not f.exists():
+            db.upgrade(url)
+    return url
+
+
+def session(url: str | None):
+    """An ORM session (the readers: refresh, resume, cancel, results). The submit path uses
+    :func:`connect` (DB-API, no SQLAlchemy import: ``gpuhpc sweep run`` stays close to sbatch)."""
+    from gpuhpc.ledger.db import session_scope
+
+    return session_scope(db_url(url))
+
+
+def connect(url: str | None):
+    """A DB-API connection (:mod:`gpuhpc.dbapi`) to the sweep database: the ledger's (its
+    :class:`gpuhpc.ledger.quota.Connection`, whose first transaction checks the schema)."""
+    from gpuhpc.ledger import quota
+
+    return quota.Connection(db_url(url))
+
+
+def write_json(path: Path, data: Any) -> None:
+    from gpuhpc.fsutil import write_atomic
+
+    write_atomic(path, json.dumps(data, sort_keys=True), fsync=False)
+
+
+def write_chunk_file(directory: Path, number: int, rows: Sequence[tuple[int, str]]) -> Path:
+    """``chunks/<n>.jsonl``: line *i* = array task *i*: ``{"trial": N, "params": {...}}``."""
+    from gpuhpc.fsutil import write_atomic
+
+    path = directory / "chunks" / f"{number}.jsonl"
+    write_atomic(path, "".join(f'{{"trial": {t}, "params": {p}}}\n' for t, p in rows))
+    return path
+
+
+def forget(sid: int, url: str | None, directory: Path) -> None:
+    """Remove a sweep none of whose chunks reached Slurm (its rows, its directory)."""
+    import shutil
+
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            if tx.one("SELECT count(*) FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL", (sid,))[0]:
+                return
+            tx.execute("DELETE FROM sweep_trials WHERE sweep_id = ?", (sid,))
+            tx.execute("DELETE FROM sweep_chunks WHERE sweep_id = ?", (sid,))
+            tx.execute("DELETE FROM sweeps WHERE id = ?", (sid,))
+    finally:
+        conn.close()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def n_waiting(sid: int, url: str | None) -> int:
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            return tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
+                          (sid, TrialState.WAITING.value))[0]
+    finally:
+        conn.close()
+
+
+def read_throttles(directory: Path) -> dict[int, int]:
+    """``<sweep dir>/throttles.json``: {chunk id: its array's ``%N`` now}."""
+    try:
+        return {int(k): int(v) for k, v in json.loads((directory / "throttles.json").read_text()).items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def save_throttles(directory: Path, throttles: dict[int, int]) -> None:
+    write_json(directory / "throttles.json", {str(k): v for k, v in sorted(throttles.items())})
+
+
+def live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | None, int]]:
+    """[(chunk id, array job id, trials of it still queued or running)], oldest first. With
+    ``slots``, a task in COMPLETING no longer counts (:func:`trial_over`: the parallelism
+    slots); without, it does (slurmctld counts it against MaxSubmitJobs until it is gone)."""
+    live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
+    over = trial_over if slots else ended
+    counts: dict[int, int] = {}
+    for cid, raw in tx.execute("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
+                         "AND chunk_id IS NOT NULL", (sid, *live)):
+        if not over(raw):
+            counts[cid] = counts.get(cid, 0) + 1
+    return [(cid, job, counts[cid]) for cid, job in tx.execute("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
+                                                         "AND state != ? ORDER BY number", (sid, ChunkState.FAILED.value))
+            if counts.get(cid)]
+
+
+def queued_now(sid: int, url: str | None = None) -> int:
+    """The sweep's trials queued or running in Slurm now (slurmctld's view, as last refreshed)."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            return sum(left for _, _, left in live_chunks(tx, sid))
+    finally:
+        conn.close()
+
+
+def draining(sid: int, url: str | None = None) -> bool:
+    """Trials wait while an array of the sweep runs its last wave (no task of it pending): its
+    slots free up one by one, and each should go to a waiting trial soon."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            if not tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
+                          (sid, TrialState.WAITING.value))[0]:
+                return False
+            states: dict[int, set[str]] = {}
+            for cid, state, raw in tx.execute("SELECT chunk_id, state, raw_state FROM sweep_trials WHERE sweep_id = ? AND "
+                                        "state IN (?, ?, ?) AND chunk_id IS NOT NULL",
+                                        (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
+                                         TrialState.REQUEUED.value)):
+                if not ended(raw):
+                    states.setdefault(cid, set()).add(state)
+            return any(st == {TrialState.RUNNING.value} for st in states.values())
+    finally:
+        conn.close()
+
+
+def utc(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
+    """Trials per state as the database holds them (what the driver last wrote)."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            return {st: n for st, n in tx.execute("SELECT state, count(*) FROM sweep_trials WHERE sweep_id = ? "
+                                             "GROUP BY state", (sid,))}
+    finally:
+        conn.close()
+
+
+def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
+    """One row per trial, in trial order: trial, params, state, metrics, job_id, restarts, gpu_hours."""
+    from gpuhpc.sweeps.models import SweepTrial
+    with session(url) as s:
+        return [dict(trial=t.number, params=json.loads(t.params), state=t.state,
+                     metrics=json.loads(t.metrics) if t.metrics else {}, job_id=t.job_id, restarts=t.restarts,
+                     gpu_hours=round(float(t.gpu_hours or 0), 6), objective=t.objective, raw_state=t.raw_state,
+                     attempts=t.attempts)
+                for t in s.query(SweepTrial).filter_by(sweep_id=sid).order_by(SweepTrial.number)]
+
+
+def sweep_info(sid: int, *, url: str | None = None) -> dict[str, Any]:
+    from gpuhpc.sweeps.models import Sweep, SweepChunk
+    with session(url) as s:
+        sw = s.get(Sweep, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        return dict(sweep_id=sw.id, name=sw.name, status=sw.status, message=sw.message, directory=sw.directory,
+                    n_trials=sw.n_trials, driver_job_id=sw.driver_job_id, kind=sw.kind,
+                    spec=spec_from_json(sw.spec),
+                    chunks=[dict(number=ch.number, job_id=ch.job_id, n_tasks=ch.n_tasks, state=ch.state)
+                            for ch in s.query(SweepChunk).filter_by(sweep_id=sid).order_by(SweepChunk.number)])
+
+
+def best(rows: Sequence[dict[str, Any]], goal: str) -> dict[str, Any] | None:
+    """The completed trial with the best objective (the lowest trial number on a tie)."""
+    done = [r for r in rows if r["state"] == TrialState.COMPLETED.value and r["objective"] is not None]
+    if not done:
+        return None
+    sign = 1 if goal == "minimize" else -1
+    return min(done, key=lambda r: (sign * r["objective"], r["trial"]))
