@@ -126,7 +126,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 @click.argument("job_id", metavar="JOB_ID")
 @_json
 def status(job_id: str, json_out: bool) -> int:
-    from gpuhpc.jobs.api import Job
+    from gpuhpc.jobs.handle import Job
 
     info = Job(job_id).status()
     if json_out:
@@ -147,7 +147,7 @@ def status(job_id: str, json_out: bool) -> int:
 @click.option("--json", "json_out", is_flag=True, help="JSON {job_id, path, text}")
 def logs(job_id: str, follow: bool, json_out: bool) -> int:
     from gpuhpc.errors import GpuhpcError
-    from gpuhpc.jobs.api import Job
+    from gpuhpc.jobs.handle import Job
 
     job = Job(job_id)
     if json_out:
@@ -191,7 +191,7 @@ def not_cancellable(client, job_ids: list[str]) -> dict[str, str]:
 @click.argument("job_ids", metavar="JOB_ID...", nargs=-1, required=True)
 @_json
 def cancel(job_ids: tuple[str, ...], json_out: bool) -> int:
-    from gpuhpc.jobs.api import Job
+    from gpuhpc.jobs.handle import Job
     from gpuhpc.slurm.client import SlurmClient
 
     client = SlurmClient()

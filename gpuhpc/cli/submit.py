@@ -177,7 +177,7 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
     sweep_id = str(sweep_id).strip()
     if not sweep_id.isdigit():
         raise UserInputError(f"{sweep_id!r} is not a sweep id", field="--after-sweep", hint="e.g. --after-sweep 12")
-    from gpuhpc.sweeps import store
+    from gpuhpc.sweeps import engine
     from gpuhpc.sweeps.api import Sweep
 
     try:
@@ -198,7 +198,7 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
     if cmd:
         data["command"] = [sys.executable, "-m", "gpuhpc.sweeps.best", str(sw.id), "--", *cmd]
     env = dict(data.get("env") or {})
-    env.setdefault("GPUHPC_DB_URL", store.db_url())
+    env.setdefault("GPUHPC_DB_URL", engine.db_url())
     if os.environ.get("GPUHPC_SWEEP_ROOT"):
         env.setdefault("GPUHPC_SWEEP_ROOT", os.environ["GPUHPC_SWEEP_ROOT"])
     data["env"] = env
@@ -217,12 +217,12 @@ def submit(**params: Any) -> int:
     ns = SimpleNamespace(**{k: (v or None) if isinstance(v, tuple) else v for k, v in params.items()})
     spec = build_spec(ns)
     if ns.dry_run:
-        from gpuhpc.jobs.api import with_profile
+        from gpuhpc.jobs.script_mode import with_profile
         from gpuhpc.jobs.render import render
 
         sys.stdout.write(render(with_profile(spec)))
         return 0
-    from gpuhpc.jobs.api import submit_spec
+    from gpuhpc.jobs.script_mode import submit_spec
 
     job = submit_spec(spec)
     if ns.json_out:

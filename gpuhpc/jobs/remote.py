@@ -10,12 +10,12 @@ as in local Python mode (checkpoint on SIGUSR2, requeue, the same result file):
    functions by value) and copied over SFTP with the code snapshot (on ``PYTHONPATH``
    and the working directory of the job, so functions of the repository's modules load);
 3. the sbatch script is submitit's own (:func:`submitit.slurm.slurm._make_sbatch_string`,
-   the parameters from the one translation :func:`gpuhpc.jobs.api._submitit_params`),
+   the parameters from the one translation :func:`gpuhpc.jobs.submitit_adapters.submitit_params`),
    submitted through :class:`~gpuhpc.slurm.SlurmClient` over the runner;
 4. the pickle is renamed ``<job id>_submitted.pkl`` (submitit's job waits for it) and the
    result, ``<job id>_0_result.pkl``, is read back over SFTP by ``Job.result()``.
 
-Below :mod:`gpuhpc.jobs.api` (which calls it for ``cluster=``); a sweep from a laptop, which
+Below :mod:`gpuhpc.jobs.python_mode` (which calls it for ``cluster=``); a sweep from a laptop, which
 needs both jobs and sweeps, is :mod:`gpuhpc.remote.sweeps`, a layer above both.
 """
 from __future__ import annotations

@@ -21,8 +21,8 @@ _SUBCOMMANDS = frozenset({"show", "update", "requeue", "requeuehold", "reconfigu
 
 # (file, literal) -> why it is not a command line. Keep each reason true; a stale entry fails.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("gpuhpc/jobs/api.py", "squeue"): 'Job.info()\'s "source" label: which query answered',
-    ("gpuhpc/jobs/api.py", "sacct"): 'Job.info()\'s "source" label: which query answered',
+    ("gpuhpc/jobs/handle.py", "squeue"): 'Job.info()\'s "source" label: which query answered',
+    ("gpuhpc/jobs/handle.py", "sacct"): 'Job.info()\'s "source" label: which query answered',
     ("gpuhpc/ledger/ingest.py", "sacct"): "the ingest source's name, stored in the ledger (IngestState)",
 }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhpc.jobs.api import _with_staging, submit_spec
+from gpuhpc.jobs.script_mode import submit_spec, with_staging
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
 from gpuhpc.slurm.client import SlurmClient
@@ -125,7 +125,7 @@ def test_inputs_come_from_the_node_cache_and_a_second_job_makes_no_get(env, buck
     assert "cache hit (0 GETs" in logs[1], logs[1]
     # the credentials are in no script, log or database file
     secret = env["AWS_SECRET_ACCESS_KEY"]
-    assert secret not in render(_with_staging(spec, LocalRunner()))
+    assert secret not in render(with_staging(spec, LocalRunner()))
     assert all(secret not in text for text in logs)
     db = list((tmp_path / "data").glob("ledger.db*"))
     assert db, "no ledger database"

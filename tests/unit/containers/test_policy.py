@@ -66,7 +66,7 @@ def test_cli_refuses_before_anything_runs(site, monkeypatch, argv, words):
     def no_slurm(*a, **k):
         raise AssertionError("a refused image must not reach Slurm")
 
-    monkeypatch.setattr("gpuhpc.jobs.api._client", no_slurm)
+    monkeypatch.setattr("gpuhpc.jobs.script_mode.slurm_client", no_slurm)
     with pytest.raises(UserInputError, match=words) as e:
         cli_submit.run([*argv, "--", "cat", "/etc/os-release"])
     assert e.value.exit_code == 2 and str(e.value).startswith("image: ")

@@ -8,9 +8,10 @@ import subprocess
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.jobs.api import _submitit_params, submit
+from gpuhpc.jobs.api import submit
 from gpuhpc.jobs.render import render, render_jinja, context
 from gpuhpc.jobs.spec import JobSpec, Resources
+from gpuhpc.jobs.submitit_adapters import submitit_params
 
 IMAGE = "127.0.0.1:5000#gpuhpc/test@sha256:" + "0f" * 32
 STUBS = r"""
@@ -86,9 +87,9 @@ def test_python_function_in_an_image_is_refused_before_sbatch(monkeypatch, tmp_p
 
 
 def test_submitit_step_runs_in_the_image():
-    params = _submitit_params(Resources(image=IMAGE, mounts=("/a:/a",), image_python=True), "f", 60, None)
+    params = submitit_params(Resources(image=IMAGE, mounts=("/a:/a",), image_python=True), "f", 60, None)
     assert params["srun_args"] == [f"--container-image={IMAGE}", "--container-mounts=/a:/a"]
-    assert "srun_args" not in _submitit_params(Resources(), "f", 60, None)
+    assert "srun_args" not in submitit_params(Resources(), "f", 60, None)
 
 
 def test_python_function_in_an_image_over_ssh_is_refused(monkeypatch, tmp_path):

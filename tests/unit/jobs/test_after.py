@@ -8,7 +8,7 @@ import types
 import pytest
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.jobs import api
+from gpuhpc.jobs import api, python_mode
 from gpuhpc.jobs.spec import JobSpec, after_dependency, after_ids, sbatch_options
 from gpuhpc.jobs.watch import Watcher, as_completed
 from gpuhpc.slurm.state import JobState, SlurmState
@@ -151,7 +151,7 @@ def test_batch_collects_and_submits_once_on_exit(monkeypatch):
         sent.append((calls, opts))
         return [api.Job(f"70_{i}", client=Client(), name="f") for i in range(len(calls))]
 
-    monkeypatch.setattr(api, "_submit_calls", fake_calls)
+    monkeypatch.setattr(python_mode, "submit_calls", fake_calls)
     with api.batch(parallelism=2):
         jobs = [api.submit(abs, x, resources={"time": "5m"}) for x in (-1, -2, -3)]
         assert sent == [] and [j.job_id for j in jobs] == [None, None, None]
@@ -162,7 +162,7 @@ def test_batch_collects_and_submits_once_on_exit(monkeypatch):
 
 def test_batch_submits_nothing_when_its_block_raises_or_calls_differ(monkeypatch):
     sent: list = []
-    monkeypatch.setattr(api, "_submit_calls", lambda calls, **o: sent.append(calls) or [])
+    monkeypatch.setattr(python_mode, "submit_calls", lambda calls, **o: sent.append(calls) or [])
     with pytest.raises(RuntimeError):
         with api.batch():
             api.submit(abs, 1, resources={"time": "5m"})
@@ -264,10 +264,10 @@ class FakeSweep:
 @pytest.fixture
 def fake_sweeps(monkeypatch):
     from gpuhpc.sweeps import api as sweeps_api
-    from gpuhpc.sweeps import store
+    from gpuhpc.sweeps import engine
 
     monkeypatch.setattr(sweeps_api, "Sweep", FakeSweep)
-    monkeypatch.setattr(store, "db_url", lambda url=None: "sqlite:////nowhere/gpuhpc.db")
+    monkeypatch.setattr(engine, "db_url", lambda url=None: "sqlite:////nowhere/gpuhpc.db")
     return FakeSweep
 
 
@@ -316,10 +316,10 @@ def test_best_params_reach_the_command(fake_sweeps, tmp_path, monkeypatch):
 
 def test_python_sweep_after_reaches_its_spec(monkeypatch):
     from gpuhpc.sweeps import api as sweeps_api
-    from gpuhpc.sweeps import submission
+    from gpuhpc.sweeps import engine
 
     made: list = []
-    monkeypatch.setattr(submission, "create", lambda spec, **kw: made.append(spec) or 1)
+    monkeypatch.setattr(engine, "create", lambda spec, **kw: made.append(spec) or 1)
     client = types.SimpleNamespace(runner=types.SimpleNamespace(is_local=True))
     sweeps_api.sweep(abs, {"x": [1, 2]}, method="grid", after=[types.SimpleNamespace(job_id="44")], client=client)
     assert made[0].after == ("44",)

@@ -5,6 +5,7 @@ import pytest
 
 from gpuhpc.errors import QuotaExceeded, SlurmError
 from gpuhpc.jobs import api
+from gpuhpc.jobs.submitit_adapters import submitit_params
 from gpuhpc.jobs.spec import JobSpec, Resources
 from gpuhpc.slurm.parsers import NodeInfo, QueueRow
 from gpuhpc.slurm.state import JobState, SlurmState
@@ -184,7 +185,7 @@ def test_job_ids_are_validated(bad):
 
 
 def test_submitit_parameters_come_from_the_one_translation():
-    p = api._submitit_params(Resources(gpus=2, gpu_type="h100", nodes=1, time="20m", partition="gpu"),
+    p = submitit_params(Resources(gpus=2, gpu_type="h100", nodes=1, time="20m", partition="gpu"),
                              "f", 60, None)
     assert p["time"] == 20 and p["signal_delay_s"] == 60
     assert p["additional_parameters"] == {"nodes": "1", "gres": "gpu:h100:2", "time": "00:20:00",

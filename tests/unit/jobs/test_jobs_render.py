@@ -72,7 +72,7 @@ def test_cli_dry_run_prints_and_submits_nothing(capsys, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("sbatch must not run on --dry-run")
 
-    monkeypatch.setattr("gpuhpc.jobs.api.submit_spec", boom)
+    monkeypatch.setattr("gpuhpc.jobs.script_mode.submit_spec", boom)
     rc = cli_submit.run(["--gpus", "8", "--gpu-type", "h100", "--nodes", "2", "--time", "2h", "--template", "torchrun",
                          "--partition", "gpu", "--account", "proj-x", "--dry-run", "--",
                          "python", "train.py", "--lr", "3e-4"])

@@ -16,6 +16,7 @@ import pytest
 from gpuhpc.cli import submit as cli_submit
 from gpuhpc.errors import UserInputError
 from gpuhpc.jobs import api
+from gpuhpc.jobs.submitit_adapters import submitit_params
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import (SBATCH_OWNED, SBATCH_PASS_THROUGH, JobSpec, Resources, container_srun_args,
                               sbatch_options)
@@ -117,10 +118,10 @@ def test_pass_through_values_are_sbatch_quoted():
 
 
 def test_python_mode_passes_plain_values_and_refuses_what_submitit_would_mangle():
-    p = api._submitit_params(Resources(time="20m", extra=("--mail-type=END", "--contiguous")), "x", 60, None)
+    p = submitit_params(Resources(time="20m", extra=("--mail-type=END", "--contiguous")), "x", 60, None)
     assert p["additional_parameters"]["mail-type"] == "END" and p["additional_parameters"]["contiguous"] is True
     with pytest.raises(UserInputError, match=r"resources.extra\[0\]: --comment's value 'a b' cannot pass"):
-        api._submitit_params(Resources(time="20m", extra=("--comment=a b",)), "x", 60, None)
+        submitit_params(Resources(time="20m", extra=("--comment=a b",)), "x", 60, None)
 
 
 # ---------------------------------------------------------------- setup: order and quoting
@@ -138,7 +139,7 @@ def test_setup_lines_in_order_with_values_quoted():
 def test_gpuhpc_submit_setup_reaches_submitit_after_gpuhpcs_lines_and_is_checked():
     from submitit.slurm.slurm import _make_sbatch_string
 
-    p = api._submitit_params(Resources(time="20m"), "x", 60, None, user_setup=("export A=1", "echo 'q'"))
+    p = submitit_params(Resources(time="20m"), "x", 60, None, user_setup=("export A=1", "echo 'q'"))
     script = _make_sbatch_string(command="python -m x", folder="/tmp/f", **p)
     assert script.index("GPUHPC_CHECKPOINT_DIR=") < script.index("export GPUHPC_SETUP=") \
         < script.index("_gpuhpc_setup || exit") < script.index("srun ")
