@@ -177,7 +177,7 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
     sweep_id = str(sweep_id).strip()
     if not sweep_id.isdigit():
         raise UserInputError(f"{sweep_id!r} is not a sweep id", field="--after-sweep", hint="e.g. --after-sweep 12")
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
     from gpuhpc.sweeps.api import Sweep
 
     try:
@@ -198,7 +198,7 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
     if cmd:
         data["command"] = [sys.executable, "-m", "gpuhpc.sweeps.best", str(sw.id), "--", *cmd]
     env = dict(data.get("env") or {})
-    env.setdefault("GPUHPC_DB_URL", engine.db_url())
+    env.setdefault("GPUHPC_DB_URL", store.db_url())
     if os.environ.get("GPUHPC_SWEEP_ROOT"):
         env.setdefault("GPUHPC_SWEEP_ROOT", os.environ["GPUHPC_SWEEP_ROOT"])
     data["env"] = env

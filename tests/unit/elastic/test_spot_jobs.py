@@ -11,6 +11,8 @@ The same sbatch runs through a real reclaim in the scenario
 test_a_spot_reclaim_requeues_the_job_which_resumes_from_its_checkpoint_until_its_restart_budget."""
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from gpuhpc.errors import UserInputError
@@ -18,7 +20,7 @@ from gpuhpc.jobs import api
 from gpuhpc.jobs.render import render
 from gpuhpc.jobs.spec import JobSpec, Resources
 from gpuhpc.jobs.submitit_adapters import submitit_params
-from gpuhpc.sweeps import engine
+from gpuhpc.sweeps import planner
 from gpuhpc.sweeps.spec import SweepSpec
 
 SPOT = Resources(partition="spot", time="1h")
@@ -59,6 +61,6 @@ def test_a_sweep_trial_array_on_spot_is_requeueable():
     spec = SweepSpec.from_mapping({"name": "s", "command": "run --lr {lr}", "method": "grid",
                                    "metric": {"name": "loss"}, "parameters": {"lr": [1, 2]},
                                    "resources": {"partition": "spot", "time": "1h"}})
-    job = engine._trial_spec(spec, 1, engine.Path("/x"), 0, 2, 2)
+    job = planner.trial_spec(spec, 1, pathlib.Path("/x"), 0, 2, 2)
     opts = _sbatch(render(job))
     assert job.requeue and "--requeue" in opts and "--partition=spot" in opts and "--array=0-1%2" in opts

@@ -264,10 +264,10 @@ class FakeSweep:
 @pytest.fixture
 def fake_sweeps(monkeypatch):
     from gpuhpc.sweeps import api as sweeps_api
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import store
 
     monkeypatch.setattr(sweeps_api, "Sweep", FakeSweep)
-    monkeypatch.setattr(engine, "db_url", lambda url=None: "sqlite:////nowhere/gpuhpc.db")
+    monkeypatch.setattr(store, "db_url", lambda url=None: "sqlite:////nowhere/gpuhpc.db")
     return FakeSweep
 
 
@@ -316,10 +316,10 @@ def test_best_params_reach_the_command(fake_sweeps, tmp_path, monkeypatch):
 
 def test_python_sweep_after_reaches_its_spec(monkeypatch):
     from gpuhpc.sweeps import api as sweeps_api
-    from gpuhpc.sweeps import engine
+    from gpuhpc.sweeps import submission
 
     made: list = []
-    monkeypatch.setattr(engine, "create", lambda spec, **kw: made.append(spec) or 1)
+    monkeypatch.setattr(submission, "create", lambda spec, **kw: made.append(spec) or 1)
     client = types.SimpleNamespace(runner=types.SimpleNamespace(is_local=True))
     sweeps_api.sweep(abs, {"x": [1, 2]}, method="grid", after=[types.SimpleNamespace(job_id="44")], client=client)
     assert made[0].after == ("44",)
