@@ -23,21 +23,30 @@ class Outcome:
     report: Report
     decision: Decision | None = None
     applied: bool = False
+    job_id: str | None = None           # the deep checks' Slurm job
 
     def to_dict(self) -> dict:
         d = self.report.to_dict()
         d["decision"] = self.decision.to_dict() if self.decision else None
         d["applied"] = self.applied
+        if self.job_id is not None:
+            d["job_id"] = self.job_id
         return d
 
 
 def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None = None, mode: str = "full",
-               apply: bool = False, baselines=None, now: float | None = None) -> Outcome:
+               apply: bool = False, baselines=None, now: float | None = None, spec_path: str | None = None,
+               wait_s: float | None = None, on_queued=None) -> Outcome:
     """Run ``mode``'s checks (``prolog``, ``full`` or ``deep``) for ``node`` through ``runner``
     and decide drain/resume from the node's Slurm state (asked through ``client``, a
     SlurmClient); with ``apply``, do it. ``baselines``: the deep checks' per-node baselines
     (:class:`gpuhpc.health.deep.Baselines`). ``now``: the clock (epoch seconds) of the perf
     hysteresis (default: the time now).
+
+    ``deep``: the checks run as an exclusive Slurm job holding the node
+    (:func:`gpuhpc.health.deep.run_held`; ``spec_path`` is handed to the job, ``wait_s`` bounds the
+    wait for the node's jobs to end, ``on_queued(job_id)`` is told the job's id); this process
+    records the baseline and decides.
 
     Only a run with ``apply`` writes the gate's state on the node (``spec.state_dir``: the XID
     mark, the perf samples): a look without it changes nothing, and leaves what it saw for the
@@ -53,9 +62,8 @@ def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None =
     t = time.time() if now is None else now
     deep = mode == "deep"
     if deep:
-        from gpuhpc.health.deep import run_deep
-
-        report = run_deep(node, runner, spec, baselines=baselines)
+        return _deep(node, runner, client or SlurmClient(runner), spec, apply=apply, baselines=baselines,
+                     spec_path=spec_path, wait_s=wait_s, on_queued=on_queued)
     else:
         info = None
         if mode == "full":
@@ -101,3 +109,38 @@ def check_node(node: str, *, runner=None, client=None, spec: HealthSpec | None =
         if perf.to_text() != before and not collect.write_state(runner, spec.state_dir, perf_path, perf.to_text()):
             report.results.append(Result("perf-state", Status.WARN, f"cannot record the perf samples in {perf_path}"))
     return Outcome(report, decision, decision.action is not Action.NONE)
+
+
+def _deep(node: str, runner, client, spec: HealthSpec, *, apply: bool, baselines, spec_path: str | None,
+          wait_s: float | None, on_queued) -> Outcome:
+    """The deep checks as a job alone on ``node``, decided and applied here (where the ledger is)."""
+    from gpuhpc.health import deep, gate
+    from gpuhpc.health.checks import skip
+
+    info = client.node(node)
+    if info is None:
+        return Outcome(Report(node, [skip(deep.DCGM, "not a Slurm node"), skip(deep.NCCL, "not run", PERF)]))
+    if gate.is_drained(info.state) and not gate.returns_on_pass(info.reason, deep=True):
+        # drained by an admin, or by the regular checks: a pass would not return it, a failure
+        # would not replace their reason, so the node is not held and nothing runs
+        why = "drained by someone else" if not gate.is_ours(info.reason) else "drained by gpuhpc's regular checks"
+        report = Report(node, [skip(deep.DCGM, f"{why}: not tested"), skip(deep.NCCL, "not run", PERF)])
+        return Outcome(report, gate.decide(info.state, info.reason, report.results, deep=True), False)
+    base = baselines.get(node) if baselines is not None else None
+    old = (gate.bare(info.reason) or "gpuhpc:hw: deep check interrupted") if gate.is_drained(info.state) else None
+    run = deep.run_held(node, info, client, runner, spec, baseline=base, drained=old, spec_path=spec_path,
+                        wait_s=wait_s, on_queued=on_queued)
+    decision = None
+    try:
+        deep.record_baseline(node, run.report, run.measured, base, baselines)
+        # decided on the node as it was before the run (its drain, if it had one, was lifted only
+        # for the job)
+        decision = gate.decide(info.state, info.reason, run.report.results, deep=True)
+        if apply and decision.action is Action.DRAIN:
+            gate.apply(client, node, decision, deep=True)
+    finally:
+        # the old drain back, unless the decision (carried out) drained the node anew or returns it
+        keep = apply and decision is not None and decision.action is not Action.NONE
+        deep.release(client, node, run, None if keep else old)
+    applied = apply and decision.action is not Action.NONE
+    return Outcome(run.report, decision, applied, run.job_id)

@@ -58,6 +58,11 @@ def _bare(reason: str) -> str:
     return text
 
 
+def bare(reason: str | None) -> str:
+    """A drain reason as it was set (without scontrol's ``[user@time]``)."""
+    return _bare(reason or "")
+
+
 def is_drained(state: str) -> bool:
     return "DRAIN" in state.upper()
 

@@ -10,7 +10,9 @@ the rest is here::
     thresholds: {ecc_uncorrected: 0, min_sm_clock_ratio: 0.0}
     state_dir: /var/lib/gpuhpc/health   # XID high-water marks, perf samples
     perf: {fail_samples: 3, window: 5, min_drain_s: 600}   # perf drains: 3 of the last 5 samples
-    deep: {dcgm_level: 2, nccl_min_ratio: 0.9, timeout_s: 1800}   # gpuhpc.health.deep
+    deep: {dcgm_level: 2, nccl_min_ratio: 0.9, timeout_s: 1800,   # gpuhpc.health.deep
+           mig_dcgm_level: 1, partition: null, wait_s: 86400,     # run as an exclusive Slurm job
+           results_dir: /var/lib/gpuhpc/deep-results}             # shared: the job writes, gpuhpc reads
     host: {memory_mb: slurm, cpus: slurm}   # at least the node's RealMemory / CPUs (or a number)
     filesystems: [/scratch, /shared]    # mount points, read-write, root can create a file
     pcie: {width: 16}                   # default: each GPU's maximum link width
@@ -45,6 +47,10 @@ class HealthSpec:
     deep_dcgm_level: int = 2                 # dcgmi diag -r 2 (medium) or 3 (long)
     deep_nccl_min_ratio: float = 0.9         # all-reduce bus bandwidth below this × the baseline drains
     deep_timeout_s: float = 1800
+    deep_mig_dcgm_level: int = 1             # a MIG node's diag level (at most dcgm_level); no nccl there
+    deep_partition: str | None = None        # None: the node's lowest-PriorityTier partition
+    deep_wait_s: float = 86400               # how long the job may wait for the node's jobs to end
+    deep_results_dir: str = "/var/lib/gpuhpc/deep-results"   # $GPUHPC_DEEP_RESULTS wins
     hysteresis: Hysteresis = field(default_factory=Hysteresis)
     # host memory (MiB) and CPUs: None not checked, "slurm" the node's RealMemory / CPUs in Slurm
     host_memory_mb: int | str | None = None
@@ -111,9 +117,17 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
     for key in ("gpudirect", "fabric_manager"):
         if not isinstance(data.get(key, False), bool):
             raise UserInputError(f"expected true or false, got {data[key]!r}", field=f"{source}.{key}")
-    deep = sub("deep", {"dcgm_level", "nccl_min_ratio", "timeout_s"})
-    if deep.get("dcgm_level", 2) not in (1, 2, 3, 4):
-        raise UserInputError("dcgm_level must be 1, 2, 3 or 4", field=f"{source}.deep.dcgm_level")
+    deep = sub("deep", {"dcgm_level", "nccl_min_ratio", "timeout_s", "mig_dcgm_level", "partition", "wait_s",
+                        "results_dir"})
+    for key, default in (("dcgm_level", 2), ("mig_dcgm_level", 1)):
+        if deep.get(key, default) not in (1, 2, 3, 4):
+            raise UserInputError(f"{key} must be 1, 2, 3 or 4", field=f"{source}.deep.{key}")
+    part = deep.get("partition")
+    if part is not None and not (isinstance(part, str) and part.replace("-", "").replace("_", "").isalnum()):
+        raise UserInputError(f"not a partition name: {part!r}", field=f"{source}.deep.partition")
+    res_dir = deep.get("results_dir", HealthSpec.deep_results_dir)
+    if not (isinstance(res_dir, str) and res_dir.startswith("/")):
+        raise UserInputError("expected an absolute path", field=f"{source}.deep.results_dir")
     perf = sub("perf", {"fail_samples", "window", "min_drain_s"})
     hyst = _hysteresis(perf, f"{source}.perf")
     th_names = {f.name for f in fields(Thresholds)}
@@ -137,6 +151,8 @@ def load(text: str, source: str = "health spec") -> HealthSpec:
             deep_dcgm_level=int(deep.get("dcgm_level", 2)),
             deep_nccl_min_ratio=float(deep.get("nccl_min_ratio", 0.9)),
             deep_timeout_s=float(deep.get("timeout_s", 1800)),
+            deep_mig_dcgm_level=int(deep.get("mig_dcgm_level", 1)), deep_partition=part,
+            deep_wait_s=float(deep.get("wait_s", 86400)), deep_results_dir=res_dir,
             hysteresis=hyst,
             host_memory_mb=host.get("memory_mb"), host_cpus=host.get("cpus"),
             filesystems=tuple(filesystems),

@@ -27,7 +27,8 @@ exit "$(cat "$d/{name}.rc" 2>/dev/null || echo 0)"
 @pytest.fixture
 def standins(tmp_path):
     """``(use, env)``: ``use(dcgm_fixture, nccl_fixture, dcgm_rc=0)`` sets what the stand-ins
-    print; ``env`` has them first on PATH and a fresh ledger database (the deep checks' baselines)."""
+    print; ``env`` has them first on PATH (the deep-check jobs inherit it), a fresh ledger database
+    (the deep checks' baselines) and a results directory of the test's own."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name in ("dcgmi", "all_reduce_perf"):
@@ -40,7 +41,9 @@ def standins(tmp_path):
         (bin_dir / "dcgmi.rc").write_text(f"{dcgm_rc}\n")
         shutil.copy(FIX / nccl, bin_dir / "all_reduce_perf.out")
 
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUHPC_DATA_DIR": str(tmp_path / "data")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPUHPC_DATA_DIR": str(tmp_path / "data"),
+           # where the deep-check jobs write their results (the job and gpuhpc share it)
+           "GPUHPC_DEEP_RESULTS": str(tmp_path / "deep-results")}
     env.pop("GPUHPC_DB_URL", None)
     proc = subprocess.run([sys.executable, "-m", "gpuhpc", "db", "upgrade"], env=env, capture_output=True, text=True,
                           timeout=120)

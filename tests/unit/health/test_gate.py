@@ -19,6 +19,7 @@ from gpuhpc.health import Action, HealthSpec, check_node
 from gpuhpc.health import checks as c
 from gpuhpc.health import gate
 from gpuhpc.health.collect import BOOT_ID, SMI_COUNTERS
+from gpuhpc.health import deep
 from gpuhpc.health.deep import NCCL
 from gpuhpc.health.spec import load
 from gpuhpc.slurm.parsers import NodeInfo
@@ -55,6 +56,8 @@ class Node:
         self.deep: dict[str, str] = {}          # dcgmi / all_reduce_perf output (missing: not installed)
         self.state, self.reason = "IDLE", ""
         self.resumes = 0
+        self.reservations: set[str] = set()
+        self.jobs: list[tuple[str, str]] = []   # the deep-check jobs: (reservation, node state when it ran)
 
     # ---------------------------------------------------------------- Runner
     is_local = False
@@ -62,10 +65,16 @@ class Node:
     def getenv(self, key):
         return None
 
-    def run(self, argv, *, input=None, timeout=None, env=None):
+    def run(self, argv, *, input=None, timeout=None, env=None, check=True):
         argv = list(argv)
         out, rc = "", 0
-        if argv[0] == "stat":
+        if argv[:3] == ["scontrol", "create", "reservation"]:
+            self.reservations.add(argv[3].split("=", 1)[1])
+        elif argv[:2] == ["scontrol", "delete"]:
+            name = argv[2].split("=", 1)[1]
+            rc = 0 if name in self.reservations else 1
+            self.reservations.discard(name)
+        elif argv[0] == "stat":
             out = "".join(f"character special file|{f}\n" for f in argv[3:])
         elif argv[0] in ("munge", "unmunge"):
             out = "cred" if argv[0] == "munge" else "STATUS: Success (0)\n"
@@ -102,6 +111,27 @@ class Node:
 
     def resume_node(self, name):
         self.state, self.reason, self.resumes = "IDLE", "", self.resumes + 1
+
+    # ---------------------------------------------------------------- Slurm: the deep-check job
+    def partitions(self):
+        return []
+
+    def submit_script(self, script, *, extra=(), workdir=None, script_dir=None):
+        """The job runs at once, alone on the node (what Slurm does once the node is free)."""
+        import shlex
+
+        opts = dict(a[2:].split("=", 1) for a in extra if a.startswith("--") and "=" in a)
+        assert "--exclusive" in extra and opts["nodelist"] == NODE and opts["reservation"] in self.reservations
+        job = str(100 + len(self.jobs))
+        self.jobs.append((opts["reservation"], self.state))
+        argv = shlex.split(script.splitlines()[-1])[1:]
+        base = float(argv[argv.index("--baseline") + 1]) if "--baseline" in argv else None
+        report, measured = deep.run_deep_checks(NODE, self, SPEC, baseline=base, mig="--mig" in argv)
+        self.files[opts["output"].replace("%j", job)] = deep.job_result(NODE, job, report, measured) + "\n"
+        return job
+
+    def queue(self, *, user=None, job_ids=()):
+        return []               # ended
 
     # ---------------------------------------------------------------- helpers
     def check(self, spec: HealthSpec, *, mode: str = "full", now: float = 0.0, apply: bool = True):
@@ -231,7 +261,10 @@ def test_hardware_drain_stays_through_clean_runs_and_returns_with_deep_or_admin(
     node.deep = {"dcgmi": (FIX / "dcgmi-diag-r2-pass.json").read_text(),
                  "all_reduce_perf": (FIX / "all_reduce_perf-h100x8.txt").read_text()}
     out = node.check(SPEC, mode="deep")
-    assert out.decision.action is Action.RESUME and out.applied and not node.drained and node.resumes == 1
+    assert out.decision.action is Action.RESUME and out.applied and not node.drained and node.resumes == 2
+    # each deep run was a job in a maintenance reservation, on the node lifted from its drain for it
+    # (the run that tested nothing put the drain back); no reservation is left
+    assert node.jobs == [("gpuhpc-deep-gpu-node1", "IDLE")] * 2 and not node.reservations
     # again, and this time the admin's resume (scontrol update State=RESUME) returns it
     node.counters = counters(remap_fail=1)
     node.check(SPEC)
