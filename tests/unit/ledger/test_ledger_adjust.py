@@ -106,23 +106,27 @@ def test_audit_records_price_multiplier_and_quota_changes(ledger):
 
 
 def test_reprice_over_a_period_books_corrections_and_never_edits_charges(ledger):
+    admin.set_multiplier("partition", "cheap", Decimal("0.5"), effective_from=T0, url=ledger)
     ingest.ingest_rows(rows(row("100", "COMPLETED", ts(0), ts(30), 1800),
-                            row("101", "COMPLETED", ts(0), ts(30), 1800, gpu_type="a100", gpus=4)), url=ledger)
+                            row("101", "COMPLETED", ts(0), ts(30), 1800, gpu_type="a100", gpus=4),
+                            row("102", "COMPLETED", ts(0), ts(30), 1800, partition="cheap")), url=ledger)
     before = _charges(ledger)
+    assert _used(ledger) == Decimal("15.000000")                       # 10 + 0 (a100: no price) + 5
     since, until = BASE - dt.timedelta(days=1), BASE + dt.timedelta(days=1)
     dry = adjust.reprice("h100", "2.00", since=since, until=until, reason="rate typo", dry_run=True, url=ledger)
-    assert dry.amount == Decimal("-2.000000") and _charges(ledger) == before
+    assert dry.amount == Decimal("-3.000000") and _charges(ledger) == before
     b = adjust.reprice("h100", "2.00", since=since, until=until, reason="rate typo", url=ledger)
-    assert (b.charges, b.amount) == (1, Decimal("-2.000000"))            # 4 GPU-h × (2.00 - 2.50)
-    assert _charges(ledger) == [*before, ("correction", Decimal("-2.000000"))]
-    assert _used(ledger) == Decimal("8.000000")
+    # 4 GPU-h × (2.00 - 2.50), and on the cheap partition its multiplier still applies: 4 × (2.00 - 2.50) × 0.5
+    assert (b.charges, b.amount) == (2, Decimal("-3.000000"))
+    assert _charges(ledger) == [*before, ("correction", Decimal("-2.000000")), ("correction", Decimal("-1.000000"))]
+    assert _used(ledger) == Decimal("12.000000")
     again = adjust.reprice("h100", "2.00", since=since, until=until, reason="rate typo", url=ledger)
     assert (again.charges, again.amount) == (0, Decimal(0))
     # a window that holds none of the run's charges books nothing
     assert adjust.reprice("h100", "1.00", since=until, until=until + dt.timedelta(days=1), reason="x",
                           url=ledger).charges == 0
     rep = reports.cost_report(by="gpu-type", period="month", url=ledger)
-    assert rep.by_gpu_type["h100"] == Decimal("8.000000")
+    assert rep.by_gpu_type["h100"] == Decimal("12.000000")
 
 
 def test_node_fail_refund_by_policy_once(ledger):
@@ -147,6 +151,7 @@ def test_node_fail_refund_by_policy_once(ledger):
     (["research", "--credit", "--amount", "5"], "--reason"),
     (["research", "--credit", "--amount", "-5", "--reason", "x"], "--amount"),
     (["research", "--credit", "--amount", "five", "--reason", "x"], "--amount"),
+    (["research", "--credit", "--amount", "0.0000001", "--reason", "x"], "--amount"),
     (["research", "--debit", "--gpu-hours", "0", "--reason", "x"], "--gpu-hours"),
     (["research", "--debit", "--reason", "x"], "--amount"),
     (["research", "--amount", "1", "--reason", "x"], "--credit/--debit"),
@@ -158,6 +163,17 @@ def test_adjust_bad_input_exits_2_with_one_line_naming_the_field(ledger, capsys,
     assert main(["ledger", "adjust", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {field}: "), err
+    assert _charges(ledger) == []
+
+
+def test_adjust_and_reprice_refuse_a_missing_reason_in_the_api_too(ledger):
+    from gpuhpc.errors import UserInputError
+
+    for reason in ("", "  ", "two\nlines"):
+        with pytest.raises(UserInputError, match="^--reason: "):
+            adjust.adjust("research", kind="credit", amount="1", reason=reason, url=ledger)
+        with pytest.raises(UserInputError, match="^--reason: "):
+            adjust.reprice("h100", "1", since=T0, until=NOW, reason=reason, url=ledger)
     assert _charges(ledger) == []
 
 
