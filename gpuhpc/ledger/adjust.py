@@ -281,6 +281,22 @@ def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt
     return out
 
 
+def period_adjustments(s: Session, account: str, user: str | None, start: dt.datetime,
+                       end: dt.datetime | None) -> tuple[Decimal, Decimal]:
+    """(GPU-hours, money) the adjustments of ``account`` (of ``user`` only, for a user quota) net
+    to in ``[start, end)``: what a quota counter holds that Slurm's usage does not, so that
+    sync-slurm moves the Slurm limit by it (a credit raises it) and ``ledger check`` leaves it
+    out of the usage it compares."""
+    stmt = select(func.coalesce(func.sum(Charge.gpu_hours), 0), func.coalesce(func.sum(Charge.amount), 0)).where(
+        Charge.adjustment_id.is_not(None), Charge.account_name == account, Charge.bucket_at >= start)
+    if end is not None:
+        stmt = stmt.where(Charge.bucket_at < end)
+    if user is not None:
+        stmt = stmt.where(Charge.user_name == user)
+    h, m = s.execute(stmt).one()
+    return pricing.to_decimal(Decimal(str(h))), pricing.to_decimal(Decimal(str(m)))
+
+
 def list_adjustments(*, account: str | None = None, since: dt.datetime | None = None,
                      url: str | None = None) -> list[dict]:
     with db.session_scope(url) as s:

@@ -30,7 +30,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
-from gpuhpc.ledger import admin, budget, db, pricing, slurm_sync
+from gpuhpc.ledger import adjust, admin, budget, db, periods, pricing, slurm_sync
 from gpuhpc.ledger.orm import utcnow
 
 KINDS = ("weights", "limits", "usage", "reset")
@@ -238,6 +238,18 @@ def usage_differences(statuses: list[admin.QuotaStatus], plans: list[slurm_sync.
 
 
 # ------------------------------------------------------------------ the whole check
+def without_adjustments(s, st: admin.QuotaStatus) -> admin.QuotaStatus:
+    """The quota's usage as Slurm counts it: adjustments (credits, refunds, corrections) are in
+    the ledger's counter but not in Slurm's usage; sync-slurm moves the limit by them instead."""
+    import dataclasses
+
+    end = periods.period_end(st.period, st.period_start, periods.ledger_zone())
+    h, m = adjust.period_adjustments(s, st.account, st.user, st.period_start, end)
+    if not h and not m:
+        return st
+    return dataclasses.replace(st, used_gpu_hours=st.used_gpu_hours - h, used_money=st.used_money - m)
+
+
 def check(client, *, url: str | None = None, accounts: list[str] | None = None, now: dt.datetime | None = None,
           tolerance: Tolerance | None = None) -> CheckResult:
     """Compare the running Slurm (through the :class:`~gpuhpc.slurm.client.SlurmClient`) with the
@@ -249,6 +261,7 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
     statuses = [s for s in admin.quota_status(url=url, now=now) if not accounts or s.account in accounts]
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
+        statuses = [without_adjustments(s, st) for st in statuses]
     res = CheckResult()
     # then Slurm
     running = client.partition_billing_weights()

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import admin, budget, db
+from gpuhpc.ledger import adjust, admin, budget, db
 from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
-from gpuhpc.ledger.periods import ledger_zone, period_start
+from gpuhpc.ledger.periods import ledger_zone, period_end, period_start
 
 UNSET = -1
 # Slurm decides in whole TRES-minutes: ``safe`` starts a job when  floor(settled usage) +
@@ -43,7 +43,13 @@ UNSET = -1
 HEADROOM_MINUTES = 2
 
 
-def _limit(gpu_hours, money) -> dict[str, int]:
+def _limit(gpu_hours, money, adjusted=(0, 0)) -> dict[str, int]:
+    """GrpTRESMins for a budget; ``adjusted``: what the period's adjustments net to (GPU-hours,
+    money), taken off the budget (a credit raises the limit): Slurm never sees them as usage."""
+    if gpu_hours is not None:
+        gpu_hours = gpu_hours - adjusted[0]
+    if money is not None:
+        money = money - adjusted[1]
     return {"gres/gpu": UNSET if gpu_hours is None else max(int(gpu_hours * 60) - HEADROOM_MINUTES, 0),
             "billing": UNSET if money is None else max(budget.money_to_billing_minutes(money) - HEADROOM_MINUTES, 0)}
 
@@ -93,12 +99,15 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
         for a in s.scalars(stmt):
             limits, start, user_limits, user_periods = _limit(None, None), None, {}, {}
             for q in s.scalars(select(Quota).where(Quota.account_id == a.id)):
+                qstart = period_start(q.period.value, now, tz)
+                adj = adjust.period_adjustments(s, a.name, q.user.name if q.user_id is not None else None, qstart,
+                                                period_end(q.period.value, qstart, tz))
                 if q.user_id is None:
-                    limits = _limit(q.gpu_hours, q.money)
-                    start = period_start(q.period.value, now, tz)
+                    limits = _limit(q.gpu_hours, q.money, adj)
+                    start = qstart
                 else:
-                    user_limits[q.user.name] = _limit(q.gpu_hours, q.money)
-                    user_periods[q.user.name] = period_start(q.period.value, now, tz)
+                    user_limits[q.user.name] = _limit(q.gpu_hours, q.money, adj)
+                    user_periods[q.user.name] = qstart
             reset = start is not None and _new_period(s, _state_key(a.name), start)
             user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(s, _state_key(a.name, u), us)))
             users = tuple(sorted(m.user.name for m in a.memberships))

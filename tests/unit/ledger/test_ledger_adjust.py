@@ -200,3 +200,30 @@ def test_cli_adjust_reprice_policy_audit(ledger, capsys):
     acts = [a["action"] for a in json.loads(capsys.readouterr().out)]
     assert acts[-3:] == ["adjust.credit", "reprice", "policy.set"]
     assert _used(ledger) == Decimal("6.500000")                     # 10 - 1.5 - 4 GPU-h × 0.50
+
+
+def test_slurm_limits_move_by_the_periods_adjustments_and_check_leaves_them_out(ledger_url):
+    """Slurm counts usage, not adjustments: sync-slurm takes a period's adjustments off the budget
+    (a credit raises GrpTRESMins), and ``ledger check`` compares Slurm's usage with the ledger's
+    less its adjustments, so a credit is neither lost in Slurm nor a drift."""
+    from gpuhpc.ledger import check, slurm_sync
+
+    admin.add_account("proj", url=ledger_url)
+    admin.add_user("bob", "proj", url=ledger_url)
+    admin.set_quota("proj", gpu_hours=Decimal("10.5"), money=Decimal("12.5"), period="month", url=ledger_url)
+    admin.set_quota("proj", user="bob", gpu_hours=Decimal("1"), period="month", url=ledger_url)
+    now = dt.datetime(2026, 11, 15, tzinfo=dt.timezone.utc)
+    adjust.adjust("proj", kind="credit", amount="2", gpu_hours="1", reason="refund", at=now, url=ledger_url)
+    adjust.adjust("proj", kind="debit", gpu_hours="0.5", user="bob", reason="x", at=now, url=ledger_url)
+    adjust.adjust("proj", kind="credit", amount="100", reason="last month", at=now - dt.timedelta(days=30),
+                  url=ledger_url)
+    (p,) = slurm_sync.plan(url=ledger_url, now=now)
+    # (10.5 + 1 - 0.5) GPU-h × 60 - 2; (12.5 + 2) × 60,000,000 - 2; bob: (1 - 0.5) × 60 - 2
+    assert p.limits == {"gres/gpu": 658, "billing": 869_999_998}
+    assert p.user_limits == {"bob": {"gres/gpu": 28, "billing": -1}}
+    statuses = {st.user: st for st in admin.quota_status("proj", url=ledger_url, now=now)}
+    assert (statuses[None].used_gpu_hours, statuses[None].used_money) == (Decimal("-0.5"), Decimal("-2"))
+    with db.session_scope(ledger_url) as s:
+        plain = {st.user: check.without_adjustments(s, st) for st in statuses.values()}
+    assert (plain[None].used_gpu_hours, plain[None].used_money) == (0, 0)
+    assert plain["bob"].used_gpu_hours == 0
