@@ -48,7 +48,9 @@ class SlurmStandIn:
 
     def run(self, argv, *, input=None, timeout=None, env=None):
         out = None
-        if argv == ["scontrol", "show", "config"]:
+        if argv == ["sinfo", "--version"]:           # SlurmClient asks which reads this Slurm has
+            out = "slurm 22.05.8\n"
+        elif argv == ["scontrol", "show", "config"]:
             out = "ClusterName = lab\n"
         elif argv == ["scontrol", "--oneliner", "show", "partition"]:
             out = "".join(f"PartitionName={p} Nodes=x State=UP" + (f" TRESBillingWeights={w}" if w else "") + "\n"
