@@ -179,14 +179,14 @@ class Job:
             return bool(rec) and rec.get("Requeue") == "0"
         return False
 
-    def wait(self, timeout: float | None = None, poll: float = 2.0) -> JobState:
-        """Block until the job is finished; returns the final state."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.done():
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.job_id} still {self.state.value} after {timeout}s")
-            time.sleep(poll)
-        return self.state
+    def wait(self, timeout: float | None = None, poll: float = 2.0, max_poll: float = 30.0) -> JobState:
+        """Block until the job is finished; returns the final state. Every wait in the process on
+        one cluster shares one watcher (:func:`gpuhpc.jobs.watch.wait`): one ``squeue`` per round
+        for all the jobs waited on (``sacct`` for those slurmctld has forgotten), rounds ``poll`` seconds apart at first, further apart (up to
+        ``max_poll``) while nothing changes. TimeoutError after ``timeout`` seconds."""
+        from gpuhpc.jobs import watch
+
+        return watch.wait(self, timeout=timeout, poll=poll, max_poll=max_poll)
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait, then return the callable's result (Python mode) or None (script mode).
