@@ -1,5 +1,8 @@
-"""CLI for the cost ledger: ``gpuhpc ledger`` (ingest, sync-slurm, billing, and the price,
-account and user groups).
+"""CLI for the cost ledger: ``gpuhpc ledger`` and its own commands (ingest, sync-slurm, check,
+billing). Each subgroup has a module of its own, added to the group here: ``price``
+(:mod:`gpuhpc.cli.ledger_price`), ``account`` (:mod:`~gpuhpc.cli.ledger_account`), ``user``
+(:mod:`~gpuhpc.cli.ledger_user`), and the adjustments' commands (:mod:`~gpuhpc.cli.ledger_adjust`:
+adjust, reprice, adjustments, audit, policy).
 
 Heavy modules (sqlalchemy, alembic, rich) are imported inside the commands.
 """
@@ -11,6 +14,7 @@ from typing import Optional
 
 import click
 
+from gpuhpc.cli import ledger_account, ledger_adjust, ledger_price, ledger_user
 from gpuhpc.cli.ledger_args import JSON, admin_only, money_arg, time_arg
 from gpuhpc.cli.main import help_for
 
@@ -18,21 +22,6 @@ from gpuhpc.cli.main import help_for
 @click.group("ledger", help=help_for("ledger"), no_args_is_help=True)
 def ledger() -> None:
     pass
-
-
-@ledger.group("price", no_args_is_help=True)
-def price() -> None:
-    """The price book: GPU-type / MIG rates, partition and QOS multipliers."""
-
-
-@ledger.group("account", no_args_is_help=True)
-def account() -> None:
-    """Ledger accounts (projects)."""
-
-
-@ledger.group("user", no_args_is_help=True)
-def user() -> None:
-    """Ledger users and their account memberships."""
 
 
 @ledger.command("ingest")
@@ -48,7 +37,7 @@ def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optio
                   json_: bool) -> None:
     """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
     from gpuhpc.cli._console import print_json
-    from gpuhpc.ledger import db, ingest, paths
+    from gpuhpc.ledger import db, ingest, metrics_ingest, paths
     from gpuhpc.slurm.client import SlurmClient
 
     admin_only("ledger ingest")
@@ -63,7 +52,7 @@ def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optio
     res = ingest.ingest_rows(rows, since=start, active=active)
     if reprice:
         ingest.reprice(res=res)
-    res.metrics = ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
+    res.metrics = metrics_ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
     res.utilisation, unsummarised = _summarise_runs(client)
     if json_:
         print_json({"since": start.isoformat(), **res.as_dict()})
@@ -185,126 +174,5 @@ def ledger_billing(output: Optional[Path]) -> None:
         sys.stderr.write(f"wrote {output}\n")
 
 
-@price.command("set")
-@click.option("--gpu-type", help="GPU type or MIG profile (h100, 3g.40gb, '*' = default).")
-@click.option("--rate", help="Price per GPU-hour.")
-@click.option("--of", help="Price this type as a fraction of another GPU type.")
-@click.option("--fraction", help="With --of: exact fraction such as 3/7.")
-@click.option("--partition", help="Partition whose multiplier to set.")
-@click.option("--qos", help="QOS whose multiplier to set.")
-@click.option("--multiplier", help="Multiplier for --partition/--qos (0.6 = 40% cheaper).")
-@click.option("--effective", help="Effective from (default now).")
-@click.option("--currency", default="USD", show_default=True)
-def price_set(gpu_type: Optional[str], rate: Optional[str], of: Optional[str], fraction: Optional[str],
-              partition: Optional[str], qos: Optional[str], multiplier: Optional[str], effective: Optional[str],
-              currency: str) -> None:
-    """Set a GPU rate and/or a partition/QOS multiplier (effective-dated)."""
-    from gpuhpc.errors import UserInputError
-    from gpuhpc.ledger import admin
-
-    admin_only("ledger price set")
-    eff = time_arg(effective, "--effective")
-    did = False
-    if gpu_type:
-        if of and not fraction:
-            raise UserInputError("--of needs --fraction (e.g. 3/7)")
-        admin.set_price(gpu_type, rate=money_arg(rate, "--rate"), base=of, fraction=fraction, effective_from=eff,
-                        currency=currency)
-        did = True
-    if partition or qos:
-        if multiplier is None:
-            raise UserInputError("--partition/--qos need --multiplier")
-        m = money_arg(multiplier, "--multiplier")
-        if partition:
-            admin.set_multiplier("partition", partition, m, effective_from=eff)
-        if qos:
-            admin.set_multiplier("qos", qos, m, effective_from=eff)
-        did = True
-    if not did:
-        raise UserInputError("nothing to set", hint="--gpu-type T --rate R, or --partition P --multiplier M")
-
-
-@price.command("load")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def price_load(file: Path) -> None:
-    """Load a price book YAML FILE (see docs/ledger.md)."""
-    from gpuhpc.ledger import pricebook
-
-    admin_only("ledger price load")
-    n = pricebook.load_file(file)
-    sys.stderr.write(f"loaded {n} price entries from {file}\n")
-
-
-@price.command("list")
-@JSON
-def price_list(json_: bool) -> None:
-    """Show the price book."""
-    from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import admin
-
-    rows = admin.list_prices()
-    if json_:
-        print_json(rows)
-        return
-    from rich.table import Table
-
-    t = Table("kind", "name", "rate / multiplier", "effective from")
-    for r in rows:
-        val = (f"{r['rate']} {r['currency']}/GPU-h" if r.get("rate") is not None else
-               f"{r['fraction']} of {r['of']}" if r.get("of") else f"× {r['multiplier']}")
-        t.add_row(r["kind"], r["name"], val, r["effective_from"])
-    console().print(t)
-
-
-@account.command("add")
-@click.argument("name")
-@click.option("--description", default="", help="Free text.")
-def account_add(name: str, description: str) -> None:
-    """Create a ledger account (project)."""
-    from gpuhpc.ledger import admin
-
-    admin_only("ledger account add")
-    created = admin.add_account(name, description=description)
-    sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
-
-
-@account.command("list")
-@JSON
-def account_list(json_: bool) -> None:
-    """List accounts and their users (* = the user's default account)."""
-    from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import admin
-
-    rows = admin.list_accounts()
-    if json_:
-        print_json(rows)
-        return
-    from rich.table import Table
-
-    t = Table("account", "description", "users")
-    for r in rows:
-        t.add_row(r["account"], r["description"], ", ".join(r["users"]))
-    console().print(t)
-
-
-@user.command("add")
-@click.argument("name")
-@click.option("--account", required=True, help="Account to join.")
-@click.option("--default", is_flag=True, help="Make it the user's default account.")
-def user_add(name: str, account: str, default: bool) -> None:
-    """Add a user to an account."""
-    from gpuhpc.ledger import admin
-
-    admin_only("ledger user add")
-    created = admin.add_user(name, account, default=default)
-    sys.stderr.write(f"user {name} {'added to' if created else 'already in'} {account}\n")
-
-
-def _register() -> None:
-    from gpuhpc.cli import ledger_adjust
-
-    for c in ledger_adjust.COMMANDS:
-        ledger.add_command(c)
-
-
-_register()
+for _command in (ledger_price.price, ledger_account.account, ledger_user.user, *ledger_adjust.COMMANDS):
+    ledger.add_command(_command)
