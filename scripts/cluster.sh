@@ -70,16 +70,27 @@ build() {
 }
 
 install() {
-  # one build+install at a time; an unchanged collection is not reinstalled under a running play
+  # one build+install at a time; an unchanged collection is not reinstalled. Each build is installed
+  # into its own directory (.ansible/versions/<digest of its FILES.json>) and the collection's path
+  # becomes a link to it, swapped at once: a play still running from the previous one (another test
+  # run, the lab) keeps finding every file, never a half-replaced tree
   mkdir -p "$ROOT/.ansible"
   exec 8>"$ROOT/.ansible/install.lock"
   flock 8
-  local tarball installed="$ANSIBLE_COLLECTIONS_PATH/ansible_collections/gpuhpc/cluster/FILES.json"
+  local tarball link="$ANSIBLE_COLLECTIONS_PATH/ansible_collections/gpuhpc/cluster" digest dir
   tarball=$(build)
-  if [ -f "$installed" ] && tar -xzOf "$tarball" FILES.json | cmp -s - "$installed"; then
+  if [ -f "$link/FILES.json" ] && tar -xzOf "$tarball" FILES.json | cmp -s - "$link/FILES.json"; then
     echo "gpuhpc.cluster: the installed collection is current" >&2
   else
-    ansible-galaxy collection install "$tarball" -p "$ANSIBLE_COLLECTIONS_PATH" --force >&2
+    digest=$(tar -xzOf "$tarball" FILES.json | sha256sum | cut -c1-16)
+    dir="$ROOT/.ansible/versions/$digest"
+    rm -rf "$dir"
+    ansible-galaxy collection install "$tarball" -p "$dir" --force >&2
+    mkdir -p "${link%/*}"
+    [ -L "$link" ] || rm -rf "$link"             # an install from before versions: a real directory
+    ln -sfn "$dir/ansible_collections/gpuhpc/cluster" "$link.new" && mv -Tf "$link.new" "$link"
+    # keep the five newest versions (a play that outlives five installs is not expected)
+    ls -1dt "$ROOT/.ansible/versions"/*/ 2>/dev/null | tail -n +6 | xargs -r rm -rf
   fi
   flock -u 8
 }
