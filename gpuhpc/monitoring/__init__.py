@@ -103,6 +103,7 @@ RECORDED = {
     "gpuhpc:job_gpu_utilization_percent:avg",
     "gpuhpc:gpu_idle_held:bool",
     "gpuhpc:partition_gpu_allocated_ratio",
+    "gpuhpc:job_idle_gpu_samples:sum5m",
 }
 
 

@@ -173,6 +173,30 @@ def attach_series(rep: JobEfficiency, fetched: JobEfficiency) -> None:
         rep.cpu_times, rep.cpu_used, rep.rss = fetched.cpu_times, fetched.cpu_used, fetched.rss or rep.rss
 
 
+MAX_SAMPLES = 50_000_000                       # Prometheus' default --query.max-samples
+RECORDED_IDLE = "gpuhpc:job_idle_gpu_samples:sum5m"
+GPU_INFO = "gpuhpc_gpu_info"
+
+
+def long_range_samples(devices: float, window_s: int, step_s: int) -> float:
+    """Samples the ranking's per-GPU query loads: the utilisation and job-info series of every
+    device, at every step of the window."""
+    return 2 * devices * window_s / max(step_s, 1)
+
+
+def evaluation_interval(prom) -> float:
+    """Prometheus' global rule evaluation interval (its running config; Prometheus' default 1m)."""
+    import yaml
+
+    from gpuhpc.slurm.durations import parse_duration
+
+    try:
+        text = (yaml.safe_load(prom.config()) or {}).get("global", {}).get("evaluation_interval") or "1m"
+        return float(parse_duration(str(text), shorthand=True) or 60)
+    except (GpuhpcError, UserInputError, yaml.YAMLError, AttributeError):
+        return 60.0
+
+
 def rank(account: str, period: str = "week", *, client=None, prom: Prometheus | None = None,
          threshold: float | None = None, book=None, now: dt.datetime | None = None, step_s: int = 15,
          ledger_url: str | None = None, notes: list[str] | None = None) -> list[RankRow]:
@@ -196,7 +220,18 @@ def rank(account: str, period: str = "week", *, client=None, prom: Prometheus | 
     window = int((now - since).total_seconds())
     expr = f"sum by (job_id) (count_over_time(({job_series(f'({UTIL} < {th:g})')})[{window}s:{step_s}s]))"
     try:
-        idle = {r["metric"]["job_id"]: float(r["value"][1]) * step_s / 3600 for r in prom.query(expr, at=now)}
+        sample_s = step_s
+        devices = prom.query(f"count({GPU_INFO})", at=now)
+        n = float(devices[0]["value"][1]) if devices else 0.0
+        if long_range_samples(n, window, step_s) > MAX_SAMPLES // 2:
+            # the per-GPU series over this range would pass Prometheus' sample limit: the
+            # recording rule's per-job 5-minute sums instead (the rules' idle threshold)
+            expr = f"sum by (job_id) (sum_over_time({RECORDED_IDLE}[{window}s]))"
+            sample_s = evaluation_interval(prom)
+            if notes is not None:
+                notes.append(f"idle GPU-hours of unsettled jobs from the recording rule {RECORDED_IDLE} "
+                             f"({n:.0f} GPUs over {window // 86400} days: the rules' idle threshold)")
+        idle = {r["metric"]["job_id"]: float(r["value"][1]) * sample_s / 3600 for r in prom.query(expr, at=now)}
     except GpuhpcError as exc:
         if not out:
             raise

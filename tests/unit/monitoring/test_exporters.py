@@ -209,11 +209,12 @@ def test_dashboard_panels_follow_the_dashboards_variables(name):
 def test_rules_read_and_record_known_metrics():
     rules = yaml.safe_load((PKG / "prometheus" / "rules.yml").read_text())
     recorded = set()
-    for group in rules["groups"]:
-        for r in group["rules"]:
-            assert metric_names(r["expr"]) <= set(METRICS) | RECORDED, r
-            if "record" in r:
-                recorded.add(r["record"])
+    for path in sorted((PKG / "prometheus").glob("*.yml")):        # rules.yml and rules-long-range.yml
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for r in group["rules"]:
+                assert metric_names(r["expr"]) <= set(METRICS) | RECORDED, r
+                if "record" in r:
+                    recorded.add(r["record"])
     assert recorded == RECORDED
     alert = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "GpuhpcIdleGpuHeld"][0]
     minutes = int(alert["for"].rstrip("m"))
