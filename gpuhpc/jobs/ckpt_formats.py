@@ -21,8 +21,9 @@ uploader (``gpuhpc.staging.job``) skip it:
   only those are checkpoints (not the final model files or ``runs/`` beside them).
 * **anything else**: :func:`gpuhpc.commit(dir) <gpuhpc.jobs.checkpoint.commit>` after the save
   writes ``.gpuhpc-committed`` into the directory. A directory with that marker is complete
-  whatever its layout. A directory with none of these marks is complete unless it is empty
-  (gpuhpc's behaviour before the framework rules: commit yours to be safe).
+  whatever its layout, and once one directory of a checkpoint directory is committed, entries
+  there without a mark are not checkpoints. Elsewhere a directory with none of these marks is
+  complete unless it is empty (gpuhpc's behaviour before the framework rules).
 
 gpuhpc's own saves (``save_atomic``: a rename; ``save_shard``: a manifest) are judged in
 :mod:`gpuhpc.jobs.checkpoint`; this module only reads directories.
@@ -54,6 +55,7 @@ class SaveDir:
     deepspeed_tag: str | None      # the tag DeepSpeed's ``latest`` file names (None: no such file)
     deepspeed: bool                # a ``latest`` regular file or zero_to_fp32.py: DeepSpeed saves here
     huggingface: bool              # ``checkpoint-<step>`` directories are there: a Trainer's output_dir
+    committed: bool = False        # a directory there was gpuhpc.commit-ed: only marked ones count
 
     @classmethod
     def of(cls, directory: str | os.PathLike[str]) -> "SaveDir":
@@ -67,16 +69,17 @@ class SaveDir:
             except OSError:
                 tag = None
         ds = ds or (d / DS_SCRIPT).is_file()
-        hf = False
+        hf = committed = False
         try:
             with os.scandir(d) as it:
                 for e in it:
-                    if (_HF_NAME.fullmatch(e.name) or _HF_TMP_NAME.fullmatch(e.name)) and e.is_dir():
-                        hf = True
-                        break
+                    if e.name.startswith(".") or not e.is_dir():
+                        continue
+                    hf = hf or bool(_HF_NAME.fullmatch(e.name) or _HF_TMP_NAME.fullmatch(e.name))
+                    committed = committed or os.path.isfile(os.path.join(e.path, COMMITTED))
         except OSError:
             pass
-        return cls(deepspeed_tag=tag, deepspeed=ds, huggingface=hf)
+        return cls(deepspeed_tag=tag, deepspeed=ds, huggingface=hf, committed=committed)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def classify(path: str | os.PathLike[str], save_dir: SaveDir | None = None) -> V
         return Verdict("missing", False)
     ctx = save_dir if save_dir is not None else SaveDir.of(p.parent)
     if not p.is_dir():
-        if ctx.deepspeed or ctx.huggingface:
+        if ctx.deepspeed or ctx.huggingface or ctx.committed:
             return Verdict("other", False)
         return Verdict("plain", True, _mtime(p))
     marker = p / COMMITTED
@@ -144,4 +147,6 @@ def classify(path: str | os.PathLike[str], save_dir: SaveDir | None = None) -> V
         return Verdict("deepspeed", False)       # no `latest` names it: its save never finished
     if not names:
         return Verdict("empty", False)
+    if ctx.committed:
+        return Verdict("plain", False)           # not committed (yet) where saves are committed
     return Verdict("plain", True, _mtime(p))

@@ -145,6 +145,7 @@ def test_commit_marks_a_directory_complete_and_newest(tmp_path):
     later.mkdir()
     (later / "weights.npz").write_bytes(b"half")
     assert ckpt.latest_checkpoint(ck) == mine.resolve()
+    assert not ckpt.is_complete(later)                                 # the uploader skips it too
     gpuhpc.commit(later)
     assert ckpt.latest_checkpoint(ck) == later.resolve()
     assert ckpt_formats.classify(later).kind == "committed"
