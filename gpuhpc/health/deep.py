@@ -330,6 +330,8 @@ def run_held(node: str, info, client, runner, spec, *, baseline: float | None, d
         from gpuhpc.fsutil import check_root_dir
 
         check_root_dir(out_dir, create=0o700)
+    else:
+        runner.makedirs(out_dir)        # a job whose output file cannot be opened tests nothing
     job_min = math.ceil(2 * spec.deep_timeout_s / 60) + 1
     user = runner.getenv("USER") or (getpass.getuser() if runner.is_local else "root")
     run = HeldRun(c.Report(node), reservation=f"gpuhpc-deep-{node}")
@@ -367,7 +369,14 @@ def run_held(node: str, info, client, runner, spec, *, baseline: float | None, d
         except GpuhpcError:
             text = None
         got = parse_job_result(text, node, run.job_id)
-        if got is None:
+        if got is None and state in ("CANCELLED", "GONE", "COMPLETED"):
+            # cancelled (by an admin, or before it ran), or ended well with a result this host
+            # cannot read (a results directory the nodes do not share): gpuhpc's trouble, not the
+            # node's; nothing was tested here, nothing is decided
+            run.report.results = [c.skip(DCGM, f"deep-check job {run.job_id} {state.lower()}: no result in "
+                                               f"{out_dir} (shared with the nodes?)"),
+                                  c.skip(NCCL, "not run", c.PERF)]
+        elif got is None:
             run.report.results = [c.fail(DCGM, f"dcgm diag: deep-check job {run.job_id} ended {state} "
                                                "with no result", c.SW)]
         else:

@@ -220,11 +220,14 @@ class _Slurm:
     def cancel(self, job_id, **kw):
         self.calls.append(("cancel", job_id))
 
+    def makedirs(self, path):
+        pass
+
     def submit_script(self, script, *, extra=()):
         self.calls.append(("submit", tuple(extra)))
         from gpuhpc.health.checks import Report
 
-        if self.outcome != "never":
+        if self.outcome in ("pass", "fail"):
             res = [ok(deep.DCGM, "pass"), ok(deep.NCCL, "nccl 435 GB/s", "perf")] if self.outcome == "pass" else \
                 [ok(deep.DCGM, "pass"), fail(deep.NCCL, "nccl 313<391 GB/s", "perf")]
             out = next(a for a in extra if a.startswith("--output=")).split("=", 1)[1]
@@ -239,6 +242,8 @@ class _Slurm:
         self.polls += 1
         if self.outcome == "never":     # the node's jobs never end
             return [SimpleNamespace(state=SlurmState.parse("PENDING"))]
+        if self.outcome in ("FAILED", "CANCELLED"):      # ended so, with no result written
+            return [SimpleNamespace(state=SlurmState.parse(f"{self.outcome} by 0"))]
         return []
 
 
@@ -309,3 +314,15 @@ def test_spec_deep_job_keys():
         with pytest.raises(UserInputError) as exc:
             load(f"deep: {bad}")
         assert exc.value.field.endswith(field)
+
+
+def test_a_job_that_ended_without_a_result():
+    """A job that failed on the node is a sw failure (a deep check's own drain); one an admin
+    cancelled tested nothing and decides nothing."""
+    s = _Slurm(outcome="FAILED")
+    out = _held(s)
+    assert out.decision.action.value == "drain" and s.reason.startswith(
+        "gpuhpc:sw: dcgm diag: deep-check job 9 ended FAILED with no result")
+    s = _Slurm(outcome="CANCELLED")
+    out = _held(s)
+    assert out.decision.action.value == "none" and all(r.status is Status.SKIP for r in out.report.results)
