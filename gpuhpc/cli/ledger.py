@@ -1,8 +1,9 @@
 """CLI for the cost ledger: ``gpuhpc ledger`` and its own commands (ingest, sync-slurm, check,
 billing). Each subgroup has a module of its own, added to the group here: ``price``
 (:mod:`gpuhpc.cli.ledger_price`), ``account`` (:mod:`~gpuhpc.cli.ledger_account`), ``user``
-(:mod:`~gpuhpc.cli.ledger_user`), and the adjustments' commands (:mod:`~gpuhpc.cli.ledger_adjust`:
-adjust, reprice, adjustments, audit, policy).
+(:mod:`~gpuhpc.cli.ledger_user`), the adjustments' commands (:mod:`~gpuhpc.cli.ledger_adjust`:
+adjust, reprice, adjustments, audit, policy) and finance's (:mod:`~gpuhpc.cli.ledger_finance`:
+report --jobs, forecast).
 
 Heavy modules (sqlalchemy, alembic, rich) are imported inside the commands.
 """
@@ -14,7 +15,7 @@ from typing import Optional
 
 import click
 
-from gpuhpc.cli import ledger_account, ledger_adjust, ledger_price, ledger_user
+from gpuhpc.cli import ledger_account, ledger_adjust, ledger_finance, ledger_price, ledger_user
 from gpuhpc.cli.ledger_args import JSON, admin_only, money_arg, time_arg
 from gpuhpc.cli.main import help_for
 
@@ -174,5 +175,6 @@ def ledger_billing(output: Optional[Path]) -> None:
         sys.stderr.write(f"wrote {output}\n")
 
 
-for _command in (ledger_price.price, ledger_account.account, ledger_user.user, *ledger_adjust.COMMANDS):
+for _command in (ledger_price.price, ledger_account.account, ledger_user.user, *ledger_adjust.COMMANDS,
+                 *ledger_finance.COMMANDS):
     ledger.add_command(_command)

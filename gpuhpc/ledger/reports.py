@@ -243,3 +243,178 @@ generated {_e(generated.strftime("%Y-%m-%d %H:%M UTC"))}.</p>
 </tbody></table>
 {section}</body></html>
 """
+
+
+# ------------------------------------------------------------------ burn forecast
+@dataclass(frozen=True)
+class Burn:
+    """One budget's burn: spend per day over the last ``days`` days, and the date at that rate
+    its remaining budget (less open holds) runs out; ``runs_out`` None: it lasts until the
+    period resets (``period_end``) or nothing was spent."""
+
+    account: str
+    user: str | None
+    period: str
+    measure: str                  # money | gpu_hours
+    budget: Decimal
+    used: Decimal
+    held: Decimal
+    per_day: Decimal
+    days: int
+    period_end: dt.datetime | None
+    runs_out: dt.datetime | None
+
+    @property
+    def remaining(self) -> Decimal:
+        return self.budget - self.used - self.held
+
+    def as_dict(self) -> dict:
+        return {"account": self.account, "user": self.user, "period": self.period, "measure": self.measure,
+                "budget": str(self.budget), "used": str(self.used), "held": str(self.held),
+                "remaining": str(self.remaining), "per_day": str(self.per_day), "days": self.days,
+                "period_end": None if self.period_end is None else self.period_end.isoformat(),
+                "runs_out": None if self.runs_out is None else self.runs_out.isoformat()}
+
+
+def burn_forecast(*, days: int = 14, account: str | None = None, now: dt.datetime | None = None,
+                  url: str | None = None) -> list[Burn]:
+    """Each quota's spend rate over ``[now - days, now)`` (its charges, adjustments included: all
+    its account's, or one user's for a user quota) and the date its remaining budget runs out at
+    that rate, when that comes before the period resets. An exhausted budget runs out ``now``."""
+    from sqlalchemy import func
+
+    if not isinstance(days, int) or days < 1 or days > 3660:
+        raise UserInputError(f"{days!r} is not a number of days from 1 to 3660", field="--days", hint="--days 14")
+    now = now or dt.datetime.now(dt.timezone.utc)
+    tz = periods.ledger_zone()
+    statuses = admin.quota_status(account, url=url, now=now)
+    out: list[Burn] = []
+    with db.session_scope(url) as s:
+        for st in statuses:
+            stmt = select(func.coalesce(func.sum(Charge.gpu_hours), 0), func.coalesce(func.sum(Charge.amount), 0)).where(
+                Charge.account_name == st.account, Charge.bucket_at >= now - dt.timedelta(days=days),
+                Charge.bucket_at < now)
+            if st.user is not None:
+                stmt = stmt.where(Charge.user_name == st.user)
+            spent_h, spent_m = (pricing.to_decimal(Decimal(str(v))) for v in s.execute(stmt).one())
+            end = periods.period_end(st.period, st.period_start, tz)
+            for measure, budget_, used, held, spent in (
+                    ("money", st.money_budget, st.used_money, st.held_money, spent_m),
+                    ("gpu_hours", st.gpu_hours_budget, st.used_gpu_hours, st.held_gpu_hours, spent_h)):
+                if budget_ is None:
+                    continue
+                per_day = pricing.to_decimal(Fraction(spent) / days)
+                left = budget_ - used - held
+                runs_out = None
+                if left <= 0:
+                    runs_out = now
+                elif per_day > 0:
+                    when = now + dt.timedelta(seconds=float(Fraction(left) / Fraction(per_day) * 86400))
+                    runs_out = when if end is None or when < end else None
+                out.append(Burn(st.account, st.user, st.period, measure, Decimal(budget_), Decimal(used), Decimal(held),
+                                per_day, days, end, runs_out))
+    return out
+
+
+# ------------------------------------------------------------------ per-job line items
+LINE_FIELDS = ("kind", "cluster", "job_id", "array_task_id", "account", "user", "partition", "qos", "gpu_type", "gpus",
+               "run_start", "run_end", "state", "gpu_hours", "cost", "adjustments", "total", "reason")
+
+
+def job_lines(*, since: dt.datetime | None = None, until: dt.datetime | None = None, account: str | None = None,
+              url: str | None = None, tz: dt.tzinfo | None = None) -> list[dict]:
+    """Line items for finance: one per run (its part inside ``[since, until)``, cut as the cost
+    report cuts it, with what adjustments dated in the window did to it: refunds, corrections),
+    and one per adjustment of an account rather than a run (a credit or debit). Totals add up to
+    :func:`cost_report`'s over the same window. Values are strings (exact decimals)."""
+    from gpuhpc.ledger.orm import Adjustment
+
+    tz = periods.ledger_zone() if tz is None else tz
+    window = [t for t in (since, until) if t is not None]
+    stmt = select(UsageRecord).order_by(UsageRecord.run_start, UsageRecord.cluster, UsageRecord.job_id,
+                                        UsageRecord.array_task_id)
+    if since is not None:
+        stmt = stmt.where(or_(UsageRecord.run_end.is_(None), UsageRecord.run_end >= since,
+                              UsageRecord.run_start >= since))
+    if until is not None:
+        stmt = stmt.where(UsageRecord.run_start < until)
+    if account:
+        stmt = stmt.where(UsageRecord.account_name == account)
+    adj = select(Charge.usage_id, Charge.gpu_hours, Charge.amount, Charge.adjustment_id, Charge.account_name,
+                 Charge.user_name, Charge.bucket_at).where(Charge.adjustment_id.is_not(None))
+    if since is not None:
+        adj = adj.where(Charge.bucket_at >= since)
+    if until is not None:
+        adj = adj.where(Charge.bucket_at < until)
+    if account:
+        adj = adj.where(Charge.account_name == account)
+    out: list[dict] = []
+    with db.session_scope(url) as s:
+        book = pricing.PriceCache(admin.load_price_book(s))
+        per_run: dict[int, list[Decimal]] = defaultdict(lambda: [ZERO, ZERO])
+        loose: list = []
+        for c in s.execute(adj):
+            if c.usage_id is None:
+                loose.append(c)
+            else:
+                per_run[c.usage_id][0] += Decimal(c.gpu_hours)
+                per_run[c.usage_id][1] += Decimal(c.amount)
+        for r in s.scalars(stmt):
+            hours = cost = ZERO
+            for frm, _to, h, m in periods.run_shares(r.run_start, r.elapsed_s, (r.gpu_hours, r.amount),
+                                                     _cumulative(book, r), window):
+                if (since is not None and frm < since) or (until is not None and frm >= until):
+                    continue
+                hours += h
+                cost += m
+            a_h, a_m = per_run.pop(r.id, (ZERO, ZERO))
+            out.append({"kind": "run", "cluster": r.cluster, "job_id": r.job_id,
+                        "array_task_id": "" if r.array_task_id < 0 else str(r.array_task_id),
+                        "account": r.account_name, "user": r.user_name, "partition": r.partition, "qos": r.qos,
+                        "gpu_type": r.gpu_type, "gpus": str(r.gpus), "run_start": r.run_start.isoformat(),
+                        "run_end": "" if r.run_end is None else r.run_end.isoformat(), "state": r.state,
+                        "gpu_hours": str(hours + a_h), "cost": str(cost), "adjustments": str(a_m),
+                        "total": str(cost + a_m), "reason": ""})
+        # adjustments of runs outside the window's runs (a refund dated in it of an older run), and of accounts
+        adjs = {a.id: a for a in s.scalars(select(Adjustment).where(
+            Adjustment.id.in_({c.adjustment_id for c in loose})))} if loose else {}
+        for uid, (a_h, a_m) in sorted(per_run.items()):
+            u = s.get(UsageRecord, uid)
+            out.append({"kind": "adjustment", "cluster": u.cluster, "job_id": u.job_id,
+                        "array_task_id": "" if u.array_task_id < 0 else str(u.array_task_id),
+                        "account": u.account_name, "user": u.user_name, "partition": u.partition, "qos": u.qos,
+                        "gpu_type": u.gpu_type, "gpus": str(u.gpus), "run_start": u.run_start.isoformat(),
+                        "run_end": "" if u.run_end is None else u.run_end.isoformat(), "state": u.state,
+                        "gpu_hours": str(a_h), "cost": "0", "adjustments": str(a_m), "total": str(a_m), "reason": ""})
+        for c in loose:
+            a = adjs[c.adjustment_id]
+            job, _, task = (a.job_id or "").partition("_")
+            out.append({"kind": "adjustment", "cluster": a.cluster or "", "job_id": job, "array_task_id": task,
+                        "account": c.account_name, "user": c.user_name, "partition": "", "qos": "", "gpu_type": "",
+                        "gpus": "", "run_start": "", "run_end": "", "state": a.kind,
+                        "gpu_hours": str(Decimal(c.gpu_hours)), "cost": "0", "adjustments": str(Decimal(c.amount)),
+                        "total": str(Decimal(c.amount)), "reason": a.reason})
+    return out
+
+
+def lines_csv(lines: list[dict]) -> str:
+    """RFC 4180 CSV with a header row; a cell a spreadsheet would run as a formula (=, +, -, @ first)
+    gets a leading apostrophe, unless it is a number."""
+    import csv
+    import io
+
+    def cell(v: str) -> str:
+        if v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+            try:
+                Decimal(v)
+                return v
+            except Exception:
+                return "'" + v
+        return v
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\r\n")
+    w.writerow(LINE_FIELDS)
+    for line in lines:
+        w.writerow([cell(str(line[f])) for f in LINE_FIELDS])
+    return buf.getvalue()

@@ -1,0 +1,84 @@
+"""``gpuhpc ledger report --jobs`` (per-job line items, CSV or JSON) and ``gpuhpc ledger forecast``
+(each budget's burn rate and the date it runs out): what finance asks for
+(:func:`gpuhpc.ledger.reports.job_lines`, :func:`~gpuhpc.ledger.reports.burn_forecast`).
+
+Registered on the ``ledger`` group by :mod:`gpuhpc.cli.ledger`. Heavy modules are imported
+inside the commands."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from gpuhpc.cli.ledger_args import JSON, time_arg
+
+
+@click.command("report")
+@click.option("--jobs", is_flag=True, help="One line per run (its part inside the window) and per adjustment.")
+@click.option("--csv", "csv_", is_flag=True, help="CSV with a header row (default: a table).")
+@click.option("--since", help="Start of the window (ISO date or time, UTC unless an offset is given; or 30d).")
+@click.option("--until", help="End of the window (exclusive; default now).")
+@click.option("--account", help="Only this account.")
+@JSON
+def report(jobs: bool, csv_: bool, since: Optional[str], until: Optional[str], account: Optional[str],
+           json_: bool) -> None:
+    """Per-job line items for finance (with --jobs): each run's GPU-hours and cost inside the
+    window, what adjustments did to it, and the account-level adjustments; they add up to
+    `gpuhpc report cost` over the same window."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.ledger import reports
+
+    if not jobs:
+        raise UserInputError("say which report", field="--jobs",
+                             hint="--jobs for line items; totals per account or user: gpuhpc report cost")
+    if csv_ and json_:
+        raise UserInputError("give one of them", field="--csv/--json", hint="--csv for a spreadsheet, --json for tools")
+    lines = reports.job_lines(since=time_arg(since, "--since"), until=time_arg(until, "--until"), account=account)
+    if csv_:
+        sys.stdout.write(reports.lines_csv(lines))
+        return
+    if json_:
+        from gpuhpc.cli._console import print_json
+
+        print_json(lines)
+        return
+    from rich.table import Table
+
+    from gpuhpc.cli._console import console
+
+    t = Table("kind", "job", "account", "user", "GPU type", "GPU-h", "cost", "adjustments", "total")
+    for x in lines:
+        job = x["job_id"] + (f"_{x['array_task_id']}" if x["array_task_id"] else "")
+        t.add_row(x["kind"], job, x["account"], x["user"], x["gpu_type"], x["gpu_hours"], x["cost"], x["adjustments"],
+                  x["total"])
+    console().print(t)
+
+
+@click.command("forecast")
+@click.option("--days", type=click.IntRange(1, 3660), default=14, show_default=True,
+              help="The spend rate is the average over this many days before now.")
+@click.option("--account", help="Only this account's budgets.")
+@JSON
+def forecast(days: int, account: Optional[str], json_: bool) -> None:
+    """Each budget's spend per day (over the last --days) and the date it runs out at that rate,
+    if that is before its period resets."""
+    from gpuhpc.ledger import reports
+
+    rows = reports.burn_forecast(days=days, account=account)
+    if json_:
+        from gpuhpc.cli._console import print_json
+
+        print_json([r.as_dict() for r in rows])
+        return
+    for r in rows:
+        who = r.account + (f"/{r.user}" if r.user else "")
+        unit = "GPU-h" if r.measure == "gpu_hours" else ""
+        when = ("exhausted" if r.runs_out is not None and r.remaining <= 0 else
+                f"runs out {r.runs_out:%Y-%m-%d %H:%M} UTC" if r.runs_out is not None else
+                "lasts the period" if r.per_day > 0 else "nothing spent")
+        sys.stdout.write(f"{who} ({r.period}): {r.remaining:,.2f} {unit} left of {r.budget:,.2f}, "
+                         f"{r.per_day:,.2f}{unit}/day over {r.days} days: {when}\n")
+
+
+COMMANDS = (report, forecast)
