@@ -15,6 +15,12 @@
   :mod:`gpuhpc.ledger.periods`) its new seconds ran in, each dated when its part began: a run
   across a period boundary counts in each period for the part inside it (docs/ledger.md,
   "Month end, for finance").
+* Charges are only ever added (a trigger refuses UPDATE and DELETE, migration 0009): a run seen
+  again is topped up by a new charge; the usage record keeps the run's totals so far. With the
+  ``node_fail_refund`` policy on, a run that ended NODE_FAIL gets its charges back as a refund
+  adjustment (:mod:`gpuhpc.ledger.adjust`).
+* The ``gpuhpc.report()`` metrics files are the other half of the ingest:
+  :mod:`gpuhpc.ledger.metrics_ingest`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 adjustments and audit tables refuse UPDATE, DELETE (and TRUNCATE) for every role, the migration
 owner included; an adjustment, a corrected rate and a NODE_FAIL refund by policy count in the
 budget and the report; a reader sees its own accounts' adjustments only and no audit trail; the
-migration goes down and up again."""
+migration goes down and up again; finance's line items and burn forecast over the same charges."""
 from __future__ import annotations
 
 import datetime as dt
@@ -69,6 +69,12 @@ def test_adjustments_on_an_append_only_ledger(any_url):
     assert adjust.reprice("h100", "2.00", since=since, until=until, reason="rate typo", url=any_url).charges == 0
     assert _used(any_url) == Decimal("4.000000")                   # 20 - 4 - 10 - 2
     assert reports.cost_report(by="account", url=any_url).total == Decimal("4.000000")
+    # finance's line items add up to the same, and the forecast reads the same charges (issue 34.10)
+    lines = reports.job_lines(url=any_url)
+    assert sum(Decimal(x["total"]) for x in lines) == Decimal("4.000000")
+    assert reports.lines_csv(lines).count("\r\n") == len(lines) + 1
+    (burn,) = reports.burn_forecast(days=7, url=any_url)
+    assert burn.remaining == Decimal("96.000000") and burn.per_day == Decimal("0.571429")      # 4.00 / 7
     for sql in ("UPDATE adjustments SET amount = 0", "DELETE FROM ledger_audit"):
         with pytest.raises(DatabaseError, match="is append-only"):
             with db.get_engine(any_url).begin() as c:
