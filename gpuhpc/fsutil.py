@@ -9,13 +9,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpuhpc.config import getenv
+
 
 def data_dir() -> Path:
     """gpuhpc's per-user data directory (ledger, logs, checkpoints, metrics):
     ``$GPUHPC_DATA_DIR``, else platformdirs' user data dir (``$XDG_DATA_HOME/gpuhpc``, else
     ``~/.local/share/gpuhpc`` on Linux). Created 0700 when missing (job logs, checkpoints and
     pickled calls are private); an existing one is left as its owner made it."""
-    env = os.environ.get("GPUHPC_DATA_DIR")
+    env = getenv("GPUHPC_DATA_DIR")
     if env:
         path = Path(env).expanduser()
     else:
@@ -31,7 +33,7 @@ def data_dir() -> Path:
 
 def cache_dir() -> Path:
     """``$GPUHPC_CACHE_DIR``, else platformdirs' user cache dir (``~/.cache/gpuhpc`` on Linux)."""
-    env = os.environ.get("GPUHPC_CACHE_DIR")
+    env = getenv("GPUHPC_CACHE_DIR")
     if env:
         return Path(env).expanduser()
     from platformdirs import user_cache_dir

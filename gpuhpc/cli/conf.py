@@ -1,7 +1,6 @@
 """``gpuhpc conf ...``: validate a cluster spec and render its Slurm config files."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -66,9 +65,10 @@ def render_cmd(spec_path: Path, out_dir: Path, as_json: bool, slurm_version: str
     $GPUHPC_SLURMDBD_STORAGE_PASS (a placeholder otherwise).
     """
     from gpuhpc.conf.render import STORAGE_PASS_ENV, render_spec, write_files
+    from gpuhpc.config import getenv
 
     spec = _load(spec_path)
-    storage_pass = os.environ.get(STORAGE_PASS_ENV)
+    storage_pass = getenv(STORAGE_PASS_ENV)
     files, warnings = render_spec(spec, storage_pass=storage_pass, slurm_version=slurm_version)
     _warn_all(warnings)
     if spec.slurmdbd is not None and not storage_pass:

@@ -67,15 +67,15 @@ def run_guarded(call, debug=lambda: False) -> int:
     (``error: ...``) and returns its code (2 = bad input), Ctrl-C returns 130, any other
     exception prints one line and returns 1. With ``--debug``/``GPUHPC_DEBUG`` the exception
     propagates with its traceback. Every command runs under it (:func:`gpuhpc.cli.main.main`)."""
-    import os
     import sys
 
+    from gpuhpc.config import getenv
     from gpuhpc.errors import GpuhpcError
 
     try:
         return call() or 0
     except GpuhpcError as exc:
-        if debug() or os.environ.get("GPUHPC_DEBUG"):
+        if debug() or getenv("GPUHPC_DEBUG"):
             raise
         sys.stderr.write(f"error: {exc.one_line()}\n")
         return exc.exit_code
@@ -83,7 +83,7 @@ def run_guarded(call, debug=lambda: False) -> int:
         sys.stderr.write("interrupted\n")
         return 130
     except Exception as exc:        # a bug: one line, the traceback only on request
-        if debug() or os.environ.get("GPUHPC_DEBUG"):
+        if debug() or getenv("GPUHPC_DEBUG"):
             raise
         sys.stderr.write(f"error: unexpected {type(exc).__name__}: {exc} (run with --debug for a traceback)\n")
         return 1

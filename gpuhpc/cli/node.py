@@ -114,15 +114,15 @@ def health_cmd(node: str | None, mode: str, deep: bool, apply: bool, spec: str |
     or with --deep DCGM diagnostics and nccl bandwidth; exit 1 when one fails. NODE: the Slurm
     node name (default: this host's; $SLURMD_NODENAME). Runs where gpuhpc runs commands (this
     host, or GPUHPC_SSH_HOST)."""
-    import os
-
     from gpuhpc.errors import UserInputError
     from gpuhpc.health import HealthSpec, check_node
     from gpuhpc.health.spec import load
 
     if mode not in ("full", "prolog"):
         raise UserInputError(f"unknown mode {mode!r}", field="--mode", hint="full or prolog")
-    path = spec or os.environ.get("GPUHPC_HEALTH_SPEC")
+    from gpuhpc.config import getenv
+
+    path = spec or getenv("GPUHPC_HEALTH_SPEC")
     hspec = load(_read(path, "--spec"), path) if path else HealthSpec()
     runner = _runner()
     name = node or runner.getenv("SLURMD_NODENAME") or _node_name(runner)

@@ -8,7 +8,6 @@ A plain click command; ``gpuhpc submit`` imports no rich (it must not be much sl
 """
 from __future__ import annotations
 
-import os
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -199,8 +198,10 @@ def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:
         data["command"] = [sys.executable, "-m", "gpuhpc.sweeps.best", str(sw.id), "--", *cmd]
     env = dict(data.get("env") or {})
     env.setdefault("GPUHPC_DB_URL", store.db_url())
-    if os.environ.get("GPUHPC_SWEEP_ROOT"):
-        env.setdefault("GPUHPC_SWEEP_ROOT", os.environ["GPUHPC_SWEEP_ROOT"])
+    from gpuhpc.config import getenv
+
+    if getenv("GPUHPC_SWEEP_ROOT"):
+        env.setdefault("GPUHPC_SWEEP_ROOT", getenv("GPUHPC_SWEEP_ROOT"))
     data["env"] = env
     return data
 

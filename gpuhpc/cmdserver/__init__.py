@@ -57,8 +57,10 @@ def server_id(python: str | None = None) -> str:
 def runtime_dir(env: Mapping[str, str] | None = None) -> str:
     """Where sockets live (same rule as client.c)."""
     env = os.environ if env is None else env
-    if env.get("GPUHPC_RUNTIME_DIR"):
-        return env["GPUHPC_RUNTIME_DIR"]
+    from gpuhpc.config import getenv
+
+    if getenv("GPUHPC_RUNTIME_DIR", env):
+        return getenv("GPUHPC_RUNTIME_DIR", env)
     if env.get("XDG_RUNTIME_DIR"):
         return os.path.join(env["XDG_RUNTIME_DIR"], "gpuhpc")
     return f"/tmp/gpuhpc-{os.getuid()}"

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from gpuhpc.config import getenv
+
 
 def autostart(sock: str, args: list[str]) -> int:
     try:
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run the server in the foreground")
     s.add_argument("--socket", default=None, help="socket path (default: this interpreter's)")
-    s.add_argument("--idle", type=float, default=float(os.environ.get("GPUHPC_CMDSERVER_IDLE") or 900),
+    s.add_argument("--idle", type=float, default=getenv("GPUHPC_CMDSERVER_IDLE"),
                    help="exit after this many seconds without a command (default 900)")
     s.add_argument("--log", default=None, help="append events here (default: next to the socket)")
     ns = p.parse_args(argv)

@@ -7,10 +7,10 @@ the same context (``tests/integration/cluster/test_collection.py`` proves it, wi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError
 from gpuhpc.fsutil import bundled_dir
 
@@ -22,7 +22,7 @@ STORAGE_PASS_PLACEHOLDER = "CHANGE-ME"
 
 def templates_dir() -> Path:
     """``slurm-conf/`` of this checkout (``GPUHPC_SLURM_CONF_DIR`` overrides)."""
-    env = os.environ.get("GPUHPC_SLURM_CONF_DIR")
+    env = getenv("GPUHPC_SLURM_CONF_DIR")
     path = Path(env) if env else bundled_dir("slurm-conf")
     if not (path / "slurm.conf.j2").is_file():
         raise GpuhpcError(f"slurm-conf templates not found at {path}", hint="set GPUHPC_SLURM_CONF_DIR")

@@ -8,6 +8,7 @@ import getpass
 from collections.abc import Callable
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError
 from gpuhpc.jobs.spec import Resources
 from gpuhpc.slurm.state import JobState, SlurmState
@@ -47,7 +48,7 @@ def reserve(resources: Resources, name: str, client, array_size: int = 1) -> Any
     from gpuhpc.ledger import hooks
 
     url = hooks.ledger_in_use()
-    off = os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no")
+    off = (getenv("GPUHPC_LEDGER") or "").strip().lower() in ("off", "0", "false", "no")
     if off:
         return None
     req = hooks.ChargeRequest(

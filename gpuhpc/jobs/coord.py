@@ -59,6 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.jobs.ranks import rank, world_size
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -68,12 +69,12 @@ _POLL_S = 0.05
 def stop_dir() -> Path:
     """``$GPUHPC_STOP_DIR`` (set by the job templates), else
     ``<checkpoint dir>/.gpuhpc-stop/<job id>.<restart count>``."""
-    env = os.environ.get("GPUHPC_STOP_DIR")
+    env = getenv("GPUHPC_STOP_DIR")
     if env:
         return Path(env)
     from gpuhpc.jobs.checkpoint import checkpoint_dir, restart_count
 
-    job = os.environ.get("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
+    job = getenv("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
     return checkpoint_dir() / ".gpuhpc-stop" / f"{job}.{restart_count()}"
 
 
@@ -111,8 +112,7 @@ class StopCoordinator:
         self.rank = globals()["rank"]() if rank is None else rank
         self.world_size = globals()["world_size"]() if world_size is None else world_size
         self.dir = Path(directory) if directory is not None else stop_dir()
-        env_t = os.environ.get("GPUHPC_STOP_TIMEOUT", "")
-        self.timeout = timeout if timeout is not None else (float(env_t) if env_t else DEFAULT_TIMEOUT_S)
+        self.timeout = timeout if timeout is not None else getenv("GPUHPC_STOP_TIMEOUT")      # DEFAULT_TIMEOUT_S
         self.local = False          # this process got SIGUSR2/SIGTERM
         self.stop_step: int | None = None
         self._announced: int | None = None

@@ -182,8 +182,9 @@ class Job:
     def wait(self, timeout: float | None = None, poll: float = 2.0, max_poll: float = 30.0) -> JobState:
         """Block until the job is finished; returns the final state. Every wait in the process on
         one cluster shares one watcher (:func:`gpuhpc.jobs.watch.wait`): one ``squeue`` per round
-        for all the jobs waited on (``sacct`` for those slurmctld has forgotten), rounds ``poll`` seconds apart at first, further apart (up to
-        ``max_poll``) while nothing changes. TimeoutError after ``timeout`` seconds."""
+        for all the jobs waited on (``sacct`` for those slurmctld has forgotten), rounds ``poll``
+        seconds apart at first, further apart (up to ``max_poll``) while nothing changes.
+        TimeoutError after ``timeout`` seconds."""
         from gpuhpc.jobs import watch
 
         return watch.wait(self, timeout=timeout, poll=poll, max_poll=max_poll)

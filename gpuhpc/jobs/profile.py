@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import UserInputError
 
 TOOLS = ("nsys", "torch")
@@ -86,9 +87,9 @@ _state: dict[str, object] = {}
 
 
 def window() -> tuple[int, int] | None:
-    if not os.environ.get("GPUHPC_PROFILE"):
+    if not getenv("GPUHPC_PROFILE"):
         return None
-    return parse_steps(os.environ.get("GPUHPC_PROFILE_STEPS"), "GPUHPC_PROFILE_STEPS")
+    return parse_steps(getenv("GPUHPC_PROFILE_STEPS"), "GPUHPC_PROFILE_STEPS")
 
 
 def step(i: int) -> None:
@@ -97,7 +98,7 @@ def step(i: int) -> None:
     win = window()
     if win is None:
         return
-    tool = os.environ["GPUHPC_PROFILE"]
+    tool = getenv("GPUHPC_PROFILE")
     if i == win[0] and "on" not in _state:
         _state["on"] = _start(tool)
     elif i == win[1] and _state.get("on") is not None:

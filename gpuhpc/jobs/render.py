@@ -23,6 +23,7 @@ import sys
 import zlib
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import UserInputError
 from gpuhpc.fsutil import bundled_dir, write_atomic
 from gpuhpc.jobs.spec import SETUP_RUNNER, JobSpec, check_text, container_srun_args, sbatch_options
@@ -39,7 +40,7 @@ _BUNDLED_TEMPLATES = bundled_dir("job-templates")
 
 def template_dir() -> Path:
     """``$GPUHPC_TEMPLATE_DIR``, else ``job-templates/`` (the checkout's, or the wheel's copy)."""
-    env = os.environ.get("GPUHPC_TEMPLATE_DIR")
+    env = getenv("GPUHPC_TEMPLATE_DIR")
     if env:
         return Path(env)
     return _BUNDLED_TEMPLATES
@@ -59,7 +60,7 @@ def _q(value: object) -> str:
 
 def default_checkpoint_dir() -> str:
     """``$GPUHPC_CHECKPOINT_ROOT/%j``, else ``<gpuhpc data dir>/checkpoints/%j``."""
-    root = os.environ.get("GPUHPC_CHECKPOINT_ROOT")
+    root = getenv("GPUHPC_CHECKPOINT_ROOT")
     if not root:
         from gpuhpc.fsutil import data_dir
 

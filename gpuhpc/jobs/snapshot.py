@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError, UserInputError
 
 DEFAULT_MAX_MB = 100
@@ -181,7 +182,7 @@ def remote_base(runner: Any) -> str:
     """Where snapshots and Python-mode calls live where the runner runs: the profile's
     ``remote_dir``, else ``GPUHPC_REMOTE_DIR``, else ``~/.cache/gpuhpc`` there."""
     settings = getattr(runner, "settings", {}) or {}
-    base = settings.get("remote_dir") or os.environ.get("GPUHPC_REMOTE_DIR") or ".cache/gpuhpc"
+    base = settings.get("remote_dir") or getenv("GPUHPC_REMOTE_DIR")
     if base.startswith("~/"):
         base = base[2:]
     return base if base.startswith("/") else posixpath.join(runner.home(), base)
@@ -189,14 +190,9 @@ def remote_base(runner: Any) -> str:
 
 def max_mb(runner: Any) -> int:
     settings = getattr(runner, "settings", {}) or {}
-    env = os.environ.get("GPUHPC_SNAPSHOT_MAX_MB", "")
     if settings.get("snapshot_max_mb"):
         return int(settings["snapshot_max_mb"])
-    if env:
-        if not env.isdigit():
-            raise UserInputError(f"not a number of MB: {env!r}", field="GPUHPC_SNAPSHOT_MAX_MB")
-        return int(env)
-    return DEFAULT_MAX_MB
+    return getenv("GPUHPC_SNAPSHOT_MAX_MB")          # DEFAULT_MAX_MB when unset
 
 
 # The unpack step, run where the job will run: positional arguments, never interpolated.

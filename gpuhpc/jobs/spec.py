@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError, UserInputError
 
 TEMPLATES = ("single", "torchrun", "deepspeed", "mpi")
@@ -456,7 +457,7 @@ def check_s3_url(url: Any, field_name: str) -> str:
 
 
 def _default_log_dir() -> str:
-    env = os.environ.get("GPUHPC_LOG_DIR")
+    env = getenv("GPUHPC_LOG_DIR")
     if env:
         return os.path.expanduser(env)
     from gpuhpc.fsutil import data_dir

@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError, StagingError, UserInputError
 from gpuhpc.staging.s3 import S3Stager, S3Url
 
@@ -127,7 +128,7 @@ def restore_checkpoint(stager: S3Stager, url: S3Url, ckdir: Path) -> Path | None
     if not found:
         return None
     m = found[0]
-    scratch = Path(os.environ.get("GPUHPC_SCRATCH") or ckdir) / f".gpuhpc-restore-{os.getpid()}"
+    scratch = Path(getenv("GPUHPC_SCRATCH") or ckdir) / f".gpuhpc-restore-{os.getpid()}"
     stager.pull(S3Url(url.bucket, m["prefix"]), scratch)
     (scratch / MANIFEST).unlink(missing_ok=True)
     src = scratch / m["name"] if m.get("kind") == "file" else scratch
@@ -212,12 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         first = os.environ.get("SLURM_PROCID", "0") in ("", "0")
         if ns.checkpoint and first:
             url = S3Url.parse(ns.checkpoint, "checkpoint")
-            ckdir = Path(os.environ.get("GPUHPC_CHECKPOINT_DIR") or "checkpoints")
+            ckdir = Path(getenv("GPUHPC_CHECKPOINT_DIR") or "checkpoints")
             ckdir.mkdir(parents=True, exist_ok=True)
             latest = restore_checkpoint(stager, url, ckdir)
             if latest is not None:
                 env["GPUHPC_LATEST_CHECKPOINT"] = str(latest)
-            uploader = Uploader(stager, url, ckdir, float(os.environ.get("GPUHPC_CHECKPOINT_SYNC_S") or 2))
+            uploader = Uploader(stager, url, ckdir, getenv("GPUHPC_CHECKPOINT_SYNC_S"))
             uploader.seed()
             uploader.start()
     except GpuhpcError as exc:

@@ -14,9 +14,9 @@ def default_runner() -> Runner:
     """The one place that picks where commands run: over SSH to the cluster profile
     ``GPUHPC_CLUSTER`` names (``gpuhpc --cluster NAME`` sets it) or to ``GPUHPC_SSH_HOST``
     (laptop -> login node; one connection per process, closed at exit), else locally."""
-    import os
+    from gpuhpc.config import getenv
 
-    if os.environ.get("GPUHPC_CLUSTER") or os.environ.get("GPUHPC_SSH_HOST"):
+    if getenv("GPUHPC_CLUSTER") or getenv("GPUHPC_SSH_HOST"):
         from gpuhpc.transport.ssh import shared_runner
 
         return shared_runner()

@@ -32,6 +32,7 @@ from typing import Any
 
 import paramiko
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import TransportError, UserInputError
 from gpuhpc.transport.base import CommandResult
 
@@ -101,7 +102,7 @@ class _AcceptForThisProcess(paramiko.MissingHostKeyPolicy):
 
 
 def _ssh_config(path: str | None = None) -> paramiko.SSHConfig | None:
-    path = path or os.environ.get("GPUHPC_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
+    path = path or getenv("GPUHPC_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
     if not os.path.exists(path):
         return None
     try:
@@ -148,12 +149,13 @@ class SSHRunner:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "SSHRunner":
         env = dict(os.environ if env is None else env)
-        user, host, port = parse_target(env.get("GPUHPC_SSH_HOST", ""))
-        return cls(host, user=user, port=port, key_filename=env.get("GPUHPC_SSH_KEY") or None,
-                   known_hosts=env.get("GPUHPC_SSH_KNOWN_HOSTS") or None,
-                   accept_new_host_keys=env.get("GPUHPC_SSH_ACCEPT_NEW") == "1",
-                   jump=env.get("GPUHPC_SSH_JUMP") or None, name=env.get("GPUHPC_SSH_HOST"),
-                   env={"SLURM_CONF": env["GPUHPC_SSH_SLURM_CONF"]} if env.get("GPUHPC_SSH_SLURM_CONF") else None)
+        user, host, port = parse_target(getenv("GPUHPC_SSH_HOST", env) or "")
+        slurm_conf = getenv("GPUHPC_SSH_SLURM_CONF", env)
+        return cls(host, user=user, port=port, key_filename=getenv("GPUHPC_SSH_KEY", env),
+                   known_hosts=getenv("GPUHPC_SSH_KNOWN_HOSTS", env),
+                   accept_new_host_keys=getenv("GPUHPC_SSH_ACCEPT_NEW", env) == "1",
+                   jump=getenv("GPUHPC_SSH_JUMP", env), name=getenv("GPUHPC_SSH_HOST", env),
+                   env={"SLURM_CONF": slurm_conf} if slurm_conf else None)
 
     @classmethod
     def from_profile(cls, profile: dict[str, Any], env: dict[str, str] | None = None) -> "SSHRunner":
@@ -162,7 +164,7 @@ class SSHRunner:
         user, host, port = parse_target(profile["host"], f"clusters.{profile['name']}.host")
         return cls(host, user=profile.get("user") or user, port=profile.get("port") or port,
                    key_filename=profile.get("key"), known_hosts=profile.get("known_hosts"),
-                   accept_new_host_keys=env.get("GPUHPC_SSH_ACCEPT_NEW") == "1",
+                   accept_new_host_keys=getenv("GPUHPC_SSH_ACCEPT_NEW", env) == "1",
                    jump=profile.get("jump"), name=profile["name"],
                    env={"SLURM_CONF": profile["slurm_conf"]} if profile.get("slurm_conf") else None,
                    settings={k: v for k, v in profile.items() if k not in ("name", "host")})
@@ -381,15 +383,15 @@ def shared_runner(env: dict[str, str] | None = None) -> SSHRunner:
     """The runner ``GPUHPC_CLUSTER`` (a profile) or ``GPUHPC_SSH_HOST`` names, made once per
     process: every SlurmClient of one command shares its connection, closed at exit."""
     env = dict(os.environ if env is None else env)
-    name = env.get("GPUHPC_CLUSTER")
+    name = getenv("GPUHPC_CLUSTER", env)
     if name:
         from gpuhpc.config import cluster_profile
 
         profile = cluster_profile(name, env)
-        key: tuple = ("profile", tuple(sorted(profile.items())), env.get("GPUHPC_SSH_ACCEPT_NEW"))
+        key: tuple = ("profile", tuple(sorted(profile.items())), getenv("GPUHPC_SSH_ACCEPT_NEW", env))
         make = lambda: SSHRunner.from_profile(profile, env)  # noqa: E731
     else:
-        key = ("env", *(env.get(k) for k in ("GPUHPC_SSH_HOST", "GPUHPC_SSH_KEY", "GPUHPC_SSH_KNOWN_HOSTS",
+        key = ("env", *(getenv(k, env) for k in ("GPUHPC_SSH_HOST", "GPUHPC_SSH_KEY", "GPUHPC_SSH_KNOWN_HOSTS",
                                              "GPUHPC_SSH_JUMP", "GPUHPC_SSH_SLURM_CONF", "GPUHPC_SSH_ACCEPT_NEW")))
         make = lambda: SSHRunner.from_env(env)  # noqa: E731
     runner = _RUNNERS.get(key)
@@ -431,8 +433,8 @@ def runner_for(name: str, env: dict[str, str] | None = None) -> SSHRunner:
     if name in cluster_profiles(env) or not any(c in name for c in "@:."):
         return SSHRunner.from_profile(cluster_profile(name, env), env)
     user, host, port = parse_target(name, "NAME")
-    return SSHRunner(host, user=user, port=port, known_hosts=env.get("GPUHPC_SSH_KNOWN_HOSTS") or None,
-                     key_filename=env.get("GPUHPC_SSH_KEY") or None, jump=env.get("GPUHPC_SSH_JUMP") or None,
+    return SSHRunner(host, user=user, port=port, known_hosts=getenv("GPUHPC_SSH_KNOWN_HOSTS", env),
+                     key_filename=getenv("GPUHPC_SSH_KEY", env), jump=getenv("GPUHPC_SSH_JUMP", env),
                      name=name)
 
 
