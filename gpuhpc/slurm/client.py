@@ -256,13 +256,16 @@ class SlurmClient:
     def accounting(self, *, job_ids: Iterable[str] = (), user: str | None = None,
                    all_users: bool = False, since: str | None = None, until: str | None = None,
                    duplicates: bool = False, allocations: bool = True) -> list[parsers.AcctRow]:
-        served = self._served("accounting")
+        served = self.transport
+        if served == "pyslurm" and (duplicates or not allocations):
+            # pyslurm.db has no --duplicates and gpuhpc reads steps nowhere through it: the next transport
+            served = "json" if self.version[:2] >= JSON_SINCE else "cli"
+        self.calls[("accounting", served)] += 1
         if served == "pyslurm":
             from gpuhpc.slurm import pyslurm_reads
 
             return pyslurm_reads.accounting(job_ids=[str(j) for j in job_ids], user=user, all_users=all_users,
-                                            since=since, until=until, duplicates=duplicates,
-                                            allocations=allocations)
+                                            since=since, until=until)
         if served == "json":
             argv = cmd.sacct_json(job_ids=job_ids, user=user, all_users=all_users, since=since, until=until,
                                   duplicates=duplicates, allocations=allocations)

@@ -72,7 +72,7 @@ def test_queue_hostile_names_arrays_and_gpus(client, jobs):
     gpu = by_id[jobs["gpu"]]
     assert (gpu.state.state.value, gpu.partition, gpu.nodelist, gpu.nodes, gpu.user) == \
         ("RUNNING", "s25", "s25-node1", 1, "root")
-    assert "gpu:h100:1" in gpu.tres_per_node
+    assert gpu.tres_per_node == "gres/gpu:h100:1"
     # by job id and by user, as gpuhpc status and gpuhpc jobs ask
     assert [r.job_id for r in client.queue(job_ids=[jobs["gpu"]])] == [jobs["gpu"]]
     assert {r.job_id for r in client.queue(user="root")} == set(by_id)

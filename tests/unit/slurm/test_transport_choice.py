@@ -169,3 +169,16 @@ def test_version_cache_survives_an_unwritable_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))      # a file: no directory under it
     _fake_sinfo(tmp_path / "bin", "22.05.8")
     assert versions.local_version(str(tmp_path / "bin"), lambda: "slurm 22.05.8") == (22, 5, 8)
+
+
+def test_pyslurm_client_reads_duplicates_through_json_and_counts_that(monkeypatch, local_version):
+    """pyslurm.db has no --duplicates: a billing read (every requeued run) goes through --json."""
+    monkeypatch.setattr(pyslurm_reads, "available_version", lambda: (25, 11, 2))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    r = Local("25.11.7")
+    r.outputs = {"sacct": '{"jobs": [], "errors": []}'}
+    c = SlurmClient(r)
+    assert c.transport == "pyslurm"
+    assert c.accounting(job_ids=["7"], duplicates=True) == []
+    assert [a[:2] for a in r.argvs if a[0] == "sacct"] == [["sacct", "--json"]]
+    assert c.calls == {("accounting", "json"): 1}
