@@ -102,7 +102,7 @@ AMEOF
   /usr/bin/amtool check-config "$D/alertmanager.yml" > /dev/null
   {
     echo "global: {scrape_interval: $SCRAPE, evaluation_interval: $SCRAPE}"
-    echo "rule_files: [$D/rules.yml]"
+    echo "rule_files: [$D/rules.yml, $PWD/gpuhpc/monitoring/prometheus/rules-long-range.yml]"
     echo "alerting: {alertmanagers: [{static_configs: [{targets: ['127.0.0.1:$AM_PORT']}]}]}"
     echo "scrape_configs:"
     # the local nodes all run on this host: its node exporter is each one's (labelled as the role labels them)
