@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import click
 
@@ -17,13 +18,28 @@ def account() -> None:
 @account.command("add")
 @click.argument("name")
 @click.option("--description", default="", help="Free text.")
-def account_add(name: str, description: str) -> None:
+@click.option("--grant", help="The grant its cost is booked to (a code, up to 64 characters).")
+@click.option("--cost-centre", help="Its cost centre (a code, up to 64 characters).")
+def account_add(name: str, description: str, grant: Optional[str], cost_centre: Optional[str]) -> None:
     """Create a ledger account (project)."""
     from gpuhpc.ledger import admin
 
     admin_only("ledger account add")
-    created = admin.add_account(name, description=description)
+    created = admin.add_account(name, description=description, grant=grant, cost_centre=cost_centre)
     sys.stderr.write(f"account {name} {'created' if created else 'exists'}\n")
+
+
+@account.command("set")
+@click.argument("name")
+@click.option("--grant", help="The grant its cost is booked to ('' clears it).")
+@click.option("--cost-centre", help="Its cost centre ('' clears it).")
+def account_set(name: str, grant: Optional[str], cost_centre: Optional[str]) -> None:
+    """Set an account's grant and cost-centre codes (audited)."""
+    from gpuhpc.ledger import admin
+
+    admin_only("ledger account set")
+    changed = admin.set_account(name, grant=grant, cost_centre=cost_centre)
+    sys.stderr.write(f"account {name} {'updated' if changed else 'unchanged'}\n")
 
 
 @account.command("list")
@@ -39,7 +55,7 @@ def account_list(json_: bool) -> None:
         return
     from rich.table import Table
 
-    t = Table("account", "description", "users")
+    t = Table("account", "description", "grant", "cost centre", "users")
     for r in rows:
-        t.add_row(r["account"], r["description"], ", ".join(r["users"]))
+        t.add_row(r["account"], r["description"], r["grant"] or "", r["cost_centre"] or "", ", ".join(r["users"]))
     console().print(t)

@@ -83,13 +83,48 @@ def _user(session: Session, name: str) -> User | None:
     return session.scalar(select(User).where(User.name == name))
 
 
-def add_account(name: str, *, description: str = "", url: str | None = None) -> bool:
+def add_account(name: str, *, description: str = "", grant: str | None = None, cost_centre: str | None = None,
+                url: str | None = None) -> bool:
     _check_name(name, "account")
+    grant, cost_centre = _check_code(grant, "--grant"), _check_code(cost_centre, "--cost-centre")
     with db.session_scope(url) as s:
         if _account(s, name):
             return False
-        s.add(Account(name=name, description=description))
+        s.add(Account(name=name, description=description, grant_code=grant, cost_centre=cost_centre))
+        if grant or cost_centre:
+            audit.record(s, "account.set", f"account {name}", None, {"grant": grant, "cost_centre": cost_centre})
         return True
+
+
+def _check_code(value: str | None, what: str) -> str | None:
+    """A grant or cost-centre code: printable, no control characters, up to 64 ("" clears it)."""
+    if value is None:
+        return None
+    v = value.strip()
+    if len(v) > 64 or any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise UserInputError(f"{value!r} is not a code of up to 64 printable characters", field=what,
+                             hint="e.g. ERC-2026-0042 (an empty one clears it)")
+    return v
+
+
+def set_account(name: str, *, grant: str | None = None, cost_centre: str | None = None,
+                url: str | None = None) -> bool:
+    """Set an account's grant and/or cost-centre code (``""`` clears one); audited. True when it changed."""
+    grant, cost_centre = _check_code(grant, "--grant"), _check_code(cost_centre, "--cost-centre")
+    if grant is None and cost_centre is None:
+        raise UserInputError("nothing to set", field="--grant", hint="--grant CODE and/or --cost-centre CODE")
+    with db.session_scope(url) as s:
+        a = _account(s, name)
+        if a is None:
+            raise GpuhpcError(f"no account {name!r}", hint=f"gpuhpc ledger account add {name}")
+        before = {"grant": a.grant_code, "cost_centre": a.cost_centre}
+        if grant is not None:
+            a.grant_code = grant or None
+        if cost_centre is not None:
+            a.cost_centre = cost_centre or None
+        after = {"grant": a.grant_code, "cost_centre": a.cost_centre}
+        audit.record(s, "account.set", f"account {name}", before, after)
+        return before != after
 
 
 def add_user(name: str, account: str, *, default: bool = False, url: str | None = None) -> bool:
@@ -304,7 +339,8 @@ def list_accounts(*, url: str | None = None) -> list[dict]:
         rows = []
         for a in s.scalars(select(Account).order_by(Account.name)):
             users = sorted((m.user.name + ("*" if m.is_default else "")) for m in a.memberships)
-            rows.append({"account": a.name, "description": a.description, "users": users})
+            rows.append({"account": a.name, "description": a.description, "grant": a.grant_code,
+                         "cost_centre": a.cost_centre, "users": users})
         return rows
 
 

@@ -92,6 +92,9 @@ class Account(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     description: Mapped[str] = mapped_column(String(255), default="")
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # what finance books the account's cost to (migration 0009)
+    grant_code: Mapped[str | None] = mapped_column(String(64))
+    cost_centre: Mapped[str | None] = mapped_column(String(64))
     memberships: Mapped[list[Membership]] = relationship(back_populates="account")
 
 

@@ -21,7 +21,7 @@ from sqlalchemy import or_, select
 
 from gpuhpc.errors import UserInputError
 from gpuhpc.ledger import admin, db, periods, pricing
-from gpuhpc.ledger.orm import Charge, JobMetric, UsageRecord
+from gpuhpc.ledger.orm import Account, Charge, JobMetric, UsageRecord
 
 GROUPS = {"user": "user_name", "account": "account_name", "partition": "partition", "gpu-type": "gpu_type"}
 PERIODS = ("day", "week", "month")
@@ -317,7 +317,7 @@ def burn_forecast(*, days: int = 14, account: str | None = None, now: dt.datetim
 
 
 # ------------------------------------------------------------------ per-job line items
-LINE_FIELDS = ("kind", "cluster", "job_id", "array_task_id", "account", "user", "partition", "qos", "gpu_type", "gpus",
+LINE_FIELDS = ("kind", "cluster", "job_id", "array_task_id", "account", "grant", "cost_centre", "user", "partition", "qos", "gpu_type", "gpus",
                "run_start", "run_end", "state", "gpu_hours", "cost", "adjustments", "total", "reason")
 
 
@@ -394,6 +394,11 @@ def job_lines(*, since: dt.datetime | None = None, until: dt.datetime | None = N
                         "gpus": "", "run_start": "", "run_end": "", "state": a.kind,
                         "gpu_hours": str(Decimal(c.gpu_hours)), "cost": "0", "adjustments": str(Decimal(c.amount)),
                         "total": str(Decimal(c.amount)), "reason": a.reason})
+        codes = {a.name: (a.grant_code or "", a.cost_centre or "")
+                 for a in s.scalars(select(Account).where(Account.name.in_({x["account"] for x in out})))} \
+            if out else {}
+    for x in out:
+        x["grant"], x["cost_centre"] = codes.get(x["account"], ("", ""))
     return out
 
 

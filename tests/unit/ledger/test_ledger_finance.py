@@ -110,3 +110,32 @@ def test_burn_forecast_per_budget(ledger, capsys):
     assert main(["ledger", "forecast", "--days", "0"]) == 2
     assert main(["ledger", "forecast", "--json"]) == 0
     assert {r["measure"] for r in json.loads(capsys.readouterr().out)} == {"money", "gpu_hours"}
+
+
+def test_grant_and_cost_centre_on_accounts_reach_the_line_items(ledger, capsys):
+    assert main(["ledger", "account", "add", "physics", "--grant", "ERC-2026-42", "--cost-centre", "CC-7"]) == 0
+    assert main(["ledger", "user", "add", "bob", "--account", "physics"]) == 0
+    assert main(["ledger", "account", "set", "research", "--cost-centre", "CC-1"]) == 0
+    ingest.ingest_rows(rows(row("300", "COMPLETED", ts(0), ts(30), 1800, account="physics", user="bob"),
+                            row("301", "COMPLETED", ts(0), ts(30), 1800)), url=ledger)
+    lines = {x["job_id"]: (x["grant"], x["cost_centre"]) for x in reports.job_lines(url=ledger)}
+    assert lines == {"300": ("ERC-2026-42", "CC-7"), "301": ("", "CC-1")}
+    capsys.readouterr()
+    assert main(["ledger", "account", "list", "--json"]) == 0
+    got = {a["account"]: (a["grant"], a["cost_centre"]) for a in json.loads(capsys.readouterr().out)}
+    assert got == {"physics": ("ERC-2026-42", "CC-7"), "research": (None, "CC-1")}
+    assert main(["ledger", "account", "set", "physics", "--grant", ""]) == 0          # cleared
+    audit = [(a["action"], a["target"], a["before"], a["after"]) for a in adjust.audit_entries(url=ledger)
+             if a["action"] == "account.set"]
+    assert audit == [("account.set", "account physics", None, {"grant": "ERC-2026-42", "cost_centre": "CC-7"}),
+                     ("account.set", "account research", {"grant": None, "cost_centre": None},
+                      {"grant": None, "cost_centre": "CC-1"}),
+                     ("account.set", "account physics", {"grant": "ERC-2026-42", "cost_centre": "CC-7"},
+                      {"grant": None, "cost_centre": "CC-7"})]
+    capsys.readouterr()
+    assert main(["ledger", "account", "set", "research", "--grant", "a\tb"]) == 2
+    assert capsys.readouterr().err.startswith("error: --grant: ")
+    assert main(["ledger", "account", "add", "chem", "--cost-centre", "x" * 65]) == 2
+    assert capsys.readouterr().err.startswith("error: --cost-centre: ")
+    assert main(["ledger", "account", "set", "research"]) == 2
+    assert main(["ledger", "account", "set", "nosuch", "--grant", "G"]) == 1

@@ -13,6 +13,9 @@ Create Date: 2026-12-03
 * ``ledger_audit``: who changed prices, multipliers, quotas, policies and adjustments (the
   database role and the Unix user), when, the value before and after (JSON). Admins only.
 * ``ledger_policies``: named switches (``node_fail_refund``), admins only.
+* ``accounts.grant_code`` and ``accounts.cost_centre``: what finance books an account's cost to
+  (``gpuhpc ledger account add/set --grant --cost-centre``; in the per-job line items). Plain ADD
+  COLUMN, NULL-able. Readable by every reader, as the account's name and description are.
 * ``charges``, ``adjustments`` and ``ledger_audit`` are append-only: a trigger refuses UPDATE and
   DELETE (and TRUNCATE on PostgreSQL) on both backends, for every role, the owner included. A
   wrong charge is corrected by another row (an adjustment), never edited.
@@ -93,6 +96,8 @@ def upgrade() -> None:
         sa.Column("updated_at", _TS, nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_ledger_policies")),
     )
+    op.add_column("accounts", sa.Column("grant_code", sa.String(length=64), nullable=True))
+    op.add_column("accounts", sa.Column("cost_centre", sa.String(length=64), nullable=True))
     with op.batch_alter_table("charges", schema=None) as batch_op:
         batch_op.alter_column("usage_id", existing_type=_ID, nullable=True)
         batch_op.add_column(sa.Column("adjustment_id", _ID, nullable=True))
@@ -139,6 +144,9 @@ def downgrade() -> None:
         batch_op.drop_constraint(batch_op.f("fk_charges_adjustment_id_adjustments"), type_="foreignkey")
         batch_op.drop_column("adjustment_id")
         batch_op.alter_column("usage_id", existing_type=_ID, nullable=False)
+    with op.batch_alter_table("accounts", schema=None) as batch_op:
+        batch_op.drop_column("cost_centre")
+        batch_op.drop_column("grant_code")
     op.drop_table("ledger_policies")
     op.drop_index("ix_ledger_audit_at", table_name="ledger_audit")
     op.drop_table("ledger_audit")
