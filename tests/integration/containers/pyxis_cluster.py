@@ -6,7 +6,8 @@ stand-ins: gres gpu:4 on device nodes without a driver, and tests/standins/nvidi
 PATH (enroot's 98-nvidia hook calls it for an image that asks for GPUs), with the role's
 90-gpuhpc-slurm-gpus.sh hook (rendered: its importer is ``base/gpu-importer``, this checkout's
 gpuhpc.containers.importer, which maps the job's GPUs to UUIDs through the NVML the job's
-GPUHPC_NVML_MODULE names). Used by test_pyxis_private.py and bench/container_start.py.
+GPUHPC_NVML_MODULE names), and enroot's 50-slurm-pmi and 50-slurm-pytorch hooks enabled as the role
+enables them. Used by test_pyxis_private.py and bench/container_start.py.
 
 Two nodes on one host: partition ``pyx`` is pyx-node1 alone, ``pyx2`` both (its jobs are
 preempted by those of ``pyxhi``, with the job's signal and a 30 s GraceTime). Two slurmd on one
@@ -41,6 +42,7 @@ NODES = ("pyx-node1", "pyx-node2")
 PER_NODE = ("pyxis", "enroot", "images")        # bound per node (the second node's namespace)
 HOOK = ROOT / "ansible/roles/gpuhpc_containers/templates/90-gpuhpc-slurm-gpus.sh.j2"
 STANDINS = ROOT / "tests/standins"
+EXTRA_HOOKS = ("50-slurm-pmi.sh", "50-slurm-pytorch.sh")     # enroot's own, which the role enables
 ENROOT_DIRS = ("enroot", "enroot/tmp", "enroot/run", "enroot/cache", "enroot/data")
 
 
@@ -204,6 +206,8 @@ def pyxis_cluster() -> Iterator[PrivateSlurm]:
         hook.write_text(jenv.from_string(HOOK.read_text()).render(ansible_managed="rendered by pyxis_cluster.py",
                                                                   gpuhpc_containers_importer=str(importer)))
         hook.chmod(0o755)
+        for extra in EXTRA_HOOKS:      # enabled as the role does (gpuhpc_containers_extra_hooks)
+            (prefix / "etc" / "enroot" / "hooks.d" / extra).symlink_to(prefix / "share" / "enroot" / "hooks.d" / extra)
         for i in range(GPUS):          # gres wants character devices: NVIDIA's major, no driver behind it
             os.mknod(base / "dev" / f"nvidia{i}", 0o600 | stat.S_IFCHR, os.makedev(195, i))
         (base / "gres.conf").write_text("AutoDetect=off\n" + "".join(
@@ -242,3 +246,26 @@ def shuffled_nvml(where: Path, minors: list[int]) -> dict[str, str]:
     for p in (where, state, module):
         p.chmod(0o755 if p.is_dir() else 0o644)
     return {"GPUHPC_NVML_MODULE": str(module), "GPUHPC_NVML_STANDIN": str(state)}
+
+
+def torch_style_image() -> str:
+    """The local registry's test image with ``PYTORCH_VERSION`` set (as NGC's PyTorch images set it: what
+    enroot's 50-slurm-pytorch hook looks for), pushed once as ``gpuhpc/test:torchenv``, pinned by digest."""
+    pinned = registry_image()
+    registry = pinned.split("#")[0]
+    dest = f"docker://{registry}/gpuhpc/test:torchenv"
+
+    def run(*argv: str) -> str:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, f"{argv}: {res.stderr}"
+        return res.stdout.strip()
+
+    work = Path(tempfile.mkdtemp(prefix="gpuhpc-torchimg-", dir="/var/tmp"))
+    try:
+        run("skopeo", "copy", "--quiet", "--src-tls-verify=false", f"docker://{registry}/gpuhpc/test:1", f"oci:{work}/oci:t")
+        run("umoci", "config", "--image", f"{work}/oci:t", "--config.env", "PYTORCH_VERSION=2.3.0")
+        run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{work}/oci:t", dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    digest = run("skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest)
+    return f"{registry}#gpuhpc/test@{digest}"

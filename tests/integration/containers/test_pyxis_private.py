@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import NODES, ROOT, node_dir, python_image, pyxis_cluster, registry_image, shuffled_nvml
+from pyxis_cluster import NODES, ROOT, node_dir, python_image, pyxis_cluster, registry_image, shuffled_nvml, torch_style_image
 
 from polling import wait_for
 
@@ -130,6 +130,23 @@ def test_an_ngc_style_image_is_refused_when_the_jobs_gpus_cannot_be_mapped(clust
     assert "cannot give the container the job's GPUs 0 by UUID" in res.stderr, res.stderr
     assert "is none of NVML's GPUs (minors [7, 8])" in res.stderr, res.stderr
     assert not log.exists() or not log.read_text().strip(), log.read_text()
+
+
+def test_enroots_pytorch_hook_gives_each_node_of_a_step_its_rank_and_the_master(cluster):
+    """Issue 39.6: with enroot's 50-slurm-pytorch hook enabled (as the role enables it), an image that
+    sets PYTORCH_VERSION (as NGC's PyTorch images do) gets torch.distributed's variables from the
+    step on each of two nodes: RANK, LOCAL_RANK, WORLD_SIZE, and MASTER_ADDR/PORT naming the first."""
+    image = torch_style_image()
+    res = subprocess.run(["srun", "--partition=pyx2", "--time=5", "--nodes=2", "--ntasks-per-node=1",
+                          f"--container-image={image}", "sh", "-c",
+                          'echo "rank $SLURMD_NODENAME $RANK $LOCAL_RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $SLURM_JOB_ID"'],
+                         env=cluster.env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, f"{res.stderr}\n{cluster.logs()}"
+    rows = sorted(x.split()[1:] for x in res.stdout.splitlines() if x.startswith("rank "))
+    job = rows[0][-1] if rows else "0"
+    port = str(int(job) % 4536 + 61000)
+    assert rows == [["pyx-node1", "0", "0", "2", "pyx-node1", port, job],
+                    ["pyx-node2", "1", "0", "2", "pyx-node1", port, job]], res.stdout
 
 
 def _cache_env(env: dict, base: Path, tmp_path: Path, sub: str = "") -> dict:
