@@ -21,6 +21,13 @@ divided by the median of ``python -c pass``. ``submit --dry-run``, ``cluster sta
 click group that draws rich tables), raw ``squeue`` of the jobs ``gpuhpc jobs`` lists (its
 time grows with their number, which is printed) and ``gpuhpc jobs`` of a user without jobs
 (``nobody``: start-up and one squeue, no listing) are shown for information.
+
+``--transports`` (issue 37: Slurm >= 23.02, e.g. the 25.11 build of ``scripts/slurm_build.sh``
+with its bin/sbin first on PATH and ``SLURM_CONF`` set): ``gpuhpc jobs`` and ``gpuhpc status``
+once per transport of ``SlurmClient`` (``GPUHPC_SLURM_TRANSPORT`` = pyslurm, json, cli) in the
+same interleaved rounds (goal with pyslurm: <= 3x ``python -c pass``); ``--pyslurm-dir DIR`` puts
+a pyslurm built against that Slurm on PYTHONPATH. A transport that cannot work here is left out
+with the one line gpuhpc gives for it.
 """
 from __future__ import annotations
 
@@ -109,6 +116,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=30, help="runs of each command (default 30)")
     ap.add_argument("--partition", default="cpu", help="where the held job for `status` goes")
+    ap.add_argument("--transports", action="store_true",
+                    help="also `jobs` and `status` through each SlurmClient transport (pyslurm, json, cli)")
+    ap.add_argument("--pyslurm-dir", help="a directory with pyslurm in it, put on PYTHONPATH")
     args = ap.parse_args()
 
     pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +127,7 @@ def main() -> int:
     with open(script, "w") as fh:
         fh.write(CONSOLE_SCRIPT)
     env = dict(os.environ, GPUHPC_LOG_DIR=tmp, GPUHPC_LEDGER="off",
-               PYTHONPATH=os.pathsep.join([pkg, *filter(None, [os.environ.get("PYTHONPATH")])]))
+               PYTHONPATH=os.pathsep.join([pkg, *filter(None, [args.pyslurm_dir, os.environ.get("PYTHONPATH")])]))
     env.pop("GPUHPC_SSH_HOST", None)
     # measure what a user gets: bytecode cached (some sandboxes export PYTHONDONTWRITEBYTECODE)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -151,15 +161,28 @@ def main() -> int:
             "gpuhpc submit --dry-run (info)": [*gpuhpc, "submit", "--gpus", "1", "--dry-run", "--", "true"],
             "gpuhpc cluster status (info)": [*gpuhpc, "cluster", "status"],
         }
+        envs: dict[str, dict[str, str]] = {}           # a variant's own environment (a transport)
+        if args.transports:
+            for transport in ("pyslurm", "json", "cli"):
+                t_env = dict(env, GPUHPC_SLURM_TRANSPORT=transport)
+                probe = _run([*gpuhpc, "jobs"], t_env, check=False)[1]
+                if probe.returncode != 0:
+                    print(f"[{transport}] left out: {probe.stderr.strip().splitlines()[-1:]}")
+                    continue
+                for name, argv in ((f"gpuhpc jobs [{transport}]", [*gpuhpc, "jobs"]),
+                                   (f"gpuhpc status {job_id} (live) [{transport}]", [*gpuhpc, "status", job_id])):
+                    variants[name], envs[name] = argv, t_env
         times: dict[str, list[float]] = {k: [] for k in variants}
         cpu: dict[str, list[float]] = {k: [] for k in variants}
-        for argv in variants.values():         # warm the page cache and the bytecode
-            _run(argv, env)
+        for name, argv in variants.items():    # warm the page cache and the bytecode
+            _run(argv, envs.get(name, env))
         shim_env, log = _shims(tmp, env)
-        counts = {k: _count(argv, shim_env, log) if k.startswith("gpuhpc") else "" for k, argv in variants.items()}
+        counts = {k: _count(argv, {**shim_env, **{x: v for x, v in envs.get(k, {}).items()
+                                                  if x == "GPUHPC_SLURM_TRANSPORT"}}, log)
+                  if k.startswith("gpuhpc") else "" for k, argv in variants.items()}
         for _ in range(args.n):
             for name, argv in variants.items():
-                times[name].append(_run(argv, env)[0])
+                times[name].append(_run(argv, envs.get(name, env))[0])
                 cpu[name].append(_CPU[0])
     finally:
         _run([*gpuhpc, "cancel", job_id], env, check=False)
@@ -173,7 +196,7 @@ def main() -> int:
     print(f"{'command':<44} {'median ms':>10} {'min ms':>8} {'ratio':>7}  {'goal':<6} {'cpu ratio':>9}  Slurm commands")
     for name, ts in times.items():
         med = statistics.median(ts)
-        goal = "" if name == "python -c pass" or "info)" in name else "<= 6x"
+        goal = "" if name == "python -c pass" or "info)" in name else "<= 3x" if "[pyslurm]" in name else "<= 6x"
         cratio = statistics.median(cpu[name]) / cbase
         print(f"{name:<44} {med * 1e3:>10.1f} {min(ts) * 1e3:>8.1f} {med / base:>6.1f}x  {goal:<6} {cratio:>8.1f}x  "
               f"{counts[name]}")

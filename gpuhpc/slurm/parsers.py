@@ -666,7 +666,7 @@ def _state(value) -> SlurmState:
     return SlurmState.parse(str(value or ""))
 
 
-def _clock(seconds: int) -> str:
+def squeue_clock(seconds: int) -> str:
     """Seconds as squeue's %M prints them: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``."""
     d, rem = divmod(max(seconds, 0), 86400)
     h, rem = divmod(rem, 3600)
@@ -683,7 +683,7 @@ def _limit(minutes, unlimited: str = "UNLIMITED") -> str:
         return unlimited
     if value < 0:
         return "Partition_Limit"
-    return _clock(value * 60)
+    return squeue_clock(value * 60)
 
 
 def _acct_limit(minutes) -> str:
@@ -710,7 +710,7 @@ def _iso(value) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S") if t > 0 else "Unknown"
 
 
-def _task_ids(spec: str) -> list[str]:
+def array_task_ids(spec: str) -> list[str]:
     """An array's task string (``0-3``, ``1,5-9:2``, ``0-99%4``) -> each task id."""
     out: list[str] = []
     for part in (spec or "").split("%", 1)[0].split(","):
@@ -763,7 +763,7 @@ def parse_squeue_json(text: str, *, user: str | None = None, job_ids=()) -> list
         else:
             elapsed = 0
         common = dict(
-            name=str(job.get("name") or ""), state=state, elapsed=_clock(elapsed),
+            name=str(job.get("name") or ""), state=state, elapsed=squeue_clock(elapsed),
             time_limit=_limit(job.get("time_limit")), nodes=_num(job.get("node_count"), 0) or 0,
             tres_per_node=str(job.get("tres_per_node") or "N/A"), partition=str(job.get("partition") or ""),
             user=str(job.get("user_name") or ""), account=str(job.get("account") or ""),
@@ -771,7 +771,7 @@ def parse_squeue_json(text: str, *, user: str | None = None, job_ids=()) -> list
             qos=str(job.get("qos") or ""),
         )
         if array_id and task is None and task_string:       # a pending array's tasks, one record
-            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in _task_ids(task_string)]
+            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in array_task_ids(task_string)]
         elif array_id:
             keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
         else:
@@ -797,11 +797,11 @@ def _tres_list(items) -> dict[str, str]:
         count = _num(t.get("count"), 0) or 0
         if count <= 0:                  # sacct's text leaves out what is unset (energy: -2) or none
             continue
-        out[key] = _mem(count) if key == "mem" else str(count)
+        out[key] = tres_mem(count) if key == "mem" else str(count)
     return out
 
 
-def _mem(mb: int) -> str:
+def tres_mem(mb: int) -> str:
     """Megabytes as sacct's TRES strings print them: in the largest unit that divides exactly."""
     units = "MGTP"
     i = 0

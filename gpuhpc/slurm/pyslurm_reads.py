@@ -59,7 +59,7 @@ def _gres_text(gres: dict | None) -> str:
 
 def queue(*, user: str | None = None, job_ids=()) -> list:
     """``pyslurm.Jobs.load()`` -> QueueRow s as ``squeue --array`` rows (see parse_squeue_json)."""
-    from gpuhpc.slurm.parsers import QueueRow, _clock, _task_ids
+    from gpuhpc.slurm.parsers import QueueRow, squeue_clock, array_task_ids
     from gpuhpc.slurm.state import SlurmState
 
     pyslurm = _pyslurm()
@@ -69,14 +69,14 @@ def queue(*, user: str | None = None, job_ids=()) -> list:
         raw = str(job.id)
         array_id, task, waiting = job.array_id, job.array_task_id, job.array_tasks_waiting
         common = dict(
-            name=_s(job.name), state=SlurmState.parse(_s(job.state)), elapsed=_clock(job.run_time or 0),
+            name=_s(job.name), state=SlurmState.parse(_s(job.state)), elapsed=squeue_clock(job.run_time or 0),
             time_limit=_minutes(job.time_limit), nodes=int(job.num_nodes or 0),
             tres_per_node=_per_node(job.gres_per_node), partition=_s(job.partition), user=_s(job.user_name),
             account=_s(job.account), nodelist=_s(job.allocated_nodes), reason=_s(job.state_reason) or "None",
             qos=_s(job.qos),
         )
         if array_id and task is None and waiting:
-            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in _task_ids(waiting)]
+            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in array_task_ids(waiting)]
         elif array_id:
             keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
         else:
@@ -93,11 +93,11 @@ def queue(*, user: str | None = None, job_ids=()) -> list:
 
 def _minutes(value) -> str:
     """A time limit in minutes (None or "UNLIMITED": none) as squeue's %l prints it."""
-    from gpuhpc.slurm.parsers import _clock
+    from gpuhpc.slurm.parsers import squeue_clock
 
     if value is None or isinstance(value, str):
         return "UNLIMITED"
-    return _clock(int(value) * 60)
+    return squeue_clock(int(value) * 60)
 
 
 def _per_node(gres: dict | None) -> str:
@@ -149,7 +149,7 @@ _NO_VAL = 0xFFFFFFFE
 
 def _db_tres(tres) -> dict[str, str]:
     """pyslurm.db TrackableResources -> sacct's AllocTRES dict ({"cpu": "1", "gres/gpu:h100": "1"})."""
-    from gpuhpc.slurm.parsers import _mem
+    from gpuhpc.slurm.parsers import tres_mem
 
     out: dict[str, str] = {}
     if not tres:
@@ -158,7 +158,7 @@ def _db_tres(tres) -> dict[str, str]:
         count = getattr(res, "count", None)
         if not isinstance(count, int) or count <= 0:
             continue
-        out[key] = _mem(count) if key == "mem" else str(count)
+        out[key] = tres_mem(count) if key == "mem" else str(count)
     return out
 
 
