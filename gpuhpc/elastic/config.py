@@ -10,6 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc import hostlist
 from gpuhpc.errors import UserInputError
 
@@ -116,7 +117,7 @@ def config_from_context(ctx: dict[str, Any]) -> ElasticConfig:
 def load_config(path: str | os.PathLike[str] | None = None) -> ElasticConfig:
     """``path``, else ``$GPUHPC_ELASTIC_CONFIG``, else /etc/gpuhpc/elastic.json. A ``.yaml``/``.yml``
     file is a cluster spec (validated and turned into its context here)."""
-    p = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    p = Path(path or getenv(CONFIG_ENV) or DEFAULT_CONFIG)
     if p.suffix in (".yaml", ".yml"):
         from gpuhpc.conf.context import build_context
         from gpuhpc.conf.validate import validate

@@ -10,11 +10,11 @@ pings too, so "UP" alone says nothing). Pure: recorded ``scontrol ping`` output 
 (tests/unit/elastic/test_ha.py)."""
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuhpc.config import getenv
 from gpuhpc.slurm.parsers import ControllerPing
 
 HOST_ENV = "GPUHPC_ELASTIC_HOST"      # this controller's SlurmctldHost name, where gethostname() differs
@@ -28,7 +28,7 @@ class Verdict:
 
 
 def this_host() -> str:
-    return os.environ.get(HOST_ENV) or socket.gethostname()
+    return getenv(HOST_ENV) or socket.gethostname()
 
 
 def same_host(a: str, b: str) -> bool:

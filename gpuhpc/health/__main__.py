@@ -31,6 +31,8 @@ import os
 import socket
 import sys
 
+from gpuhpc.config import getenv
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpuhpc.health", description=__doc__.splitlines()[0])
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     try:
-        path = args.spec or os.environ.get("GPUHPC_HEALTH_SPEC")
+        path = args.spec or getenv("GPUHPC_HEALTH_SPEC")
         spec = HealthSpec()
         if path:
             with open(path, encoding="utf-8") as fh:

@@ -42,7 +42,9 @@ _MIG_NAME = re.compile(r"MIG\s+(\S+)")
 
 def load_nvml():
     """pynvml, or the pynvml-compatible module ``GPUHPC_NVML_MODULE`` names (a test stand-in)."""
-    name = os.environ.get("GPUHPC_NVML_MODULE")
+    from gpuhpc.config import getenv
+
+    name = getenv("GPUHPC_NVML_MODULE")
     if name:
         return importlib.import_module(name)
     import pynvml

@@ -22,6 +22,7 @@ import sys
 import urllib.request
 from decimal import Decimal
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError
 
 ALERT = "GpuhpcIdleGpuHeld"
@@ -133,7 +134,7 @@ def notify(records: list[dict], *, state_file: str, log: str | None = None, webh
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gpuhpc.monitoring.notify", description=__doc__.splitlines()[0])
-    ap.add_argument("--prometheus", default=os.environ.get("GPUHPC_PROMETHEUS_URL", "http://127.0.0.1:9090"))
+    ap.add_argument("--prometheus", default=getenv("GPUHPC_PROMETHEUS_URL"))
     ap.add_argument("--log", help="append one JSON line per alert")
     ap.add_argument("--webhook", help="POST each alert as JSON")
     ap.add_argument("--state", default=DEFAULT_STATE)

@@ -10,14 +10,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.errors import GpuhpcError
 from gpuhpc.monitoring import JOB_INFO, JOB_JOIN
 
 DEFAULT_URL = "http://127.0.0.1:9090"
@@ -31,18 +30,19 @@ RSS = "gpuhpc_slurm_job_memory_max_rss_bytes"
 def idle_threshold(value: float | None = None) -> float:
     if value is not None:
         return value
-    env = os.environ.get("GPUHPC_IDLE_THRESHOLD")
-    try:
-        return float(env) if env else DEFAULT_THRESHOLD
-    except ValueError:
-        raise UserInputError(f"GPUHPC_IDLE_THRESHOLD={env!r} is not a number") from None
+    from gpuhpc.config import getenv
+
+    env = getenv("GPUHPC_IDLE_THRESHOLD")       # a bad value: UserInputError naming it
+    return DEFAULT_THRESHOLD if env is None else env
 
 
 class Prometheus:
     """The few HTTP API calls the report needs."""
 
     def __init__(self, url: str | None = None, timeout: float = 30) -> None:
-        self.url = (url or os.environ.get("GPUHPC_PROMETHEUS_URL") or DEFAULT_URL).rstrip("/")
+        from gpuhpc.config import getenv
+
+        self.url = (url or getenv("GPUHPC_PROMETHEUS_URL") or DEFAULT_URL).rstrip("/")
         self.timeout = timeout
 
     def _get(self, path: str, params: dict, key: str = "result"):

@@ -40,7 +40,8 @@ def test_scrape_config_from_inventory_groups():
     assert jobs["slurm"]["static_configs"] == [{"targets": ["10.0.0.1:9410"]}]
     assert [(s["targets"][0], s["labels"]["node"]) for s in jobs["gpu"]["static_configs"]] == \
         [("dgx001:9411", "dgx001"), ("10.0.1.2:9411", "dgx002")]
-    assert jobs["gpu"]["honor_labels"] is True and cfg["rule_files"] == ["/etc/prometheus/gpuhpc-rules.yml"]
+    assert jobs["gpu"]["honor_labels"] is True and cfg["rule_files"] == ["/etc/prometheus/gpuhpc-rules.yml",
+                                                                   "/etc/prometheus/gpuhpc-rules-long-range.yml"]
     empty = yaml.safe_load(render("prometheus.yml.j2", groups={"all": []}, hostvars={}))
     assert all(j["static_configs"] == [] for j in empty["scrape_configs"])
 
