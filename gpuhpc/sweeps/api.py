@@ -90,6 +90,7 @@ class Sweep:
         #: why the driver is pending for good (squeue's Reason), as :meth:`follow` last saw it
         self.driver_stuck: str | None = None
         self._said: set[str] = set()
+        self.refreshed = False          # the last follow() asked Slurm itself (no driver follows the sweep)
 
     def __repr__(self) -> str:
         return f"Sweep({self.id})"
@@ -129,8 +130,10 @@ class Sweep:
             if gone:
                 raise DriverGone(gone)
             self.driver_stuck = stuck
+            self.refreshed = False
             return store.counts_of(self.id, url=self._url)
         self.driver_stuck = None
+        self.refreshed = True
         return self.refresh()
 
     def info(self) -> dict[str, Any]:
@@ -180,7 +183,17 @@ class Sweep:
                 return counts.get(TrialState.COMPLETED.value, 0) + counts.get(TrialState.PRUNED.value, 0) == total
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"sweep {self.id} not finished after {timeout}s: {counts}")
-            time.sleep(poll)
+            # asking Slurm ourselves (no driver): again when a running trial is expected to end
+            # (gpuhpc.sweeps.pacing), at most every poll; a driver's database rows cost no query
+            pause = poll
+            if self.refreshed:
+                from gpuhpc.sweeps import pacing
+                from gpuhpc.sweeps.refresh import pace_of
+
+                pause = pacing.pause(pace_of(self.id), poll)
+            if deadline is not None:
+                pause = max(0.0, min(pause, deadline - time.monotonic() + 0.01))
+            time.sleep(pause)
 
     def best(self) -> dict[str, Any] | None:
         from gpuhpc.sweeps import store

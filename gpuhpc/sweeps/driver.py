@@ -95,6 +95,8 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
         sw = s.get(Sweep, sid)
         status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
         spec = spec_from_json(sw.spec)
+    # a pruner and fail_fast read the trials' progress every round: no longer pauses for them
+    limits["paced"] = spec.pruner is None and spec.fail_fast is None
     if status == SweepStatus.CANCELLED.value:
         _log("cancelled: exiting")
         return True
@@ -164,13 +166,14 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
     round retried with a growing pause (up to 5 min); after ``GPUHPC_SWEEP_DRIVER_GIVE_UP``
     seconds (default 30 min) of nothing but errors it requeues its own job (a fresh start on
     perhaps another node) or, outside Slurm, exits 1."""
-    from gpuhpc.sweeps import store, submission
+    from gpuhpc.sweeps import pacing, store, submission
+    from gpuhpc.sweeps.refresh import pace_of
 
     poll = poll if poll is not None else float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
     give_up = float(os.environ.get("GPUHPC_SWEEP_DRIVER_GIVE_UP", "1800"))
     client = store.slurm_client()
     _log(f"sweep {sid}: starting (restart {os.environ.get('SLURM_RESTART_COUNT', '0')})")
-    limits: dict = {}
+    memo: dict = {}         # between rounds: the limits' age (_stale), whether to pace (_step)
     recovered = False
     failing_since: float | None = None
     pause = poll
@@ -179,13 +182,15 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
             if not recovered:
                 submission.recover(sid, client=client, url=url)
                 recovered = True
-            if _step(sid, client, url, limits):
+            if _step(sid, client, url, memo):
                 return 0
-            failing_since, pause = None, poll
-            if store.draining(sid, url):
-                # an array is in its last wave with trials waiting for its slots: hand each
-                # freed slot on within a couple of seconds, not a whole poll later
-                pause = min(poll, 2.0)
+            failing_since = None
+            # by expectation, not by clock: the next round when a running trial is expected to end
+            # (the run times seen so far), never sooner than a poll, or a couple of seconds while an
+            # array runs its last wave with trials waiting for its slots (each freed slot handed on
+            # soon); never later while a pruner or fail_fast follows the trials' progress
+            floor = min(poll, 2.0) if store.draining(sid, url) else poll
+            pause = pacing.pause(pace_of(sid), poll, floor=floor, most=None if memo.get("paced") else floor)
         except Exception as exc:       # slurmctld restarting, database gone, disk full...: again
             from gpuhpc.errors import GpuhpcError
 

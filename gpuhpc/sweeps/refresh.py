@@ -20,6 +20,7 @@ from typing import Any
 
 from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.sweeps.metrics import finished_by_files, read_metrics
+from gpuhpc.sweeps.pacing import Pace
 from gpuhpc.sweeps.spec import spec_from_json
 from gpuhpc.sweeps.state import SLURM_STATES, SweepStatus, TrialState, ended
 from gpuhpc.sweeps.store import now, session, slurm_client, utc
@@ -251,6 +252,27 @@ def next_state(row: TrialRow, obs: Observations) -> Decision:
 
 
 # ---------------------------------------------------------------- a round
+#: per sweep, what this process's refreshes saw of its trials' run times: when its follower asks
+#: again (:func:`gpuhpc.sweeps.pacing.pause`)
+PACES: dict[int, Pace] = {}
+
+
+def pace_of(sid: int) -> Pace | None:
+    """What the last refresh of sweep ``sid`` in this process saw of its trials' run times."""
+    return PACES.get(sid)
+
+
+def _seconds(elapsed: str | None) -> float | None:
+    """squeue's elapsed time (``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``) in seconds; None when unreadable."""
+    from gpuhpc.slurm.durations import parse_duration
+
+    try:
+        s = parse_duration(elapsed or "")
+    except UserInputError:
+        return None
+    return float(s) if s is not None else None
+
+
 def _ask_accounting(c, rows: Sequence[TrialRow], queue: dict) -> list[Any] | None:
     """sacct (slurmdbd) is asked about the tasks that left the queue at once, and about those
     slurmctld shows finished in one batch once the first of them has waited
@@ -350,6 +372,9 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     updates = []
     counts: dict[TrialState, int] = dict(finished)
     at = now()
+    ran: list[float] = []                   # run times of trials that ended this round
+    running: list[float] = []               # how long each running trial has run
+    pending = 0
     for t in rows:
         key = (t.followed_in, t.task)
         obs = Observations(at=at, queue_answered=queue is not None, queued=(queue or {}).get(key),
@@ -359,6 +384,15 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         while d.wants:
             obs = look(t, obs, d.wants)
             d = next_state(t, obs)
+        q = obs.queued if obs.queue_answered else None
+        if q is not None and q.state.state.value == "RUNNING":
+            running.append(_seconds(getattr(q, "elapsed", None)) or 0.0)
+        elif q is not None and d.state is TrialState.PENDING:
+            pending += 1
+        if ended(d.raw_state) and not ended(t.raw_state):      # it ended this round
+            took = _seconds(getattr(q, "elapsed", None)) if q is not None else (float(obs.runs[-1].elapsed_s) if obs.runs else None)
+            if took is not None:
+                ran.append(took)
         new: dict[str, Any] = dict(state=d.state.value, raw_state=d.raw_state, restarts=d.restarts,
                                    gpu_hours=d.gpu_hours, metrics=t.metrics, objective=t.objective)
         if d.accounting:
@@ -374,6 +408,8 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
                 ("raw_state", t.raw_state), ("restarts", t.restarts), ("gpu_hours", t.gpu_hours),
                 ("metrics", t.metrics), ("objective", t.objective))):
             updates.append((t.id, new))
+    if queue is not None:
+        PACES.setdefault(sid, Pace()).saw(ended=ran, running=running, pending=pending)
     total = sum(counts.values())
     all_done = total > 0 and sum(n for st, n in counts.items() if st.is_terminal) == total
     with session(url) as s:

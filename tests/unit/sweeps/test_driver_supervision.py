@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from gpuhpc.sweeps import driver, store, submission
 
 
@@ -61,3 +63,33 @@ def test_a_fatal_error_outside_the_loop_requeues_the_driver_a_few_times(monkeypa
     assert driver.main(["7"]) == 0 and client.requeued == ["4243"]
     monkeypatch.setenv("SLURM_RESTART_COUNT", str(driver.MAX_FATAL_REQUEUES))
     assert driver.main(["7"]) == 1 and client.requeued == ["4243"]     # then it ends: `sweep wait` says so
+
+
+@pytest.mark.parametrize("paced, draining, want", [
+    (True, False, 40.0),        # a slot is expected in 60 s: 4 polls, not every poll
+    (True, True, 40.0),         # the draining floor does not shorten an expected wait
+    (False, False, 10.0),       # a pruner or fail_fast reads progress: every poll
+    (False, True, 2.0),         # ... and while an array drains, every couple of seconds
+])
+def test_the_driver_asks_again_when_a_slot_is_expected_to_free(monkeypatch, paced, draining, want):
+    from gpuhpc.sweeps import refresh
+    from gpuhpc.sweeps.pacing import Pace
+
+    client = _Client()
+    monkeypatch.setattr(store, "slurm_client", lambda *a, **k: client)
+    monkeypatch.setattr(submission, "recover", lambda *a, **k: None)
+    monkeypatch.setattr(store, "draining", lambda sid, url=None: draining)
+    pace = Pace()
+    pace.saw(ended=[60.0], running=[0.0, 0.0], pending=0)
+    monkeypatch.setitem(refresh.PACES, 7, pace)
+    rounds = iter([False, True])
+
+    def step(sid, c, url, memo):
+        memo["paced"] = paced
+        return next(rounds)
+
+    slept: list[float] = []
+    monkeypatch.setattr(driver, "_step", step)
+    monkeypatch.setattr(driver.time, "sleep", slept.append)
+    assert driver.run(7, poll=10.0) == 0
+    assert slept == [pytest.approx(want, abs=0.5)]
