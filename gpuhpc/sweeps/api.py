@@ -50,11 +50,12 @@ def retrying(fn: Callable[[], Any], what: str, budget: float | None = None) -> A
     database fails transiently (:func:`_transient`), for at most ``budget`` seconds
     (``GPUHPC_SWEEP_DB_RETRY``, default 300); then :class:`StateUnreachable`, one line. Each
     retry says so on stderr once per error kind."""
-    import os
     import sys
 
     if budget is None:
-        budget = float(os.environ.get("GPUHPC_SWEEP_DB_RETRY", "300"))
+        from gpuhpc.config import getenv
+
+        budget = getenv("GPUHPC_SWEEP_DB_RETRY")
     start = time.monotonic()
     pause = 1.0
     said: set[str] = set()

@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     from gpuhpc.fsutil import write_atomic
     from gpuhpc.sweeps.api import Sweep
 
+    from gpuhpc.config import getenv
+    from gpuhpc.errors import UserInputError
+
     try:
-        wait_s = float(os.environ.get("GPUHPC_BEST_WAIT_S", "") or 300)
-    except ValueError:
+        wait_s = getenv("GPUHPC_BEST_WAIT_S")
+    except UserInputError:
         sys.stderr.write("gpuhpc: GPUHPC_BEST_WAIT_S must be a number of seconds\n")
         return 2
     try:

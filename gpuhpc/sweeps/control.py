@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +224,9 @@ def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
 
 
 def driver_poll_s() -> float:
-    return float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
+    from gpuhpc.config import getenv
+
+    return getenv("GPUHPC_SWEEP_DRIVER_POLL")
 
 
 #: squeue reasons a pending job does not leave by itself: the partition, account or QOS refuses

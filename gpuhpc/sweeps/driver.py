@@ -155,7 +155,9 @@ def _stale(limits: dict, queued: int) -> bool:
     """Ask slurmctld its limits (``scontrol show config``, ``show assoc_mgr``, the job record
     count) again at most once a minute; between, the cached answer stands."""
     t = time.monotonic()
-    if t - limits.get("at", -1e9) > float(os.environ.get("GPUHPC_SWEEP_LIMITS_TTL", "60")):
+    from gpuhpc.config import getenv
+
+    if t - limits.get("at", -1e9) > getenv("GPUHPC_SWEEP_LIMITS_TTL"):
         limits["at"] = t
         return True
     return False
@@ -169,8 +171,10 @@ def run(sid: int, *, url: str | None = None, poll: float | None = None, once: bo
     from gpuhpc.sweeps import pacing, store, submission
     from gpuhpc.sweeps.refresh import pace_of
 
-    poll = poll if poll is not None else float(os.environ.get("GPUHPC_SWEEP_DRIVER_POLL", "10"))
-    give_up = float(os.environ.get("GPUHPC_SWEEP_DRIVER_GIVE_UP", "1800"))
+    from gpuhpc.config import getenv
+
+    poll = poll if poll is not None else getenv("GPUHPC_SWEEP_DRIVER_POLL")
+    give_up = getenv("GPUHPC_SWEEP_DRIVER_GIVE_UP")
     client = store.slurm_client()
     _log(f"sweep {sid}: starting (restart {os.environ.get('SLURM_RESTART_COUNT', '0')})")
     memo: dict = {}         # between rounds: the limits' age (_stale), whether to pace (_step)

@@ -6,7 +6,6 @@ limit, priced) checked against the ledger's quotas before anything is submitted
 from __future__ import annotations
 
 import getpass
-import os
 
 from gpuhpc.errors import QuotaExceeded
 from gpuhpc.sweeps.spec import SweepSpec
@@ -19,7 +18,9 @@ def ledger_url(url: str | None) -> str | None:
 
     if hooks.ledger_in_use() is None and not url:
         return None
-    if os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no"):
+    from gpuhpc.config import getenv
+
+    if (getenv("GPUHPC_LEDGER") or "").strip().lower() in ("off", "0", "false", "no"):
         return None
     return db_url(url)
 

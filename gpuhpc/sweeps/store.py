@@ -32,7 +32,9 @@ def now() -> dt.datetime:
 def sweep_root() -> Path:
     """``$GPUHPC_SWEEP_ROOT``, else ``<gpuhpc data dir>/sweeps``: every node must see it (the
     trials read their parameter files and write metrics there)."""
-    env = os.environ.get("GPUHPC_SWEEP_ROOT")
+    from gpuhpc.config import getenv
+
+    env = getenv("GPUHPC_SWEEP_ROOT")
     if env:
         return Path(env).expanduser().absolute()
     from gpuhpc.fsutil import data_dir
