@@ -69,6 +69,9 @@ class GpuHost:
         self.bin = tmp / "bin"
         self.bin.mkdir()
         (tmp / "dev").mkdir()     # the stand-in makes nvidia-capM there for each GPU instance
+        (tmp / "systemd").mkdir()     # the driver's packages' units, as this host had them
+        for unit in ("nvidia-persistenced", "nvidia-fabricmanager"):
+            (tmp / "systemd" / f"{unit}.service").write_text(f"[Unit]\nDescription={unit}\n")
         shutil.copy(STANDIN, self.bin / "nvidia-smi")
         smi = fixtures_dir / "nvidia-smi"
         state = state_from_listing((smi / "L-h100-80gb-mig-7x1g.10gb.txt").read_text())
@@ -88,6 +91,10 @@ class GpuHost:
             "gpuhpc_nvidia_gpu_mig_script": str(tmp / "sbin" / "gpuhpc-mig-apply"),
             "gpuhpc_nvidia_gpu_mig_layout_file": str(tmp / "gpuhpc" / "mig-layout.json"),
             "gpuhpc_nvidia_gpu_systemd_dir": str(tmp / "systemd"),
+            # the GPU services slurmd starts after, MIG or not (fabric manager: an NVSwitch system's)
+            "gpuhpc_nvidia_gpu_slurmd_after": ["nvidia-persistenced", "nvidia-fabricmanager"],
+            "gpuhpc_slurm_common_slurmd_precheck": True,
+            "gpuhpc_slurm_common_slurmd_precheck_path": str(tmp / "sbin" / "gpuhpc-slurmd-precheck"),
             "gpuhpc_gpudirect_rdma_nccl_env_file": str(tmp / "gpuhpc" / "nccl.env")}}}}, sort_keys=False))
 
     def write_spec(self, layouts: list[list[str]]) -> None:
@@ -188,6 +195,27 @@ def test_nvidia_gpu_mig_check_apply_and_reapply(converged):
     counts, out, calls = converged["reapply"]
     assert _mig_changes(calls) == [] and counts == {"changed": 0, "failed": 0}, out[-4000:]
     assert "MIG layout of mig-node1 changed" not in out
+
+
+def test_slurmd_starts_after_the_gpu_services_and_not_when_fabric_manager_failed(converged):
+    """slurmd's drop-in (MIG or not): Wants= and After= persistenced and fabric manager (their units
+    exist here), and an ExecStartPre that refuses to start slurmd while one is not active, draining
+    the node with the reason (on this machine, without systemd, neither is active; SLURM_CONF points
+    nowhere, so nothing is drained: the lab drains for real)."""
+    h = converged["host"]
+    dropin = (h.tmp / "systemd" / "slurmd.service.d" / "gpuhpc-gpu.conf").read_text()
+    units = "nvidia-persistenced.service nvidia-fabricmanager.service"
+    assert f"\nWants={units}\nAfter={units}\n" in dropin, dropin
+    line = next(x for x in dropin.splitlines() if x.startswith("ExecStartPre="))
+    argv = line.split("=", 1)[1].split()
+    assert argv[:2] == ["/usr/bin/env", f"SLURM_CONF={h.tmp}/etc/slurm.conf"], line
+    assert argv[2:] == [str(h.tmp / "sbin" / "gpuhpc-slurmd-precheck"), "mig-node1",
+                        "active:nvidia-persistenced.service", "active:nvidia-fabricmanager.service"], line
+    proc = subprocess.run(argv[2:], env={**os.environ, "SLURM_CONF": str(h.tmp / "no-such-slurm.conf")},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "slurmd not started on mig-node1: nvidia-persistenced.service is " in proc.stderr, proc.stderr
+    assert "; nvidia-fabricmanager.service is " in proc.stderr, proc.stderr
 
 
 def test_nvidia_gpu_mig_layout_change(converged):
