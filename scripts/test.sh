@@ -23,6 +23,9 @@
 #               mirror of them is given (GPUHPC_VENDOR_DIR; else ../shared/vendor when that exists,
 #               the one place outside the repository the suite may read); without one it is skipped
 #               and says so
+#     stage s25 at the same time, at nice 10: Slurm 25.11 built from that mirror's archive and pyslurm
+#               against it (scripts/slurm_build.sh, cached by source digest), then tests/integration/slurm25
+#               on a private 25.11 controller; without the archive it is skipped and says so
 #   teardown    the cluster and services, also on failure (KEEP_UP=1 leaves them running)
 # and at the end each stage's wall time. Every stage runs; the script fails if any did.
 #
@@ -226,9 +229,24 @@ if [ "$MODE" = full ]; then
   }
   p2_stream() {   # stage p2: every other isolated integration test
     isolated_stream "stage p2" tests/integration --ignore=tests/integration/cluster --ignore=tests/integration/lab \
-      "${P1[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}"
+      "${P1[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" "${S25[@]/#/--ignore=}"
   }
-  say "stage i, stage p1 then stage c, stage p2 and the lab start beside the shared-cluster stream (their output: at the end)"
+  # Slurm 25.11 from the source mirror and pyslurm against it (scripts/slurm_build.sh: the
+  # gpuhpc_slurm_build role, cached by the archive's sha256 and the configure flags under
+  # ~/.cache/gpuhpc/slurm-build), then its tests on a private 25.11 controller (docs/admin.md).
+  # On a fresh machine the build is most of its time (about 7 CPU-minutes, pyslurm 5): at nice 10
+  # it takes what the other streams leave while they wait on Slurm
+  S25=(tests/integration/slurm25)
+  s25_stream() {
+    if [ ! -f "${GPUHPC_VENDOR_DIR:-../shared/vendor}/slurm-25.11.7.tar.gz" ]; then
+      echo "[test] stage s25 skipped: no slurm-25.11.7.tar.gz in the source-archive mirror (GPUHPC_VENDOR_DIR; docs/admin.md)"
+      return 0
+    fi
+    renice -n 10 -p "$BASHPID" >/dev/null
+    bg_stage "stage s25 build" bash scripts/slurm_build.sh --pyslurm
+    GPUHPC_REQUIRE_SLURM25=1 isolated_stream "stage s25" "${S25[@]}"
+  }
+  say "stage i, stage p1 then stage c, stage p2, the lab and stage s25 start beside the shared-cluster stream (their output: at the end)"
   # i: the unit tests and the collection's role tests (Ansible: CPU); p: the other isolated tests
   # (private controllers, services: mostly waiting)
   # stage i is nearly all CPU (Ansible) and has time to spare: at nice 5 it yields the CPU to the
@@ -242,6 +260,8 @@ if [ "$MODE" = full ]; then
   BG_PIDS+=($!)
   lab_stream >"$RUNDIR/lab.log" 2>&1 &
   BG_PIDS+=($!)
+  s25_stream >"$RUNDIR/s25.log" 2>&1 &
+  BG_PIDS+=($!)
   stage "stage a" "${PYTEST[@]}" --durations=40 -m "not isolated" tests/integration --ignore=tests/integration/lab "${LONG[@]/#/--ignore=}" "${SMOKE[@]/#/--ignore=}" "${VENDOR[@]/#/--ignore=}" \
     || FAILED+=" a"
   stage "stage b" "${PYTEST[@]}" -m "not isolated" "${LONG[@]}" || FAILED+=" b"
@@ -251,9 +271,9 @@ if [ "$MODE" = full ]; then
   }
   stage "stage q" smoke || FAILED+=" q"
   t=$(date +%s)
-  say "waiting for stages i, p1, c, p2 and the lab"
+  say "waiting for stages i, p1, c, p2, s25 and the lab"
   wait "${BG_PIDS[@]}" || true
-  for log in isolated-i isolated-p1 isolated-p2 lab; do
+  for log in isolated-i isolated-p1 isolated-p2 lab s25; do
     [ -f "$RUNDIR/$log.log" ] || continue
     echo "================ $log stream (run beside the shared-cluster stream) ================"
     cat "$RUNDIR/$log.log"
