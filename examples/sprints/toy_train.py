@@ -43,6 +43,9 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--placement", choices=["one-leaf", "spread", "one-nvlink"], default="one-leaf")
     ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--reports", type=int, default=1,
+                    help="reports of the throughput: the first a slow warm-up (a fifth), then the model's "
+                         "within +-2 %% (median: the model's exactly)")
     a = ap.parse_args()
     nodes, gpus, leaves = allocation(a.nodes, a.gpus_per_node, a.placement)
     thr, util = model(a.batch_size, gpus, nodes, leaves=leaves)
@@ -50,6 +53,11 @@ def main() -> int:
     while time.monotonic() < end:           # "train"
         time.sleep(0.05)
     if os.environ.get("SLURM_PROCID", "0") == "0":
+        # --reports N: a warm-up report (a fifth of the throughput), then N - 2 alternating -2 %/+2 %,
+        # then the model's value with the rest (an even N: the median after the warm-up is the model's)
+        early = ([0.2] + [0.98, 1.02] * (a.reports // 2))[:a.reports - 1] if a.reports > 1 else []
+        for step, f in enumerate(early):
+            gpuhpc.report(step=step, samples_per_s=thr * f)
         gpuhpc.report(samples_per_s=thr, gpu_util_percent=util, alloc_nodes=nodes, alloc_gpus_per_node=gpus,
                       alloc_leaves=leaves)
         print(f"{nodes} node(s) x {gpus} GPU(s) on {leaves} leaf switch(es): {thr:.1f} samples/s, "

@@ -1,8 +1,9 @@
 """Run a sprint as a sweep and collect its figures: ``gpuhpc.sprint(...)`` and ``gpuhpc sprint FILE``.
 
 The sprint is a grid sweep over its axes (:meth:`SprintSpec.sweep_mapping`), run by the sweeps
-engine like any ``gpuhpc sweep run``. Per trial: the throughput is the last value of the
-sprint's metric the trial reported (``gpuhpc.report(samples_per_s=...)``); GPU utilisation and
+engine like any ``gpuhpc sweep run``. Per trial: the throughput is the median of the sprint's
+metric as the trial reported it (``gpuhpc.report(samples_per_s=...)``) after the first ``warmup``
+reports, with its spread (a single report: that value); GPU utilisation and
 CPU use come from the job's efficiency report (the ledger's stored summary, else Prometheus:
 :func:`gpuhpc.monitoring.efficiency.job_report`), else from a ``gpu_util_percent`` the trial
 reported itself; the price per GPU-hour of ``gpu_type`` from the ledger's price book, else the
@@ -16,8 +17,8 @@ from decimal import Decimal
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.sprints.analysis import SprintResult, TrialRecord, analyse
-from gpuhpc.sprints.spec import SprintSpec, check_cost, from_mapping, load_file
+from gpuhpc.sprints.analysis import SprintResult, TrialRecord, analyse, throughput_of
+from gpuhpc.sprints.spec import SprintSpec, check_cost, from_mapping, goal_of, load_file
 
 
 def price(spec: SprintSpec) -> tuple[Decimal | None, str]:
@@ -52,15 +53,27 @@ def _figures(job_id: str, client) -> tuple[float | None, str, float | None, floa
 
 
 def records(spec: SprintSpec, rows: list[dict[str, Any]], rate: Decimal | None, *, client=None,
-            utilisation: bool = True) -> list[TrialRecord]:
-    """The sweep's trial rows as :class:`TrialRecord`s (axes with one value filled in)."""
+            utilisation: bool = True, directory: str | None = None) -> list[TrialRecord]:
+    """The sweep's trial rows as :class:`TrialRecord`s (axes with one value filled in). With the
+    sweep's ``directory``, a trial's throughput is the median of its reports after the sprint's
+    ``warmup`` (:func:`gpuhpc.sprints.analysis.throughput_of`), else its last report."""
+    from pathlib import Path
+
+    from gpuhpc.sweeps.metrics import read_history
+
     out = []
     for row in rows:
         metrics = row.get("metrics") or {}
         thr = metrics.get(spec.metric)
-        out.append(TrialRecord(config=spec.config_of(row["params"]), state=row["state"],
-                               throughput=float(thr) if thr is not None else None, rate=rate,
-                               job_id=row.get("job_id") or "", trial=row["trial"]))
+        rec = TrialRecord(config=spec.config_of(row["params"]), state=row["state"],
+                          throughput=float(thr) if thr is not None else None, rate=rate,
+                          job_id=row.get("job_id") or "", trial=row["trial"])
+        if directory:
+            history = [v for _, v, _ in read_history(Path(directory) / "trials" / str(row["trial"]) / "metrics.jsonl",
+                                                     spec.metric)]
+            if history:
+                rec.throughput, rec.spread, rec.reports = throughput_of(history, spec.warmup)
+        out.append(rec)
     if utilisation:         # each report is a sacct and a Prometheus round trip: a few at once
         from concurrent.futures import ThreadPoolExecutor
 
@@ -153,8 +166,9 @@ def collect(spec: SprintSpec, sweep_id: int, rate: Decimal | None, *, client=Non
             utilisation: bool = True) -> SprintResult:
     from gpuhpc.sweeps import store
 
-    recs = records(spec, store.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation)
-    res = analyse(spec.name, spec.metric, recs)
+    recs = records(spec, store.trial_rows(sweep_id, url=url), rate, client=client, utilisation=utilisation,
+                   directory=store.sweep_info(sweep_id, url=url)["directory"])
+    res = analyse(spec.name, spec.metric, recs, goal_of(spec))
     res.sweep_id = sweep_id
     base = ", ".join(f"{k}={v}" for k, v in spec.resources.items())
     if spec.request:
