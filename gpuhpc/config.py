@@ -447,6 +447,8 @@ ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("GPUHPC_SLURM_URL_SHA256", str, None, "scripts/slurm_build.sh: the Slurm source archive's URL and sha256"),
     EnvVar("GPUHPC_SLURM_BUILD_CACHE", str, None, "scripts/slurm_build.sh: where built packages are kept "
                                                   "(default ~/.cache/gpuhpc/slurm-build)"),
+    EnvVar("GPUHPC_REQUIRE_SLURM25", bool, False, "scripts/test.sh (stage s25): a missing Slurm 25.11 build fails "
+                                                  "tests/integration/slurm25 instead of skipping it"),
     EnvVar("GPUHPC_LAB_DIR", str, "/var/tmp/gpuhpc-lab", "scripts/lab.sh: the lab's directory"),
     EnvVar("GPUHPC_LAB_SUITE", str, "trixie", "scripts/lab.sh: the lab hosts' Debian release"),
     EnvVar("GPUHPC_LAB_CPUS", str, None, "scripts/lab.sh: the CPUs the lab is pinned to"),
