@@ -245,12 +245,14 @@ def test_a_node_definition_change_keeps_running_jobs_brings_a_stopped_host_back_
     (LAB_DIR / "secrets" / "munge.key").write_bytes(key.read_bytes())
     assert proc.returncode == 0, "\n".join(_failed_tasks(proc.stdout)) + proc.stdout[-3000:]
     out = proc.stdout
-    # slurmd stopped on both hosts before slurmctld restarted, then came back in a checked batch
+    # slurmd stopped on both hosts before slurmctld restarted, then came back on both at once, checked
     stop = out.index("TASK [Stop slurmd where slurmctld and slurmd both restart]")
     ctld = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_controller : Restart slurmctld for a restart-class change (systemd)]")
-    batch = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_compute : Check that no node of this batch drained or went invalid]")
-    assert stop < ctld < batch
+    start = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_compute : Restart slurmd, or start it where this change stopped it")
+    check = out.index("TASK [gpuhpc.cluster.gpuhpc_slurm_compute : Check that no node of the change drained or went invalid]")
+    assert stop < ctld < start < check
     assert "changed: [c1]" in out[stop:ctld] and "changed: [c2]" in out[stop:ctld]
+    assert "changed: [c1]" in out[start:check] and "changed: [c2]" in out[start:check]
     # no node drained or invalid, the jobs still run, and the nodes carry the new feature
     states = _node_states(lab)
     assert set(states) == {"c1", "c2"} and all(st in ("alloc", "mix") for st in states.values()), states
@@ -283,6 +285,9 @@ def test_a_rebooted_compute_host_comes_back_idle_without_ansible(lab: Lab):
     assert lab.ssh("c1", "ps -o lstart= -p 1") != booted      # a new systemd
     wait_for(lambda: _node_states(lab).get("c1") == "idle", 90, "c1 to come back idle")
     assert lab.ssh("c1", "systemctl is-active munge slurmd").split() == ["active", "active"]
+    # slurmd came up after its scratch, through its start check (gpuhpc_nvme_scratch's drop-in)
+    assert "/scratch" in lab.ssh("c1", "systemctl show --property RequiresMountsFor --value slurmd").split()
+    assert "gpuhpc-slurmd-precheck c1 dir:/scratch" in lab.ssh("c1", "systemctl cat slurmd")
     out = lab.ssh("login", "srun --nodes=2 --label hostname", timeout=120)
     assert sorted(line.split(": ")[1] for line in out.split("\n") if line) == ["c1", "c2"]
 
