@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hydra.core.config_store import ConfigStore
@@ -108,7 +109,7 @@ def test_the_returns_follow_the_overrides_whatever_order_jobs_end_in(tmp_path, f
         assert (tmp_path / "sweep" / "2" / ".hydra" / "overrides.yaml").read_text().strip() == "- x=3"
     (kw,) = calls
     assert kw["resources"] == gpuhpc.Resources(partition="cpu", time="1h")
-    assert kw["parallelism"] == 2 and kw["max_requeues"] == 10 and kw["name"] == "test_hydra_launcher"
+    assert kw["parallelism"] == 2 and kw["max_requeues"] == 10 and kw["name"] == Path(__file__).stem
     assert kw["folder"] == f"{tmp_path / 'sweep'}/.gpuhpc/%j"
 
 
