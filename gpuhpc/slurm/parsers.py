@@ -770,20 +770,28 @@ def parse_squeue_json(text: str, *, user: str | None = None, job_ids=()) -> list
             nodelist=str(job.get("nodes") or ""), reason=str(job.get("state_reason") or "None"),
             qos=str(job.get("qos") or ""),
         )
-        if array_id and task is None and task_string:       # a pending array's tasks, one record
-            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in array_task_ids(task_string)]
-        elif array_id:
-            keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
-        else:
-            keys = [(raw, raw, raw, "N/A")]
-        for job_id, job_id_raw, array_job_id, array_task_id in keys:
-            if user and common["user"] != user:
-                continue
-            if wanted and not wanted & {job_id, job_id_raw, array_job_id}:
-                continue
-            rows.append(QueueRow(job_id=job_id, job_id_raw=job_id_raw, array_job_id=array_job_id,
-                                 array_task_id=array_task_id, **common))
+        rows += queue_rows(raw, array_id, task, task_string, common, user=user, wanted=wanted)
     return rows
+
+
+def queue_rows(raw: str, array_id, task, waiting: str, common: dict, *, user: str | None,
+               wanted: set[str]) -> list[QueueRow]:
+    """One structured job record (``squeue --json``'s, pyslurm's) as ``squeue --array`` rows: a
+    pending array's waiting tasks (one record, ``waiting`` their range) a row each, an array task
+    its ``ARRAY_TASK`` row, a plain job one row; rows of another ``user`` or outside ``wanted``
+    (job ids, array ids, ``ID_TASK``) left out. ``common``: the QueueRow fields all rows share."""
+    if array_id and task is None and waiting:
+        keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in array_task_ids(waiting)]
+    elif array_id:
+        keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
+    else:
+        keys = [(raw, raw, raw, "N/A")]
+    if user and common["user"] != user:
+        return []
+    return [QueueRow(job_id=job_id, job_id_raw=job_id_raw, array_job_id=array_job_id, array_task_id=array_task_id,
+                     **common)
+            for job_id, job_id_raw, array_job_id, array_task_id in keys
+            if not wanted or wanted & {job_id, job_id_raw, array_job_id}]
 
 
 def _tres_list(items) -> dict[str, str]:

@@ -59,7 +59,7 @@ def _gres_text(gres: dict | None) -> str:
 
 def queue(*, user: str | None = None, job_ids=()) -> list:
     """``pyslurm.Jobs.load()`` -> QueueRow s as ``squeue --array`` rows (see parse_squeue_json)."""
-    from gpuhpc.slurm.parsers import QueueRow, squeue_clock, array_task_ids
+    from gpuhpc.slurm.parsers import queue_rows, squeue_clock
     from gpuhpc.slurm.state import SlurmState
 
     pyslurm = _pyslurm()
@@ -75,19 +75,7 @@ def queue(*, user: str | None = None, job_ids=()) -> list:
             account=_s(job.account), nodelist=_s(job.allocated_nodes), reason=_s(job.state_reason) or "None",
             qos=_s(job.qos),
         )
-        if array_id and task is None and waiting:
-            keys = [(f"{array_id}_{t}", raw, str(array_id), t) for t in array_task_ids(waiting)]
-        elif array_id:
-            keys = [(f"{array_id}_{task}", raw, str(array_id), str(task))]
-        else:
-            keys = [(raw, raw, raw, "N/A")]
-        for job_id, job_id_raw, array_job_id, array_task_id in keys:
-            if user and common["user"] != user:
-                continue
-            if wanted and not wanted & {job_id, job_id_raw, array_job_id}:
-                continue
-            rows.append(QueueRow(job_id=job_id, job_id_raw=job_id_raw, array_job_id=array_job_id,
-                                 array_task_id=array_task_id, **common))
+        rows += queue_rows(raw, array_id, task, waiting, common, user=user, wanted=wanted)
     return rows
 
 
