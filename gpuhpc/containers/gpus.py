@@ -31,6 +31,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")
@@ -154,7 +155,7 @@ def smi_devices(text: str) -> list[tuple[int, str]]:
 def load_nvml(env: Mapping[str, str]) -> object | None:
     """The NVML module (``GPUHPC_NVML_MODULE``: a module name or a ``.py`` file; else pynvml), or
     None when pynvml is not installed (then :func:`devices` asks nvidia-smi)."""
-    name = env.get("GPUHPC_NVML_MODULE", "")
+    name = getenv("GPUHPC_NVML_MODULE", env) or ""
     if name.endswith(".py"):
         spec = importlib.util.spec_from_file_location("gpuhpc_nvml_file", name)
         if spec is None or spec.loader is None:

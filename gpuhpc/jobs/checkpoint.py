@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhpc.config import getenv
 from gpuhpc.jobs import ckpt_formats
 
 _stop = False
@@ -43,12 +44,12 @@ _stop = False
 # ---------------------------------------------------------------- environment
 def checkpoint_dir() -> Path:
     """``$GPUHPC_CHECKPOINT_DIR`` (set by the job templates), else ``./checkpoints``."""
-    return Path(os.environ.get("GPUHPC_CHECKPOINT_DIR") or Path.cwd() / "checkpoints")
+    return Path(getenv("GPUHPC_CHECKPOINT_DIR") or Path.cwd() / "checkpoints")
 
 
 def scratch_dir() -> Path:
     """``$GPUHPC_SCRATCH``: per-job node-local directory (removed when the job ends)."""
-    env = os.environ.get("GPUHPC_SCRATCH")
+    env = getenv("GPUHPC_SCRATCH")
     if env:
         Path(env).mkdir(parents=True, exist_ok=True)
         return Path(env)
@@ -91,7 +92,7 @@ def latest_checkpoint(directory: str | os.PathLike[str] | None = None) -> Path |
 
     Without ``directory`` the job's ``$GPUHPC_LATEST_CHECKPOINT`` is trusted when set."""
     if directory is None:
-        env = os.environ.get("GPUHPC_LATEST_CHECKPOINT")
+        env = getenv("GPUHPC_LATEST_CHECKPOINT")
         if env and os.path.exists(env) and is_complete(env):
             return Path(env)
         directory = checkpoint_dir()
@@ -162,8 +163,8 @@ def keep_count(keep: int | None = None) -> int:
         if keep < 0:
             raise ValueError(f"keep must be 0 (all) or more, not {keep}")
         return keep
-    raw = os.environ.get("GPUHPC_KEEP_CHECKPOINTS", "").strip()
-    return int(raw) if raw.isdigit() else DEFAULT_KEEP
+    env = getenv("GPUHPC_KEEP_CHECKPOINTS")
+    return env if env is not None and env >= 0 else DEFAULT_KEEP
 
 
 # ---------------------------------------------------------------- atomic save
@@ -307,7 +308,7 @@ def _save(src: str | os.PathLike[str] | bytes, name: str | None, dest_dir: Path)
 
 
 def _job_id() -> str:
-    return os.environ.get("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
+    return getenv("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
 
 
 def _tmp_name(what: str) -> str:
@@ -357,7 +358,7 @@ def _record_and_prune(dest_dir: Path, name: str, keep: int) -> None:
 def _resumed_from() -> Path | None:
     """The checkpoint this run started from (``$GPUHPC_LATEST_CHECKPOINT``): pruning spares it,
     the last one known to load, until the next run."""
-    env = os.environ.get("GPUHPC_LATEST_CHECKPOINT")
+    env = getenv("GPUHPC_LATEST_CHECKPOINT")
     return Path(env).resolve() if env else None
 
 
@@ -465,7 +466,7 @@ def _size(path: Path) -> int:
 
 
 def _run_id() -> str:
-    job = os.environ.get("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
+    job = getenv("GPUHPC_JOB_ID") or os.environ.get("SLURM_JOB_ID") or "nojob"
     return f"{job}.{restart_count()}"
 
 
@@ -582,8 +583,8 @@ def commit_step(step: int, world_size: int, *, directory: str | os.PathLike[str]
     pointer, keep the newest ``keep`` steps, remove this job's leftovers."""
     base = Path(directory) if directory is not None else checkpoint_dir()
     sdir = base / step_dir_name(step)
-    env_t = os.environ.get("GPUHPC_SHARD_TIMEOUT", "")
-    limit = timeout if timeout is not None else (float(env_t) if env_t else 300.0)
+    env_t = getenv("GPUHPC_SHARD_TIMEOUT")
+    limit = timeout if timeout is not None else (env_t if env_t is not None else 300.0)
     run = _run_id()
     deadline = time.monotonic() + limit
     while True:
@@ -684,7 +685,7 @@ def stop_requested() -> bool:
     installed its handler)."""
     if _stop:
         return True
-    stop_dir = os.environ.get("GPUHPC_STOP_DIR")
+    stop_dir = getenv("GPUHPC_STOP_DIR")
     return bool(stop_dir) and os.path.exists(os.path.join(stop_dir, "requested"))
 
 

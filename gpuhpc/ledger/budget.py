@@ -26,6 +26,7 @@ from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.ledger import periods, pricing
 
 MICRO = 1_000_000
@@ -41,14 +42,13 @@ def slurm_conf_dir() -> Path:
 def snapshot_path() -> Path:
     """``$GPUHPC_BUDGET_SNAPSHOT``, else ``gpuhpc-budgets.txt`` next to slurm.conf (where
     job_submit.lua looks)."""
-    env = os.environ.get("GPUHPC_BUDGET_SNAPSHOT", "").strip()
+    env = (getenv("GPUHPC_BUDGET_SNAPSHOT") or "").strip()
     return Path(env) if env else slurm_conf_dir() / SNAPSHOT_NAME
 
 
 def billing_path() -> Path:
     """``$GPUHPC_BILLING_FILE``, else ``/etc/gpuhpc/billing.json`` (the slurm_common role's default)."""
-    env = os.environ.get("GPUHPC_BILLING_FILE", "").strip()
-    return Path(env) if env else Path("/etc/gpuhpc/billing.json")
+    return Path(getenv("GPUHPC_BILLING_FILE").strip())
 
 
 def money_to_billing_minutes(amount: Decimal) -> int:

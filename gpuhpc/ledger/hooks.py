@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from gpuhpc.config import getenv
 from gpuhpc.ledger.types import ChargeRequest
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ __all__ = ["ChargeRequest", "ledger_in_use", "reserve", "reserve_or_snapshot", "
 
 def ledger_in_use() -> str | None:
     """The database URL when the ledger is in use, else None (no SQLAlchemy import)."""
-    if os.environ.get("GPUHPC_LEDGER", "").strip().lower() in ("off", "0", "false", "no"):
+    if (getenv("GPUHPC_LEDGER") or "").strip().lower() in ("off", "0", "false", "no"):
         return None
     from gpuhpc.ledger.paths import configured_db_url, default_db_path
 

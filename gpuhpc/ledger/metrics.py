@@ -21,6 +21,7 @@ import math
 import os
 import time
 
+from gpuhpc.config import getenv
 
 _warned = False
 
@@ -80,11 +81,11 @@ def report(step: int | None = None, **metrics: float) -> None:
         rank = os.environ.get(rank_var)
         if rank is not None and rank.strip() not in ("", "0"):
             return
-    trial_file = os.environ.get("GPUHPC_METRICS_FILE")
+    trial_file = getenv("GPUHPC_METRICS_FILE")
     if trial_file:
         _append_line(trial_file, {"ts": time.time(), "step": step, "metrics": clean,
                                   **({"failed": failed} if failed else {}),
-                                  "trial": os.environ.get("GPUHPC_TRIAL_ID"),
+                                  "trial": getenv("GPUHPC_TRIAL_ID"),
                                   "job_id": os.environ.get("SLURM_JOB_ID"),
                                   "restart": os.environ.get("SLURM_RESTART_COUNT", "0")})
     from gpuhpc.ledger.paths import metrics_dir

@@ -1,9 +1,9 @@
 """Where the embedded ledger lives (cheap to import)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from gpuhpc.config import getenv
 from gpuhpc.fsutil import data_dir
 
 __all__ = ["data_dir", "default_db_path", "metrics_dir", "configured_db_url", "db_url"]
@@ -15,7 +15,7 @@ def default_db_path() -> Path:
 
 def metrics_dir() -> Path:
     """``$GPUHPC_METRICS_DIR``, else ``<data dir>/metrics``."""
-    env = os.environ.get("GPUHPC_METRICS_DIR")
+    env = getenv("GPUHPC_METRICS_DIR")
     if env:
         return Path(env).expanduser()
     return data_dir() / "metrics"
@@ -24,7 +24,7 @@ def metrics_dir() -> Path:
 def configured_db_url() -> str:
     """``$GPUHPC_DB_URL``, else the site config's ``[ledger] db_url`` (``/etc/gpuhpc/config.toml``,
     written by the gpuhpc_login role), else ""."""
-    url = os.environ.get("GPUHPC_DB_URL", "").strip()
+    url = (getenv("GPUHPC_DB_URL") or "").strip()
     if not url:
         from gpuhpc.config import site_setting
 

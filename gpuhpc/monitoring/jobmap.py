@@ -17,12 +17,14 @@ import json
 import os
 import sys
 
+from gpuhpc.config import getenv
+
 DEFAULT_DIR = "/run/gpuhpc/jobmap"
 ENV_DIR = "GPUHPC_JOBMAP_DIR"
 
 
 def base_dir() -> str:
-    return os.environ.get(ENV_DIR) or DEFAULT_DIR
+    return getenv(ENV_DIR) or DEFAULT_DIR
 
 
 def node_dir(node: str, base: str | None = None) -> str:

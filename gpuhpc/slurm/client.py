@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from typing import TYPE_CHECKING
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import GpuhpcError, SlurmError, TransportError, UserInputError
 from gpuhpc.slurm import commands as cmd
 from gpuhpc.transport import CommandResult, Runner, default_runner
@@ -104,7 +105,7 @@ class SlurmClient:
         this process's ``SLURM_CONF``), else ``json`` (Slurm >= 23.02), else ``cli``. Forced by the
         constructor's ``transport`` or ``GPUHPC_SLURM_TRANSPORT``; a forced one that cannot work
         is refused (UserInputError)."""
-        choice = self._transport_choice or os.environ.get(TRANSPORT_ENV) or "auto"
+        choice = self._transport_choice or getenv(TRANSPORT_ENV)
         field = "transport" if self._transport_choice else TRANSPORT_ENV
         if choice not in (*TRANSPORTS, "auto"):
             raise UserInputError(f"{field}: unknown {choice!r}; use one of auto, {', '.join(TRANSPORTS)}")

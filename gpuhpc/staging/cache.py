@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import StagingError
 from gpuhpc.fsutil import private_dir_beside, sha256_file
 
@@ -58,7 +59,7 @@ def check_private_dir(path: Path, uid: int | None = None) -> None:
         raise _refuse(path, "it is not a directory", f"remove it (rm {path})")
     if st.st_uid != uid:
         raise _refuse(path, f"it is owned by uid {st.st_uid}, not by you (uid {uid})",
-                      f"have its owner or root remove it, or set GPUHPC_SCRATCH_ROOT to a directory of your own")
+                      "have its owner or root remove it, or set GPUHPC_SCRATCH_ROOT to a directory of your own")
     if st.st_mode & 0o077:
         raise _refuse(path, f"its mode is {stat.S_IMODE(st.st_mode):04o}: other users can reach it",
                       f"chmod 700 {path} if nothing in it came from another user, else remove it")
@@ -84,10 +85,10 @@ def default_cache_root(env: dict[str, str] | None = None) -> Path:
     """This user's cache directory (not created): see the module docstring."""
     env = os.environ if env is None else env
     uid = os.geteuid()
-    shared = env.get("GPUHPC_NODE_CACHE_ROOT")
+    shared = getenv("GPUHPC_NODE_CACHE_ROOT", env)
     if shared:
         return Path(shared) / str(uid)
-    return Path(env.get("GPUHPC_SCRATCH_ROOT") or "/tmp") / f"gpuhpc-cache-{uid}"
+    return Path(getenv("GPUHPC_SCRATCH_ROOT", env)) / f"gpuhpc-cache-{uid}"
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -152,11 +153,11 @@ class NodeCache:
     def __init__(self, stager: S3Stager, root: str | Path | None = None, *, max_bytes: int | None = None,
                  verify: str | None = None) -> None:
         self.stager = stager
-        self._shared = None if root else os.environ.get("GPUHPC_NODE_CACHE_ROOT") or None
+        self._shared = None if root else getenv("GPUHPC_NODE_CACHE_ROOT")
         self._default = not root
         self.root = Path(root) if root else default_cache_root()
         self.max_bytes = max_bytes
-        self.verify = verify or os.environ.get("GPUHPC_CACHE_VERIFY") or "stat"
+        self.verify = verify or getenv("GPUHPC_CACHE_VERIFY")
         self.notes: list[str] = []          # what happened (damaged entries, evictions): for the job log
 
     def _prepare(self) -> Path:
@@ -244,12 +245,9 @@ class NodeCache:
     def _limit(self, root: Path) -> int:
         if self.max_bytes is not None:
             return self.max_bytes
-        env = os.environ.get("GPUHPC_NODE_CACHE_MAX_GB", "")
-        try:
-            if env:
-                return int(float(env) * 1024 ** 3)
-        except ValueError:
-            raise StagingError(f"GPUHPC_NODE_CACHE_MAX_GB={env!r} is not a number") from None
+        gb = getenv("GPUHPC_NODE_CACHE_MAX_GB")       # a bad value: UserInputError naming it
+        if gb is not None:
+            return int(gb * 1024 ** 3)
         st = os.statvfs(root)
         return int(st.f_blocks * st.f_frsize * 0.8)
 

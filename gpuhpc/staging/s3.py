@@ -18,6 +18,7 @@ from botocore.config import Config
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ProfileNotFound
 
+from gpuhpc.config import getenv
 from gpuhpc.errors import StagingError, UserInputError
 from gpuhpc.fsutil import atomic_path, sha256_file
 
@@ -86,7 +87,7 @@ class S3Stager:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **kwargs) -> "S3Stager":
         env = dict(os.environ if env is None else env)
-        return cls(endpoint_url=env.get("GPUHPC_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL") or None,
+        return cls(endpoint_url=getenv("GPUHPC_S3_ENDPOINT_URL", env) or env.get("AWS_ENDPOINT_URL") or None,
                    region=env.get("AWS_DEFAULT_REGION") or env.get("AWS_REGION") or None,
                    access_key=env.get("AWS_ACCESS_KEY_ID") or None,
                    secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None, **kwargs)
