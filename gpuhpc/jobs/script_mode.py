@@ -22,7 +22,7 @@ from gpuhpc.jobs.spec import JobSpec, check_container_policy, check_fits_on
 def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> Job:
     """Render ``spec`` and sbatch it (after the quota reservation). Returns a :class:`Job`.
     ``reserve=False``: the caller has already reserved it (a sweep holds all its chunks in one
-    transaction, :mod:`gpuhpc.sweeps.engine`) and records the job id itself."""
+    transaction, :mod:`gpuhpc.sweeps.submission`) and records the job id itself."""
     from gpuhpc.jobs.render import render
 
     check_container_policy(spec.resources)     # the site's registries and digest pins (exit 2)

@@ -415,7 +415,7 @@ class SlurmClient:
         return {(r.array_job_id or r.job_id_raw or r.job_id).split("_")[0] for r in rows
                 if not r.state.state.is_finished}
 
-    # ------------------------------------------------------------ sweeps (gpuhpc.sweeps.engine)
+    # ------------------------------------------------------------ sweeps (gpuhpc.sweeps.submission, refresh)
     def set_array_throttle(self, job_id: str, limit: int) -> bool:
         """``scontrol update JobId=ARRAY ArrayTaskThrottle=N``: how many of the array's tasks
         may run at once. True when slurmctld took it for the tasks still pending (it reports

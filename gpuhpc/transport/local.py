@@ -28,7 +28,7 @@ class LocalRunner:
 
     def with_environment(self, env: Mapping[str, str]) -> "LocalRunner":
         """A runner whose commands get exactly ``env`` (plus a call's own ``env``), not this
-        process's environment: what a sweep's arrays inherit (gpuhpc.sweeps.engine)."""
+        process's environment: what a sweep's arrays inherit (gpuhpc.sweeps.environment)."""
         return LocalRunner(base=env)
 
     def run(self, argv: list[str], *, input: str | None = None, timeout: float | None = None,
