@@ -230,11 +230,12 @@ def _copy(src: Path, dst: Path) -> _Copied:
         out.hash.update(str(rel).encode() + b"\0")
         _copy_file(s, dst / rel, out, out.hash)
     for root, _dirs, _names in os.walk(dst):
-        _fsync_dir(Path(root))
+        _fsync(Path(root))
     return out
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory; one that cannot be opened or synced is left as it is."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -303,7 +304,7 @@ def _save(src: str | os.PathLike[str] | bytes, name: str | None, dest_dir: Path)
     except BaseException:
         _remove(tmp)
         raise
-    _fsync_dir(dest_dir)             # the rename is durable before anything points at it
+    _fsync(dest_dir)             # the rename is durable before anything points at it
     return final, copied
 
 
@@ -332,7 +333,7 @@ def _point_latest(dest_dir: Path, name: str) -> None:
     link_tmp.unlink(missing_ok=True)
     os.symlink(name, link_tmp)
     os.replace(link_tmp, dest_dir / POINTER)
-    _fsync_dir(dest_dir)
+    _fsync(dest_dir)
     legacy = dest_dir / _LEGACY_POINTER
     if legacy.is_symlink():          # gpuhpc's own former pointer (DeepSpeed's is a file)
         legacy.unlink(missing_ok=True)
@@ -558,21 +559,12 @@ def commit(path: str | os.PathLike[str] | int, world_size: int | None = None, **
             f = Path(root) / n
             if f.is_symlink() or n == ckpt_formats.COMMITTED:
                 continue
-            try:
-                fd = os.open(f, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(root))
+            _fsync(f)
+        _fsync(Path(root))
     _write_json(d / ckpt_formats.COMMITTED,
                 {"job": _job_id(), "run": _run_id(), "host": socket.gethostname(),
                  "committed": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
-    _fsync_dir(d)
+    _fsync(d)
     _point_latest(d.parent, d.name)
     return d
 
@@ -611,7 +603,7 @@ def commit_step(step: int, world_size: int, *, directory: str | os.PathLike[str]
         "format": 1, "step": step, "world_size": world_size, "run": run,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "shards": [{k: rec[k] for k in ("rank", "file", "host", "bytes", "sha256")} for rec in shards]})
-    _fsync_dir(sdir)
+    _fsync(sdir)
     _point_latest(base, sdir.name)
     for p in sdir.iterdir():         # temporary names of ranks killed in earlier attempts
         if p.name.startswith((_TMP, ".tmp-", ".old-")):
