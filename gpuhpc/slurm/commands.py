@@ -95,8 +95,16 @@ def sacct(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bo
             f"--format={','.join(fields)}"]
     if allocations:
         argv.append("--allocations")
-    if duplicates:
-        argv.append("--duplicates")
+    argv += _sacct_selection(job_ids, user, all_users, since, until, duplicates)
+    if cluster:
+        argv.append(f"--clusters={cluster}")
+    return argv
+
+
+def _sacct_selection(job_ids: Iterable[str], user: str | None, all_users: bool, since: str | None,
+                     until: str | None, duplicates: bool) -> list[str]:
+    """The jobs sacct reports: :func:`sacct`'s and :func:`sacct_json`'s selection options."""
+    argv = ["--duplicates"] if duplicates else []
     ids = [str(j) for j in job_ids]
     if ids:
         argv.append(f"--jobs={','.join(ids)}")
@@ -108,8 +116,6 @@ def sacct(*, job_ids: Iterable[str] = (), user: str | None = None, all_users: bo
         argv.append(f"--starttime={since}")
     if until:
         argv.append(f"--endtime={until}")
-    if cluster:
-        argv.append(f"--clusters={cluster}")
     return argv
 
 
@@ -277,18 +283,4 @@ def sacct_json(*, job_ids: Iterable[str] = (), user: str | None = None, all_user
                duplicates: bool = False) -> list[str]:
     """``sacct --json`` with :func:`sacct`'s selection (a job record carries its steps;
     ``allocations`` is applied by the parser)."""
-    argv = ["sacct", "--json"]
-    if duplicates:
-        argv.append("--duplicates")
-    ids = [str(j) for j in job_ids]
-    if ids:
-        argv.append(f"--jobs={','.join(ids)}")
-    if all_users:
-        argv.append("--allusers")
-    elif user:
-        argv.append(f"--user={user}")
-    if since:
-        argv.append(f"--starttime={since}")
-    if until:
-        argv.append(f"--endtime={until}")
-    return argv
+    return ["sacct", "--json", *_sacct_selection(job_ids, user, all_users, since, until, duplicates)]
