@@ -128,10 +128,10 @@ class CountingClient(SlurmClient):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[str] = []
+        self.programs: list[str] = []      # not `calls`: SlurmClient.calls counts reads per transport
 
     def run(self, argv, **kw):
-        self.calls.append(os.path.basename(argv[0]))
+        self.programs.append(os.path.basename(argv[0]))
         return super().run(argv, **kw)
 
 
@@ -143,11 +143,11 @@ def test_as_completed_asks_slurm_once_per_poll_for_all_jobs(jobs_env, track):
     jobs = [g.submit(square, x, resources=CPU, client=client) for x in range(6)]     # 6 separate jobs
     for j in jobs:
         track(j.job_id)
-    client.calls.clear()
+    client.programs.clear()
     watcher = Watcher(client)
     seen = [j.job_id for j in g.as_completed(jobs, timeout=120, poll=1, watcher=watcher)]
     assert sorted(seen) == sorted(j.job_id for j in jobs)
-    assert watcher.polls >= 1 and client.calls == ["sacct"] * watcher.polls, (watcher.polls, client.calls)
+    assert watcher.polls >= 1 and client.programs == ["sacct"] * watcher.polls, (watcher.polls, client.programs)
     assert [j.result() for j in jobs] == [x * x for x in range(6)]
 
 
