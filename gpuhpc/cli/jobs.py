@@ -143,13 +143,16 @@ def status(job_id: str, json_out: bool) -> int:
 
 @click.command("logs", help=help_for("logs"))
 @click.argument("job_id", metavar="JOB_ID")
-@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends")
-@click.option("--json", "json_out", is_flag=True, help="JSON {job_id, path, text}")
-def logs(job_id: str, follow: bool, json_out: bool) -> int:
+@click.option("--follow", "-f", is_flag=True, help="keep printing until the job ends, through its requeues")
+@click.option("--rank", metavar="N", help="only rank N's output (a multi-rank job's task N; gpuhpc's own lines kept)")
+@click.option("--json", "json_out", is_flag=True, help="JSON {job_id, path, text} (with --rank: and rank)")
+def logs(job_id: str, follow: bool, rank: str | None, json_out: bool) -> int:
     from gpuhpc.errors import GpuhpcError
     from gpuhpc.jobs.handle import Job
 
     job = Job(job_id)
+    if rank is not None:
+        return _rank_logs(job, rank, follow, json_out)
     if json_out:
         from gpuhpc.cli._console import print_json
 
@@ -162,6 +165,31 @@ def logs(job_id: str, follow: bool, json_out: bool) -> int:
         return 0
     out = sys.stdout.buffer
     for chunk in job.follow_log():
+        out.write(chunk)
+        out.flush()
+    return 0
+
+
+def _rank_logs(job, rank: str, follow: bool, json_out: bool) -> int:
+    """``gpuhpc logs JOB --rank N`` (gpuhpc.jobs.logs: the rank is checked before anything is read)."""
+    from gpuhpc.errors import GpuhpcError
+    from gpuhpc.jobs.logs import RankLog, check_rank
+
+    check_rank(rank)                    # not a number, negative: before asking Slurm
+    log = RankLog(job, rank)
+    if json_out:
+        from gpuhpc.cli._console import print_json
+
+        print_json({"job_id": job.job_id, "rank": log.rank, "path": log.file,
+                    "text": log.text().decode("utf-8", errors="replace")})
+        return 0
+    if not follow:
+        if not log.file:
+            raise GpuhpcError(f"no log file found for job {job.job_id}")
+        sys.stdout.buffer.write(log.text())
+        return 0
+    out = sys.stdout.buffer
+    for chunk in log.follow():
         out.write(chunk)
         out.flush()
     return 0
