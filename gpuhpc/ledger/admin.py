@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.ledger import audit, db, pricing, quota
+from gpuhpc.ledger import audit, db, periods, pricing, quota
 from gpuhpc.ledger.orm import (Account, GpuPrice, Membership, MultiplierKind, Period, PriceMultiplier, Quota,
                                QuotaUsage, Reservation, ReservationStatus, User, utcnow)
 
@@ -229,9 +229,8 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
               money: Decimal | None = None, period: str = "month", url: str | None = None) -> None:
     if gpu_hours is None and money is None:
         raise UserInputError("give --gpu-hours and/or --money")
-    p = Period(period) if period in Period.__members__ else None
-    if p is None:
-        raise UserInputError(f"unknown period {period!r}", hint="day, week, month or total")
+    # a calendar period, or an allocation window's text (periods.window_arg: 2026-07-01/P12M)
+    p = Period(period) if period in Period.__members__ else periods.WindowName(periods.check_period(period))
     with db.session_scope(url) as s:
         acct = _account(s, account)
         if acct is None:
@@ -268,7 +267,7 @@ def _quota_dict(q: Quota) -> dict:
     def d(v: Decimal | None) -> str | None:
         return None if v is None else str(pricing.to_decimal(Decimal(v)))
 
-    return {"period": Period(q.period).value, "gpu_hours": d(q.gpu_hours), "money": d(q.money)}
+    return {"period": getattr(q.period, "value", q.period), "gpu_hours": d(q.gpu_hours), "money": d(q.money)}
 
 
 def remove_quota(account: str, *, user: str | None = None, url: str | None = None) -> bool:

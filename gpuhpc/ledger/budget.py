@@ -89,6 +89,12 @@ def write_billing(doc: dict, path: Path | str | None = None) -> Path:
 
 # ------------------------------------------------------------------ the snapshot
 def period_label(period: str, start: dt.datetime) -> str:
+    """``2026-11``, ``the week of 2026-11-30``; an allocation window ``2026-07-01 to 2027-06-30``
+    (its first and last day; ``start`` in the accounting zone)."""
+    window = periods.parse_window(period)
+    if window is not None:
+        first, following = window.bounds(start.date())
+        return f"{first:%Y-%m-%d} to {following - dt.timedelta(days=1):%Y-%m-%d}"
     return {"day": f"{start:%Y-%m-%d}", "week": f"the week of {start:%Y-%m-%d}", "month": f"{start:%Y-%m}"}.get(
         period, "all time")
 

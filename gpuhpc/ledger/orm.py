@@ -16,6 +16,8 @@ from sqlalchemy import (BigInteger, DateTime, Enum, Float, ForeignKey, Index, In
                         String, Text, TypeDecorator, UniqueConstraint, true)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from gpuhpc.ledger import periods
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -150,6 +152,25 @@ class PriceMultiplier(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class QuotaPeriod(TypeDecorator):
+    """A quota's period (VARCHAR(16)): a :class:`Period`, or an allocation window's text
+    (``2026-07-01/P12M``, :mod:`gpuhpc.ledger.periods`, migration 0010) read back as a
+    :class:`~gpuhpc.ledger.periods.WindowName` (a str with ``.value``, as a member has)."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        return periods.check_period(value.value if isinstance(value, enum.Enum) else str(value))
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return Period(value) if value in Period._value2member_map_ else periods.WindowName(value)
+
+
 class Quota(Base):
     """A budget per period for an account (``user_id`` NULL) or one user in an account."""
 
@@ -159,9 +180,11 @@ class Quota(Base):
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
     user_key: Mapped[int] = mapped_column(Integer, default=0)   # user_id or 0: unique even without a user
-    period: Mapped[Period] = mapped_column(_enum(Period))
+    period: Mapped[Period] = mapped_column(QuotaPeriod)   # or an allocation window (migration 0010)
     gpu_hours: Mapped[Decimal | None] = mapped_column(HOURS)
     money: Mapped[Decimal | None] = mapped_column(MONEY)
+    # alert thresholds, % of the budget, "80,100"; NULL: the default; "": none (migration 0010)
+    alert_at: Mapped[str | None] = mapped_column(String(64))
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     account: Mapped[Account] = relationship()
     user: Mapped[User | None] = relationship()
@@ -468,3 +491,37 @@ class InstanceUsage(Base):
     orphan: Mapped[bool] = mapped_column(default=False)
     price_per_hour: Mapped[Decimal] = mapped_column(MONEY)
     on_demand_price_per_hour: Mapped[Decimal] = mapped_column(MONEY)
+
+
+# ------------------------------------------------------------------ budget alerts (gpuhpc.ledger.alerts; migration 0010)
+class AlertContact(Base):
+    """Where an account's budget alerts go: ``mailto:`` or an ``https://`` webhook. Admins only (a
+    webhook URL may hold a secret)."""
+
+    __tablename__ = "alert_contacts"
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True)
+    contact: Mapped[str] = mapped_column(String(1024))
+    updated_by: Mapped[str] = mapped_column(String(128))
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class QuotaAlert(Base):
+    """One threshold of one quota's budget reached in one period: claimed (``sending``) before the
+    mail or POST, then ``sent`` or ``failed`` (tried again on the next run). Admins only."""
+
+    __tablename__ = "quota_alerts"
+    __table_args__ = (UniqueConstraint("quota_id", "period_start", "measure", "threshold"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    quota_id: Mapped[int] = mapped_column(ForeignKey("quotas.id", ondelete="CASCADE"))
+    period_start: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    measure: Mapped[str] = mapped_column(String(16))            # money | gpu_hours
+    threshold: Mapped[int] = mapped_column(Integer)             # percent of the budget
+    used: Mapped[Decimal] = mapped_column(HOURS)
+    budget: Mapped[Decimal] = mapped_column(HOURS)
+    contact: Mapped[str] = mapped_column(String(1024))
+    status: Mapped[str] = mapped_column(String(16))             # sending | sent | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    detail: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)

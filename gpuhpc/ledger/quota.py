@@ -34,8 +34,8 @@ from gpuhpc.ledger.types import ChargeRequest
 
 # The schema revision this gpuhpc needs: the one place it is written (db.py imports it; a
 # unit test checks it against migrations/versions, so a new migration must update it).
-SCHEMA_HEAD = "0009"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009")   # every revision in migrations/versions, oldest first
+SCHEMA_HEAD = "0010"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")   # every revision in migrations/versions, oldest first
 ZERO = Decimal(0)
 UTC = dt.timezone.utc
 OPEN = ("held", "submitted")
