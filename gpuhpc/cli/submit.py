@@ -79,6 +79,9 @@ def _options(f):
                                                          "after --module/--conda/--venv (repeatable)"),
         o("--sbatch-arg", multiple=True, metavar="--OPT[=VALUE]",
           help="an sbatch option gpuhpc does not model, e.g. --sbatch-arg=--reservation=maint (repeatable)"),
+        o("--notify", multiple=True, metavar="KEY=VALUE",
+          help="mail=ADDR, webhook=URL (repeatable) and events=end,fail,requeue_cap (default: all): Slurm's mail, "
+               "and a JSON POST from python -m gpuhpc.jobs.notify (repeatable)"),
         o("--workdir", "-D"),
         o("--log-dir", metavar="DIR", help="where %j.out logs go (default ~/.local/share/gpuhpc/logs)"),
         o("--checkpoint-dir", metavar="DIR", help="shared checkpoint dir; %j = job id"),
@@ -155,6 +158,8 @@ def build_spec(ns: SimpleNamespace):
         if items:           # after the job file's; an --sbatch-arg overrides the file's value of its option
             old = data.get(fld)
             data[fld] = [*([old] if isinstance(old, str) else old or []), *check(list(items), "--" + opt.replace("_", "-"))]
+    if getattr(ns, "notify", None):
+        data["notify"] = _notify_items(data.get("notify"), ns.notify)
     cmd = list(ns.command or [])
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -163,6 +168,31 @@ def build_spec(ns: SimpleNamespace):
     if getattr(ns, "after_sweep", None) is not None:
         data = _after_sweep(data, ns.after_sweep)
     return JobSpec.from_mapping(data)
+
+
+def _notify_items(base: Any, items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--notify KEY=VALUE`` items on top of the job file's ``notify:`` mapping: ``mail=`` and
+    ``events=`` replace the file's, each ``webhook=`` adds a URL."""
+    from gpuhpc.errors import UserInputError
+
+    out: dict[str, Any] = dict(base) if isinstance(base, dict) else {}
+    if base is not None and not isinstance(base, dict):
+        raise UserInputError("expected a mapping (events, mail, webhook)", field="notify")
+    hooks = out.pop("webhooks", out.pop("webhook", None))
+    hooks = [hooks] if isinstance(hooks, str) else list(hooks or [])
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        key = key.strip()
+        if not sep or key not in ("mail", "webhook", "events"):
+            raise UserInputError(f"expected mail=ADDR, webhook=URL or events=EVENTS, got {item!r}", field="--notify",
+                                 hint="e.g. --notify webhook=https://hooks.example.org/x --notify events=fail,requeue_cap")
+        if key == "webhook":
+            hooks.append(value)
+        else:
+            out[key] = value
+    if hooks:
+        out["webhooks"] = hooks
+    return out
 
 
 def _after_sweep(data: dict[str, Any], sweep_id: str) -> dict[str, Any]:

@@ -53,6 +53,10 @@ def submit_spec(spec: JobSpec, *, client=None, reserve: bool = True) -> Job:
     job = Job(job_id, client=c, name=spec.name,
               log_path=spec.output_path.replace("%%", "\0").replace("%j", job_id).replace("\0", "%"))
     job.snapshot = uploaded
+    if spec.notify is not None and spec.notify.webhooks:      # sent by gpuhpc.jobs.notify, outside the job
+        from gpuhpc.jobs.notify import register
+
+        register(job_id, spec.name, spec.notify, runner)
     return job
 
 

@@ -282,6 +282,94 @@ def setup_script_lines(modules: Sequence[str] = (), conda: str | None = None, ve
     return lines
 
 
+# ---------------------------------------------------------------- notifications (notify:)
+#: What a job's ``notify:`` can tell of: its end (any final state), a failure (any end but
+#: COMPLETED) and the requeue cap (the template stopped requeueing it: FAILED, exit code 75).
+NOTIFY_EVENTS = ("end", "fail", "requeue_cap")
+#: Each event as Slurm 22.05's ``--mail-type`` (NONE, BEGIN, END, FAIL, REQUEUE, ALL, INVALID_DEPEND,
+#: STAGE_OUT, TIME_LIMIT[_90|_80|_50], ARRAY_TASKS): a job that hits the requeue cap ends FAILED, so
+#: its mail is Slurm's FAIL mail (only a webhook says which failure it was).
+NOTIFY_MAIL_TYPES = {"end": "END", "fail": "FAIL", "requeue_cap": "FAIL"}
+NOTIFY_KEYS = ("events", "mail", "webhook", "webhooks")
+_MAIL_RE = re.compile(r"^[A-Za-z0-9._+-]+(@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*)?$")
+
+
+def check_webhook(url: Any, field_name: str) -> str:
+    """A webhook URL: ``http://`` or ``https://`` with a host, no blank or control character. It is
+    only ever POSTed to by :mod:`gpuhpc.jobs.notify` (urllib; never a shell, never a template)."""
+    text = check_text(url, field_name, allow_empty=False)
+    from urllib.parse import urlsplit
+
+    bad = "a webhook is an http:// or https:// URL with a host, e.g. https://hooks.example.org/T/x"
+    if len(text) > 2048 or any(c.isspace() for c in text):
+        raise UserInputError(f"{text[:60]!r} is not a webhook URL", field=field_name, hint=bad)
+    try:
+        parts = urlsplit(text)
+        parts.port                                  # noqa: B018  (a bad port raises ValueError)
+    except ValueError:
+        raise UserInputError(f"{text[:60]!r} is not a webhook URL", field=field_name, hint=bad) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserInputError(f"{text[:60]!r} is not a webhook URL", field=field_name, hint=bad)
+    return text
+
+
+@dataclass(frozen=True)
+class Notify:
+    """A job's ``notify:``: on which ``events`` (:data:`NOTIFY_EVENTS`, default all) to send Slurm's
+    mail to ``mail`` (sbatch ``--mail-type``/``--mail-user``) and a JSON POST to each webhook
+    (:mod:`gpuhpc.jobs.notify`, outside the job: a killed job script sends nothing)."""
+
+    events: tuple[str, ...] = NOTIFY_EVENTS
+    mail: str | None = None
+    webhooks: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        on = self.events.split(",") if isinstance(self.events, str) else self.events
+        if not isinstance(on, (list, tuple)) or not on:
+            raise UserInputError("expected a list of events", field="notify.events", hint=f"of: {', '.join(NOTIFY_EVENTS)}")
+        events: list[str] = []
+        for i, ev in enumerate(on):
+            ev = check_text(ev, f"notify.events[{i}]").strip()
+            if ev not in NOTIFY_EVENTS:
+                raise UserInputError(f"unknown event {ev!r}", field=f"notify.events[{i}]",
+                                     hint=f"valid: {', '.join(NOTIFY_EVENTS)}")
+            if ev not in events:
+                events.append(ev)
+        object.__setattr__(self, "events", tuple(events))
+        if self.mail is not None:
+            _check_re(self.mail, "notify.mail", _MAIL_RE, "mail address (user@example.org or a user name)")
+        hooks = (self.webhooks,) if isinstance(self.webhooks, str) else self.webhooks
+        if not isinstance(hooks, (list, tuple)):
+            raise UserInputError("expected a list of URLs", field="notify.webhook")
+        object.__setattr__(self, "webhooks", tuple(check_webhook(u, f"notify.webhook[{i}]") for i, u in enumerate(hooks)))
+        if self.mail is None and not self.webhooks:
+            raise UserInputError("nothing to notify: no mail and no webhook", field="notify",
+                                 hint="e.g. notify: {mail: me@example.org, webhook: https://hooks.example.org/x}")
+
+    @property
+    def mail_type(self) -> str:
+        """sbatch ``--mail-type`` for :attr:`events`."""
+        return ",".join(sorted({NOTIFY_MAIL_TYPES[e] for e in self.events}))
+
+    @classmethod
+    def from_value(cls, value: Any) -> "Notify | None":
+        """A job file's ``notify:`` mapping (``events``, ``mail``, ``webhook`` or ``webhooks``), a
+        :class:`Notify`, or None."""
+        if value is None or isinstance(value, Notify):
+            return value
+        if not isinstance(value, Mapping):
+            raise UserInputError("expected a mapping (events, mail, webhook)", field="notify",
+                                 hint="e.g. notify: {events: [fail, requeue_cap], webhook: https://hooks.example.org/x}")
+        if True in value:           # YAML 1.1 (PyYAML) reads the key `on` as true
+            raise UserInputError("YAML reads the key `on` as true", field="notify.events",
+                                 hint="write events: [end, fail, requeue_cap]")
+        _unknown("notify", value, NOTIFY_KEYS, "notify.")
+        hooks = value.get("webhooks", value.get("webhook")) or ()
+        if "webhook" in value and "webhooks" in value:
+            raise UserInputError("webhook and webhooks both given", field="notify.webhooks", hint="one list of URLs")
+        return cls(events=value["events"] if "events" in value else NOTIFY_EVENTS, mail=value.get("mail"), webhooks=hooks)
+
+
 # ---------------------------------------------------------------- models
 @dataclass(frozen=True)
 class Resources:
@@ -552,6 +640,8 @@ class JobSpec:
     modules: tuple[str, ...] = ()     # module load NAME
     conda: str | None = None          # a conda environment's name or path: conda activate
     venv: str | None = None           # a virtualenv's path: . PATH/bin/activate
+    # mail and webhooks on end, failure, requeue cap (Notify, or a job file's mapping); docs/jobs.md
+    notify: Any = None
 
     def __post_init__(self) -> None:
         cmd = self.command
@@ -648,6 +738,16 @@ class JobSpec:
                 _check_env_path(getattr(self, name), name)
         if self.conda is not None and self.venv is not None:
             raise UserInputError("conda and venv both given", field="venv", hint="activate one environment")
+        object.__setattr__(self, "notify", Notify.from_value(self.notify))
+        if self.notify is not None:
+            if self.notify.mail is not None:
+                given = {parse_sbatch_arg(a, "sbatch_args")[0] for a in self.resources.extra} & {"mail-type", "mail-user"}
+                if given:
+                    raise UserInputError(f"notify.mail and --{sorted(given)[0]} in sbatch_args both given",
+                                         field="notify.mail", hint="keep one: notify.mail sets --mail-type/--mail-user")
+            if self.notify.webhooks and self.array is not None:
+                raise UserInputError("webhooks for a job array are not sent", field="notify.webhook",
+                                     hint="notify each array task from its own job, or use notify.mail (Slurm's mail)")
 
     @property
     def setup_lines(self) -> list[str]:
@@ -750,6 +850,9 @@ def sbatch_options(resources: Resources, spec: JobSpec | None = None, *,
             raise UserInputError(f"--{name}'s value {value!r} cannot pass through submitit", field=f"resources.extra[{i}]",
                                  hint="a Python function's pass-through values are letters, digits and _@%+=:,./-")
         opts.append((name, value))
+    if spec is not None and spec.notify is not None and spec.notify.mail is not None:
+        opts.append(("mail-type", spec.notify.mail_type))
+        opts.append(("mail-user", spec.notify.mail))
     if spec is not None:
         opts.append(("output", spec.output_path))
         opts.append(("open-mode", "append"))          # a requeued run appends to the same log
