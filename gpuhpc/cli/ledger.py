@@ -33,9 +33,12 @@ def ledger() -> None:
               help="Where gpuhpc.report() files are (default $GPUHPC_METRICS_DIR or ~/.local/share/gpuhpc/metrics).")
 @click.option("--reprice", is_flag=True, help="Also charge runs that were settled without a price (charged 0) and "
                                               "now have one; each correction is a charge of its own (kind reprice).")
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="On success, also write gpuhpc_ledger_ingest_success_timestamp_seconds here, for node_exporter's "
+                   "textfile collector (the LedgerIngestStale alert).")
 @JSON
 def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optional[Path], reprice: bool,
-                  json_: bool) -> None:
+                  textfile: Optional[Path], json_: bool) -> None:
     """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
     from gpuhpc.cli._console import print_json
     from gpuhpc.ledger import db, ingest, metrics_ingest, paths
@@ -55,6 +58,10 @@ def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optio
         ingest.reprice(res=res)
     res.metrics = metrics_ingest.ingest_metrics(metrics_dir or paths.metrics_dir())
     res.utilisation, unsummarised = _summarise_runs(client)
+    if textfile is not None:
+        from gpuhpc.ledger import textfile as ledger_textfile
+
+        ledger_textfile.write(textfile, ledger_textfile.ingest())
     if json_:
         print_json({"since": start.isoformat(), **res.as_dict()})
     else:
@@ -93,23 +100,35 @@ def _summarise_runs(client) -> tuple[int, str]:
 @ledger.command("sync-slurm")
 @click.option("--account", multiple=True, help="Only these accounts (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the sacctmgr commands only.")
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="On success, also write gpuhpc_ledger_sync_success_timestamp_seconds here, for node_exporter's "
+                   "textfile collector (the LedgerSyncStale alert).")
 @JSON
-def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, json_: bool) -> None:
+def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, textfile: Optional[Path], json_: bool) -> None:
     """Make Slurm enforce the budgets: accounts/users in slurmdbd, GrpTRESMins on each account
     (gres/gpu for GPU-hours, billing for money), RawUsage=0 at a new period; publish the billing
-    document (TRESBillingWeights) and the budget snapshot (job_submit.lua, gpuhpc submit)."""
+    document (TRESBillingWeights), the budget snapshot (job_submit.lua, gpuhpc submit) and the
+    reset plan (gpuhpc ledger rollover)."""
     from gpuhpc.cli._console import print_json
-    from gpuhpc.ledger import slurm_sync
+    from gpuhpc.ledger import rollover, slurm_sync
     from gpuhpc.slurm.client import SlurmClient
 
     admin_only("ledger sync-slurm")
-    plans = slurm_sync.plan(accounts=list(account) or None)
-    res = slurm_sync.sync(SlurmClient(), plans, dry_run=dry_run)
-    if not dry_run:
-        slurm_sync.record_periods(plans)
-        billing_path, snap_path = slurm_sync.publish()
-        sys.stderr.write(f"published {snap_path} and {billing_path} (apply a price change to slurm.conf with "
-                         f"the gpuhpc.cluster collection: scontrol reconfigure)\n")
+    client = SlurmClient()
+    with rollover.locked():
+        # a reset the rollover made while the database was away is not made again
+        plans = rollover.without_done(slurm_sync.plan(accounts=list(account) or None), rollover.read_state())
+        res = slurm_sync.sync(client, plans, dry_run=dry_run)
+        if not dry_run:
+            slurm_sync.record_periods(plans)
+            billing_path, snap_path = slurm_sync.publish()
+            resets_path = rollover.publish(client.cluster_name())
+            sys.stderr.write(f"published {snap_path}, {billing_path} and {resets_path} (apply a price change to "
+                             f"slurm.conf with the gpuhpc.cluster collection: scontrol reconfigure)\n")
+    if textfile is not None and not dry_run:
+        from gpuhpc.ledger import textfile as ledger_textfile
+
+        ledger_textfile.write(textfile, ledger_textfile.sync())
     if json_:
         print_json(res.as_dict())
     else:
@@ -126,8 +145,8 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, json_: bool) -> N
 @click.option("--tolerance-minutes", default="1", show_default=True,
               help="... or by this many GPU-minutes (a money budget: minutes of the dearest GPU), whichever is larger.")
 @click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write gpuhpc_ledger_drift (differences by kind) here, for node_exporter's textfile "
-                   "collector.")
+              help="Also write gpuhpc_ledger_drift (differences by kind) and gpuhpc_ledger_drift_associations here, "
+                   "for node_exporter's textfile collector (the LedgerSlurmDrift alert).")
 @JSON
 def ledger_check(account: tuple[str, ...], tolerance_percent: str, tolerance_minutes: str,
                  textfile: Optional[Path], json_: bool) -> int:
@@ -144,7 +163,9 @@ def ledger_check(account: tuple[str, ...], tolerance_percent: str, tolerance_min
                           money_arg(tolerance_minutes, "--tolerance-minutes"))
     res = check.check(SlurmClient(), accounts=list(account) or None, tolerance=tol)
     if textfile is not None:
-        check.write_textfile(res, textfile)
+        from gpuhpc.ledger import textfile as ledger_textfile
+
+        ledger_textfile.write(textfile, ledger_textfile.check(res))
     if json_:
         print_json(res.as_dict())
     else:
@@ -156,6 +177,42 @@ def ledger_check(account: tuple[str, ...], tolerance_percent: str, tolerance_min
         sys.stderr.write(f"{len(res.differences)} differences ({c['weights']} partitions, {c['limits']} associations, "
                          f"{c['usage']} budgets compared){'' if res.differences else ': the ledger and Slurm are in step'}\n")
     return 0 if res.in_step else 1
+
+
+@ledger.command("rollover")
+@click.option("--dry-run", is_flag=True, help="Print the sacctmgr commands only; remember nothing.")
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the rollover's figures here, for node_exporter's textfile collector.")
+@JSON
+def ledger_rollover(dry_run: bool, textfile: Optional[Path], json_: bool) -> int:
+    """Reset each quota's Slurm usage at its period boundary from the plan sync-slurm wrote, without
+    the ledger database (run it from cron every few minutes). Exit 1 when a reset failed."""
+    import datetime as dt
+
+    from gpuhpc.cli._console import print_json
+    from gpuhpc.ledger import rollover
+    from gpuhpc.slurm.client import SlurmClient
+
+    res = rollover.run(SlurmClient(), dry_run=dry_run)
+    if textfile is not None and not dry_run:
+        from gpuhpc.ledger import textfile as ledger_textfile
+
+        ledger_textfile.write(textfile, ledger_textfile.rollover(res))
+    if json_:
+        print_json(res.as_dict())
+    else:
+        for c in res.commands:
+            sys.stdout.write(" ".join(c) + "\n")
+        for e, r, msg in res.failed:
+            start = dt.datetime.fromtimestamp(r.at, dt.timezone.utc)
+            sys.stderr.write(f"error: {e.who()}: the reset for the period from {start:%Y-%m-%d %H:%M:%S} UTC "
+                             f"failed: {msg}\n")
+        if res.plan_generated is None:
+            sys.stderr.write(f"no reset plan at {rollover.plan_path()} (gpuhpc ledger sync-slurm writes it): "
+                             "nothing to reset\n")
+        else:
+            sys.stderr.write(f"{len(res.applied)} resets{' (dry run)' if dry_run else ''}, {len(res.failed)} failed\n")
+    return 1 if res.failed else 0
 
 
 @ledger.command("billing")

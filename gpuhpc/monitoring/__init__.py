@@ -97,6 +97,20 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuhpc_slurm_job_memory_max_rss_bytes": ("gauge", "Largest resident set of a running job's steps (sstat).",
                                               ("job_id", "user", "account", "partition")),
     "gpuhpc_slurm_scrape_ok": ("gauge", "1 when the last Slurm scrape worked.", ()),
+    # the ledger's commands (cron) through node_exporter's textfile collector (gpuhpc.ledger.textfile)
+    "gpuhpc_ledger_ingest_success_timestamp_seconds": ("gauge", "When gpuhpc ledger ingest last succeeded.", ()),
+    "gpuhpc_ledger_sync_success_timestamp_seconds": ("gauge", "When gpuhpc ledger sync-slurm last succeeded.", ()),
+    "gpuhpc_ledger_drift": ("gauge", "Differences between the ledger and Slurm the last gpuhpc ledger check found, "
+                                     "by kind.", ("kind",)),
+    "gpuhpc_ledger_drift_associations": ("gauge", "Associations whose limits or usage in Slurm differ from the "
+                                                  "ledger's (the last gpuhpc ledger check).", ()),
+    "gpuhpc_ledger_check_timestamp_seconds": ("gauge", "When gpuhpc ledger check last ran.", ()),
+    "gpuhpc_ledger_rollover_timestamp_seconds": ("gauge", "When gpuhpc ledger rollover last ran.", ()),
+    "gpuhpc_ledger_rollover_plan_timestamp_seconds": ("gauge", "When sync-slurm wrote the reset plan the rollover "
+                                                               "read.", ()),
+    "gpuhpc_ledger_rollover_next_reset_timestamp_seconds": ("gauge", "The next period start the reset plan has.", ()),
+    "gpuhpc_ledger_rollover_resets": ("gauge", "Associations the last rollover reset.", ()),
+    "gpuhpc_ledger_rollover_failures": ("gauge", "Resets the last rollover could not make.", ()),
 }
 # recording rules (gpuhpc/monitoring/prometheus/rules.yml) define these; dashboards may use them too
 RECORDED = {
@@ -104,6 +118,8 @@ RECORDED = {
     "gpuhpc:gpu_idle_held:bool",
     "gpuhpc:partition_gpu_allocated_ratio",
     "gpuhpc:job_idle_gpu_samples:sum5m",
+    "gpuhpc:ledger_ingest_age_seconds",
+    "gpuhpc:ledger_sync_age_seconds",
 }
 
 
