@@ -487,6 +487,10 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         "conf_dir": rt.conf_dir,
         "state_save_location": rt.state_save_location,
         "slurmd_spool_dir": rt.slurmd_spool_dir + ("/%n" if rt.multiple_slurmd else ""),
+        # several slurmd on one host share its /tmp, where mpi/pmix makes each step's client directory
+        # (spmix_appdir_<uid>_<job>.<step>) under TmpFS: the second node of a step would find the first's
+        # and fail. Each node's own spool directory (which exists, %n expanded by slurmd) keeps them apart.
+        "tmp_fs": rt.slurmd_spool_dir + "/%n" if rt.multiple_slurmd else None,
         "slurmctld_pid_file": posixpath.join(run, "slurmctld.pid"),
         "slurmd_pid_file": posixpath.join(run, f"slurmd{pn}.pid"),
         "slurmctld_log_file": posixpath.join(log, "slurmctld.log"),
