@@ -27,6 +27,8 @@ naming the file and the key)::
     [ledger]
     db_url = "postgresql+psycopg://gpuhpc_reader@db/gpuhpc"   # when GPUHPC_DB_URL is unset
     timezone = "Europe/Berlin" # accounting periods begin at local midnight here (default UTC)
+    alert_mail = "smtp://localhost:25"   # budget alerts to mailto: contacts (or "sendmail")
+    alert_from = "hpc-accounting@example.org"
 
 ``GPUHPC_CMDSERVER=off`` (also ``0``/``no``) turns the command server off whatever the files
 say.
@@ -75,6 +77,10 @@ SCHEMA: dict[str, dict[str, dict[str, tuple[type, Any, str]]]] = {
                                 "(a reader role's URL: the file is world-readable)"),
             "timezone": (str, "UTC", "the IANA time zone of accounting periods: where quota and report days, "
                                      "weeks and months begin (gpuhpc.ledger.periods; default UTC)"),
+            # budget alerts (gpuhpc.ledger.alerts, `gpuhpc ledger alerts`)
+            "alert_mail": (str, "smtp://localhost:25", "how budget alerts to mailto: contacts go: smtp://HOST:PORT "
+                                                      "or sendmail (the local sendmail -t)"),
+            "alert_from": (str, "", "the From address of budget alert mail (default gpuhpc@ this host's name)"),
         },
         # container images (gpuhpc.containers.image.policy_from checks the entries)
         "containers": {

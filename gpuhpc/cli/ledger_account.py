@@ -1,4 +1,4 @@
-"""``gpuhpc ledger account``: ledger accounts (add, list) (added to the ``ledger`` group by
+"""``gpuhpc ledger account``: ledger accounts (add, set: codes and the alert contact, list) (added to the ``ledger`` group by
 :mod:`gpuhpc.cli.ledger`). Heavy modules are imported inside the commands."""
 from __future__ import annotations
 
@@ -33,12 +33,24 @@ def account_add(name: str, description: str, grant: Optional[str], cost_centre: 
 @click.argument("name")
 @click.option("--grant", help="The grant its cost is booked to ('' clears it).")
 @click.option("--cost-centre", help="Its cost centre ('' clears it).")
-def account_set(name: str, grant: Optional[str], cost_centre: Optional[str]) -> None:
-    """Set an account's grant and cost-centre codes (audited)."""
-    from gpuhpc.ledger import admin
+@click.option("--contact", help="Where its budget alerts go (the PI): mailto:pi@example.org or an https:// "
+                                "webhook ('' clears it).")
+def account_set(name: str, grant: Optional[str], cost_centre: Optional[str], contact: Optional[str]) -> None:
+    """Set an account's grant and cost-centre codes and its alert contact (audited)."""
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.ledger import admin, alerts
 
+    if grant is None and cost_centre is None and contact is None:
+        raise UserInputError("nothing to set", field="--grant",
+                             hint="--grant CODE, --cost-centre CODE and/or --contact mailto:ADDRESS|https://URL")
+    if contact is not None:
+        alerts.contact_arg(contact)          # bad input: exit 2 before anything changes
     admin_only("ledger account set")
-    changed = admin.set_account(name, grant=grant, cost_centre=cost_centre)
+    changed = False
+    if grant is not None or cost_centre is not None:
+        changed = admin.set_account(name, grant=grant, cost_centre=cost_centre)
+    if contact is not None:
+        changed = alerts.set_contact(name, contact) or changed
     sys.stderr.write(f"account {name} {'updated' if changed else 'unchanged'}\n")
 
 

@@ -1,6 +1,8 @@
-"""``gpuhpc ledger report --jobs`` (per-job line items, CSV or JSON) and ``gpuhpc ledger forecast``
-(each budget's burn rate and the date it runs out): what finance asks for
-(:func:`gpuhpc.ledger.reports.job_lines`, :func:`~gpuhpc.ledger.reports.burn_forecast`).
+"""``gpuhpc ledger report --jobs`` (per-job line items, CSV or JSON), ``gpuhpc ledger forecast``
+(each budget's burn rate and the date it runs out) and ``gpuhpc ledger alerts`` (mail or webhook
+to the PI at 80 % and 100 % of a budget, run by cron): what finance asks for
+(:func:`gpuhpc.ledger.reports.job_lines`, :func:`~gpuhpc.ledger.reports.burn_forecast`,
+:func:`gpuhpc.ledger.alerts.run`).
 
 Registered on the ``ledger`` group by :mod:`gpuhpc.cli.ledger`. Heavy modules are imported
 inside the commands."""
@@ -81,4 +83,34 @@ def forecast(days: int, account: Optional[str], json_: bool) -> None:
                          f"{r.per_day:,.2f}{unit}/day over {r.days} days: {when}\n")
 
 
-COMMANDS = (report, forecast)
+@click.command("alerts")
+@click.option("--dry-run", is_flag=True, help="List the alerts that are due; send and record nothing.")
+@click.option("--account", help="Only this account's quotas.")
+@JSON
+def alerts(dry_run: bool, account: Optional[str], json_: bool) -> int:
+    """Mail or POST each budget alert that is due to its account's contact (gpuhpc ledger account
+    set --contact), once per threshold (gpuhpc quota set --alert-at; default 80,100) and period.
+    Run it from cron; exit 1 when one could not be sent (the next run tries it again)."""
+    from gpuhpc.cli.ledger_args import admin_only
+    from gpuhpc.ledger import alerts as ledger_alerts
+
+    admin_only("ledger alerts")
+    rows = ledger_alerts.run(dry_run=dry_run, account=account)
+    if json_:
+        from gpuhpc.cli._console import print_json
+
+        print_json([a.as_dict() for a in rows])
+    else:
+        for a in rows:
+            state = "would send" if dry_run else a.status
+            sys.stdout.write(f"{state}: {a.message} -> {ledger_alerts.shown(a.contact)}"
+                             + (f" ({a.error})" if a.error else "") + "\n")
+    failed = [a for a in rows if a.status == "failed"]
+    if failed:
+        sys.stderr.write(f"error: {len(failed)} of {len(rows)} budget alert(s) could not be sent; the next run "
+                         f"tries again\n")
+        return 1
+    return 0
+
+
+COMMANDS = (report, forecast, alerts)

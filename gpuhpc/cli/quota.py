@@ -24,14 +24,30 @@ def quota() -> None:
 @click.option("--user", help="A per-user quota within the account.")
 @click.option("--gpu-hours", help="GPU-hours per period.")
 @click.option("--money", help="Money per period.")
-@click.option("--period", default="month", show_default=True, help="day, week, month or total.")
-def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money: Optional[str], period: str) -> None:
+@click.option("--period", help="day, week, month (the default) or total.")
+@click.option("--window", help="An allocation window instead of a calendar period: START/LENGTH, e.g. 2026-07-01/1y "
+                               "(a fiscal year from 1 July) or 2026-01-05/90d; it repeats from START.")
+@click.option("--alert-at", help="Alert the account's contact at these percentages of the budget, once per period "
+                                 "(default 80,100; none: no alerts). Alone: change only the thresholds.")
+def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money: Optional[str],
+              period: Optional[str], window: Optional[str], alert_at: Optional[str]) -> None:
     """Set an account's (or a user's) quota."""
-    from gpuhpc.ledger import admin
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.ledger import admin, alerts, periods
 
+    if window is not None and period is not None:
+        raise UserInputError("give a calendar period or an allocation window, not both", field="--window",
+                             hint="--period month, or --window 2026-07-01/1y")
+    chosen = periods.window_arg(window) if window is not None else periods.check_period(period or "month")
+    marks = None if alert_at is None else alerts.thresholds_arg(alert_at)
+    hours, cash = money_arg(gpu_hours, "--gpu-hours"), money_arg(money, "--money")
     admin_only("quota set")
-    admin.set_quota(account, user=user, gpu_hours=money_arg(gpu_hours, "--gpu-hours"), money=money_arg(money, "--money"),
-                    period=period)
+    if hours is None and cash is None and marks is not None and period is None and window is None:
+        alerts.set_thresholds(account, marks, user=user)
+        return
+    admin.set_quota(account, user=user, gpu_hours=hours, money=cash, period=chosen)
+    if marks is not None:
+        alerts.set_thresholds(account, marks, user=user)
 
 
 @quota.command("remove")

@@ -149,8 +149,8 @@ def window_arg(text: str | None, field: str = WINDOW_FIELD) -> str:
     -> the stored text (``2026-07-01/P12M``); a UserInputError naming ``field`` otherwise."""
     hint = ("START/LENGTH: a date and a length in days, weeks, months or years, e.g. 2026-07-01/1y "
             f"(a fiscal year from 1 July) or 2026-01-05/90d; up to {MAX_DAYS} days or {MAX_MONTHS} months")
-    raw = str(text or "").strip()
-    m = _TYPED.fullmatch(raw)
+    raw = str(text or "").strip(" ")
+    m = _TYPED.fullmatch(raw)             # control characters included: refused
     if not m:
         raise UserInputError(f"{raw!r} is not an allocation window", field=field, hint=hint)
     try:
