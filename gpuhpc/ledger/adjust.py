@@ -43,6 +43,9 @@ JOB_RE = re.compile(r"^\d{1,20}(_\d{1,10})?$")
 POLICIES = {
     "node_fail_refund": ("off", ("on", "off"),
                          "refund what a run that ended NODE_FAIL was charged, at ingest (an adjustment of kind refund)"),
+    pricing.POLICY: (pricing.PER_GPU, pricing.MODES,
+                     "how ingest prices a run: per_gpu (its GPUs) or max_share (the largest of its shares of its "
+                     "nodes' GPUs, CPUs and memory × the nodes' price; docs/ledger.md)"),
 }
 
 
@@ -239,7 +242,8 @@ def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt
             mult = book.multiplier("partition", run.partition, run.run_start) * \
                 book.multiplier("qos", run.qos, run.run_start)
             eff = Fraction(new_rate) * mult
-            want = pricing.to_decimal(Fraction(pricing.to_decimal(hours)) * eff)
+            # GPU-hours weigh a MIG slice by its fraction (pricing.gpu_weight); the rate is per slice-hour
+            want = pricing.to_decimal(Fraction(pricing.to_decimal(hours)) / pricing.gpu_weight(gpu_type) * eff)
             delta = want - pricing.to_decimal(money)
             if delta:
                 todo.append((run, at, delta, pricing.to_decimal(eff)))

@@ -33,7 +33,7 @@ from pathlib import Path
 from gpuhpc.ledger import adjust, admin, budget, db, periods, pricing, slurm_sync
 from gpuhpc.ledger.orm import utcnow
 
-KINDS = ("weights", "limits", "usage", "reset")
+KINDS = ("weights", "limits", "usage", "reset", "pricing")
 TRES = {"gpu_hours": "gres/gpu", "money": "billing"}
 SYNC_HINT = "gpuhpc ledger sync-slurm"
 WEIGHTS_HINT = ("gpuhpc ledger billing -o /etc/gpuhpc/billing.json, then run the gpuhpc.cluster collection "
@@ -52,7 +52,8 @@ class Difference:
         text = {"weights": f"{self.what}: TRESBillingWeights {self.slurm} in slurmctld, the price book gives {self.ledger}",
                 "limits": f"{self.what}: GrpTRESMins {self.slurm} in Slurm, the ledger's quota gives {self.ledger}",
                 "usage": f"{self.what}: used {self.slurm} in Slurm, {self.ledger} in the ledger",
-                "reset": f"{self.what}: {self.ledger} began but Slurm still counts {self.slurm}"}[self.kind]
+                "reset": f"{self.what}: {self.ledger} began but Slurm still counts {self.slurm}",
+                "pricing": f"{self.what}: {self.slurm} in slurmctld, the ledger's pricing needs {self.ledger}"}[self.kind]
         return f"{text}; fix: {self.fix}"
 
     def as_dict(self) -> dict:
@@ -261,6 +262,7 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
     statuses = [s for s in admin.quota_status(url=url, now=now) if not accounts or s.account in accounts]
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
+        mode = adjust.policy(s, pricing.POLICY)
         statuses = [without_adjustments(s, st) for st in statuses]
     res = CheckResult()
     # then Slurm
@@ -268,15 +270,25 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
     if any(book.rate(t, now) is not None for t in book.prices):
         partition_nodes: dict[str, list[str]] = {p: [] for p in running}
         node_types: dict[str, list[str]] = {}
-        for n in client.nodes():
+        nodes = client.nodes()
+        for n in nodes:
             node_types[n.name] = sorted(t for t in n.gpus_total if t != "gpu")
             for p in n.partitions:
                 partition_nodes.setdefault(p, []).append(n.name)
         want = expected_weights(book, now, partition_nodes, node_types)
+        if mode == pricing.MAX_SHARE:       # MAX_TRES weights (pricing.max_share_weights), one node shape a partition
+            want = pricing.max_share_weights(book, now, partition_nodes, pricing.fleet(nodes).shapes, budget.MICRO)
+            res.notes += [f"partition {p}: not compared (its nodes differ in shape, or have no priced GPU: "
+                          f"max_share has no single CPU and memory weight there)" for p in sorted(running) if p not in want]
         res.differences += weight_differences(want, running)
         res.checked["weights"] = sum(1 for p in running if p in want)
     else:
         res.notes.append("the price book has no GPU rate: TRESBillingWeights not compared")
+    flags = pricing.flags_difference(mode, client.config().get("PriorityFlags"))
+    if flags:
+        res.differences.append(Difference("pricing", "PriorityFlags", *flags, WEIGHTS_HINT + f"; or gpuhpc ledger "
+                                          f"policy set {pricing.POLICY} {pricing.MAX_SHARE if mode != pricing.MAX_SHARE else pricing.PER_GPU}"))
+    res.checked["pricing"] = 1
     cluster = client.cluster_name()
     assocs = client.sacctmgr_list("association", *([f"cluster={cluster}"] if cluster else []),
                                   fields=["Account", "User", "GrpTRESMins"])

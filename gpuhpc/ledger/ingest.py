@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from fractions import Fraction
 from typing import NamedTuple
 
 from sqlalchemy import select
@@ -92,6 +93,9 @@ class Run:
     qos: str
     gpus: dict[str, int]
     job_name: str
+    cpus: int = 0                 # what it held, for the max_share pricing policy (pricing.PriceCache.price_run)
+    mem_mb: Fraction | int = 0
+    nodelist: str = ""
 
     @property
     def key(self) -> tuple[str, str, int, dt.datetime]:
@@ -145,8 +149,10 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
         gpus = gpu_cache.get(tres_key)
         if gpus is None:
             gpus = gpu_cache[tres_key] = {k: n for k, n in r.gpus.items() if n > 0}
+        cpus, mem = pricing.alloc_cpus_mem(r.alloc_tres)
         v.runs.append(Run(cluster, head, task, start, parse_time(r.end), r.state.raw.split()[0] if r.state.raw else "",
-                          max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255]))
+                          max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255],
+                          cpus, mem, r.nodelist))
     for v in views.values():
         if len(v.runs) > 1:                   # the same run listed twice: keep the last word on it
             v.runs = list({r.key: r for r in v.runs}.values())
@@ -193,6 +199,9 @@ def _price(book: pricing.PriceCache, run: Run, seconds: int | None = None) -> tu
     """The run's GPU type(s), GPU count and price for its elapsed time (or its first ``seconds``)."""
     gpus = run.gpus
     secs = run.elapsed_s if seconds is None else seconds
+    if book.max_share:               # the pricing policy max_share: the largest share of the run's nodes
+        return "+".join(sorted(gpus)), sum(gpus.values()), book.price_run(
+            gpus, run.cpus, run.mem_mb, run.nodelist, secs, run.partition, run.qos, run.run_start)
     if not gpus:
         return "", 0, book.price(None, 0, secs, run.partition, run.qos, run.run_start)
     if len(gpus) == 1:
@@ -626,11 +635,14 @@ def _lock_state(s: Session) -> IngestState:
 def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: int = 5000,
                 default_cluster: str = "", since: dt.datetime | None = None,
                 on_batch: Callable[[IngestResult], None] | None = None,
-                active: set[str] | None = None) -> IngestResult:
+                active: set[str] | None = None, nodes: pricing.Fleet | None = None) -> IngestResult:
     """Ingest parsed sacct rows (``--allocations --duplicates``). Safe to rerun any time.
 
     ``active``: job ids (array job ids) still in the queue, from squeue; when given, a job
-    that left the queue settles its reservation even if sacct's last word was PREEMPTED."""
+    that left the queue settles its reservation even if sacct's last word was PREEMPTED.
+    ``nodes``: the cluster's nodes (:func:`gpuhpc.ledger.pricing.fleet`), which the ``max_share``
+    pricing policy needs; None: asked of Slurm (``scontrol show node``) when that policy is on. A
+    run whose node shape they do not decide is priced per GPU."""
     import gc
 
     # bulk object creation: the cyclic GC would rescan every live row again and again
@@ -638,18 +650,23 @@ def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: 
     gc.disable()
     try:
         return _ingest_rows(rows, url=url, batch_size=batch_size, default_cluster=default_cluster, since=since,
-                            on_batch=on_batch, active=active)
+                            on_batch=on_batch, active=active, nodes=nodes)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active) -> IngestResult:
+def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active, nodes=None) -> IngestResult:
     res = IngestResult()
     tz = periods.ledger_zone()
     with db.session_scope(url) as s:
         _lock_state(s)
-        book = pricing.PriceCache(q.load_price_book(s))
+        prices, mode = q.load_price_book(s), adjust.policy(s, pricing.POLICY)
+    if mode == pricing.MAX_SHARE and nodes is None:
+        from gpuhpc.slurm.client import SlurmClient        # after the session: no Slurm call inside a transaction
+
+        nodes = pricing.fleet(SlurmClient().nodes())
+    book = pricing.PriceCache(prices, mode=mode, nodes=nodes)
     for batch in _batches(group_jobs(rows, default_cluster), batch_size):
         with db.session_scope(url) as s:
             _lock_state(s)

@@ -102,7 +102,7 @@ def test_in_step_then_a_future_price_takes_effect_without_reaching_slurm(book):
     assert weights["mig"] == "CPU=0,GRES/gpu=357142.857143,GRES/gpu:3g.40gb=714285.714286"
     client = SlurmClient(SlurmStandIn(weights, synced(book, T0)))
     res = check.check(client, url=book, now=T0)
-    assert res.in_step and res.checked == {"weights": 4, "limits": 2, "usage": 2, "reset": 0}, res.as_dict()
+    assert res.in_step and res.checked == {"weights": 4, "limits": 2, "usage": 2, "reset": 0, "pricing": 1}, res.as_dict()
     # a price dated for T1 becomes effective; slurm.conf still carries T0's weights
     admin.set_price("h100", rate=Decimal("3.00"), effective_from=T1, url=book)
     res = check.check(client, url=book, now=T1)

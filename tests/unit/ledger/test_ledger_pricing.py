@@ -35,7 +35,8 @@ def test_mig_slice_is_exact_fraction_of_parent(book):
     # 14 slice-hours = exactly 6 h100-hours
     fourteen = pricing.price_usage(book, gpu_type="3g.40gb", gpus=2, seconds=7 * 3600, partition=None, qos=None, at=T0)
     assert fourteen.amount == Decimal("15.000000")
-    assert fourteen.gpu_hours == Decimal("14.000000")
+    assert fourteen.gpu_hours == Decimal("6.000000")          # GPU-hours weigh a 3g slice as 3/7 of a GPU
+    assert fourteen.rate == Decimal("2.500000")               # per (weighted) GPU-hour: amount = GPU-hours × rate
 
 
 def test_mig_fraction_follows_parent_price_change(book):
