@@ -22,9 +22,12 @@ from gpuhpc.cli.ledger_args import JSON, time_arg
 @click.option("--since", help="Start of the window (ISO date or time, UTC unless an offset is given; or 30d).")
 @click.option("--until", help="End of the window (exclusive; default now).")
 @click.option("--account", help="Only this account.")
+@click.option("--quota-period", "quota_at", metavar="WHEN",
+              help="The window is the account's quota period or allocation window holding WHEN (now, or a date "
+                   "or time): instead of --since/--until; needs --account.")
 @JSON
 def report(jobs: bool, csv_: bool, since: Optional[str], until: Optional[str], account: Optional[str],
-           json_: bool) -> None:
+           quota_at: Optional[str], json_: bool) -> None:
     """Per-job line items for finance (with --jobs): each run's GPU-hours and cost inside the
     window, what adjustments did to it, and the account-level adjustments; they add up to
     `gpuhpc report cost` over the same window."""
@@ -36,7 +39,18 @@ def report(jobs: bool, csv_: bool, since: Optional[str], until: Optional[str], a
                              hint="--jobs for line items; totals per account or user: gpuhpc report cost")
     if csv_ and json_:
         raise UserInputError("give one of them", field="--csv/--json", hint="--csv for a spreadsheet, --json for tools")
-    lines = reports.job_lines(since=time_arg(since, "--since"), until=time_arg(until, "--until"), account=account)
+    start, end = time_arg(since, "--since"), time_arg(until, "--until")
+    if quota_at is not None:
+        import datetime as dt
+
+        from gpuhpc.ledger import budget
+
+        if since or until or not account:
+            raise UserInputError("--quota-period takes the window from the account's quota", field="--quota-period",
+                                 hint="give --account A and no --since/--until")
+        at = dt.datetime.now(dt.timezone.utc) if quota_at.strip() == "now" else time_arg(quota_at, "--quota-period")
+        _period, start, end = budget.quota_period(account, at)
+    lines = reports.job_lines(since=start, until=end, account=account)
     if csv_:
         sys.stdout.write(reports.lines_csv(lines))
         return

@@ -99,6 +99,35 @@ def period_label(period: str, start: dt.datetime) -> str:
         period, "all time")
 
 
+def quota_period(account: str, at: dt.datetime, *, user: str | None = None,
+                 url: str | None = None) -> tuple[str, dt.datetime | None, dt.datetime | None]:
+    """(period, start, end) of the account's quota (``user``: that user's) period or allocation
+    window holding ``at``, in the accounting zone; (``total``, None, None) for a total quota. A
+    GpuhpcError when there is no such quota. Reads only (a reader may ask for its own accounts)."""
+    from sqlalchemy import select
+
+    from gpuhpc.errors import GpuhpcError
+    from gpuhpc.ledger import db
+    from gpuhpc.ledger.orm import Account, Quota, User
+
+    with db.session_scope(url) as s:
+        stmt = select(Quota.period).join(Account, Account.id == Quota.account_id).where(Account.name == account)
+        if user is None:
+            stmt = stmt.where(Quota.user_id.is_(None))
+        else:
+            stmt = stmt.join(User, User.id == Quota.user_id).where(User.name == user)
+        period = s.scalar(stmt)
+    if period is None:
+        who = f"account {account}" + (f" user {user}" if user else "")
+        raise GpuhpcError(f"{who} has no quota", hint="gpuhpc quota show lists them")
+    period = period.value
+    if period == "total":
+        return period, None, None
+    tz = periods.ledger_zone()
+    start = periods.period_start(period, at, tz)
+    return period, start, periods.period_end(period, start, tz)
+
+
 @dataclass(frozen=True)
 class Budget:
     account: str

@@ -143,6 +143,28 @@ def test_a_window_quota_counts_its_own_window_in_counters_snapshot_forecast_and_
         assert p.reset is reset, now
 
 
+def test_line_items_for_the_quota_window(ledger, capsys):
+    """Finance's line items over the account's allocation window: the run across its start counts
+    only its part inside."""
+    import json
+
+    from gpuhpc.cli.main import main
+
+    ingest.ingest_rows(rows(run_row("700", at(2026, 6, 30, 21), 7200, gpus=2),
+                            run_row("701", at(2026, 12, 31, 20), 3600, gpus=4),
+                            run_row("702", at(2027, 7, 1), 3600, gpus=1)), url=ledger)
+    assert budget.quota_period("research", at(2027, 1, 15)) == (FISCAL, at(2026, 6, 30, 22), at(2027, 6, 30, 22))
+    assert main(["ledger", "report", "--jobs", "--json", "--account", "research", "--quota-period", "2027-01-15"]) == 0
+    lines = json.loads(capsys.readouterr().out)
+    assert sorted((x["job_id"], x["gpu_hours"], x["total"]) for x in lines) == [
+        ("700", "2.000000", "7.200000"), ("701", "4.000000", "14.400000")]
+    for argv in (["--quota-period", "now"], ["--account", "research", "--quota-period", "now", "--since", "7d"]):
+        assert main(["ledger", "report", "--jobs", *argv]) == 2
+        assert "--quota-period" in capsys.readouterr().err
+    assert main(["ledger", "report", "--jobs", "--account", "nobody", "--quota-period", "now"]) == 1
+    assert "account nobody has no quota" in capsys.readouterr().err
+
+
 def test_quota_set_window_on_the_cli_and_bad_input_exits_2(ledger, capsys):
     from gpuhpc.cli.main import main
 
