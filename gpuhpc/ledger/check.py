@@ -30,7 +30,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
 
-from gpuhpc.ledger import adjust, admin, budget, db, periods, pricing, slurm_sync
+from gpuhpc.ledger import adjust, admin, budget, db, periods, pricing, quota, slurm_sync
 from gpuhpc.ledger.orm import utcnow
 
 KINDS = ("weights", "limits", "usage", "reset", "pricing")
@@ -246,6 +246,8 @@ def without_adjustments(s, st: admin.QuotaStatus) -> admin.QuotaStatus:
 
     end = periods.period_end(st.period, st.period_start, periods.ledger_zone())
     h, m = adjust.period_adjustments(s, st.account, st.user, st.period_start, end)
+    # Slurm counts a MIG slice as a whole GPU (quota.mig_extra_gpu_hours; sync-slurm raised its limit by as much)
+    h -= quota.mig_extra_gpu_hours(admin.session_tx(s), st.account, st.user, st.period_start, end)
     if not h and not m:
         return st
     return dataclasses.replace(st, used_gpu_hours=st.used_gpu_hours - h, used_money=st.used_money - m)

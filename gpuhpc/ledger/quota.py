@@ -24,6 +24,7 @@ import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from gpuhpc import dbapi
@@ -145,6 +146,31 @@ def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
                     "held_money) VALUES (?, ?, ?, ?, ?, ?)",
                     (quota_id, tx.ts(start), tx.num(hours), tx.num(money), tx.num(ZERO), tx.num(ZERO)))
     return bid, hours, money, ZERO, ZERO
+
+
+def mig_extra_gpu_hours(tx: Tx, account: str, user: str | None, start: dt.datetime,
+                        end: dt.datetime | None) -> Decimal:
+    """GPU-hours Slurm counts beyond the ledger in ``[start, end)`` for ``account`` (``user`` in it):
+    the ledger counts a MIG slice by its fraction of a GPU (:func:`gpuhpc.ledger.pricing.gpu_weight`),
+    Slurm's ``gres/gpu`` as a whole GPU, so a run's ``h`` GPU-hours on a ``1g.10gb`` are ``7h`` in
+    Slurm (``6h`` more). sync-slurm raises ``GrpTRESMins=gres/gpu`` by it and ``ledger check``
+    adds it to the ledger's usage it compares. Usage charges only (adjustments are not Slurm usage);
+    a run of two GPU types at once counts as whole GPUs (its split per type is not stored)."""
+    sql = ("SELECT u.gpu_type, coalesce(sum(c.gpu_hours), 0) FROM charges c JOIN usage_records u ON u.id = "
+           "c.usage_id WHERE c.adjustment_id IS NULL AND c.account_name = ? AND c.bucket_at >= ?")
+    params: list = [account, tx.ts(start)]
+    if end is not None:
+        sql += " AND c.bucket_at < ?"
+        params.append(tx.ts(end))
+    if user is not None:
+        sql += " AND c.user_name = ?"
+        params.append(user)
+    extra = Fraction(0)
+    for gpu_type, hours in tx.execute(sql + " GROUP BY u.gpu_type", params).fetchall():
+        w = pricing.gpu_weight(gpu_type)
+        if w != 1 and w:
+            extra += Fraction(tx.dec(hours)) * (1 / w - 1)
+    return pricing.to_decimal(extra)
 
 
 def counter_of(tx: Tx, quota_id: int, at: dt.datetime,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from gpuhpc.ledger import adjust, admin, budget, db
+from gpuhpc.ledger import adjust, admin, budget, db, quota
 from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
 from gpuhpc.ledger.periods import ledger_zone, period_end, period_start
 
@@ -102,6 +102,10 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
                 qstart = period_start(q.period.value, now, tz)
                 adj = adjust.period_adjustments(s, a.name, q.user.name if q.user_id is not None else None, qstart,
                                                 period_end(q.period.value, qstart, tz))
+                # Slurm counts a MIG slice as a whole GPU, the ledger by its fraction: the limit rises by the difference
+                mig = quota.mig_extra_gpu_hours(admin.session_tx(s), a.name, q.user.name if q.user_id is not None
+                                                else None, qstart, period_end(q.period.value, qstart, tz))
+                adj = (adj[0] - mig, adj[1])
                 if q.user_id is None:
                     limits = _limit(q.gpu_hours, q.money, adj)
                     start = qstart

@@ -263,3 +263,24 @@ def test_check_reports_slurm_billing_per_gpu_under_max_share(ledger_url):
     mirrored = {"gpu": "CPU=1250000,Mem=312.5,GRES/gpu=2500000", "cpu": "CPU=0"}
     res = check.check(SlurmClient(SlurmStandIn("MAX_TRES", mirrored)), url=ledger_url, now=NOW)
     assert res.in_step, res.as_dict()
+
+
+def test_slurm_mirror_of_a_gpu_hour_quota_with_mig_runs(ledger_url):
+    """Slurm's gres/gpu counts a slice as a whole GPU: sync-slurm raises GrpTRESMins by what
+    Slurm counts beyond the ledger, and ledger check compares Slurm's usage with the ledger's plus it."""
+    from gpuhpc.ledger import slurm_sync
+
+    admin.add_account("research", url=ledger_url)
+    admin.add_user("alice", "research", default=True, url=ledger_url)
+    admin.set_price("h100", rate=Decimal("2.50"), effective_from=T0, url=ledger_url)
+    admin.set_quota("research", gpu_hours=Decimal("10"), url=ledger_url)
+    # 7 slice-hours of 1g.10gb (1 GPU-hour in the ledger, 7 in Slurm) and 1 h100-hour
+    ingest.ingest_rows(rows(row("810", "COMPLETED", ts(0), ts(60), 3600, gpus=7, gpu_type="1g.10gb",
+                                partition="mig"),
+                            row("811", "COMPLETED", ts(0), ts(60), 3600, gpus=1)), url=ledger_url)
+    (st,) = admin.quota_status("research", url=ledger_url)
+    assert st.used_gpu_hours == Decimal("2.000000")
+    (plan,) = slurm_sync.plan(url=ledger_url)
+    assert plan.limits["gres/gpu"] == (10 + 6) * 60 - slurm_sync.HEADROOM_MINUTES
+    with db.session_scope(ledger_url) as s:
+        assert check.without_adjustments(s, st).used_gpu_hours == Decimal("8.000000")   # = Slurm's 7 + 1
