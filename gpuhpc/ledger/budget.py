@@ -88,9 +88,11 @@ def write_billing(doc: dict, path: Path | str | None = None) -> Path:
 
 
 # ------------------------------------------------------------------ the snapshot
-def period_label(period: str, start: dt.datetime) -> str:
+def period_label(period: str, start: dt.datetime, tz: dt.tzinfo | None = None) -> str:
     """``2026-11``, ``the week of 2026-11-30``; an allocation window ``2026-07-01 to 2027-06-30``
-    (its first and last day; ``start`` in the accounting zone)."""
+    (its first and last day), dated in ``tz`` (default the accounting zone, ``ledger.timezone``)."""
+    if start.tzinfo is not None:
+        start = start.astimezone(tz or periods.ledger_zone())
     window = periods.parse_window(period)
     if window is not None:
         first, following = window.bounds(start.date())

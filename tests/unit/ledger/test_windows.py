@@ -129,6 +129,9 @@ def test_a_window_quota_counts_its_own_window_in_counters_snapshot_forecast_and_
     (line,) = [x for x in text.splitlines() if x.startswith("budget\t")]
     assert line.split("\t")[4:8] == ["2026-07-01 to 2027-06-30", str(int(at(2027, 6, 30, 22).timestamp())), "10.000000",
                                      "4.000000"]
+    # a label from the UTC instant (as `ledger check` gives it) is dated in the accounting zone
+    assert budget.period_label(FISCAL, at(2026, 6, 30, 22)) == "2026-07-01 to 2027-06-30"
+    assert budget.period_label("month", at(2026, 6, 30, 22)) == "2026-07"
     # the forecast runs to the window's end, not the month's
     (burn,) = reports.burn_forecast(days=1000, url=ledger, now=at(2027, 1, 15))
     assert burn.period_end == at(2027, 6, 30, 22) and burn.runs_out is None     # 8 GPU-h in 1000 days: it lasts
