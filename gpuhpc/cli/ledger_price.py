@@ -71,9 +71,12 @@ def price_load(file: Path) -> None:
 def price_list(json_: bool) -> None:
     """Show the price book."""
     from gpuhpc.cli._console import console, print_json
-    from gpuhpc.ledger import admin
+    from gpuhpc.ledger import admin, pricing
 
     rows = admin.list_prices()
+    for r in rows:          # what an hour of one counts in GPU-hour quotas (a MIG slice: its fraction)
+        if r["kind"] == "gpu":
+            r["gpu_hours_per_hour"] = str(pricing.gpu_weight(r["name"]))
     if json_:
         print_json(rows)
         return
@@ -83,5 +86,7 @@ def price_list(json_: bool) -> None:
     for r in rows:
         val = (f"{r['rate']} {r['currency']}/GPU-h" if r.get("rate") is not None else
                f"{r['fraction']} of {r['of']}" if r.get("of") else f"× {r['multiplier']}")
+        if r.get("gpu_hours_per_hour", "1") != "1":
+            val += f" ({r['gpu_hours_per_hour']} GPU-h an hour)"
         t.add_row(r["kind"], r["name"], val, r["effective_from"])
     console().print(t)

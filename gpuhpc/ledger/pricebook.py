@@ -9,6 +9,11 @@
       "*": "1.00"                     # any other GPU type
     partitions: {gpu: "1.0", preempt: "0.6"}
     qos: {low: "0.5"}
+    pricing: max_share                # optional: the pricing policy (per_gpu, the default, or max_share)
+
+``pricing`` sets the ledger policy of that name (``gpuhpc ledger policy set pricing ...``, audited)
+and is checked before anything is written. A MIG profile counts in GPU-hours by its fraction of a
+GPU whatever its price (:func:`gpuhpc.ledger.pricing.gpu_weight`).
 """
 from __future__ import annotations
 
@@ -32,10 +37,14 @@ def load_file(path: Path, *, url: str | None = None) -> int:
 def load(data: dict, *, url: str | None = None, source: str = "price book") -> int:
     if not isinstance(data, dict):
         raise UserInputError(f"{source}: expected a mapping")
-    unknown = set(data) - {"currency", "effective_from", "gpus", "partitions", "qos"}
+    unknown = set(data) - {"currency", "effective_from", "gpus", "partitions", "qos", "pricing"}
     if unknown:
         raise UserInputError(f"{source}: unknown keys {sorted(unknown)}",
-                             hint="valid: currency, effective_from, gpus, partitions, qos")
+                             hint="valid: currency, effective_from, gpus, partitions, qos, pricing")
+    mode = data.get("pricing")
+    if mode is not None and mode not in pricing.MODES:
+        raise UserInputError(f"{source}: pricing {mode!r} is not a pricing policy", field="pricing",
+                             hint=f"one of: {', '.join(pricing.MODES)}")
     eff = data.get("effective_from")
     if isinstance(eff, dt.date) and not isinstance(eff, dt.datetime):
         eff = dt.datetime(eff.year, eff.month, eff.day, tzinfo=dt.timezone.utc)
@@ -62,4 +71,9 @@ def load(data: dict, *, url: str | None = None, source: str = "price book") -> i
             admin.set_multiplier(kind, str(name), pricing.parse_money(mult, what=f"{key}.{name}"), effective_from=eff,
                                  url=url)
             n += 1
+    if mode is not None:
+        from gpuhpc.ledger import adjust
+
+        adjust.set_policy(pricing.POLICY, mode, url=url)
+        n += 1
     return n

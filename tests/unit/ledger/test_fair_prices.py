@@ -284,3 +284,22 @@ def test_slurm_mirror_of_a_gpu_hour_quota_with_mig_runs(ledger_url):
     assert plan.limits["gres/gpu"] == (10 + 6) * 60 - slurm_sync.HEADROOM_MINUTES
     with db.session_scope(ledger_url) as s:
         assert check.without_adjustments(s, st).used_gpu_hours == Decimal("8.000000")   # = Slurm's 7 + 1
+
+
+def test_price_book_file_sets_the_pricing_policy_and_list_shows_slice_weights(ledger_url, tmp_path, capsys):
+    book = tmp_path / "prices.yaml"
+    book.write_text('effective_from: 2026-01-01\ngpus:\n  h100: "2.50"\n  "1g.10gb": {of: h100, fraction: "1/7"}\n'
+                    "pricing: max_share\n")
+    assert main(["ledger", "price", "load", str(book)]) == 0
+    assert {p["name"]: p["value"] for p in adjust.list_policies(url=ledger_url)}["pricing"] == "max_share"
+    capsys.readouterr()
+    assert main(["ledger", "price", "list", "--json"]) == 0
+    weights = {p["name"]: p.get("gpu_hours_per_hour") for p in json.loads(capsys.readouterr().out)}
+    assert weights == {"h100": "1", "1g.10gb": "1/7"}
+    assert main(["ledger", "price", "list"]) == 0
+    assert "(1/7 GPU-h an hour)" in capsys.readouterr().out
+    # a bad policy in the file is refused before anything is written (exit 2, naming the field)
+    book.write_text('gpus:\n  a100: "1.60"\npricing: cheapest\n')
+    assert main(["ledger", "price", "load", str(book)]) == 2
+    assert "pricing: " in capsys.readouterr().err
+    assert "a100" not in {p["name"] for p in admin.list_prices(url=ledger_url)}
