@@ -261,7 +261,8 @@ def _due(s: Session, now: dt.datetime, tz: dt.tzinfo, account: str | None) -> li
     return out
 
 
-def _claim(s: Session, alerts: list[Alert], now: dt.datetime) -> None:
+def claim(s: Session, alerts: list[Alert], now: dt.datetime) -> None:
+    """Mark ``alerts`` as being sent (``quota_alerts`` rows ``sending``), in :func:`run`'s transaction."""
     for a in alerts:
         for t in a.thresholds:
             r = s.scalar(select(QuotaAlert).where(QuotaAlert.quota_id == a.quota_id,
@@ -391,7 +392,7 @@ def run(*, url: str | None = None, now: dt.datetime | None = None, dry_run: bool
         if due and any(a.contact.startswith("mailto:") for a in due):
             mail = mail_settings()                 # a bad setting: exit 2 before anything is claimed
         if not dry_run:
-            _claim(s, due, now)
+            claim(s, due, now)
     if dry_run:
         return due
     for a in due:
