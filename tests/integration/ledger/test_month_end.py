@@ -23,7 +23,9 @@ from fractions import Fraction
 import pytest
 
 from gpuhpc.ledger import admin, db, ingest, periods, reports
-from gpuhpc.ledger.pricing import to_decimal
+from gpuhpc.ledger.pricing import gpu_weight, to_decimal
+from gpuhpc.slurm import commands as cmd
+from gpuhpc.slurm import parsers
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
@@ -56,6 +58,20 @@ def _ledger_seconds(url: str, since: dt.datetime, until: dt.datetime) -> dict[st
     for r in rep.rows:
         out[r.key] = out.get(r.key, Decimal(0)) + r.gpu_hours * 3600
     return out
+
+
+def _sreport_weighted(client, since: dt.datetime, until: dt.datetime) -> dict[str, Decimal]:
+    """sreport's GPU-seconds per account with a MIG slice counted as the ledger counts it, by its
+    fraction of a GPU (sreport's gres/gpu counts it whole; the typed TRES say how much of it was
+    slices, issue 34.9)."""
+    out = {a: Fraction(v) for a, v in client.sreport_gpu_seconds(since, until).items()}
+    local = {t: t.astimezone().strftime("%Y-%m-%dT%H:%M:%S") for t in (since, until)}
+    for mig in ("1g.10gb", "3g.40gb"):                  # the local cluster's MIG profiles (AccountingStorageTRES)
+        text = client.run(cmd.sreport_account_user(local[since], local[until], tres=f"gres/gpu:{mig}")).stdout
+        for u in parsers.parse_sreport_account_user(text):
+            if u.user:
+                out[u.account] = out.get(u.account, Fraction(0)) - u.seconds * (1 - gpu_weight(mig))
+    return {a: to_decimal(v) for a, v in out.items()}
 
 
 def test_runs_across_a_boundary_split_as_sacct_truncates_them(sqlite_url, client, jobs, berlin, tmp_path):
@@ -139,7 +155,7 @@ def test_ledger_equals_sreport_on_rolled_up_hours(any_url, client):
     table, compared = [], []
     for since, end in hours:
         ledger = {a: v for a, v in _ledger_seconds(url, since, end).items() if v}
-        slurm = {a: v for a, v in client.sreport_gpu_seconds(since, end).items() if v}
+        slurm = {a: v for a, v in _sreport_weighted(client, since, end).items() if v}
         table += [(f"{since:%H:%M}-{end:%H:%M} UTC", a, ledger.get(a, Decimal(0)), slurm.get(a, 0))
                   for a in sorted(set(ledger) | set(slurm))]
         compared.append((since, ledger, slurm))
