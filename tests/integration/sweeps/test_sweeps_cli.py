@@ -61,7 +61,8 @@ def test_a_sweep_whose_first_array_slurm_refuses_leaves_nothing_behind(sweep_env
 
 
 def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, monkeypatch):
-    research_quota(monkeypatch, 1)
+    # a trial holds 30 min of a 1g.10gb: 1/14 GPU-hour (a slice is 1/7 of a GPU, issue 34.9); 2 fit in 0.15
+    research_quota(monkeypatch, 0.15)
     f = write_sweep(tmp_path / "q.yaml", name="t-quota", command="echo {x}",
                     parameters={"x": {"type": "uniform", "low": 0, "high": 1}}, trials=10,
                     resources={"partition": "mig", "gpus": 1, "gpu_type": "1g.10gb", "time": "30m"},
@@ -89,6 +90,6 @@ def test_submit_array_reserves_every_task(sweep_env, tmp_path, monkeypatch, trac
 
     con = sqlite3.connect(sweep_env / "ledger.db")
     size, hours = con.execute("SELECT array_size, gpu_hours FROM reservations WHERE job_id = ?", (job_id,)).fetchone()
-    assert size == 10 and float(hours) == 5.0
+    assert size == 10 and float(hours) == 0.714286          # 10 × 30 min of a 1g.10gb, 1/7 of a GPU (issue 34.9)
     res = gpuhpc("submit", "--array", "0-9;id", "--dry-run", "--", "true")
     assert res.returncode == 2 and "array" in res.stderr
