@@ -97,6 +97,7 @@ def test_rollover_resets_usage_at_the_boundary_with_the_database_down(pg_url, cl
     base = tmp_path / "data"
     rollover.publish(client.cluster_name(), url=url, path=rollover.plan_path(base))
     entry = {e.key: e for e in rollover.read_plan(rollover.plan_path(base)).entries}[f"{acct}/"]
+    assert entry.resets, (entry, boundary, tz)
     assert entry.resets[0].at == int(boundary.timestamp()) and entry.resets[0].limits["gres/gpu"] == 598
 
     # the ledger goes away; the rollover, as cron runs it, reads the plan only

@@ -183,3 +183,14 @@ def test_the_rollover_imports_no_database_module(tmp_path):
             "or m in ('gpuhpc.ledger.db', 'gpuhpc.ledger.orm', 'gpuhpc.ledger.slurm_sync')); print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_plan_follows_allocation_windows(ledger_url):
+    """A quota on an allocation window (90 days from 5 January) resets at each window's end."""
+    admin.add_account("grant", url=ledger_url)
+    admin.set_quota("grant", gpu_hours=Decimal("100"), period="2026-01-05/P90D", url=ledger_url)
+    (e,) = rollover.compute("lab", url=ledger_url, now=NOW, tz=UTC).entries
+    start = dt.datetime(2026, 1, 5, tzinfo=UTC)
+    assert (e.period, e.current) == ("2026-01-05/P90D", int((start + dt.timedelta(days=270)).timestamp()))
+    assert [r.at for r in e.resets] == [int((start + dt.timedelta(days=90 * k)).timestamp()) for k in (4, 5, 6)]
+    assert e.resets[0].limits == {"gres/gpu": 5998, "billing": -1}
