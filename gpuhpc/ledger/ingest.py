@@ -121,7 +121,7 @@ class JobView:
 def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[JobView]:
     """Group sacct allocation rows by (cluster, job id), in input order."""
     views: dict[tuple[str, str], JobView] = {}
-    gpu_cache: dict[tuple, dict[str, int]] = {}
+    gpu_cache: dict[tuple, tuple[dict[str, int], int, Fraction]] = {}     # AllocTRES -> GPUs, CPUs, memory
     for r in rows:
         if "." in r.job_id:            # a step, not an allocation
             continue
@@ -146,10 +146,10 @@ def group_jobs(rows: Iterable[AcctRow], default_cluster: str = "") -> Iterator[J
         if start is None:
             continue
         tres_key = tuple(r.alloc_tres.items())
-        gpus = gpu_cache.get(tres_key)
-        if gpus is None:
-            gpus = gpu_cache[tres_key] = {k: n for k, n in r.gpus.items() if n > 0}
-        cpus, mem = pricing.alloc_cpus_mem(r.alloc_tres)
+        held = gpu_cache.get(tres_key)
+        if held is None:
+            held = gpu_cache[tres_key] = ({k: n for k, n in r.gpus.items() if n > 0}, *pricing.alloc_cpus_mem(r.alloc_tres))
+        gpus, cpus, mem = held
         v.runs.append(Run(cluster, head, task, start, parse_time(r.end), r.state.raw.split()[0] if r.state.raw else "",
                           max(r.elapsed_s, 0), r.user, r.account, r.partition, r.qos, gpus, r.name[:255],
                           cpus, mem, r.nodelist))
