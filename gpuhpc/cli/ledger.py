@@ -115,16 +115,21 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, textfile: Optiona
 
     admin_only("ledger sync-slurm")
     client = SlurmClient()
-    with rollover.locked():
-        # a reset the rollover made while the database was away is not made again
-        plans = rollover.without_done(slurm_sync.plan(accounts=list(account) or None), rollover.read_state())
+    plans = slurm_sync.plan(accounts=list(account) or None)
+    with rollover.locked():        # only Slurm inside: a hung database never keeps the rollover waiting
+        # a reset the rollover made while the database was away is not made again, and the
+        # rollover does not make again the resets made here
+        state = rollover.read_state()
+        plans = rollover.without_done(plans, state)
         res = slurm_sync.sync(client, plans, dry_run=dry_run)
         if not dry_run:
-            slurm_sync.record_periods(plans)
-            billing_path, snap_path = slurm_sync.publish()
-            resets_path = rollover.publish(client.cluster_name())
-            sys.stderr.write(f"published {snap_path}, {billing_path} and {resets_path} (apply a price change to "
-                             f"slurm.conf with the gpuhpc.cluster collection: scontrol reconfigure)\n")
+            rollover.mark_done(plans, state)
+    if not dry_run:
+        slurm_sync.record_periods(plans)
+        billing_path, snap_path = slurm_sync.publish()
+        resets_path = rollover.publish(client.cluster_name())
+        sys.stderr.write(f"published {snap_path}, {billing_path} and {resets_path} (apply a price change to "
+                         f"slurm.conf with the gpuhpc.cluster collection: scontrol reconfigure)\n")
     if textfile is not None and not dry_run:
         from gpuhpc.ledger import textfile as ledger_textfile
 

@@ -11,13 +11,15 @@ period, the association (cluster, account, user), the period start it last reset
 its adjustments, as ``sync-slurm`` would set it: computed by :func:`gpuhpc.ledger.slurm_sync.plan`
 at that instant).
 
-``gpuhpc ledger rollover`` (cron, every few minutes) reads only that file and its own state
-(``gpuhpc-resets.state.json``: the period start it last reset per association), and for each
+``gpuhpc ledger rollover`` (cron, every few minutes) reads only that file and the state
+(``gpuhpc-resets.state.json``: the period start last reset per association), and for each
 association whose next period has begun and was not reset yet sets the new limit and
 ``RawUsage=0`` through :class:`~gpuhpc.slurm.client.SlurmClient` (:func:`apply`). It imports no
 database module. When the database is back, ``sync-slurm`` leaves alone the resets that the
-rollover already made (:func:`without_done`), so a period's usage is reset once. Both hold one
-lock (:func:`locked`) so that neither reads the other's half-written work.
+rollover already made (:func:`without_done`) and records its own (:func:`mark_done`), so a
+period's usage is reset once. Both hold one lock (:func:`locked`) around deciding and making the
+resets, and only there: ``sync-slurm`` reads and writes the database outside it, so a database that
+hangs never keeps the rollover waiting.
 """
 from __future__ import annotations
 
@@ -189,7 +191,7 @@ def read_plan(path: Path | None = None) -> Plan | None:
 
 # ------------------------------------------------------------------ the state
 def read_state(path: Path | None = None) -> dict[str, int]:
-    """The period start (epoch s) the rollover last reset, per association key."""
+    """The period start (epoch s) last reset, by the rollover or by sync-slurm, per association key."""
     try:
         doc = json.loads((path or state_path()).read_text(encoding="utf-8"))
         return {str(k): int(v) for k, v in doc.get("reset", {}).items()}
@@ -290,3 +292,19 @@ def without_done(plans: list, state: dict[str, int]) -> list:
         out.append(dataclasses.replace(p, reset=reset, user_resets=users)
                    if (reset, users) != (p.reset, p.user_resets) else p)
     return out
+
+
+def mark_done(plans: list, state: dict[str, int], path: Path | None = None) -> None:
+    """Record the resets ``sync-slurm`` just made (its plans' ``reset`` and ``user_resets``), so that a
+    rollover reading the plan from before them does not make them again."""
+    changed = False
+    for p in plans:
+        done = [(key(p.account), p.period_start)] if p.reset and p.period_start is not None else []
+        done += [(key(p.account, u), p.user_periods[u]) for u in p.user_resets]
+        for k, start in done:
+            at = int(start.timestamp())
+            if state.get(k, 0) < at:
+                state[k] = at
+                changed = True
+    if changed:
+        write_state(state, path)

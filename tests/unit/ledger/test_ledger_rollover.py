@@ -194,3 +194,46 @@ def test_plan_follows_allocation_windows(ledger_url):
     assert (e.period, e.current) == ("2026-01-05/P90D", int((start + dt.timedelta(days=270)).timestamp()))
     assert [r.at for r in e.resets] == [int((start + dt.timedelta(days=90 * k)).timestamp()) for k in (4, 5, 6)]
     assert e.resets[0].limits == {"gres/gpu": 5998, "billing": -1}
+
+
+def test_sync_slurm_records_its_resets_so_an_old_plan_does_not_redo_them(ledger_url, tmp_path):
+    _ledger(ledger_url)
+    month = dt.datetime(2026, 12, 1, tzinfo=UTC)
+    slurm_sync.record_periods(slurm_sync.plan(url=ledger_url, now=NOW), url=ledger_url)
+    old_plan = rollover.compute("lab", url=ledger_url, now=NOW, tz=UTC)        # written in November
+    # sync-slurm, the database up, makes December's resets itself at 00:07
+    plans = slurm_sync.plan(url=ledger_url, now=month + dt.timedelta(minutes=7))
+    state_file = tmp_path / rollover.STATE_NAME
+    state: dict[str, int] = {}
+    rollover.mark_done(plans, state, state_file)
+    assert rollover.read_state(state_file) == {"proj/": int(month.timestamp()), "proj/bob": int(month.timestamp())}
+    # a rollover that still reads November's plan (sync-slurm has not written the new one yet)
+    c = SlurmClient(Recorder())
+    res = rollover.apply(c, old_plan, rollover.read_state(state_file), now=(month + dt.timedelta(minutes=8)).timestamp())
+    assert c.runner.calls == [] and res.applied == []
+
+
+def test_sync_slurm_reads_the_database_outside_the_rollovers_lock(ledger_url, tmp_path, monkeypatch):
+    """While sync-slurm waits for the database (here: reads it, then finds it gone), the rollover's
+    lock is free: a hung database never keeps the rollover from resetting."""
+    import fcntl
+    import os
+
+    from gpuhpc.cli.main import main
+    from gpuhpc.errors import LedgerError
+
+    monkeypatch.setenv("GPUHPC_DATA_DIR", str(tmp_path))
+    free = []
+
+    def plan_while_the_database_hangs(**kw):
+        fd = os.open(tmp_path / rollover.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)    # raises BlockingIOError when held
+            free.append(True)
+        finally:
+            os.close(fd)
+        raise LedgerError("the database went away")
+
+    monkeypatch.setattr(slurm_sync, "plan", plan_while_the_database_hangs)
+    assert main(["ledger", "sync-slurm"]) == 1
+    assert free == [True]
