@@ -29,6 +29,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -174,6 +175,22 @@ def publish(cluster: str, *, url: str | None = None, now: dt.datetime | None = N
     return path
 
 
+def check_trusted(path: Path) -> None:
+    """The plan says whose usage to reset, the state whose not to: refuse a file that someone other
+    than this user (or root) owns, or that group or others may write (a GpuhpcError naming it).
+    None there: fine."""
+    from gpuhpc.errors import GpuhpcError
+
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise GpuhpcError(f"{path}: not a regular file of this user's that only its owner may write "
+                          f"(mode {stat.S_IMODE(st.st_mode):o}, uid {st.st_uid}): refused, nothing reset",
+                          hint="gpuhpc ledger sync-slurm writes it (0644) in the data directory")
+
+
 def read_plan(path: Path | None = None) -> Plan | None:
     """The published plan, or None when there is none or it cannot be read (then nothing is reset)."""
     try:
@@ -276,6 +293,8 @@ def run(client, *, base: Path | None = None, now: float | None = None, dry_run: 
     """``gpuhpc ledger rollover``: the plan and state under ``base`` (default the data directory),
     under the lock."""
     with locked(base):
+        check_trusted(plan_path(base))
+        check_trusted(state_path(base))
         return apply(client, read_plan(plan_path(base)), read_state(state_path(base)), now=now, dry_run=dry_run,
                      state_file=state_path(base))
 

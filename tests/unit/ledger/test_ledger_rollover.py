@@ -237,3 +237,22 @@ def test_sync_slurm_reads_the_database_outside_the_rollovers_lock(ledger_url, tm
     monkeypatch.setattr(slurm_sync, "plan", plan_while_the_database_hangs)
     assert main(["ledger", "sync-slurm"]) == 1
     assert free == [True]
+
+
+def test_a_plan_or_state_others_may_write_is_refused(tmp_path):
+    import pytest
+
+    from gpuhpc.errors import GpuhpcError
+
+    plan = tmp_path / rollover.PLAN_NAME
+    plan.write_text(rollover.render(_plan()))
+    c = SlurmClient(Recorder())
+    for f in (plan, tmp_path / rollover.STATE_NAME):
+        f.touch()
+        f.chmod(0o666)
+        with pytest.raises(GpuhpcError, match="refused, nothing reset"):
+            rollover.run(c, base=tmp_path, now=ts(2026, 12, 1, 0, 1))
+        assert c.runner.calls == []
+        f.chmod(0o644)
+    (tmp_path / rollover.STATE_NAME).unlink()
+    assert len(rollover.run(c, base=tmp_path, now=ts(2026, 12, 1, 0, 1)).applied) == 2
