@@ -39,8 +39,6 @@ PLAN_NAME = "gpuhpc-resets.json"
 STATE_NAME = "gpuhpc-resets.state.json"
 LOCK_NAME = ".gpuhpc-resets.lock"
 AHEAD = 3                  # period starts precomputed per quota: an outage may span several days' resets
-UNSET = -1                 # GrpTRESMins=<tres>=-1 clears a limit (sync-slurm's value for "no budget")
-UTC = dt.timezone.utc
 
 
 def directory() -> Path:
