@@ -2,7 +2,7 @@
 
 * The reset plan and ``gpuhpc ledger rollover``: a day quota on an account of the test's own;
   sync-slurm puts the budget in Slurm; a GPU job uses some of it; then the accounting zone becomes
-  one whose midnight is 15 s away (a fixed UTC offset: the short test period; ``ledger.timezone``
+  one whose midnight is 20 s away (a fixed UTC offset: the short test period; ``ledger.timezone``
   itself takes IANA names, so the test sets the zone the ledger's periods read) and sync-slurm's
   plan is written in it; the database becomes unreachable; ``gpuhpc ledger rollover`` (the CLI, as cron runs it) leaves the
   association alone before the boundary and resets its usage (``RawUsage=0``) and limit at it.
@@ -87,7 +87,7 @@ def test_rollover_resets_usage_at_the_boundary_with_the_database_down(pg_url, cl
                     lambda: f"the job's GPU-minutes in the association's usage ({_used(client, acct)})", interval=2)
 
     # the short period: the accounting day (in the zone the ledger's periods read) ends in lead_s seconds
-    lead_s = 15
+    lead_s = 20
     boundary = dt.datetime.now(UTC).replace(microsecond=0) + dt.timedelta(seconds=lead_s)
     tz = zone_with_midnight_at(boundary)
     monkeypatch.setattr(periods, "ledger_zone", lambda env=None: tz)
