@@ -8,14 +8,20 @@
   association alone before the boundary and resets its usage (``RawUsage=0``) and limit at it.
 * The figures the alerts read, from the CLI against the real ledger and Slurm: ingest's and
   sync-slurm's success times (a failed ingest leaves its time as it was), and check's drift count
-  in step and after a limit changed by hand.
+  in step and after a limit changed by hand; and an ingest's time through the local node exporter's
+  textfile collector into Prometheus, where the rules record its age.
 """
 from __future__ import annotations
 
 import datetime as dt
 import getpass
+import json
+import os
 import time
+import urllib.parse
+import urllib.request
 import uuid
+from pathlib import Path
 from decimal import Decimal
 
 import pytest
@@ -31,6 +37,9 @@ from polling import wait_for
 pytestmark = pytest.mark.integration
 
 UTC = dt.timezone.utc
+PROM = os.environ.get("GPUHPC_PROMETHEUS_URL", "http://127.0.0.1:9090")
+# Debian's node exporter (the local one of scripts/services/prometheus.sh, and the monitoring role's)
+TEXTFILE_DIR = Path("/var/lib/prometheus/node-exporter")
 
 
 def figures(path) -> dict[str, float]:
@@ -171,3 +180,37 @@ def test_ledger_figures_from_the_real_ledger(pg_url, client, own_account, tmp_pa
     assert main(["ledger", "check", "--account", acct, "--textfile", str(check_prom)]) == 1
     got = figures(check_prom)
     assert got["gpuhpc_ledger_drift_associations"] == 1 and got["gpuhpc_ledger_check_timestamp_seconds"] >= t1 - 1
+
+
+def _query(expr: str) -> list[dict]:
+    with urllib.request.urlopen(f"{PROM}/api/v1/query?" + urllib.parse.urlencode({"query": expr}), timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def test_ingest_time_reaches_prometheus_and_its_age_is_recorded(pg_url, monkeypatch):
+    """`ledger ingest --textfile` into the node exporter's collector directory: the local node
+    exporter serves the time, Prometheus scrapes it and the packaged rule records its age
+    (gpuhpc:ledger_ingest_age_seconds), which LedgerIngestStale reads; the file is removed after."""
+    monkeypatch.setenv("GPUHPC_DB_URL", pg_url)
+    monkeypatch.delenv("GPUHPC_LEDGER", raising=False)
+    db.upgrade(pg_url)
+    prom = TEXTFILE_DIR / f"gpuhpc_ledger_test_{uuid.uuid4().hex[:8]}.prom"
+    try:
+        assert main(["ledger", "ingest", "--since", "1m", "--textfile", str(prom)]) == 0
+        done = figures(prom)["gpuhpc_ledger_ingest_success_timestamp_seconds"]
+
+        def recorded():
+            # the node exporter served this time and Prometheus scraped it: the rule's age of it
+            this = f"gpuhpc_ledger_ingest_success_timestamp_seconds == {int(done)}"
+            ages = _query(f"gpuhpc:ledger_ingest_age_seconds and ({this})")
+            return ages or None
+
+        ages = wait_for(recorded, 60, lambda: "Prometheus to record the age of the ingest's time (now "
+                        f"{_query('gpuhpc:ledger_ingest_age_seconds')})", interval=2)
+        now = time.time()
+        assert {r["metric"].get("job") for r in ages} == {"node"}
+        assert all(-1 <= float(r["value"][1]) <= now - done + 1 for r in ages), (ages, now, done)
+    finally:
+        prom.unlink(missing_ok=True)
