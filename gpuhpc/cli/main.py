@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("jobs:status", "One job's state (raw Slurm state kept), restarts, resources and log file."),
     "logs": ("jobs:logs", "Print a job's output (the --output file, found via scontrol or the log dir)."),
     "cancel": ("jobs:cancel", "Cancel job(s) (scancel)."),
+    "shell": ("shell:shell", "An interactive allocation with the resources a job gets (salloc + srun --pty), for debugging."),
     "conf": ("conf:conf", "Cluster spec -> Slurm config files (slurm.conf, gres.conf, ...)."),
     "cluster": ("cluster:cluster", "Inspect the Slurm cluster."),
     "db": ("db:db", "Ledger database: migrations."),
