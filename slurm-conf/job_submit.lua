@@ -10,7 +10,8 @@ refusal:
   account research: budget $1,000.00 for 2026-11, $3.20 left; this job may cost $40.00
 
 Snapshot lines (tab-separated; docs/ledger.md):
-  rate    <partition|*>  <gpu type|*>  <price per GPU-hour, multipliers applied>
+  rate    <partition|*>  <gpu type|*>  <price per device-hour, multipliers applied>
+  weight  <gpu type>  <GPU-hours one such GPU counts for an hour: a MIG slice its fraction, "1/7">
   budget  <account>  <user|*>  <money|gpu_hours>  <period label>  <period end, epoch s; 0 = none>  <budget>  <left>
 Anything unexpected (no snapshot, a parse error, a field this Slurm lacks) lets the job through:
 this script must never be the reason a job is refused wrongly.
@@ -35,13 +36,18 @@ end
 local function load_snapshot()
     local fh = io.open(SNAPSHOT, "r")
     if not fh then return nil end
-    local snap = { rates = {}, budgets = {}, currency = "USD" }
+    local snap = { rates = {}, budgets = {}, weights = {}, currency = "USD" }
     for line in fh:lines() do
         local f = split(line)
         if f[1] == "currency" then
             snap.currency = f[2]
         elseif f[1] == "rate" then
             snap.rates[f[2] .. "\t" .. f[3]] = tonumber(f[4])
+        elseif f[1] == "weight" then
+            -- the ledger's weights (gpuhpc.ledger.pricing.gpu_weight), exact fractions: "1/7", "3/7"
+            local n, d = (f[3] or ""):match("^(%d+)/(%d+)$")
+            local w = n and tonumber(d) > 0 and tonumber(n) / tonumber(d) or tonumber(f[3])
+            if w ~= nil and w > 0 then snap.weights[f[2]] = w end
         elseif f[1] == "budget" then
             local list = snap.budgets[f[2]] or {}
             list[#list + 1] = { user = f[3], kind = f[4], label = f[5], ends = tonumber(f[6]) or 0,
@@ -179,9 +185,12 @@ local function check(get)
                 need = gpus * minutes / 60 * rate
                 fmt = function(v) return money(snap.currency, v) end
             elseif b.kind == "gpu_hours" then
-                need = gpus * minutes / 60
+                -- a MIG slice counts its fraction of a GPU, as the ledger counts it (untyped: a whole GPU)
+                need = gpus * (snap.weights[typ or ""] or 1) * minutes / 60
                 fmt = function(v) return string.format("%.2f GPU-hours", v) end
             end
+            -- rounded to the ledger's 6 decimals, as gpuhpc submit rounds it (budget.job_need)
+            if need ~= nil then need = math.floor(need * 1e6 + 0.5) / 1e6 end
             if need ~= nil and need > b.left + 1e-9 then
                 local who = (b.user == "*") and ("account " .. account) or ("user " .. b.user .. " in account " .. account)
                 local verb = (b.kind == "money") and "cost" or "use"

@@ -11,8 +11,10 @@
   ``gpuhpc conf context --billing`` renders into ``TRESBillingWeights`` per partition (the same
   templates as every other slurm.conf line; a price change is an ``scontrol reconfigure``).
 * **The budget snapshot** (``gpuhpc-budgets.txt`` next to slurm.conf): every quota's budget and
-  what is left, and the effective rates. ``job_submit.lua`` and ``gpuhpc submit`` (for a user
-  without write access to the ledger) read it; neither reaches the database.
+  what is left, the effective rates, and what one GPU of each type counts for in GPU-hours (a
+  MIG slice its fraction of a GPU, :func:`gpuhpc.ledger.pricing.gpu_weight`: the one source of
+  the weights, written here for job_submit.lua). ``job_submit.lua`` and ``gpuhpc submit`` (for a
+  user without write access to the ledger) read it; neither reaches the database.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -147,6 +150,12 @@ class Snapshot:
     generated: int
     rates: dict[tuple[str, str], Decimal]        # (partition or "*", GPU type or "*") -> per GPU-hour
     budgets: list[Budget]
+    weights: dict[str, Fraction] = field(default_factory=dict)   # GPU type -> GPU-hours per device-hour
+
+    def weight(self, gpu_type: str | None) -> Fraction:
+        """What one GPU of ``gpu_type`` counts for in GPU-hours, as the snapshot says (a type it
+        does not name, or an untyped request: 1, a whole GPU; as job_submit.lua counts)."""
+        return self.weights.get(gpu_type or "", Fraction(1))
 
     def rate(self, partition: str | None, gpu_type: str | None) -> Decimal | None:
         t = gpu_type or "*"
@@ -157,10 +166,14 @@ class Snapshot:
                 and (b.ends == 0 or b.ends > now)]
 
 
-def render_snapshot(statuses, book: pricing.PriceBook, at: dt.datetime, currency: str = "USD") -> str:
-    """The snapshot text (tab-separated; read by job_submit.lua and :func:`read_snapshot`)."""
+def render_snapshot(statuses, book: pricing.PriceBook, at: dt.datetime, currency: str = "USD",
+                    gpu_types: Iterable[str] = ()) -> str:
+    """The snapshot text (tab-separated; read by job_submit.lua and :func:`read_snapshot`).
+    ``gpu_types``: the cluster's GPU types (``scontrol show node``), whose weights are written
+    beside the price book's (a MIG profile without a price still counts by its fraction)."""
     lines = ["# gpuhpc budget snapshot: written by `gpuhpc ledger sync-slurm`; read by job_submit.lua and",
-             "# gpuhpc submit. rate: partition, GPU type, price per GPU-hour (multipliers applied).",
+             "# gpuhpc submit. rate: partition, GPU type, price per device-hour (multipliers applied).",
+             "# weight: GPU type, GPU-hours one of it counts for an hour (a MIG slice: its fraction; unlisted: 1)",
              "# budget: account, user (* = all), kind, period, period end (epoch s; 0 = none), budget, left",
              "version\t1", f"generated\t{int(at.timestamp())}", f"currency\t{currency}"]
     types = sorted(book.prices)
@@ -175,6 +188,10 @@ def render_snapshot(statuses, book: pricing.PriceBook, at: dt.datetime, currency
             rates["*"] = min(rates.values())       # an untyped request: the cheapest (as Slurm estimates it)
         for t, r in rates.items():
             lines.append(f"rate\t{part}\t{t}\t{pricing.to_decimal(r)}")
+    for t in sorted((set(book.prices) | set(gpu_types)) - {pricing.WILDCARD}):
+        w = pricing.gpu_weight(t)
+        if w != 1:
+            lines.append(f"weight\t{t}\t{w.numerator}/{w.denominator}")
     tz = periods.ledger_zone()   # the periods' zone (ledger.timezone): where a month ends
     for s in statuses:
         end = periods.period_end(s.period, s.period_start, tz)
@@ -210,6 +227,10 @@ def read_snapshot(path: Path | str | None = None) -> Snapshot | None:
                 snap.generated = int(f[1])
             elif f[0] == "rate":
                 snap.rates[(f[1], f[2])] = Decimal(f[3])
+            elif f[0] == "weight":
+                w = Fraction(f[2])
+                if w > 0:
+                    snap.weights[f[1]] = w
             elif f[0] == "budget":
                 snap.budgets.append(Budget(f[1], None if f[2] == "*" else f[2], f[3], f[4], int(f[5]),
                                            Decimal(f[6]), Decimal(f[7])))
@@ -237,12 +258,14 @@ def describe(b: Budget, currency: str, need: Decimal | None = None) -> str:
 
 def job_need(snap: Snapshot, b: Budget, *, partition: str | None, gpu_type: str | None, gpus: int,
              time_limit_s: int, array_size: int = 1) -> Decimal | None:
-    """What one job (one array task when ``array_size`` is 1) may use of budget ``b``."""
-    hours = Decimal(gpus * max(array_size, 1) * time_limit_s) / 3600
+    """What one job (one array task when ``array_size`` is 1) may use of budget ``b``: GPU-hours
+    weigh its GPUs by the snapshot's weight of their type (a ``1g.10gb`` hour is 1/7 GPU-hour);
+    money is its device-hours at the snapshot's rate (a slice's rate is per slice-hour)."""
+    hours = Fraction(gpus * max(array_size, 1) * time_limit_s, 3600)
     if b.kind == "gpu_hours":
-        return pricing.to_decimal(hours)
+        return pricing.to_decimal(hours * snap.weight(gpu_type))
     rate = snap.rate(partition, gpu_type)
-    return None if rate is None else pricing.to_decimal(hours * rate)
+    return None if rate is None else pricing.to_decimal(hours * Fraction(rate))
 
 
 def check_job(snap: Snapshot, *, account: str, user: str | None, partition: str | None, gpu_type: str | None,

@@ -210,13 +210,22 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
 
 
 def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_file=None,
-            snapshot_file=None) -> tuple[str, str]:
-    """Write the billing document (prices -> TRESBillingWeights) and the budget snapshot; returns their paths."""
+            snapshot_file=None, gpu_types=None) -> tuple[str, str]:
+    """Write the billing document (prices -> TRESBillingWeights) and the budget snapshot; returns their paths.
+    ``gpu_types``: the cluster's GPU types for the snapshot's weights (None: asked of Slurm, before the database)."""
     now = now or utcnow()
+    if gpu_types is None:
+        from gpuhpc.errors import GpuhpcError
+        from gpuhpc.slurm.client import SlurmClient
+
+        try:
+            gpu_types = sorted({t for n in SlurmClient().nodes() for t in (n.gpus_total or {})})
+        except GpuhpcError:
+            gpu_types = []
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
     statuses = admin.quota_status(url=url, now=now)
     doc = budget.billing_document(book, now)
     b = budget.write_billing(doc, billing_file)
-    snap = budget.write_snapshot(budget.render_snapshot(statuses, book, now), snapshot_file)
+    snap = budget.write_snapshot(budget.render_snapshot(statuses, book, now, gpu_types=gpu_types), snapshot_file)
     return str(b), str(snap)
