@@ -83,9 +83,21 @@ def reprice(gpu_type: str, rate: str, since: str, until: str, reason: Optional[s
         raise UserInputError("a period is required", field="--since/--until", hint="--since 2026-11-01 --until 2026-12-01")
     admin_only("ledger reprice")
     db.check_schema()
+    from gpuhpc.ledger import pricing
+
+    runs = nodes = None
+    if adj.pricing_mode() == pricing.MAX_SHARE:     # what each run held and the nodes, from Slurm, before the transaction
+        from gpuhpc.ledger import ingest
+        from gpuhpc.slurm import client as slurm_client
+
+        c = slurm_client.SlurmClient()
+        runs = [r for v in ingest.group_jobs(c.job_runs(start, end)) for r in v.runs]
+        nodes = pricing.fleet(c.nodes())
     booked = adj.reprice(gpu_type, rate, since=start, until=end, reason=reason or "", account=account,
-                         dry_run=dry_run)
+                         dry_run=dry_run, runs=runs, nodes=nodes)
     _print_booked(booked, json_, dry_run)
+    if booked.skipped:
+        sys.stderr.write(f"{booked.skipped} runs left alone: sacct no longer has what they held (max_share)\n")
 
 
 @click.command("adjustments")

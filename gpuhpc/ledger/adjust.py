@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
@@ -30,7 +31,7 @@ from fractions import Fraction
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gpuhpc.errors import GpuhpcError, UserInputError
+from gpuhpc.errors import GpuhpcError, LedgerError, UserInputError
 from gpuhpc.ledger import admin, audit, db, pricing
 from gpuhpc.ledger.orm import (Account, Adjustment, Charge, LedgerPolicy, Membership, Quota, QuotaUsage, UsageRecord,
                                User, utcnow)
@@ -89,10 +90,11 @@ class Booked:
     charges: int = 0
     gpu_hours: Decimal = ZERO
     amount: Decimal = ZERO
+    skipped: int = 0          # reprice under max_share: runs sacct no longer has (left alone)
 
     def as_dict(self) -> dict:
         return {"adjustments": self.adjustments, "charges": self.charges, "gpu_hours": str(self.gpu_hours),
-                "amount": str(self.amount)}
+                "amount": str(self.amount), "skipped": self.skipped}
 
 
 class Counters:
@@ -204,12 +206,22 @@ def adjust(account: str, *, kind: str, reason: str, amount: str | Decimal | None
 
 
 def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt.datetime, reason: str,
-            account: str | None = None, dry_run: bool = False, url: str | None = None) -> Booked:
+            account: str | None = None, dry_run: bool = False, url: str | None = None,
+            runs: Iterable | None = None, nodes: pricing.Fleet | None = None) -> Booked:
     """A corrected rate per GPU-hour for ``gpu_type`` over ``[since, until)``: the charges of
     that type's runs dated in the window are priced again (per run and day: what they net to in
     GPU-hours × the corrected rate × the run's partition and QOS multipliers at its start), and
     the difference is booked as ``correction`` charges, one adjustment per account. The charges
-    themselves never change; a second run with the same rate books nothing."""
+    themselves never change; a second run with the same rate books nothing.
+
+    Under the ``max_share`` pricing policy a run is priced again as ingest prices it
+    (:meth:`gpuhpc.ledger.pricing.PriceCache.price_run` over a :class:`~gpuhpc.ledger.pricing.CorrectedBook`):
+    every run whose price involves the type (its GPUs, or its nodes' price: a CPU-only run on an
+    ``h100`` node too), each part (run and day) the cumulative price at its end less at its start.
+    That needs what each run held: ``runs``, sacct's runs of the window as ingest reads them
+    (:func:`gpuhpc.ledger.ingest.group_jobs`: ``key``, ``gpus``, ``cpus``, ``mem_mb``, ``nodelist``)
+    and ``nodes`` (:func:`gpuhpc.ledger.pricing.fleet`); a run sacct no longer has is left alone
+    and counted in :attr:`Booked.skipped`."""
     if not gpu_type or any(ord(c) < 33 for c in gpu_type) or len(gpu_type) > 64:
         raise UserInputError(f"{gpu_type!r} is not a GPU type", field="--gpu-type", hint="as sacct names it: h100")
     r = check_reason(reason)
@@ -222,28 +234,41 @@ def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt
     out = Booked()
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
+        share = policy(s, pricing.POLICY) == pricing.MAX_SHARE
+        if share and runs is None:
+            raise LedgerError(f"the pricing policy is {pricing.MAX_SHARE}: repricing needs what each run held "
+                              f"(sacct's AllocTRES and nodes); gpuhpc ledger reprice reads them, the API takes runs=")
         stmt = (select(Charge.usage_id, Charge.bucket_at, func.sum(Charge.gpu_hours), func.sum(Charge.amount))
                 .where(Charge.usage_id.is_not(None), Charge.bucket_at >= since, Charge.bucket_at < until)
                 .group_by(Charge.usage_id, Charge.bucket_at))
         nets = {(uid, at): (Decimal(h), Decimal(m)) for uid, at, h, m in s.execute(stmt)}
         uids = sorted({uid for uid, _ in nets})
-        runs: dict[int, UsageRecord] = {}
+        records: dict[int, UsageRecord] = {}
         for i in range(0, len(uids), 500):
-            q = select(UsageRecord).where(UsageRecord.id.in_(uids[i:i + 500]), UsageRecord.gpu_type == gpu_type)
+            q = select(UsageRecord).where(UsageRecord.id.in_(uids[i:i + 500]))
+            if not share:            # max_share: a run of another type may pay for this type's node
+                q = q.where(UsageRecord.gpu_type == gpu_type)
             if account:
                 q = q.where(UsageRecord.account_name == account)
-            runs.update({u.id: u for u in s.scalars(q)})
+            records.update({u.id: u for u in s.scalars(q)})
+        wants = _max_share_wants(s, pricing.CorrectedBook(book, gpu_type, new_rate), gpu_type, nets, records,
+                                 runs or (), nodes, out) if share else {}
         todo = []
         per_account: dict[str, list] = defaultdict(lambda: [ZERO, 0])
         for (uid, at), (hours, money) in sorted(nets.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-            run = runs.get(uid)
+            run = records.get(uid)
             if run is None:
                 continue
-            mult = book.multiplier("partition", run.partition, run.run_start) * \
-                book.multiplier("qos", run.qos, run.run_start)
-            eff = Fraction(new_rate) * mult
-            # GPU-hours weigh a MIG slice by its fraction (pricing.gpu_weight); the rate is per slice-hour
-            want = pricing.to_decimal(Fraction(pricing.to_decimal(hours)) / pricing.gpu_weight(gpu_type) * eff)
+            if share:
+                if (uid, at) not in wants:
+                    continue
+                want, eff = wants[(uid, at)]
+            else:
+                mult = book.multiplier("partition", run.partition, run.run_start) * \
+                    book.multiplier("qos", run.qos, run.run_start)
+                eff = Fraction(new_rate) * mult
+                # GPU-hours weigh a MIG slice by its fraction (pricing.gpu_weight); the rate is per slice-hour
+                want = pricing.to_decimal(Fraction(pricing.to_decimal(hours)) / pricing.gpu_weight(gpu_type) * eff)
             delta = want - pricing.to_decimal(money)
             if delta:
                 todo.append((run, at, delta, pricing.to_decimal(eff)))
@@ -283,6 +308,49 @@ def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt
         out.charges = len(todo)
         out.amount = sum((d for _, _, d, _ in todo), ZERO)
     return out
+
+
+def _max_share_wants(s: Session, book: pricing.CorrectedBook, gpu_type: str, nets: dict, records: dict,
+                     runs: Iterable, nodes: pricing.Fleet | None, out: Booked) -> dict:
+    """Under ``max_share``: ``(usage id, bucket_at) -> (amount, rate)`` each part of a run should
+    have been charged at the corrected rate, priced by ingest's own function (the cumulative
+    :meth:`~gpuhpc.ledger.pricing.PriceCache.price_run` at the part's end less at its start; a
+    part ends where the run's next charge date begins, the last at the run's end). Only runs whose
+    price involves ``gpu_type``; a part that nets to nothing (a refund) gets nothing; a run sacct
+    no longer has is counted in ``out.skipped``."""
+    cache = pricing.PriceCache(book, mode=pricing.MAX_SHARE, nodes=nodes)
+    held = {r.key: r for r in runs}
+    uids = sorted({uid for uid, _ in nets if uid in records})
+    dates: dict[int, list[dt.datetime]] = defaultdict(list)
+    for i in range(0, len(uids), 500):
+        for uid, at in s.execute(select(Charge.usage_id, Charge.bucket_at).distinct()
+                                 .where(Charge.usage_id.in_(uids[i:i + 500]))):
+            dates[uid].append(at)
+    wants: dict = {}
+    missing: set[int] = set()
+    for (uid, at), (hours, money) in nets.items():
+        rec = records.get(uid)
+        if rec is None or (not hours and not money):
+            continue
+        run = held.get((rec.cluster, rec.job_id, rec.array_task_id, rec.run_start))
+        if run is None:
+            missing.add(uid)
+            continue
+        shapes = cache.shapes_of(run.nodelist, rec.partition, run.gpus) or []
+        if gpu_type not in run.gpus and not any(t == gpu_type for sh in shapes for t, _ in sh.gpus):
+            continue
+
+        def upto(seconds: int) -> pricing.Price:
+            return cache.price_run(run.gpus, run.cpus, run.mem_mb, run.nodelist, seconds, rec.partition, rec.qos,
+                                   rec.run_start)
+
+        start = max(int((at - rec.run_start).total_seconds()), 0)
+        later = sorted(d for d in dates[uid] if d > at)
+        end = max(int((later[0] - rec.run_start).total_seconds()) if later else rec.elapsed_s, start)
+        whole = upto(rec.elapsed_s)
+        wants[(uid, at)] = (upto(end).amount - (upto(start).amount if start else ZERO), Fraction(whole.rate))
+    out.skipped = len(missing)
+    return wants
 
 
 def period_adjustments(s: Session, account: str, user: str | None, start: dt.datetime,
@@ -326,6 +394,12 @@ def policy(s: Session, name: str) -> str:
     check_policy(name)
     row = s.get(LedgerPolicy, name)
     return POLICIES[name][0] if row is None else row.value
+
+
+def pricing_mode(*, url: str | None = None) -> str:
+    """The ledger's pricing policy (:data:`gpuhpc.ledger.pricing.MODES`), read in a transaction of its own."""
+    with db.session_scope(url) as s:
+        return policy(s, pricing.POLICY)
 
 
 def set_policy(name: str, value: str, *, url: str | None = None) -> bool:

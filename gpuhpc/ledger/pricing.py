@@ -256,6 +256,21 @@ class PriceBook:
         return base * self.multiplier("partition", partition, at) * self.multiplier("qos", qos, at)
 
 
+class CorrectedBook(PriceBook):
+    """``book`` with ``gpu_type`` at ``rate`` (per device-hour) at every time, for ``gpuhpc ledger
+    reprice``: every other type keeps its own rates, a MIG profile priced as a fraction of
+    ``gpu_type`` too (it is another type, repriced by its own name); multipliers unchanged."""
+
+    def __init__(self, book: PriceBook, gpu_type: str, rate: Fraction | Decimal | str) -> None:
+        super().__init__(book.prices, book.multipliers)
+        self.base_book, self.gpu_type, self.fixed = book, gpu_type, Fraction(str(rate))
+
+    def rate(self, gpu_type: str, at: dt.datetime, *, _depth: int = 0) -> Fraction | None:
+        if gpu_type == self.gpu_type:
+            return self.fixed
+        return self.base_book.rate(gpu_type, at, _depth=_depth)
+
+
 class Price(NamedTuple):
     gpu_hours: Decimal
     rate: Decimal          # effective rate per GPU-hour, multipliers applied
