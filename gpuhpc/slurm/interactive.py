@@ -2,10 +2,12 @@
 on this terminal.
 
 :func:`salloc_pty` is a pure builder: ``salloc`` with the job's resource options, then, as the
-command salloc runs on the login node, one ``srun --pty --overlap`` step (one task on the first
-node; ``--overlap`` leaves the allocation's CPUs, memory and GPUs to the ``srun`` steps the user
-starts from the shell, as Slurm's own ``use_interactive_step`` does) running ``command``. Every
-value is one argv element: no shell sees a job name or a command word.
+command salloc runs on the login node, one ``srun --pty --overlap --preserve-env`` step (one task
+on the first node) running ``command``, as Slurm's own ``use_interactive_step`` does: ``--overlap``
+leaves the allocation's CPUs, memory and GPUs to the ``srun`` steps the user starts from the
+shell, ``--preserve-env`` keeps the job's ``SLURM_NNODES``/``SLURM_NTASKS`` there (not the
+step's one), so a plain ``srun hostname`` in the shell of a two-node allocation runs on both.
+Every value is one argv element: no shell sees a job name or a command word.
 
 :func:`run_on_terminal` runs that argv with this process's terminal: salloc's stdin and stdout are
 the terminal, its stderr passes through here unchanged (the step's own output goes through the
@@ -38,13 +40,14 @@ SALLOC_OPTIONS = frozenset({
     "threads-per-core", "time", "tmp", "use-min-nodes", "wait-all-nodes", "wckey",
 })
 
-#: salloc's line naming the job id (``Pending`` while it waits, ``Granted`` once it has it).
+#: salloc's line naming the job id (``Pending`` while it waits, ``Granted`` once it has it), whole.
 JOB_ID_LINE = re.compile(rb"salloc: (?:Pending|Granted) job allocation ([0-9]+)\r?\n")
 
 
 def salloc_pty(options: Sequence[tuple[str, str | None]], command: Sequence[str], *,
                step_options: Sequence[str] = ()) -> list[str]:
-    """``salloc --OPT=VALUE ... -- srun --pty --overlap --nodes=1 --ntasks=1 STEP_OPTIONS -- COMMAND``.
+    """``salloc --OPT=VALUE ... -- srun --pty --overlap --preserve-env --nodes=1 --ntasks=1 STEP_OPTIONS
+    -- COMMAND``.
     ``options``: ``(long option, value or None for a flag)``, each one salloc takes
     (:data:`SALLOC_OPTIONS`; another raises ValueError); ``step_options``: the step's own
     (pyxis' ``--container-*``). Each value stays one argv element."""
@@ -55,7 +58,8 @@ def salloc_pty(options: Sequence[tuple[str, str | None]], command: Sequence[str]
         if opt not in SALLOC_OPTIONS:
             raise ValueError(f"salloc has no --{opt}")
         argv.append(f"--{opt}" if value is None else f"--{opt}={value}")
-    return [*argv, "--", "srun", "--pty", "--overlap", "--nodes=1", "--ntasks=1", *step_options, "--", *command]
+    return [*argv, "--", "srun", "--pty", "--overlap", "--preserve-env", "--nodes=1", "--ntasks=1", *step_options,
+            "--", *command]
 
 
 def check_terminal(runner) -> None:

@@ -1,6 +1,7 @@
 """Issue 33.8 on the local cluster: ``gpuhpc shell --gpus 1 --partition gpu -- sh`` driven through a
 pseudo-terminal (python's pty module): the shell runs inside an allocation holding one GPU, on a
-terminal, and the allocation is gone once the shell exits; a hostile job name and command word
+terminal, and the allocation is gone once the shell exits; in a two-node shell a plain srun runs
+on both nodes; a hostile job name and command word
 reach Slurm as one argument each (nothing of them is run); a shell no node can hold is refused
 (exit 2) with nothing allocated."""
 from __future__ import annotations
@@ -127,6 +128,22 @@ def test_hostile_name_and_command_word_reach_slurm_as_one_argument_each(jobs_env
     since = dt.datetime.fromtimestamp(started - 60)
     assert job_id in wait_for(lambda: slurm.jobs_by_name(HOSTILE_NAME, since), 30,
                               "sacct to know the job by its whole name")
+
+
+def test_srun_in_a_two_node_shell_runs_on_both_nodes(jobs_env, tmp_path, slurm, track):
+    """The job's layout in the shell (--preserve-env): a plain srun there runs a task per node,
+    each with its GPU, as in a batch job of the same resources."""
+    out = tmp_path / "tasks.txt"
+    term = _shell(tmp_path, "--nodes", "2", "--gpus", "1", "--partition", "gpu", "--time", "5", "--", "sh", "-c",
+                  'srun sh -c \'echo "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"\' > "$1"', "sh", str(out))
+    try:
+        job_id = term.expect(rb"salloc: Granted job allocation (\d+)", 60, "salloc's allocation").group(1).decode()
+        track(job_id)
+        assert term.wait(60) == 0, term.out
+    finally:
+        term.close()
+    tasks = sorted(line.split() for line in out.read_text().splitlines())
+    assert [node for node, _ in tasks] == ["gpu-node1", "gpu-node2"] and all(len(g.split(",")) == 1 for _, g in tasks)
 
 
 def test_a_shell_no_node_can_hold_is_refused_and_nothing_is_allocated(jobs_env, tmp_path, slurm):

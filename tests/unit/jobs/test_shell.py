@@ -28,7 +28,7 @@ def test_salloc_pty_keeps_each_hostile_value_one_argument():
     argv = interactive.salloc_pty([("job-name", HOSTILE), ("nodes", "1"), ("exclusive", None)],
                                   ["sh", "-c", HOSTILE, "--", "-x"], step_options=["--container-image=a#b:1"])
     assert argv == ["salloc", f"--job-name={HOSTILE}", "--nodes=1", "--exclusive", "--",
-                    "srun", "--pty", "--overlap", "--nodes=1", "--ntasks=1", "--container-image=a#b:1",
+                    "srun", "--pty", "--overlap", "--preserve-env", "--nodes=1", "--ntasks=1", "--container-image=a#b:1",
                     "--", "sh", "-c", HOSTILE, "--", "-x"]
 
 
@@ -43,7 +43,7 @@ def test_dry_run_prints_the_exact_argv_with_hostile_name_and_command(capsys):
     argv = _dry_run(capsys, "--gpus", "1", "--partition", "gpu", "--time", "30m", "-J", HOSTILE,
                     "--", "sh", "-c", HOSTILE)
     assert argv == ["salloc", f"--job-name={HOSTILE}", "--nodes=1", "--ntasks-per-node=1", "--gres=gpu:1",
-                    "--time=00:30:00", "--partition=gpu", "--", "srun", "--pty", "--overlap", "--nodes=1",
+                    "--time=00:30:00", "--partition=gpu", "--", "srun", "--pty", "--overlap", "--preserve-env", "--nodes=1",
                     "--ntasks=1", "--", "sh", "-c", HOSTILE]
 
 
@@ -90,7 +90,7 @@ def test_default_command_is_the_login_shell_and_bash_in_an_image(capsys, monkeyp
     argv = _dry_run(capsys, "--image", "nvcr.io#nvidia/pytorch:24.05-py3", "--mount", "/data:/data:ro",
                     "--container-workdir", "/w")
     step = argv[argv.index("srun"):]
-    assert step == ["srun", "--pty", "--overlap", "--nodes=1", "--ntasks=1",
+    assert step == ["srun", "--pty", "--overlap", "--preserve-env", "--nodes=1", "--ntasks=1",
                     "--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts=/data:/data:ro",
                     "--container-workdir=/w", "--", "bash", "-l"]
 
