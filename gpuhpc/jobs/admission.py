@@ -63,7 +63,7 @@ def reserve(resources: Resources, name: str, client, array_size: int = 1) -> Any
             cluster = client.cluster_name() or "default"
         except GpuhpcError:
             cluster = "default"
-        req = dataclasses.replace(req, cluster=cluster)
+        req = dataclasses.replace(req, cluster=cluster, **share_request(resources, client))
     import sys
 
     account = resources.account or os.environ.get("SBATCH_ACCOUNT") or os.environ.get("SLURM_ACCOUNT")
@@ -71,6 +71,32 @@ def reserve(resources: Resources, name: str, client, array_size: int = 1) -> Any
     for line in lines:
         sys.stderr.write(f"budget: {line}\n")
     return hold
+
+
+def share_request(resources: Resources, client) -> dict[str, Any]:
+    """What the hold needs for the ledger's ``max_share`` pricing policy
+    (:func:`gpuhpc.ledger.pricing.request_price`): the CPUs and memory one task names
+    (``cpus_per_task`` × tasks per node × nodes; ``mem`` per node × nodes; ``exclusive``: its nodes
+    whole) and the shape of its partition's nodes (one ``scontrol show node``). Empty when it names
+    none of them or the shape is not one (the hold is then the per-GPU worst case)."""
+    from gpuhpc.ledger import pricing
+
+    r = resources
+    cpus = r.nodes * (r.tasks_per_node or 1) * r.cpus_per_task if r.cpus_per_task else 0
+    mem = int(pricing.mem_mb(r.mem)) * r.nodes if r.mem else 0
+    if not (cpus or mem or r.exclusive):
+        return {}
+    try:
+        nodes = client.nodes()
+    except GpuhpcError:
+        return {}
+    shapes = pricing.fleet(nodes).shapes_of("", r.partition, [r.gpu_type] if r.gpu_type else [])
+    if not shapes or len(shapes) != 1:
+        return {}
+    shape = shapes[0]
+    if r.exclusive:
+        cpus, mem = shape.cpus * r.nodes, shape.mem_mb * r.nodes
+    return {"cpus": cpus, "mem_mb": mem, "shapes": (shape,) * r.nodes}
 
 
 def with_reservation(resources: Resources, name: str, client, do_submit: Callable[[], str],

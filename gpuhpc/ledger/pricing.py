@@ -298,6 +298,24 @@ def worst_case(book: PriceBook, *, gpu_type: str | None, gpus: int, time_limit_s
                        partition=partition, qos=qos, at=at)
 
 
+def request_price(book: PriceBook, *, gpu_type: str | None, gpus: int, time_limit_s: int, array_size: int,
+                  partition: str | None, qos: str | None, at: dt.datetime, mode: str = PER_GPU, cpus: int = 0,
+                  mem_mb: Fraction | int = 0, shapes: Iterable[NodeShape] = ()) -> Price:
+    """What a submission holds: its :func:`worst_case`; under ``max_share``, with the shapes of one
+    task's nodes, the largest share of them that it names (``cpus``, ``mem_mb`` of one task; 0:
+    not named) × their price when that is more, as ingest will charge it (:func:`share_amount`,
+    :func:`uplift`, as :func:`max_share_price`), every task of an array on nodes of its own.
+    GPU-hours stay the worst case's."""
+    wc = worst_case(book, gpu_type=gpu_type, gpus=gpus, time_limit_s=time_limit_s, array_size=array_size,
+                    partition=partition, qos=qos, at=at)
+    shapes = list(shapes)
+    if mode != MAX_SHARE or not shapes or not wc.priced:
+        return wc
+    n = max(array_size, 1)
+    return uplift(wc, share_amount(book, shapes * n, max(cpus, 0) * n, Fraction(mem_mb) * n, time_limit_s,
+                                   partition, qos, at))
+
+
 def q6(num: int, den: int) -> Decimal:
     """num/den rounded half-even to 6 decimals, in integers (same result as :func:`to_decimal`)."""
     n = num * 1_000_000

@@ -257,9 +257,14 @@ def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = N
                       "SELECT id, user_id, period, gpu_hours, money FROM quotas WHERE account_id = ? ORDER BY id"
                       + tx.for_update, (acct[0],)).fetchall()
                   if uid is None or uid == user_id]
-    wc = pricing.worst_case(load_price_book(tx), gpu_type=req.gpu_type, gpus=req.gpus,
-                            time_limit_s=req.time_limit_s, array_size=req.array_size,
-                            partition=req.partition, qos=req.qos, at=now)
+    mode = pricing.PER_GPU      # the pricing policy matters only when the request came with its nodes' shapes
+    if req.shapes:
+        row = tx.one("SELECT value FROM ledger_policies WHERE name = ?", (pricing.POLICY,))
+        mode = row[0] if row else pricing.PER_GPU
+    wc = pricing.request_price(load_price_book(tx), gpu_type=req.gpu_type, gpus=req.gpus,
+                               time_limit_s=req.time_limit_s, array_size=req.array_size,
+                               partition=req.partition, qos=req.qos, at=now, mode=mode, cpus=req.cpus,
+                               mem_mb=req.mem_mb, shapes=req.shapes)
     if not wc.priced and any(money is not None for *_, money in quotas):
         raise unpriced(req.gpu_type, acct[1])
     counters = []

@@ -18,3 +18,8 @@ class ChargeRequest:
     time_limit_s: int
     array_size: int = 1
     job_name: str = ""
+    # for the max_share pricing policy's hold (gpuhpc.ledger.pricing.request_price): what one task
+    # names of CPUs and memory (MB; 0: not named) and its nodes' shapes (pricing.NodeShape, one per node)
+    cpus: int = 0
+    mem_mb: int = 0
+    shapes: tuple = ()
