@@ -25,7 +25,9 @@
 #
 # Installs: PREFIX/bin/enroot*, PREFIX/lib/enroot, SYSCONFDIR/enroot (default PREFIX/etc),
 # PREFIX/share/enroot, PREFIX/lib/slurm/spank_pyxis.so, PREFIX/share/pyxis/pyxis.conf (the
-# plugstack.conf line). A second run with the same versions does nothing (--force: rebuild).
+# plugstack.conf line), and PREFIX/share/gpuhpc/containers.stamp: the versions, the sources' tree
+# digests and the installed Slurm's version. A second run with the same stamp does nothing
+# (--force: rebuild); a Slurm upgrade or new sources rebuild.
 set -euo pipefail
 
 ENROOT_VERSION=4.1.2
@@ -57,8 +59,22 @@ sysconfdir=${sysconfdir:-$prefix/etc}
 log() { printf 'build-containers: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
+installed_version() {  # a Debian package's version if it is installed, else nothing
+  dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' "$1" 2>/dev/null | sed -n 's/^.i. *//p'
+}
+# The Slurm pyxis is built for: the installed Slurm packages' version. pyxis is compiled against
+# libslurm-dev's headers and slurmstepd refuses a plugin of another release, so a Slurm upgrade
+# must rebuild it: the version is in the stamp, and libslurm-dev is held at the same version below.
+slurm_version=none
+for p in slurmd slurm-client slurmctld; do
+  v=$(installed_version "$p")
+  if [ -n "$v" ]; then slurm_version=$v; break; fi
+done
+# what is installed is identified by the sources' pinned tree digests, not only their versions
+trees=""
+for entry in "${SOURCES[@]}"; do read -r name _ _ tree _ <<<"$entry"; trees="$trees $name:$tree"; done
 stamp="$prefix/share/gpuhpc/containers.stamp"
-want="enroot $ENROOT_VERSION pyxis $PYXIS_VERSION sysconfdir $sysconfdir setcap $setcap"
+want="enroot $ENROOT_VERSION pyxis $PYXIS_VERSION trees$trees slurm $slurm_version sysconfdir $sysconfdir setcap $setcap"
 if [ "$force" = 0 ] && [ -r "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
    && [ -x "$prefix/bin/enroot" ] && [ -e "$prefix/lib/slurm/spank_pyxis.so" ]; then
   log "enroot $ENROOT_VERSION and pyxis $PYXIS_VERSION are already in $prefix"
@@ -95,7 +111,12 @@ done
 # ---------------------------------------------------------------- build packages
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed' || missing+=("$p")
+  have=$(installed_version "$p")
+  if [ "$p" = libslurm-dev ] && [ "$slurm_version" != none ]; then
+    [ "$have" = "$slurm_version" ] || missing+=("libslurm-dev=$slurm_version")   # the headers of the Slurm installed
+  else
+    [ -n "$have" ] || missing+=("$p")
+  fi
 done
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || die "missing build packages: ${missing[*]} (apt-get install them as root)"
