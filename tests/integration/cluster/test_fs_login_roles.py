@@ -285,7 +285,8 @@ def _login_root(tmp: Path) -> tuple[Path, Path, list[str]]:
             "-e", f"gpuhpc_login_wheelhouse={root}/wheels", "-e", f"gpuhpc_login_db_url=sqlite:///{db}",
             "-e", f"gpuhpc_ledger_data_dir={db.parent}", "-e", f"gpuhpc_ledger_log_file={root}/var/log/gpuhpc-ledger.log",
             "-e", f"gpuhpc_ledger_wrapper_path={root}/usr/local/sbin/gpuhpc-ledger-ingest",
-            "-e", f"gpuhpc_ledger_systemd_dir={root}/etc/systemd/system"]
+            "-e", f"gpuhpc_ledger_systemd_dir={root}/etc/systemd/system",
+            "-e", f"gpuhpc_ledger_textfile_dir={root}/var/lib/prometheus/node-exporter"]
     return root, prefix, args
 
 
@@ -316,6 +317,63 @@ def test_login_installs_the_site_config_and_the_ingest_timer(converged):
 
     again = converged["again"]
     assert again.returncode == 0 and recap(again)["changed"] == 0, again.stdout[-3000:]
+
+
+def test_login_installs_the_ledger_rollover_alerts_and_check_timers_with_textfiles(converged, tmp_path):
+    """The ledger role's timers for today's commands: rollover every 2 minutes, alerts and check every
+    15 (units rendered, not started here); the wrapper passes each command its own file in node_exporter's
+    textfile directory (made 0755), alerts none; a real rollover through the installed wrapper writes its figures."""
+    root, prefix = converged["root"], converged["prefix"]
+    units = root / "etc" / "systemd" / "system"
+    wrapper = root / "usr" / "local" / "sbin" / "gpuhpc-ledger-ingest"
+    textfiles = root / "var" / "lib" / "prometheus" / "node-exporter"
+    for what, calendar in (("rollover", "*:0/2"), ("alerts", "*:5/15"), ("check", "*:12/15")):
+        service = (units / f"gpuhpc-ledger-{what}.service").read_text()
+        timer = (units / f"gpuhpc-ledger-{what}.timer").read_text()
+        assert f"\nExecStart={wrapper} {what}\n" in service and "Type=oneshot" in service, service
+        assert f"\nOnCalendar={calendar}\n" in timer and "WantedBy=timers.target" in timer, timer
+    assert stat.S_IMODE(textfiles.stat().st_mode) == 0o755
+
+    # each command's argv, through the wrapper as the role rendered it, with a stand-in gpuhpc
+    stub, argv = tmp_path / "gpuhpc", tmp_path / "argv"
+    stub.write_text(f'#!/bin/bash\necho "$*" >> {argv}\n')
+    stub.chmod(0o755)
+    text = wrapper.read_text()
+    assert f"{prefix}/venv/bin/gpuhpc ledger " in text
+    stubbed = tmp_path / "wrapper"
+    stubbed.write_text(text.replace(f"{prefix}/venv/bin/gpuhpc", str(stub)))
+    stubbed.chmod(0o755)
+    for what in ("ingest", "sync-slurm", "rollover", "alerts", "check"):
+        r = subprocess.run([str(stubbed), what], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert argv.read_text().splitlines() == [
+        f"ledger ingest --textfile {textfiles}/gpuhpc-ledger-ingest.prom",
+        f"ledger sync-slurm --textfile {textfiles}/gpuhpc-ledger-sync-slurm.prom",
+        f"ledger rollover --textfile {textfiles}/gpuhpc-ledger-rollover.prom",
+        "ledger alerts",
+        f"ledger check --textfile {textfiles}/gpuhpc-ledger-check.prom"]
+    assert subprocess.run([str(stubbed), "drop"], capture_output=True, timeout=30).returncode == 2
+
+    # the real rollover (no database; no plan from sync-slurm yet: nothing to reset) writes its figures
+    env = {"PATH": "/usr/bin:/bin", "GPUHPC_SITE_CONFIG": str(root / "etc" / "gpuhpc" / "config.toml"),
+           "GPUHPC_CONFIG": str(tmp_path / "none.toml")}
+    r = subprocess.run([str(wrapper), "rollover"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "no reset plan at" in r.stderr, r.stdout + r.stderr
+    prom = textfiles / "gpuhpc-ledger-rollover.prom"
+    assert re.search(r"^gpuhpc_ledger_rollover_timestamp_seconds \d+$", prom.read_text(), re.M), prom.read_text()
+    assert "gpuhpc_ledger_rollover_plan_timestamp_seconds 0\n" in prom.read_text()
+    assert stat.S_IMODE(prom.stat().st_mode) == 0o644                  # node_exporter reads it
+
+
+def test_the_ledger_role_refuses_a_relative_textfile_directory_naming_it(collection, tmp_path):
+    """validate.yml: a bad value stops the play before anything is written, in one line naming the variable."""
+    play = _playbook(tmp_path, "ledger-validate.yml", ("gpuhpc_ledger", "        tasks_from: validate.yml\n"))
+    proc = _run(play, tmp_path, "-e", f"gpuhpc_ledger_bin={sys.executable}",
+                "-e", "gpuhpc_ledger_textfile_dir=var/lib/prometheus/node-exporter")
+    assert proc.returncode != 0
+    assert ('"msg": "gpuhpc_ledger_textfile_dir=\\"var/lib/prometheus/node-exporter\\": give node_exporter\'s '
+            'textfile collector directory as an absolute path (no spaces), or empty for none"') in proc.stdout, \
+        proc.stdout[-3000:]
 
 
 def test_login_on_a_fresh_host_in_check_mode_would_build_the_venv(check_mode):

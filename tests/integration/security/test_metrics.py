@@ -105,7 +105,8 @@ def test_sync_slurm_runs_while_an_ingest_is_stuck(tmp_path):
     (tmp_path / "ledger.env").write_text("")
     wrapper = tmp_path / "gpuhpc-ledger-ingest"
     wrapper.write_text(env.from_string(src).render(ansible_managed="test", gpuhpc_ledger_config_dir=str(tmp_path),
-                                                   gpuhpc_ledger_data_dir=str(tmp_path), gpuhpc_ledger_bin=str(stub)))
+                                                   gpuhpc_ledger_data_dir=str(tmp_path), gpuhpc_ledger_bin=str(stub),
+                                                   gpuhpc_ledger_textfile_dir=""))
     wrapper.chmod(0o755)
     import fcntl
 
