@@ -374,6 +374,61 @@ class SSHRunner:
             if not stat.S_ISDIR(sftp.stat(path).st_mode):    # made meanwhile by another upload
                 raise
 
+    def run_interactive(self, argv: list[str], *, env: dict[str, str] | None = None, on_output=None) -> int:
+        """``argv`` on a pseudo-terminal on the remote host (paramiko ``get_pty``), wired to this
+        process's stdin and stdout (a local terminal is raw meanwhile: every key, Ctrl-C too, goes
+        to the remote pty); ``on_output(bytes)`` sees what it prints. Its exit status (``gpuhpc shell``)."""
+        import select
+        import shutil
+        import sys
+
+        command = shlex.join(argv)
+        full_env = {**self.env, **(env or {})}
+        if full_env:
+            command = shlex.join(["env", *(f"{k}={v}" for k, v in full_env.items())]) + " " + command
+        fd_in, fd_out = sys.stdin.fileno(), sys.stdout.fileno()
+        size = shutil.get_terminal_size()
+        sys.stdout.flush()
+        try:
+            chan = self._connect().get_transport().open_session()
+            chan.get_pty(term=os.environ.get("TERM") or "vt100", width=size.columns, height=size.lines)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError) as exc:
+            self.close()
+            raise TransportError(f"ssh {self._where()}: no terminal for {argv[0]}: {exc}") from exc
+        saved = None
+        if os.isatty(fd_in):
+            import termios
+            import tty
+
+            saved = termios.tcgetattr(fd_in)
+            tty.setraw(fd_in)
+        readers: list[Any] = [chan, fd_in]
+        try:
+            while True:
+                ready = select.select(readers, [], [])[0]
+                if chan in ready:
+                    data = chan.recv(32768)
+                    if not data:
+                        break
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd_out, view):]
+                    if on_output is not None:
+                        on_output(data)
+                if fd_in in ready:
+                    data = os.read(fd_in, 4096)
+                    if data:
+                        chan.sendall(data)
+                    else:                   # stdin ended: the remote side reads EOF
+                        readers.remove(fd_in)
+                        chan.shutdown_write()
+            return chan.recv_exit_status()
+        finally:
+            if saved is not None:
+                termios.tcsetattr(fd_in, termios.TCSADRAIN, saved)
+            chan.close()
+
 
 # ---------------------------------------------------------------- one connection per command
 _RUNNERS: dict[tuple, SSHRunner] = {}

@@ -20,6 +20,7 @@ MALFORMED = [
     (["status", "12x"], "job_id"),
     (["logs", "x"], "job_id"),
     (["cancel", "1x"], "job_id"),
+    (["shell", "--gpus", "x", "--", "true"], "--gpus"),
     (["conf", "render", "spec.yaml"], "--out"),
     (["cluster", "trust"], "NAME"),
     (["db", "upgrade", "--bogus"], "--bogus"),

@@ -3,7 +3,8 @@ pseudo-terminal (python's pty module): the shell runs inside an allocation holdi
 terminal, and the allocation is gone once the shell exits; in a two-node shell a plain srun runs
 on both nodes; a hostile job name and command word
 reach Slurm as one argument each (nothing of them is run); a shell no node can hold is refused
-(exit 2) with nothing allocated."""
+(exit 2) with nothing allocated; over SSH (laptop mode, the local sshd) salloc gets a pty on the
+login node."""
 from __future__ import annotations
 
 import os
@@ -11,8 +12,10 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,8 @@ from jobs_helpers import gpuhpc, job_state
 from polling import wait_for
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[3]
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 HOSTILE_NAME = "h13 $(touch PWNED-name); `touch PWNED-tick` | & > x \"q\" 'q' *"
@@ -30,12 +35,12 @@ class Terminal:
     """``argv`` on the slave side of a new pty (its controlling terminal), from ``cwd``; what it
     writes is collected from the master side."""
 
-    def __init__(self, argv: list[str], cwd) -> None:
+    def __init__(self, argv: list[str], cwd, env: dict[str, str] | None = None) -> None:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:               # the child: never returns into pytest
             try:
                 os.chdir(cwd)
-                os.execv(argv[0], argv)
+                os.execve(argv[0], argv, {**os.environ, **(env or {})})
             finally:
                 os._exit(127)
         self.out = b""
@@ -79,8 +84,8 @@ class Terminal:
         os.close(self.fd)
 
 
-def _shell(tmp_path, *args: str) -> Terminal:
-    return Terminal([sys.executable, "-m", "gpuhpc", "shell", *args], tmp_path)
+def _shell(tmp_path, *args: str, env: dict[str, str] | None = None) -> Terminal:
+    return Terminal([sys.executable, "-m", "gpuhpc", "shell", *args], tmp_path, env)
 
 
 def test_shell_runs_on_a_terminal_in_a_one_gpu_allocation_that_ends_with_it(jobs_env, tmp_path, slurm, track):
@@ -155,3 +160,26 @@ def test_a_shell_no_node_can_hold_is_refused_and_nothing_is_allocated(jobs_env, 
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: gpus: 9 GPUs per node"), res.stderr
     assert slurm.jobs_by_name(name, since) == []
+
+
+def test_shell_over_ssh_gets_a_terminal_on_the_login_node(jobs_env, tmp_path, slurm, track):
+    """Laptop mode: salloc runs on the login node (the local sshd) on the pty the SSH runner asks
+    for (paramiko get_pty); the step's output and exit status come back through it."""
+    started = subprocess.run(["bash", str(REPO / "scripts/services/sshd.sh"), "start"], check=True,
+                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    ssh = dict(kv.split("=", 1) for kv in started.split())
+    env = {"GPUHPC_SSH_HOST": ssh["GPUHPC_TEST_SSH_HOST"], "GPUHPC_SSH_KEY": ssh["GPUHPC_TEST_SSH_KEY"],
+           "GPUHPC_SSH_KNOWN_HOSTS": ssh["GPUHPC_TEST_SSH_KNOWN_HOSTS"],
+           **({"GPUHPC_SSH_SLURM_CONF": os.environ["SLURM_CONF"]} if os.environ.get("SLURM_CONF") else {})}
+    term = _shell(tmp_path, "--gpus", "1", "--partition", "gpu", "--time", "5", "--", "sh", "-c",
+                  'echo "JOB=$SLURM_JOB_ID GPUS=$CUDA_VISIBLE_DEVICES"; [ -t 0 ] && echo TTY=yes; exit 4', env=env)
+    try:
+        job_id = term.expect(rb"salloc: Granted job allocation (\d+)", 60, "salloc's allocation").group(1).decode()
+        track(job_id)
+        m = term.expect(rb"JOB=(\d+) GPUS=(\S*)\r\n", 60, "the step's answer")
+        assert m.group(1).decode() == job_id and len(m.group(2).split(b",")) == 1
+        term.expect(rb"TTY=yes", 10, "a terminal for the step")
+        assert term.wait(60) == 4
+    finally:
+        term.close()
+    wait_for(lambda: job_state(slurm, job_id) in ENDED, 30, f"job {job_id} to end")
