@@ -183,3 +183,38 @@ def test_shell_over_ssh_gets_a_terminal_on_the_login_node(jobs_env, tmp_path, sl
     finally:
         term.close()
     wait_for(lambda: job_state(slurm, job_id) in ENDED, 30, f"job {job_id} to end")
+
+
+def test_the_budget_holds_a_shell_as_a_job(jobs_env, tmp_path, slurm, track, monkeypatch):
+    """Over quota: exit 3 and nothing allocated; within it: the worst case (GPUs x time limit) is
+    held while the shell runs, tied to the shell's job id."""
+    import datetime as dt
+    import json
+    import sqlite3
+
+    from gpuhpc.ledger.paths import default_db_path
+    from jobs_helpers import research_quota
+
+    research_quota(monkeypatch, gpu_hours=1)
+    since = dt.datetime.now() - dt.timedelta(minutes=1)
+    big = gpuhpc("shell", "-p", "gpu", "--gpus", "2", "-t", "1h", "-A", "research", "-J", "gpuhpc-test-shell-quota-big",
+                 "--", "true", cwd=tmp_path)
+    assert big.returncode == 3 and big.stderr.startswith("error: quota exceeded"), big.stderr
+    assert slurm.jobs_by_name("gpuhpc-test-shell-quota-big", since) == []
+    term = _shell(tmp_path, "-p", "gpu", "--gpus", "1", "-t", "15m", "-A", "research", "--", "sh")
+    try:
+        job_id = term.expect(rb"salloc: Granted job allocation (\d+)", 60, "salloc's allocation").group(1).decode()
+        track(job_id)
+
+        def held() -> list:
+            with sqlite3.connect(default_db_path()) as db:
+                return db.execute("SELECT job_id, status FROM reservations").fetchall()
+
+        assert wait_for(held, 10, "the hold tied to the job") == [(job_id, "submitted")]
+        shown = json.loads(gpuhpc("quota", "show", "--json").stdout)
+        row = next(q for q in shown if q["account"] == "research" and q["user"] is None)
+        assert float(row["held_gpu_hours"]) == pytest.approx(0.25)
+        term.send("exit\n")
+        assert term.wait(60) == 0
+    finally:
+        term.close()
