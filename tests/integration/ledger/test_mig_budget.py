@@ -3,7 +3,8 @@ by its fraction of a GPU, with the weights the ledger writes into the budget sna
 gpuhpc.ledger.pricing.gpu_weight; the cluster's types from sync-slurm's publish, so a slice without
 a price is weighed too). A GPU-hour budget of 0.5 for an account of the test's own admits three
 1-hour ``1g.10gb`` slices and not four, one ``3g.40gb`` and not two, an array of three slices and
-not four; a slice counted as a whole GPU (as before) would have been refused at one. Jobs are
+not four, and a budget of exactly three slice-hours (0.428571) the three; a slice counted as a
+whole GPU (as before) would have been refused at one. Jobs are
 submitted held and cancelled; the account, its association and the snapshot as it was are put
 back. (Unit tests of the snapshot: tests/unit/ledger/test_mig_snapshot.py.)
 
@@ -79,6 +80,17 @@ def test_job_submit_lua_admits_n_mig_slices_and_not_one_more(mig_budget, client,
         r = sbatch(*refused)
         assert not r.ok and LEFT in r.stderr and f"0.50 GPU-hours left; this job may use {uses} GPU-hours" \
             in r.stderr, (refused, r.stdout, r.stderr)
+
+
+def test_job_submit_lua_rounds_the_need_as_the_ledger_does(mig_budget, sqlite_url, client, jobs, tmp_path):
+    """A budget of exactly three slice-hours in the ledger's 6 decimals (0.428571) admits them."""
+    admin.set_quota(ACCOUNT, gpu_hours=Decimal("0.428571"), url=sqlite_url)
+    slurm_sync.publish(url=sqlite_url, billing_file=tmp_path / "billing.json")
+    r = client.run(cmd.sbatch(extra=["-H", "-A", ACCOUNT, "-p", "mig", "-t", "60", "-o", "/dev/null",
+                                     "--gres=gpu:1g.10gb:3", "--wrap", "true"]), check=False)
+    if r.ok:
+        jobs.append(r.stdout.strip().split(";")[0])
+    assert r.ok, r.stderr
 
 
 NODES = [NodeInfo("gpu-node1", "IDLE", 16, 0, 64000, 0, ("gpu",), {"h100": 8})]
