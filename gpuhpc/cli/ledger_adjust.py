@@ -86,7 +86,7 @@ def reprice(gpu_type: str, rate: str, since: str, until: str, reason: Optional[s
     from gpuhpc.ledger import pricing
 
     runs = nodes = None
-    if adj.pricing_mode() == pricing.MAX_SHARE:     # what each run held and the nodes, from Slurm, before the transaction
+    if adj.pricing_mode() == pricing.MAX_SHARE:     # what each run held, and the nodes: from Slurm, first
         from gpuhpc.ledger import ingest
         from gpuhpc.slurm import client as slurm_client
 

@@ -339,18 +339,20 @@ def _max_share_wants(s: Session, book: pricing.CorrectedBook, gpu_type: str, net
         shapes = cache.shapes_of(run.nodelist, rec.partition, run.gpus) or []
         if gpu_type not in run.gpus and not any(t == gpu_type for sh in shapes for t, _ in sh.gpus):
             continue
-
-        def upto(seconds: int) -> pricing.Price:
-            return cache.price_run(run.gpus, run.cpus, run.mem_mb, run.nodelist, seconds, rec.partition, rec.qos,
-                                   rec.run_start)
-
         start = max(int((at - rec.run_start).total_seconds()), 0)
         later = sorted(d for d in dates[uid] if d > at)
         end = max(int((later[0] - rec.run_start).total_seconds()) if later else rec.elapsed_s, start)
-        whole = upto(rec.elapsed_s)
-        wants[(uid, at)] = (upto(end).amount - (upto(start).amount if start else ZERO), Fraction(whole.rate))
+        whole = _price_upto(cache, run, rec, rec.elapsed_s)
+        before = _price_upto(cache, run, rec, start).amount if start else ZERO
+        part = _price_upto(cache, run, rec, end).amount - before
+        wants[(uid, at)] = (part, Fraction(whole.rate))
     out.skipped = len(missing)
     return wants
+
+
+def _price_upto(cache: pricing.PriceCache, run, rec: UsageRecord, seconds: int) -> pricing.Price:
+    """The run's price for its first ``seconds`` (what it held from sacct, the rest as the ledger has it)."""
+    return cache.price_run(run.gpus, run.cpus, run.mem_mb, run.nodelist, seconds, rec.partition, rec.qos, rec.run_start)
 
 
 def period_adjustments(s: Session, account: str, user: str | None, start: dt.datetime,
