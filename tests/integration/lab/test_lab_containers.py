@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import SHARED, Lab, recap
+from .conftest import REPO, SHARED, Lab, recap
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +51,8 @@ def containers(lab: Lab) -> dict:
     return {"image": image, "first": first}
 
 
-def test_the_containers_play_builds_enroot_and_pyxis_offline_and_verify_runs_the_pinned_image(containers: dict):
+def test_the_containers_play_builds_enroot_and_pyxis_offline_and_verify_runs_the_pinned_image(lab: Lab,
+                                                                                              containers: dict):
     first: subprocess.CompletedProcess = containers["first"]
     assert first.returncode == 0, first.stdout[-6000:]
     rows = recap(first.stdout)
@@ -60,6 +61,19 @@ def test_the_containers_play_builds_enroot_and_pyxis_offline_and_verify_runs_the
     said = re.findall(r'^ok: \[(\w+)\] => \{\s+"msg": \[\s+"(PRETTY_NAME=.*?)"\s+\]', first.stdout.replace('\\"', '"'),
                       re.MULTILINE)
     assert sorted(said) == sorted((h, PRETTY) for h in HOSTS), said
+    # what each host has is this source's build (a reused lab keeps an older one unless the stamp differs),
+    # built against the headers of the Slurm it runs (a release's slurmstepd refuses another's pyxis)
+    script = (REPO / "ansible/roles/gpuhpc_containers/files/build-containers.sh").read_text()
+    pinned = re.findall(r'^  "(\w+) \S+ [0-9a-f]{64} ([0-9a-f]{64}) ', script, re.MULTILINE)
+    trees = " ".join(f"{name}:{tree}" for name, tree in pinned)
+    assert trees.count(":") == 2, trees
+    for host in sorted(HOSTS):
+        stamp = lab.ssh(host, "cat /usr/local/share/gpuhpc/containers.stamp")
+        got = re.search(r" trees (.+) slurm (\S+) ", stamp)
+        assert got and got.group(1) == trees, (host, stamp)
+        headers = lab.ssh(host, "dpkg-query -W -f='${Version}' libslurm-dev")
+        running = lab.ssh(host, "slurmd -V 2>/dev/null || srun --version").split()[-1]
+        assert got.group(2) == headers and headers.split("-")[0] == running, (host, stamp, headers, running)
 
 
 def test_a_check_run_and_a_second_run_change_nothing(lab: Lab, containers: dict):

@@ -59,8 +59,8 @@ sysconfdir=${sysconfdir:-$prefix/etc}
 log() { printf 'build-containers: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
-installed_version() {  # a Debian package's version if it is installed, else nothing
-  dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' "$1" 2>/dev/null | sed -n 's/^.i. *//p'
+installed_version() {  # a Debian package's version if it is installed, else nothing (and status 0)
+  { dpkg-query -W -f='${db:Status-Abbrev} ${Version}\n' "$1" 2>/dev/null || true; } | sed -n 's/^.i. *//p'
 }
 # The Slurm pyxis is built for: the installed Slurm packages' version. pyxis is compiled against
 # libslurm-dev's headers and slurmstepd refuses a plugin of another release, so a Slurm upgrade
