@@ -155,7 +155,7 @@ def test_a_shell_no_node_can_hold_is_refused_and_nothing_is_allocated(jobs_env, 
     import datetime as dt
 
     since = dt.datetime.now() - dt.timedelta(minutes=1)
-    name = f"gpuhpc-test-shell-refused-{os.getpid()}"
+    name = f"gpuhpc-test-shell-refused-{time.time_ns()}"      # squeue keeps ended jobs a while: a new name
     res = gpuhpc("shell", "--gpus", "9", "--partition", "gpu", "-J", name, "--", "true", cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: gpus: 9 GPUs per node"), res.stderr
@@ -197,10 +197,10 @@ def test_the_budget_holds_a_shell_as_a_job(jobs_env, tmp_path, slurm, track, mon
 
     research_quota(monkeypatch, gpu_hours=1)
     since = dt.datetime.now() - dt.timedelta(minutes=1)
-    big = gpuhpc("shell", "-p", "gpu", "--gpus", "2", "-t", "1h", "-A", "research", "-J", "gpuhpc-test-shell-quota-big",
-                 "--", "true", cwd=tmp_path)
+    name = f"gpuhpc-test-shell-quota-big-{time.time_ns()}"     # squeue keeps ended jobs a while: a new name
+    big = gpuhpc("shell", "-p", "gpu", "--gpus", "2", "-t", "1h", "-A", "research", "-J", name, "--", "true", cwd=tmp_path)
     assert big.returncode == 3 and big.stderr.startswith("error: quota exceeded"), big.stderr
-    assert slurm.jobs_by_name("gpuhpc-test-shell-quota-big", since) == []
+    assert slurm.jobs_by_name(name, since) == []
     term = _shell(tmp_path, "-p", "gpu", "--gpus", "1", "-t", "15m", "-A", "research", "--", "sh")
     try:
         job_id = term.expect(rb"salloc: Granted job allocation (\d+)", 60, "salloc's allocation").group(1).decode()
