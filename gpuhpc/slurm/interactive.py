@@ -13,9 +13,10 @@ Every value is one argv element: no shell sees a job name or a command word.
 the terminal, its stderr passes through here unchanged (the step's own output goes through the
 pty, on stdout), read for the job id salloc reports (``salloc: Granted job allocation N``), so
 the caller can tie the ledger's hold to it while the shell runs. When salloc's command ends, salloc
-gives the allocation back. Over SSH a runner may offer ``run_interactive(argv, env=..., on_output=...)``
-(a pty on the login node); one that does not is refused by :func:`check_terminal` before anything
-is reserved or allocated.
+gives the allocation back. Over SSH the runner's ``run_interactive(argv, env=..., on_output=...)``
+runs it on a pty on the login node (:class:`gpuhpc.transport.ssh.SSHRunner`: paramiko's
+``get_pty``); a runner without one is refused by :func:`check_terminal` before anything is
+reserved or allocated.
 """
 from __future__ import annotations
 
