@@ -105,8 +105,11 @@ def test_torchrun_job_spans_two_hosts_survives_a_requeue_and_matches_an_uninterr
         lab.ssh("ctl", f"scancel {job_id}", check=False)
     text = log.read_text()
     assert lab.job_state(job_id) == "COMPLETED", text[-3000:]
-    hosts = set(re.findall(r"^rank \d+/2 host=(\S+)", text, re.M))
-    assert hosts == {"c1", "c2"}, text[-3000:]
+    # each line carries its srun task's label (the template's `srun --label`; under torchrun a task is a
+    # node, and with one process per node its rank): `gpuhpc logs --rank` picks them out
+    labelled = re.findall(r"^(\d+): rank (\d+)/2 host=(\S+)", text, re.M)
+    assert {host for _, _, host in labelled} == {"c1", "c2"}, text[-3000:]
+    assert all(task == rank for task, rank, _ in labelled), labelled
     runs = _runs(progress)
     first, second = [r[0] for r in runs], [r[1] for r in runs]
     resume = {r["resume"] for r in second}
