@@ -223,6 +223,16 @@ def _power(spec: ClusterSpec, release: tuple[int, int] = (22, 5)) -> dict[str, A
     }
 
 
+def _reboot(spec: ClusterSpec, power: dict[str, Any] | None) -> dict[str, Any] | None:
+    """RebootProgram and the ResumeTimeout a reboot needs (``scontrol reboot``, ``gpuhpc node
+    reboot``); None without a program or where several slurmd share a host. With cloud groups the
+    power block's ResumeTimeout stands (22.05 has one per cluster)."""
+    rt = spec.runtime
+    if not rt.reboot_program or rt.multiple_slurmd:
+        return None
+    return {"program": rt.reboot_program, "resume_timeout": None if power else rt.reboot_timeout}
+
+
 HOOKS_ENV_FILE = "/etc/gpuhpc/hooks.env"   # the hooks read it (gpuhpc/health/hooks/*; $GPUHPC_HOOKS_ENV)
 
 
@@ -509,6 +519,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         "slurmctld_parameters": ",".join(ctld_params) or None,
         "slurmd_parameters": ",".join(rt.slurmd_parameters) or None,
         "return_to_service": rt.return_to_service,
+        "reboot": _reboot(spec, power),
         "enforce_part_limits": rt.enforce_part_limits,
         "min_job_age": rt.min_job_age,
         "max_array_size": rt.max_array_size,

@@ -138,6 +138,14 @@ class Runtime(_Model):
     # EnforcePartLimits: ALL refuses at submission a job that breaks a partition's limits (its
     # AllowAccounts/AllowQos included); NO queues it for ever
     enforce_part_limits: Literal["NO", "ANY", "ALL"] = "ALL"
+    # RebootProgram: what slurmd runs for `scontrol reboot` (`gpuhpc node reboot`); null: none (Slurm
+    # then refuses reboots). Left out where several slurmd share one host (multiple_slurmd): one
+    # node's reboot would take every other node of the host with it.
+    reboot_program: AbsPath | None = "/usr/sbin/reboot"
+    # ResumeTimeout, when no cloud group sets it (power saving): how long a rebooted node may take to
+    # register again before slurmctld marks it DOWN (Slurm's default, 60 s, is shorter than a
+    # server's firmware POST)
+    reboot_timeout: int = Field(default=600, ge=60)
 
 
 class Controller(_Model):

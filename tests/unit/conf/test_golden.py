@@ -63,6 +63,13 @@ def test_the_golden_files_say_what_the_specs_ask():
     assert _line("elastic", "slurm.conf", "NodeName=spot[01-16],od[01-08] ").endswith(" State=CLOUD")
     assert _line("elastic", "slurm.conf", "ResumeTimeout=") == "ResumeTimeout=450"
     assert _line("elastic", "slurm.conf", "NodeName=fixed[1-2] ").endswith(" State=UNKNOWN")
+    # reboots (issue 36.5): RebootProgram by default; ResumeTimeout 600 s where no cloud group sets it,
+    # elastic's 450 s (its only ResumeTimeout) where one does; none on local.yaml, whose slurmd share a host
+    assert _line("dgx-h100-pod", "slurm.conf", "RebootProgram=") == "RebootProgram=/usr/sbin/reboot"
+    assert _line("dgx-h100-pod", "slurm.conf", "ResumeTimeout=") == "ResumeTimeout=600"
+    assert _line("elastic", "slurm.conf", "RebootProgram=") == "RebootProgram=/usr/sbin/reboot"
+    assert (GOLDEN / "elastic" / "slurm.conf").read_text().count("ResumeTimeout=") == 1
+    assert "RebootProgram" not in (GOLDEN / "local" / "slurm.conf").read_text()
 
 
 def test_the_golden_slurmdbd_conf_says_what_the_specs_ask():
