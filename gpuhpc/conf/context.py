@@ -343,6 +343,8 @@ def _nodes(spec: ClusterSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]
                 # the slices' device pattern ({index}: the nvidia-caps minor the node's driver gives,
                 # gpuhpc node mig-gres); gres_lines number them in spec order until the node is read
                 "mig_device": g.gpus.mig_device if g.gpus else None,
+                # slurmd fetches its files from the controllers (slurmd --conf-server; configless)
+                "configless": g.configless,
                 "spool_dir": rt.slurmd_spool_dir + (f"/{name}" if rt.multiple_slurmd else ""),
                 "pid_file": posixpath.join(run, f"slurmd-{name}.pid" if rt.multiple_slurmd else "slurmd.pid"),
                 "log_file": posixpath.join(log, f"slurmd-{name}.log" if rt.multiple_slurmd else "slurmd.log"),
@@ -426,7 +428,7 @@ def _accounting(spec: ClusterSpec, gpu_types: list[str]) -> dict[str, Any] | Non
 def _preemption_parameters(spec: ClusterSpec, release: tuple[int, int],
                            power: dict[str, Any] | None) -> tuple[list[str], list[str]]:
     """SlurmctldParameters and PreemptParameters: where each release wants the user-signal switch,
-    and what power saving adds."""
+    and what power saving and configless node groups add (merged with the spec's own values)."""
     rt = spec.runtime
     pre = spec.preemption
     # with preemption on, a preempted job gets its --signal (SIGUSR2) at the start of GraceTime
@@ -441,7 +443,24 @@ def _preemption_parameters(spec: ClusterSpec, release: tuple[int, int],
     for param in (power or {}).get("slurmctld_parameters", []):
         if param not in ctld_params:
             ctld_params.append(param)
+    # configless node groups fetch their files from slurmctld, which serves them only with this
+    if any(g.configless for g in spec.node_groups) and "enable_configless" not in ctld_params:
+        ctld_params.append("enable_configless")
     return ctld_params, preempt_params
+
+
+SLURMCTLD_DEFAULT_PORT = 6817
+
+
+def _conf_server(spec: ClusterSpec) -> str | None:
+    """``slurmd --conf-server``'s value for configless nodes: the controllers in SlurmctldHost
+    order (the first by its addr when the spec gives one), ``:port`` when not Slurm's 6817; None
+    when no node group is configless."""
+    if not any(g.configless for g in spec.node_groups):
+        return None
+    c = spec.controller
+    port = "" if spec.runtime.slurmctld_port == SLURMCTLD_DEFAULT_PORT else f":{spec.runtime.slurmctld_port}"
+    return ",".join(f"{h}{port}" for h in [c.addr or c.hosts[0], *c.hosts[1:]])
 
 
 def _switches(spec: ClusterSpec) -> list[dict[str, Any]]:
@@ -488,6 +507,8 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         "slurm_version": f"{release[0]}.{release[1]:02d}",
         "slurmctld_hosts": [ctld_host, *spec.controller.hosts[1:]],
         "slurmctld_timeout": spec.controller.timeout,
+        # not used by the templates; for the roles: slurmd --conf-server of the configless nodes
+        "conf_server": _conf_server(spec),
         "slurm_user": rt.slurm_user,
         "slurmd_user": rt.slurmd_user,
         "auth_info": auth_info,

@@ -108,6 +108,7 @@ def validate(spec: ClusterSpec) -> list[str]:
     _check_topology(spec)
     _check_power(spec)
     _check_filesystems(spec)
+    _check_configless(spec)
     return warnings
 
 
@@ -415,3 +416,22 @@ def _check_filesystems(spec: ClusterSpec) -> None:
     for gi, g in enumerate(spec.node_groups):
         if g.scratch and (where := overlap(g.scratch.path)):
             raise SpecError(f"scratch {g.scratch.path} overlaps {where}", field=f"node_groups[{gi}].scratch.path")
+
+
+def _check_configless(spec: ClusterSpec) -> None:
+    """``configless`` node groups take every file slurmctld serves (slurm.conf, gres.conf,
+    topology.conf, cgroup.conf, ...) from the controller, the same for every node: refuse what
+    needs a file of the node's own."""
+    rt = spec.runtime
+    for gi, g in enumerate(spec.node_groups):
+        if not g.configless:
+            continue
+        gf = f"node_groups[{gi}].configless"
+        if rt.multiple_slurmd:
+            raise SpecError("several slurmd on one host (runtime.multiple_slurmd) cannot run configless: they "
+                            "would share the host's one cache of the fetched files (/run/slurm/conf)", field=gf,
+                            hint="drop configless for this group, or run one slurmd per host")
+        if g.gpus is not None and g.gpus.mig is not None and rt.gres_autodetect != "nvml":
+            raise SpecError("a MIG node's gres.conf is numbered on the node itself (its driver's nvidia-cap "
+                            "minors); a configless node would get the controller's gres.conf", field=gf,
+                            hint="set runtime.gres_autodetect: nvml (slurmd finds the slices itself), or drop configless")

@@ -343,6 +343,11 @@ class NodeGroup(_Model):
     addr: Word | None = None            # NodeAddr=
     node_hostname: Name | None = None   # NodeHostname=
     port: Port | None = None            # first node's Port=; the group's nodes count up from it
+    # configless slurmd (docs/admin.md, "Configless compute nodes"): the group's hosts get no
+    # slurm.conf, gres.conf, topology.conf or cgroup.conf; slurmd starts with --conf-server (the
+    # controllers) and fetches them from slurmctld (SlurmctldParameters=enable_configless), so a
+    # change reaches them with `scontrol reconfigure` alone. Cloud nodes always start this way.
+    configless: bool = False
     # NVLink domains (GB200 NVL72 and the like), for Slurm's topology/block
     # (`gpuhpc topology from-ibnetdiscover --format block --block-by nvlink --spec`). At most one of:
     nvlink_domain: Name | None = None           # the whole group is one domain, with this name
