@@ -25,18 +25,37 @@ from gpuhpc.cli.ledger_args import JSON, time_arg
 @click.option("--quota-period", "quota_at", metavar="WHEN",
               help="The window is the account's quota period or allocation window holding WHEN (now, or a date "
                    "or time): instead of --since/--until; needs --account.")
+@click.option("--instances", is_flag=True, help="Elastic instance cost (with --by-account): to the accounts whose "
+                                                "jobs ran on the instances, the rest as overhead, reconciled.")
+@click.option("--by-account", is_flag=True, help="With --instances: per account, and each pool's overhead.")
+@click.option("--period", type=click.Choice(["day", "week", "month"]),
+              help="With --instances: the window is this period of the ledger's zone (instead of --since/--until).")
+@click.option("--at", "at", metavar="WHEN", help="With --period: the period holding WHEN (default now).")
+@click.option("--overhead", type=click.Choice(["overhead", "spread"]), default="overhead", show_default=True,
+              help="With --instances: report overhead per pool, or spread it to the pool's accounts by their cost.")
 @JSON
 def report(jobs: bool, csv_: bool, since: Optional[str], until: Optional[str], account: Optional[str],
-           quota_at: Optional[str], json_: bool) -> None:
+           quota_at: Optional[str], instances: bool, by_account: bool, period: Optional[str], at: Optional[str],
+           overhead: str, json_: bool) -> Optional[int]:
     """Per-job line items for finance (with --jobs): each run's GPU-hours and cost inside the
     window, what adjustments did to it, and the account-level adjustments; they add up to
-    `gpuhpc report cost` over the same window."""
+    `gpuhpc report cost` over the same window. With --instances --by-account: elastic instance
+    cost per account and overhead per pool, with the reconciliation line (exit 1 if it fails)."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.ledger import reports
 
+    if instances:
+        from gpuhpc.cli.ledger_instances import instances_by_account
+
+        if jobs or account or quota_at:
+            raise UserInputError("--instances is a report of its own", field="--instances",
+                                 hint="--instances --by-account [--period month --at WHEN | --since/--until]")
+        return instances_by_account(by_account=by_account, period=period, at=at, since=since, until=until,
+                                    overhead=overhead, csv_=csv_, json_=json_)
     if not jobs:
         raise UserInputError("say which report", field="--jobs",
-                             hint="--jobs for line items; totals per account or user: gpuhpc report cost")
+                             hint="--jobs for line items, --instances --by-account for elastic instance cost; "
+                                  "totals per account or user: gpuhpc report cost")
     if csv_ and json_:
         raise UserInputError("give one of them", field="--csv/--json", hint="--csv for a spreadsheet, --json for tools")
     start, end = time_arg(since, "--since"), time_arg(until, "--until")

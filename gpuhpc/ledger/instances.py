@@ -80,27 +80,32 @@ def ingest(events: list[dict], url: str | None = None) -> int:
     return n
 
 
-def parts(row: InstanceUsage, now: dt.datetime) -> dict[str, Decimal]:
-    """Seconds of each part of one instance's life (they sum to its whole life)."""
-    end = row.ended_at or now
-    life = max(0.0, (end - row.launched_at).total_seconds())
-    out = dict.fromkeys(PARTS, 0.0)
+def spans(row: InstanceUsage, now: dt.datetime) -> dict[str, tuple[dt.datetime, dt.datetime]]:
+    """``[start, end)`` of each part of one instance's life (:data:`PARTS`; an empty part starts
+    where it ends): they tile ``[launched_at, ended_at or now)`` in order. The instance-cost report
+    (:mod:`gpuhpc.ledger.instance_cost`) cuts them at a period's edges and lays jobs on the busy one."""
+    launched = row.launched_at
+    end = max(row.ended_at or now, launched)
+    out = {p: (launched, launched) for p in PARTS}
     if row.orphan:
-        out["orphan"] = life
+        out["orphan"] = (launched, end)
     elif row.registered_at is None:
-        out["boot"] = life
+        out["boot"] = (launched, end)
     else:
         def clamp(t: dt.datetime | None, lo: dt.datetime) -> dt.datetime:
             return min(max(t or end, lo), end)
-        registered = clamp(row.registered_at, row.launched_at)
+        registered = clamp(row.registered_at, launched)
         suspend = clamp(row.suspend_at, registered)
         last_busy = clamp(row.last_busy_at if row.suspend_at else None, registered) if row.last_busy_at else suspend
         last_busy = min(last_busy, suspend)
-        out["boot"] = (registered - row.launched_at).total_seconds()
-        out["busy"] = (last_busy - registered).total_seconds()
-        out["idle"] = (suspend - last_busy).total_seconds()
-        out["suspend"] = (end - suspend).total_seconds()
-    return {k: Decimal(repr(v)) for k, v in out.items()}
+        out.update(boot=(launched, registered), busy=(registered, last_busy), idle=(last_busy, suspend),
+                   suspend=(suspend, end))
+    return out
+
+
+def parts(row: InstanceUsage, now: dt.datetime) -> dict[str, Decimal]:
+    """Seconds of each part of one instance's life (they sum to its whole life)."""
+    return {k: Decimal(repr((b - a).total_seconds())) for k, (a, b) in spans(row, now).items()}
 
 
 @dataclass

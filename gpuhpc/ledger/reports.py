@@ -405,21 +405,28 @@ def job_lines(*, since: dt.datetime | None = None, until: dt.datetime | None = N
 def lines_csv(lines: list[dict]) -> str:
     """RFC 4180 CSV with a header row; a cell a spreadsheet would run as a formula (=, +, -, @ first)
     gets a leading apostrophe, unless it is a number."""
+    return rows_csv(LINE_FIELDS, lines)
+
+
+def _cell(v: str) -> str:
+    if v[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        try:
+            Decimal(v)
+            return v
+        except Exception:
+            return "'" + v
+    return v
+
+
+def rows_csv(fields: tuple[str, ...], rows: list[dict]) -> str:
+    """:func:`lines_csv` for any report's rows (the line items, the instance cost by account):
+    ``fields`` as the header, each row's values in that order, formulas defused."""
     import csv
     import io
 
-    def cell(v: str) -> str:
-        if v[:1] in ("=", "+", "-", "@", "\t", "\r"):
-            try:
-                Decimal(v)
-                return v
-            except Exception:
-                return "'" + v
-        return v
-
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\r\n")
-    w.writerow(LINE_FIELDS)
-    for line in lines:
-        w.writerow([cell(str(line[f])) for f in LINE_FIELDS])
+    w.writerow(fields)
+    for r in rows:
+        w.writerow([_cell(str(r[f])) for f in fields])
     return buf.getvalue()
