@@ -16,7 +16,7 @@ from typing import Optional
 import click
 
 from gpuhpc.cli import ledger_account, ledger_adjust, ledger_finance, ledger_price, ledger_user
-from gpuhpc.cli.ledger_args import JSON, admin_only, money_arg, time_arg
+from gpuhpc.cli.ledger_args import JSON, admin_only, cluster_names, money_arg, time_arg
 from gpuhpc.cli.main import help_for
 
 
@@ -36,9 +36,15 @@ def ledger() -> None:
 @click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
               help="On success, also write gpuhpc_ledger_ingest_success_timestamp_seconds here, for node_exporter's "
                    "textfile collector (the LedgerIngestStale alert).")
+@click.option("--cluster", "cluster", metavar="NAME",
+              help="Ingest this cluster's jobs (default: the cluster this host's slurm.conf names, ClusterName); "
+                   "its slurmdbd must be the one this host's sacct asks.")
+@click.option("--clusters", "clusters", metavar="A,B",
+              help="Ingest several clusters' jobs at once (sacct -M A,B: one slurmdbd serving them); each cluster "
+                   "keeps its own watermark.")
 @JSON
 def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optional[Path], reprice: bool,
-                  textfile: Optional[Path], json_: bool) -> None:
+                  textfile: Optional[Path], cluster: Optional[str], clusters: Optional[str], json_: bool) -> None:
     """Settle actual usage from sacct (every run of requeued jobs) and release leftover holds."""
     from gpuhpc.cli._console import print_json
     from gpuhpc.ledger import db, ingest, metrics_ingest, paths
@@ -46,14 +52,18 @@ def ledger_ingest(since: Optional[str], until: Optional[str], metrics_dir: Optio
 
     admin_only("ledger ingest")
     db.check_schema()
-    start = time_arg(since, "--since") or ingest.default_since()
-    end = time_arg(until, "--until")
     client = SlurmClient()
+    local = client.cluster_name()
+    names = cluster_names(cluster, clusters) or ([local] if local else [])
+    start = time_arg(since, "--since") or ingest.default_since(clusters=names or None)
+    end = time_arg(until, "--until")
     # Slurm first, outside any database transaction
-    open_jobs = ingest.open_reservation_jobs()
-    active = client.active_job_ids(open_jobs)
-    rows = client.job_runs(start, end, job_ids=open_jobs)
-    res = ingest.ingest_rows(rows, since=start, active=active)
+    open_jobs = ingest.open_reservation_jobs(clusters=names or None)
+    # squeue answers for this host's cluster only: another cluster's jobs settle on sacct's word
+    active = client.active_job_ids(ingest.open_reservation_jobs(clusters=[local]) if local else open_jobs)
+    rows = client.job_runs(start, end, job_ids=open_jobs, clusters=[] if names in ([local], []) else names)
+    res = ingest.ingest_rows(rows, since=start, active=active, clusters=names or None, default_cluster=local,
+                             active_cluster=local or None)
     if reprice:
         ingest.reprice(res=res)
     res.metrics = metrics_ingest.ingest_metrics(metrics_dir or paths.metrics_dir())

@@ -37,6 +37,25 @@ def money_arg(value: str | None, what: str):
     return parse_money(value, what=what)
 
 
+def cluster_names(cluster: str | None, clusters: str | None) -> list[str]:
+    """``--cluster NAME`` / ``--clusters A,B`` as Slurm's lower-case cluster names ([]: neither given)."""
+    import re
+
+    from gpuhpc.errors import UserInputError
+
+    if cluster and clusters:
+        raise UserInputError("give --cluster or --clusters, not both", field="--clusters")
+    what = "--cluster" if cluster else "--clusters"
+    names = [n.strip().lower() for n in (cluster or clusters or "").split(",") if n.strip()]
+    if (cluster or clusters) and not names:
+        raise UserInputError(f"{what}: no cluster name given", field=what, hint="e.g. --clusters gpuhpc,other")
+    for n in names:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", n):
+            raise UserInputError(f"{what}: {n!r} is not a Slurm cluster name", field=what,
+                                 hint="letters, digits, '-' and '_' (ClusterName in slurm.conf)")
+    return list(dict.fromkeys(names))
+
+
 def admin_only(what: str) -> None:
     """Admin commands: one-line permission error (nothing changed) for a user who may not write the ledger."""
     from gpuhpc.ledger import admin

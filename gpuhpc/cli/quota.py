@@ -10,7 +10,7 @@ from typing import Optional
 
 import click
 
-from gpuhpc.cli.ledger_args import JSON, admin_only, money_arg
+from gpuhpc.cli.ledger_args import JSON, admin_only, cluster_names, money_arg
 from gpuhpc.cli.main import help_for
 
 
@@ -29,8 +29,10 @@ def quota() -> None:
                                "(a fiscal year from 1 July) or 2026-01-05/90d; it repeats from START.")
 @click.option("--alert-at", help="Alert the account's contact at these percentages of the budget, once per period "
                                  "(default 80,100; none: no alerts). Alone: change only the thresholds.")
+@click.option("--cluster", metavar="NAME", help="Count only this cluster's usage (ClusterName); default: the usage "
+                                                "on every cluster of the ledger counts.")
 def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money: Optional[str],
-              period: Optional[str], window: Optional[str], alert_at: Optional[str]) -> None:
+              period: Optional[str], window: Optional[str], alert_at: Optional[str], cluster: Optional[str]) -> None:
     """Set an account's (or a user's) quota."""
     from gpuhpc.errors import UserInputError
     from gpuhpc.ledger import admin, alerts, periods
@@ -45,20 +47,27 @@ def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money
     if hours is None and cash is None and marks is not None and period is None and window is None:
         alerts.set_thresholds(account, marks, user=user)
         return
-    admin.set_quota(account, user=user, gpu_hours=hours, money=cash, period=chosen)
+    admin.set_quota(account, user=user, gpu_hours=hours, money=cash, period=chosen, cluster=_cluster_arg(cluster))
     if marks is not None:
         alerts.set_thresholds(account, marks, user=user)
+
+
+def _cluster_arg(cluster: Optional[str]) -> Optional[str]:
+    if cluster is None:
+        return None
+    return cluster_names(cluster, None)[0]
 
 
 @quota.command("remove")
 @click.argument("account")
 @click.option("--user")
-def quota_remove(account: str, user: Optional[str]) -> None:
+@click.option("--cluster", metavar="NAME", help="The quota of this cluster (default: the one for every cluster).")
+def quota_remove(account: str, user: Optional[str], cluster: Optional[str]) -> None:
     """Remove an account's (or user's) quota."""
     from gpuhpc.ledger import admin
 
     admin_only("quota remove")
-    ok = admin.remove_quota(account, user=user)
+    ok = admin.remove_quota(account, user=user, cluster=_cluster_arg(cluster))
     sys.stderr.write("quota removed\n" if ok else "no such quota\n")
 
 
@@ -119,7 +128,8 @@ def quota_show(account: Optional[str], json_: bool, slurm: bool) -> None:
     t = Table("account", "user", "period", "GPU-hours (ledger)", "Slurm", "money (ledger)", "Slurm")
     for r in rows:
         h, m = slurm_of(r)
-        t.add_row(r.account, r.user or "(all)", f"{r.period} from {r.period_start.astimezone(tz):%Y-%m-%d}",
+        t.add_row(r.account + (f" on {r.cluster}" if r.cluster else ""), r.user or "(all)",
+                  f"{r.period} from {r.period_start.astimezone(tz):%Y-%m-%d}",
                   fmt(r.used_gpu_hours, r.held_gpu_hours, r.gpu_hours_budget, r.remaining_gpu_hours),
                   "-" if h is None or r.gpu_hours_budget is None else f"{h:,.2f} used",
                   fmt(r.used_money, r.held_money, r.money_budget, r.remaining_money),

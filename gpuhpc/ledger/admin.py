@@ -226,7 +226,10 @@ def _refuse_money_with_qos(s: Session) -> None:
 
 
 def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | None = None,
-              money: Decimal | None = None, period: str = "month", url: str | None = None) -> None:
+              money: Decimal | None = None, period: str = "month", url: str | None = None,
+              cluster: str | None = None) -> None:
+    """``cluster``: the quota counts that cluster's usage only (None: every cluster's; one quota of
+    each kind per account, user and cluster, migration 0011)."""
     if gpu_hours is None and money is None:
         raise UserInputError("give --gpu-hours and/or --money")
     # a calendar period, or an allocation window's text (periods.window_arg: 2026-07-01/P12M)
@@ -243,10 +246,12 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
             uid = u.id
         if money is not None:
             _refuse_money_with_qos(s)
-        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)).with_for_update())
+        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0),
+                                         Quota.cluster_key == (cluster or "")).with_for_update())
         before = None if q is None else _quota_dict(q)
         if q is None:
-            q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p)
+            q = Quota(account_id=acct.id, user_id=uid, user_key=uid or 0, period=p, cluster=cluster or None,
+                      cluster_key=cluster or "")
             s.add(q)
         elif q.period != p:
             # counters are per period: start afresh (they are rebuilt from charges)
@@ -256,11 +261,11 @@ def set_quota(account: str, *, user: str | None = None, gpu_hours: Decimal | Non
         q.gpu_hours = gpu_hours
         q.money = money
         q.updated_at = utcnow()
-        audit.record(s, "quota.set", _quota_target(account, user), before, _quota_dict(q))
+        audit.record(s, "quota.set", _quota_target(account, user, cluster), before, _quota_dict(q))
 
 
-def _quota_target(account: str, user: str | None) -> str:
-    return f"account {account}" + (f" user {user}" if user else "")
+def _quota_target(account: str, user: str | None, cluster: str | None = None) -> str:
+    return f"account {account}" + (f" user {user}" if user else "") + (f" cluster {cluster}" if cluster else "")
 
 
 def _quota_dict(q: Quota) -> dict:
@@ -270,7 +275,8 @@ def _quota_dict(q: Quota) -> dict:
     return {"period": getattr(q.period, "value", q.period), "gpu_hours": d(q.gpu_hours), "money": d(q.money)}
 
 
-def remove_quota(account: str, *, user: str | None = None, url: str | None = None) -> bool:
+def remove_quota(account: str, *, user: str | None = None, url: str | None = None,
+                 cluster: str | None = None) -> bool:
     with db.session_scope(url) as s:
         acct = _account(s, account)
         if acct is None:
@@ -278,10 +284,11 @@ def remove_quota(account: str, *, user: str | None = None, url: str | None = Non
         uid = _user(s, user).id if user and _user(s, user) else None
         if user and uid is None:
             return False
-        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0)))
+        q = s.scalar(select(Quota).where(Quota.account_id == acct.id, Quota.user_key == (uid or 0),
+                                         Quota.cluster_key == (cluster or "")))
         if q is None:
             return False
-        audit.record(s, "quota.remove", _quota_target(account, user if uid else None), _quota_dict(q), None)
+        audit.record(s, "quota.remove", _quota_target(account, user if uid else None, cluster), _quota_dict(q), None)
         s.delete(q)
         return True
 
@@ -298,6 +305,7 @@ class QuotaStatus:
     held_gpu_hours: Decimal
     used_money: Decimal
     held_money: Decimal
+    cluster: str | None = None      # the one cluster whose usage counts; None: every cluster (migration 0011)
 
     @property
     def remaining_money(self) -> Decimal | None:
@@ -313,14 +321,14 @@ class QuotaStatus:
                 "gpu_hours_budget": self.gpu_hours_budget, "used_gpu_hours": self.used_gpu_hours,
                 "held_gpu_hours": self.held_gpu_hours, "remaining_gpu_hours": self.remaining_gpu_hours,
                 "money_budget": self.money_budget, "used_money": self.used_money, "held_money": self.held_money,
-                "remaining_money": self.remaining_money}
+                "remaining_money": self.remaining_money, "cluster": self.cluster}
 
 
 def quota_status(account: str | None = None, *, url: str | None = None, now: dt.datetime | None = None) -> list[QuotaStatus]:
     now = now or utcnow()
     out = []
     with db.session_scope(url) as s:
-        stmt = select(Quota).join(Account).order_by(Account.name, Quota.user_key)
+        stmt = select(Quota).join(Account).order_by(Account.name, Quota.user_key, Quota.cluster_key)
         if account:
             stmt = stmt.where(Account.name == account)
             if _account(s, account) is None:
@@ -329,7 +337,7 @@ def quota_status(account: str | None = None, *, url: str | None = None, now: dt.
             b = bucket(s, q, now)
             out.append(QuotaStatus(q.account.name, q.user.name if q.user else None, q.period.value, b.period_start,
                                    q.gpu_hours, q.money, b.used_gpu_hours, b.held_gpu_hours, b.used_money,
-                                   b.held_money))
+                                   b.held_money, q.cluster))
     return out
 
 

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from gpuhpc.ledger import adjust, audit, db, periods, pricing
 from gpuhpc.ledger import admin as q
 from gpuhpc.ledger.metrics_ingest import METRICS_FILE_MAX_BYTES, ingest_metrics  # noqa: F401 (ingest's callers)
+from gpuhpc.ledger.quota import quota_applies
 from gpuhpc.ledger.orm import (Account, Adjustment, IngestState, Quota, QuotaUsage, Reservation, ReservationHold,
                                ReservationStatus, User, utcnow)
 from gpuhpc.slurm.parsers import AcctRow
@@ -229,18 +230,21 @@ class _Books:
         for quota in q.lock_all_quotas(s):
             self.quotas[quota.account_id].append(quota)
         self._buckets: dict[tuple[int, dt.datetime], QuotaUsage] = {}
-        self._qcache: dict[tuple[str, str], list[Quota]] = {}
+        self._qcache: dict[tuple[str, str, str], list[Quota]] = {}
         self._pstart: dict[tuple, dt.datetime] = {}
         self._pending: dict[tuple[int, dt.datetime], list[Decimal]] = {}
 
-    def quotas_for(self, account: str, user: str) -> list[Quota]:
-        key = (account, user)
+    def quotas_for(self, account: str, user: str, cluster: str) -> list[Quota]:
+        """The quotas a run of ``user`` in ``account`` on ``cluster`` counts in: the account's and
+        the user's, each for every cluster or for this one."""
+        key = (account, user, cluster)
         hit = self._qcache.get(key)
         if hit is None:
             acct = self.accounts.get(account)
             uid = self.users.get(user)
             hit = self._qcache[key] = [] if acct is None else \
-                [x for x in self.quotas.get(acct.id, ()) if x.user_id is None or x.user_id == uid]
+                [x for x in self.quotas.get(acct.id, ()) if (x.user_id is None or x.user_id == uid)
+                 and quota_applies(x.cluster, cluster)]
         return hit
 
     def add_used(self, quota: Quota, at: dt.datetime, hours: Decimal, money: Decimal) -> None:
@@ -327,6 +331,7 @@ class _Batch:
     def __init__(self, s: Session, book: pricing.PriceCache, jobs: list[JobView], res: IngestResult,
                  active: set[str] | None, tz: dt.tzinfo | None = None) -> None:
         self.s, self.book, self.jobs, self.res, self.active = s, book, jobs, res, active
+        self.active_cluster: str | None = None       # the cluster whose squeue ``active`` is (None: every one)
         self.tz = periods.ledger_zone() if tz is None else tz
         self.books = _Books(s, self.tz)
         self.tx = q.session_tx(s)
@@ -421,7 +426,7 @@ class _Batch:
         counts the tail in the new period too). Holds are consumed in the reservation's own
         period counters, whatever the period the usage lands in."""
         parts = self.pieces(run, old_s, old, (old[0] + d_hours, old[1] + d_amount), reprice)
-        quotas = self.books.quotas_for(run.account, run.user)
+        quotas = self.books.quotas_for(run.account, run.user, run.cluster)
         for at, h, m in parts:
             for quota in quotas:
                 self.books.add_used(quota, at, h, m)
@@ -520,7 +525,7 @@ class _Batch:
             self.s.add(a)
             self.s.flush()
             for at, h, m in parts:
-                for quota in self.books.quotas_for(run.account, run.user):
+                for quota in self.books.quotas_for(run.account, run.user, run.cluster):
                     self.books.add_used(quota, at, -h, -m)
                 self.charges.append(ChargeRow(uid, None, run.account, run.user, -h, ZERO, -m, at, self.now,
                                               "refund", a.id))
@@ -539,7 +544,8 @@ class _Batch:
             if r is None or r.status not in OPEN:
                 continue
             # a job no longer in the queue is over even if its last record says PREEMPTED/NODE_FAIL
-            done = j.finished or (self.active is not None and j.job_id not in self.active and not j.pending_tasks)
+            asked = self.active is not None and (self.active_cluster is None or j.cluster == self.active_cluster)
+            done = j.finished or (asked and j.job_id not in self.active and not j.pending_tasks)
             if done and (r.array_size <= 1 or len(j.latest) >= r.array_size):
                 q.release_holds(self.s, r, ReservationStatus.settled, self.now)
                 self.res.reservations_settled += 1
@@ -623,23 +629,36 @@ def expire_stale_holds(s: Session, now: dt.datetime, res: IngestResult) -> None:
         res.reservations_expired += 1
 
 
-def _lock_state(s: Session) -> IngestState:
-    st = s.scalar(select(IngestState).where(IngestState.name == SOURCE).with_for_update())
+def _lock_state(s: Session, name: str = SOURCE) -> IngestState:
+    st = s.scalar(select(IngestState).where(IngestState.name == name).with_for_update())
     if st is None:
-        st = IngestState(name=SOURCE, last_detail="")
+        st = IngestState(name=name, last_detail="")
         s.add(st)
         s.flush()
     return st
 
 
+def watermark_name(cluster: str) -> str:
+    """The ingest-state row of one cluster's watermark (migration 0011): ``sacct:CLUSTER``."""
+    return f"{SOURCE}:{cluster}"
+
+
 def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: int = 5000,
                 default_cluster: str = "", since: dt.datetime | None = None,
                 on_batch: Callable[[IngestResult], None] | None = None,
-                active: set[str] | None = None, nodes: pricing.Fleet | None = None) -> IngestResult:
+                active: set[str] | None = None, nodes: pricing.Fleet | None = None,
+                clusters: Iterable[str] | None = None, active_cluster: str | None = None) -> IngestResult:
     """Ingest parsed sacct rows (``--allocations --duplicates``). Safe to rerun any time.
+
+    ``clusters``: the clusters these rows are all of (sacct's ``-M``), each of whose watermark
+    (``since``, the run's time) is moved on, whether it had jobs or not; None: ``default_cluster``
+    and the clusters the rows name. A run is keyed by its cluster, so job 42 of two clusters is
+    two runs.
 
     ``active``: job ids (array job ids) still in the queue, from squeue; when given, a job
     that left the queue settles its reservation even if sacct's last word was PREEMPTED.
+    ``active_cluster``: the cluster whose queue ``active`` is (None: the rows' only cluster); a
+    job of another cluster settles on sacct's word alone.
     ``nodes``: the cluster's nodes (:func:`gpuhpc.ledger.pricing.fleet`), which the ``max_share``
     pricing policy needs; None: asked of Slurm (``scontrol show node``) when that policy is on. A
     run whose node shape they do not decide is priced per GPU."""
@@ -650,14 +669,19 @@ def ingest_rows(rows: Iterable[AcctRow], *, url: str | None = None, batch_size: 
     gc.disable()
     try:
         return _ingest_rows(rows, url=url, batch_size=batch_size, default_cluster=default_cluster, since=since,
-                            on_batch=on_batch, active=active, nodes=nodes)
+                            on_batch=on_batch, active=active, nodes=nodes, clusters=clusters,
+                            active_cluster=active_cluster)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active, nodes=None) -> IngestResult:
+def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, active, nodes=None,
+                 clusters=None, active_cluster=None) -> IngestResult:
     res = IngestResult()
+    seen: set[str] = set() if clusters is None else {c for c in clusters if c}
+    if clusters is None and default_cluster:
+        seen.add(default_cluster)
     tz = periods.ledger_zone()
     with db.session_scope(url) as s:
         _lock_state(s)
@@ -667,10 +691,15 @@ def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, act
 
         nodes = pricing.fleet(SlurmClient().nodes())
     book = pricing.PriceCache(prices, mode=mode, nodes=nodes)
-    for batch in _batches(group_jobs(rows, default_cluster), batch_size):
+    jobs = group_jobs(rows, default_cluster)
+    if clusters is None:
+        jobs = _noting_clusters(jobs, seen)
+    for batch in _batches(jobs, batch_size):
         with db.session_scope(url) as s:
             _lock_state(s)
-            _Batch(s, book, batch, res, active, tz).run()
+            b = _Batch(s, book, batch, res, active, tz)
+            b.active_cluster = active_cluster
+            b.run()
         if on_batch:
             on_batch(res)
     with db.session_scope(url) as s:
@@ -682,26 +711,54 @@ def _ingest_rows(rows, *, url, batch_size, default_cluster, since, on_batch, act
         if since is not None:
             st.last_since = since
         st.last_detail = json.dumps(res.as_dict())
+        for cluster in sorted(seen):            # each cluster's own watermark
+            cst = _lock_state(s, watermark_name(cluster))
+            cst.last_run_at = now
+            if since is not None:
+                cst.last_since = since
+            cst.last_detail = st.last_detail
     return res
 
 
-def default_since(*, url: str | None = None, now: dt.datetime | None = None) -> dt.datetime:
-    """A day before the last ingest, or the oldest open reservation, whichever is earlier;
-    30 days back on the first run."""
+def _noting_clusters(jobs: Iterable[JobView], seen: set[str]) -> Iterator[JobView]:
+    for j in jobs:
+        seen.add(j.cluster)
+        yield j
+
+
+def default_since(*, url: str | None = None, now: dt.datetime | None = None,
+                  clusters: Iterable[str] | None = None) -> dt.datetime:
+    """A day before the last ingest of ``clusters`` (the earliest of their watermarks), or the
+    oldest open reservation on them, whichever is earlier; 30 days back for a cluster never
+    ingested. A ledger from before migration 0011 has no cluster's watermark yet: its one
+    ``sacct`` row's last run stands for every cluster then. ``clusters`` None: the ledger as a
+    whole (every cluster's watermark, or that row's)."""
     now = now or utcnow()
+    first = now - dt.timedelta(days=30)
     with db.session_scope(url) as s:
-        st = s.get(IngestState, SOURCE)
-        cands = [now - dt.timedelta(days=30)] if st is None or st.last_run_at is None else \
-            [st.last_run_at - dt.timedelta(days=1)]
-        oldest = s.scalar(select(Reservation.created_at).where(
+        marks = {st.name[len(SOURCE) + 1:]: st.last_run_at
+                 for st in s.scalars(select(IngestState).where(IngestState.name.like(f"{SOURCE}:%")))}
+        legacy = s.get(IngestState, SOURCE)
+        if not marks and legacy is not None and legacy.last_run_at is not None:
+            runs = [legacy.last_run_at]        # the first ingest after the upgrade to 0011
+        elif clusters is None:
+            runs = list(marks.values()) or [None]
+        else:
+            runs = [marks.get(c) for c in clusters] or [None]
+        cands = [first if t is None else t - dt.timedelta(days=1) for t in runs]
+        stmt = select(Reservation.created_at).where(
             Reservation.status.in_([ReservationStatus.held, ReservationStatus.submitted]))
-            .order_by(Reservation.created_at).limit(1))
+        if clusters is not None:
+            stmt = stmt.where(Reservation.cluster.in_(list(clusters)))
+        oldest = s.scalar(stmt.order_by(Reservation.created_at).limit(1))
         if oldest is not None:
             cands.append(oldest - dt.timedelta(minutes=5))
     return min(cands)
 
 
-def open_reservation_jobs(*, url: str | None = None) -> list[str]:
+def open_reservation_jobs(*, url: str | None = None, clusters: Iterable[str] | None = None) -> list[str]:
+    """Job ids of the open reservations (on ``clusters``; None: every cluster)."""
+    want = None if clusters is None else set(clusters)
     with db.session_scope(url) as s:
-        return sorted({r.job_id for r in q.open_reservations(s) if r.job_id})
+        return sorted({r.job_id for r in q.open_reservations(s) if r.job_id and (want is None or r.cluster in want)})
 

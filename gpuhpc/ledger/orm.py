@@ -172,14 +172,19 @@ class QuotaPeriod(TypeDecorator):
 
 
 class Quota(Base):
-    """A budget per period for an account (``user_id`` NULL) or one user in an account."""
+    """A budget per period for an account (``user_id`` NULL) or one user in an account, on every
+    cluster of the ledger (``cluster`` NULL: usage on all of them counts) or on one cluster only
+    (migration 0011)."""
 
     __tablename__ = "quotas"
-    __table_args__ = (UniqueConstraint("account_id", "user_key"),)
+    __table_args__ = (UniqueConstraint("account_id", "user_key", "cluster_key"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
     user_key: Mapped[int] = mapped_column(Integer, default=0)   # user_id or 0: unique even without a user
+    # the one cluster whose usage counts (ClusterName, lower case); NULL: every cluster (migration 0011)
+    cluster: Mapped[str | None] = mapped_column(String(64))
+    cluster_key: Mapped[str] = mapped_column(String(64), default="", server_default="")   # cluster or ""
     period: Mapped[Period] = mapped_column(QuotaPeriod)   # or an allocation window (migration 0010)
     gpu_hours: Mapped[Decimal | None] = mapped_column(HOURS)
     money: Mapped[Decimal | None] = mapped_column(MONEY)
@@ -355,10 +360,11 @@ class JobMetric(Base):
 
 
 class IngestState(Base):
-    """One row per ingest source; locked for the duration of an ingest batch."""
+    """One row per ingest source; locked for the duration of an ingest batch. ``sacct`` is the
+    lock every ingest takes; ``sacct:CLUSTER`` holds one cluster's watermark (migration 0011)."""
 
     __tablename__ = "ingest_state"
-    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
     last_since: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_run_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     last_detail: Mapped[str] = mapped_column(Text, default="")

@@ -35,8 +35,8 @@ from gpuhpc.ledger.types import ChargeRequest
 
 # The schema revision this gpuhpc needs: the one place it is written (db.py imports it; a
 # unit test checks it against migrations/versions, so a new migration must update it).
-SCHEMA_HEAD = "0010"
-KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010")   # every revision in migrations/versions, oldest first
+SCHEMA_HEAD = "0011"
+KNOWN_REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010", "0011")   # every revision in migrations/versions, oldest first
 ZERO = Decimal(0)
 UTC = dt.timezone.utc
 OPEN = ("held", "submitted")
@@ -119,12 +119,14 @@ def load_price_book(tx: Tx) -> pricing.PriceBook:
 
 
 def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
-            at: dt.datetime, tz: dt.tzinfo | None = None) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
+            at: dt.datetime, tz: dt.tzinfo | None = None,
+            cluster: str | None = None) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
     """``(id, used GPU-h, used money, held GPU-h, held money)`` of the quota's counter row for
     the period containing ``at`` (its boundaries in ``tz``, default the ledger's zone,
     :func:`gpuhpc.ledger.periods.ledger_zone`), created on first use from the charges already
     booked in that period (ingest splits a run's charges at local midnights, so a charge lies
-    in one period). Call with the quota row locked."""
+    in one period). ``cluster``: the quota's cluster (:data:`CLUSTER_CHARGES`: runs on other
+    clusters do not count); None: every cluster's. Call with the quota row locked."""
     tz = periods.ledger_zone() if tz is None else tz
     start = periods.period_start(period, at, tz)
     row = tx.one("SELECT id, used_gpu_hours, used_money, held_gpu_hours, held_money FROM quota_usage "
@@ -141,6 +143,9 @@ def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
     if user is not None:
         sql += " AND user_name = ?"
         params.append(user)
+    if cluster is not None:
+        sql += CLUSTER_CHARGES
+        params.append(cluster)
     hours, money = (tx.dec(v) for v in tx.one(sql, params))
     bid = tx.insert("INSERT INTO quota_usage (quota_id, period_start, used_gpu_hours, used_money, held_gpu_hours, "
                     "held_money) VALUES (?, ?, ?, ?, ?, ?)",
@@ -148,8 +153,36 @@ def counter(tx: Tx, quota_id: int, period: str, account: str, user: str | None,
     return bid, hours, money, ZERO, ZERO
 
 
+# A cluster's quota counts the charges of runs on that cluster, and the account's adjustments that
+# belong to no run (credits, debits): a charge of a run on another cluster does not count.
+CLUSTER_CHARGES = " AND (usage_id IS NULL OR usage_id IN (SELECT id FROM usage_records WHERE cluster = ?))"
+
+
+def quota_applies(quota_cluster: str | None, cluster: str | None) -> bool:
+    """Does a quota of ``quota_cluster`` (None: every cluster) count usage on ``cluster``?"""
+    return quota_cluster is None or quota_cluster == (cluster or "").lower()
+
+
+def usage_elsewhere(tx: Tx, account: str, user: str | None, cluster: str, start: dt.datetime,
+                    end: dt.datetime | None) -> tuple[Decimal, Decimal]:
+    """``(GPU-hours, money)`` that runs of ``account`` (``user`` in it) on clusters other than
+    ``cluster`` were charged in ``[start, end)``: what sync-slurm takes off a quota for every
+    cluster before it becomes the Slurm limit on ``cluster`` (Slurm counts only its own jobs)."""
+    sql = ("SELECT coalesce(sum(c.gpu_hours), 0), coalesce(sum(c.amount), 0) FROM charges c JOIN usage_records u "
+           "ON u.id = c.usage_id WHERE c.account_name = ? AND u.cluster <> ? AND c.bucket_at >= ?")
+    params: list = [account, cluster, tx.ts(start)]
+    if end is not None:
+        sql += " AND c.bucket_at < ?"
+        params.append(tx.ts(end))
+    if user is not None:
+        sql += " AND c.user_name = ?"
+        params.append(user)
+    hours, money = tx.one(sql, params)
+    return tx.dec(hours), tx.dec(money)
+
+
 def mig_extra_gpu_hours(tx: Tx, account: str, user: str | None, start: dt.datetime,
-                        end: dt.datetime | None) -> Decimal:
+                        end: dt.datetime | None, cluster: str | None = None) -> Decimal:
     """GPU-hours Slurm counts beyond the ledger in ``[start, end)`` for ``account`` (``user`` in it):
     the ledger counts a MIG slice by its fraction of a GPU (:func:`gpuhpc.ledger.pricing.gpu_weight`),
     Slurm's ``gres/gpu`` as a whole GPU, so a run's ``h`` GPU-hours on a ``1g.10gb`` are ``7h`` in
@@ -165,6 +198,9 @@ def mig_extra_gpu_hours(tx: Tx, account: str, user: str | None, start: dt.dateti
     if user is not None:
         sql += " AND c.user_name = ?"
         params.append(user)
+    if cluster is not None:                 # Slurm on that cluster counts that cluster's runs only
+        sql += " AND u.cluster = ?"
+        params.append(cluster)
     extra = Fraction(0)
     for gpu_type, hours in tx.execute(sql + " GROUP BY u.gpu_type", params).fetchall():
         w = pricing.gpu_weight(gpu_type)
@@ -176,9 +212,10 @@ def mig_extra_gpu_hours(tx: Tx, account: str, user: str | None, start: dt.dateti
 def counter_of(tx: Tx, quota_id: int, at: dt.datetime,
                tz: dt.tzinfo | None = None) -> tuple[int, Decimal, Decimal, Decimal, Decimal]:
     """:func:`counter` for a quota known by id only."""
-    period, account, user = tx.one("SELECT q.period, a.name, u.name FROM quotas q JOIN accounts a ON a.id = "
-                                   "q.account_id LEFT JOIN users u ON u.id = q.user_id WHERE q.id = ?", (quota_id,))
-    return counter(tx, quota_id, period, account, user, at, tz)
+    period, account, user, cluster = tx.one(
+        "SELECT q.period, a.name, u.name, q.cluster FROM quotas q JOIN accounts a ON a.id = q.account_id "
+        "LEFT JOIN users u ON u.id = q.user_id WHERE q.id = ?", (quota_id,))
+    return counter(tx, quota_id, period, account, user, at, tz, cluster)
 
 
 # ------------------------------------------------------------------ the decision
@@ -246,17 +283,18 @@ def _account_of(tx: Tx, req: ChargeRequest) -> tuple[int | None, tuple[int, str]
 
 def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = None) -> Reservation:
     """The decision inside an open transaction ``tx``: hold the worst case of ``req`` against
-    every quota that applies (the account's, and the user's in it), or raise QuotaExceeded."""
+    every quota that applies (the account's, and the user's in it; each for every cluster or for
+    ``req.cluster``), or raise QuotaExceeded."""
     if req.gpus < 0 or req.time_limit_s < 0 or req.array_size < 1:
         raise UserInputError("gpus and time limit must be >= 0 and array size >= 1")
     user_id, acct = _account_of(tx, req)
     quotas = []
     if acct is not None:
-        quotas = [(qid, uid, period, None if h is None else tx.dec(h), None if m is None else tx.dec(m))
-                  for qid, uid, period, h, m in tx.execute(
-                      "SELECT id, user_id, period, gpu_hours, money FROM quotas WHERE account_id = ? ORDER BY id"
-                      + tx.for_update, (acct[0],)).fetchall()
-                  if uid is None or uid == user_id]
+        quotas = [(qid, uid, period, None if h is None else tx.dec(h), None if m is None else tx.dec(m), qc)
+                  for qid, uid, period, h, m, qc in tx.execute(
+                      "SELECT id, user_id, period, gpu_hours, money, cluster FROM quotas WHERE account_id = ? "
+                      "ORDER BY id" + tx.for_update, (acct[0],)).fetchall()
+                  if (uid is None or uid == user_id) and quota_applies(qc, req.cluster)]
     mode = pricing.PER_GPU      # the pricing policy matters only when the request came with its nodes' shapes
     if req.shapes:
         row = tx.one("SELECT value FROM ledger_policies WHERE name = ?", (pricing.POLICY,))
@@ -265,14 +303,15 @@ def reserve_in(tx: Tx, req: ChargeRequest, now: dt.datetime, url: str | None = N
                                time_limit_s=req.time_limit_s, array_size=req.array_size,
                                partition=req.partition, qos=req.qos, at=now, mode=mode, cpus=req.cpus,
                                mem_mb=req.mem_mb, shapes=req.shapes)
-    if not wc.priced and any(money is not None for *_, money in quotas):
+    if not wc.priced and any(q[4] is not None for q in quotas):
         raise unpriced(req.gpu_type, acct[1])
     counters = []
     tz = periods.ledger_zone() if quotas else periods.UTC
-    for qid, uid, period, hours, money in quotas:
+    for qid, uid, period, hours, money, qc in quotas:
         bid, used_h, used_m, held_h, held_m = counter(tx, qid, period, acct[1], None if uid is None else req.user, now,
-                                                      tz)
-        who = f"account {acct[1]}" if uid is None else f"user {req.user} in account {acct[1]}"
+                                                      tz, qc)
+        who = (f"account {acct[1]}" if uid is None else f"user {req.user} in account {acct[1]}") + \
+            (f" on cluster {qc}" if qc is not None else "")
         check_quota(who, period, money, hours, used_h, used_m, held_h, held_m, wc)
         counters.append((bid, held_h, held_m))
     account_name = acct[1] if acct is not None else req.account

@@ -366,7 +366,7 @@ class SlurmClient:
 
     # ------------------------------------------------------------ accounting for billing
     def job_runs(self, since: dt.datetime, until: dt.datetime | None = None,
-                 job_ids: Iterable[str] = ()) -> list[parsers.AcctRow]:
+                 job_ids: Iterable[str] = (), clusters: Sequence[str] = ()) -> list[parsers.AcctRow]:
         """Every run of every user's jobs (``sacct --allusers --allocations --duplicates``:
         a requeued job's runs each have their own row) that overlaps ``[since, until)``.
         What is billed comes from a query without any free-text field (nothing a user names can
@@ -376,9 +376,13 @@ class SlurmClient:
 
         ``job_ids`` are also asked for by id: the time-window query lists a job only once
         slurmdbd has its eligible time, and never lists a job that was cancelled before it
-        became eligible."""
+        became eligible.
+
+        ``clusters``: these clusters' jobs (``sacct --clusters``, one slurmdbd serving them all;
+        each row names its cluster); empty: the cluster this client's slurm.conf names."""
         p = _parsers()
         fields = cmd.SACCT_RUN_FIELDS
+        on = ",".join(clusters) or None
 
         def local(t: dt.datetime) -> str:       # sacct reads times in the host's local zone
             return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
@@ -386,13 +390,16 @@ class SlurmClient:
         def runs(**query) -> list[parsers.AcctRow]:
             billed = tuple(f for f in fields if f != "JobName")
             rows = p.parse_sacct(self.run(cmd.sacct(fields=billed, all_users=True, allocations=True,
-                                                    duplicates=True, **query)).stdout, fields=billed)
+                                                    duplicates=True, cluster=on, **query)).stdout, fields=billed)
             if "JobName" in fields and rows:
                 sep = cmd.SEP + _row_tag()
-                names = p.parse_sacct_names(self.run(cmd.sacct(fields=("JobIDRaw", "JobName"), delimiter=sep,
-                                                               all_users=True, allocations=True, duplicates=True,
-                                                               **query)).stdout, sep=sep)
-                rows = [dataclasses.replace(r, name=names.get(r.job_id_raw, "")) for r in rows]
+                named = {}
+                for c in clusters or (None,):       # per cluster: job ids repeat across clusters
+                    named[c] = p.parse_sacct_names(self.run(cmd.sacct(
+                        fields=("JobIDRaw", "JobName"), delimiter=sep, all_users=True, allocations=True,
+                        duplicates=True, cluster=c, **query)).stdout, sep=sep)
+                rows = [dataclasses.replace(r, name=named.get(r.cluster if clusters else None, {}).get(r.job_id_raw, ""))
+                        for r in rows]
             return rows
 
         rows = runs(since=local(since), until=local(until) if until else None)
