@@ -5,8 +5,10 @@ in its process group, with no SIGUSR2 handler of their own (default action: die)
 takes a batch from each worker. At the warning (SIGUSR2, or the job script's stop request) the
 program takes one more batch from every worker while it saves, as a save that reads loader state
 does (a dead worker fails it, as a DataLoader raises "worker killed by signal"), then saves its
-step with save_atomic and exits; it resumes from $GPUHPC_LATEST_CHECKPOINT. Progress lines:
-"start <restart> <step>", "saved <step> <live workers>", "worker died <index>", "done"."""
+step with save_atomic, stops its workers (as a DataLoader shuts its workers down) and exits; it
+resumes from $GPUHPC_LATEST_CHECKPOINT. The workers also end when the program does (as a
+DataLoader's watch their parent): a parent killed at the deadline leaves none behind. Progress
+lines: "start <restart> <step>", "saved <step> <live workers>", "worker died <index>", "done"."""
 from __future__ import annotations
 
 import argparse
@@ -20,10 +22,16 @@ import time
 from gpuhpc.jobs import checkpoint as ckpt
 
 
-def worker(conn, index: int) -> None:
+def worker(conn, index: int, parent: int) -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)        # no handler of its own: SIGUSR2 kills it
+    # the leader's SIGTERM handler (inherited through fork) only sets a flag: a worker must die
+    # of SIGTERM, as multiprocessing's exit (terminate(), then join) expects
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     n = 0
     while True:
+        while not conn.poll(0.5):        # a DataLoader worker's watchdog: end with the parent
+            if os.getppid() != parent:
+                return
         if conn.recv() == "stop":
             return
         n += 1
@@ -50,8 +58,12 @@ def main() -> int:
     pipes = []
     for i in range(2):
         parent, child = ctx.Pipe()
-        ctx.Process(target=worker, args=(child, i), daemon=True).start()
+        ctx.Process(target=worker, args=(child, i, os.getpid()), daemon=True).start()
         pipes.append(parent)
+
+    def stop_workers() -> None:
+        for p in pipes:
+            p.send("stop")
 
     def batches() -> list:
         out = []
@@ -76,9 +88,9 @@ def main() -> int:
                 json.dump({"step": step}, fh)
             ckpt.save_atomic(local)
             progress.write(f"saved {step} {len(live)}\n")
+            stop_workers()
             return 0
-    for p in pipes:
-        p.send("stop")
+    stop_workers()
     with open(args.result, "w") as fh:
         json.dump({"step": step}, fh)
     progress.write("done\n")

@@ -9,6 +9,7 @@ beside the shared-cluster stream."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -122,6 +123,22 @@ def test_preemptions_past_the_cap_with_progress_complete(jobs_env, tmp_path, slu
     assert "requeue cap reached" not in log
 
 
+def processes_with(marker: str) -> list[str]:
+    """The command lines of this machine's processes that name ``marker`` (a test's own path)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in argv:
+            found.append(f"{pid}: {b' '.join(argv).decode(errors='replace')}")
+    return found
+
+
 def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
     """SIGUSR2 goes to the program's leader only: the data-loading workers it forked (in its
     process group, no SIGUSR2 handler of their own: dataloader_train.py, a stand-in for torch's
@@ -151,3 +168,8 @@ def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, tra
     step = int(saved[0].split()[1])
     assert lines[lines.index(saved[0]) + 1] == f"start 1 {step}", lines      # resumed from that save
     assert lines[-1] == "done" and json.loads(result.read_text()) == {"step": 400}
+    # the preempted run ended by itself after its save (its workers stopped), not at the deadline;
+    # a run left hanging there outlives the job (its own session: linuxproc loses it)
+    assert "did not exit by the deadline" not in Job(job_id, client=slurm).logs()
+    wait_for(lambda: not processes_with(str(progress)), 10,
+             lambda: f"job {job_id}'s processes to end: {processes_with(str(progress))}")
