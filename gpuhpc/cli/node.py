@@ -229,6 +229,62 @@ def mig_gres_cmd() -> None:
         raise UserInputError(f"node {args[1].get('name')}: {exc}", field="lgi") from None
 
 
+@node_group.command("reboot")
+@click.argument("nodes", metavar="NODES")
+@click.option("--batch", type=int, default=1, show_default=True, help="How many nodes reboot at once.")
+@click.option("--reason", required=True, help="Why (Slurm shows it as the nodes' Reason while they drain "
+              "and reboot), e.g. \"driver 550.90 update\".")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait for each batch to be back in service before the next (--no-wait: ask every "
+              "batch at once and return).")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds a batch may take, from its request (its nodes' running jobs included); "
+              "default: as long as Slurm takes (ResumeTimeout marks a node that does not boot DOWN).")
+@_JSON
+def reboot_cmd(nodes: str, batch: int, reason: str, wait: bool, timeout: float | None, as_json: bool) -> int:
+    """Rolling reboot (driver or firmware updates): NODES (a Slurm hostlist, e.g. gpu[01-16]) reboot
+    BATCH at a time through Slurm's RebootProgram: each node drains, reboots once its running jobs
+    have finished (ASAP) and returns to service when its slurmd registers (nextstate=RESUME). With
+    --wait a node that does not come back (DOWN, still drained, or past --timeout) stops the rollout:
+    exit 1 naming it, the later batches are not rebooted. Needs Slurm admin rights."""
+    from gpuhpc import hostlist
+    from gpuhpc.errors import UserInputError
+    from gpuhpc.slurm.client import SlurmClient
+    from gpuhpc.slurm.reboot import check_batch, check_reason, read_nodes, rollout
+
+    check_batch(batch)
+    reason = check_reason(reason)
+    if timeout is not None and timeout <= 0:
+        raise UserInputError(f"timeout {timeout:g} is not positive", field="--timeout")
+    names = list(dict.fromkeys(hostlist.expand(nodes, field="NODES")))
+    if not names:
+        raise UserInputError("no nodes given", field="NODES", hint="a Slurm hostlist, e.g. gpu[01-04]")
+    client = SlurmClient(_runner())
+    known = read_nodes(client)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserInputError(f"Slurm knows no node {hostlist.compress(unknown)}", field="NODES",
+                             hint="a node Slurm knows (sinfo --Node lists them)")
+    err = sys.stderr
+    out = rollout(client, names, batch=batch, reason=reason, wait=wait, timeout=timeout,
+                  report=lambda line: (err.write(line + "\n"), err.flush()))
+    if as_json:
+        from gpuhpc.cli._console import print_json
+
+        print_json({"rebooted": out.rebooted, "requested": out.requested, "untouched": out.untouched,
+                    "failed": [{"node": n, "why": why} for n, why in out.failed]})
+    elif wait:
+        sys.stdout.write(f"rebooted and back: {hostlist.compress(out.rebooted) if out.rebooted else 'none'}\n")
+    else:
+        sys.stdout.write(f"reboot requested: {hostlist.compress(out.requested)}\n")
+    if out.failed:
+        from gpuhpc.errors import GpuhpcError
+
+        left = f"; not rebooted: {hostlist.compress(out.untouched)}" if out.untouched else ""
+        raise GpuhpcError("rollout stopped: " + "; ".join(f"{n} {why}" for n, why in out.failed) + left)
+    return 0
+
+
 def _read(path: str, opt: str) -> str:
     from pathlib import Path
 
