@@ -34,7 +34,7 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
            name: str | None = None, max_requeues: int = DEFAULT_MAX_REQUEUES,
            grace: int | str = DEFAULT_GRACE_S, folder: str | None = None, client=None,
            cluster: str | None = None, requeue: bool = True, setup: Any = None, after: Any = None, after_kind: str = "ok",
-           **kwargs: Any) -> Job:
+           notify: Any = None, **kwargs: Any) -> Job:
     """Submit a :class:`JobSpec` (script mode) or a Python callable (through submitit).
 
     ``gpuhpc.submit(fn, *args, resources=Resources(gpus=8, time="2h"), **kwargs)`` runs
@@ -46,13 +46,18 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     laptop; the result comes back over SFTP). ``after=[job_or_id, ...]`` starts it only once
     those jobs ended COMPLETED (``after_kind="any"``: once they ended, however); an id Slurm does
     not know is refused (exit 1). Inside ``with gpuhpc.batch():`` a call is collected and goes
-    out, with the block's other calls, as one job array when the block ends."""
+    out, with the block's other calls, as one job array when the block ends. ``notify={"mail": ...,
+    "webhook": ..., "events": [...]}`` (or a :class:`~gpuhpc.jobs.spec.Notify`) is a job file's
+    ``notify:``: Slurm's mail and webhooks on end, failure and the requeue cap, checked alike."""
     if after_kind not in AFTER_KINDS:
         raise UserInputError(f"unknown after_kind {after_kind!r}", field="after_kind", hint="ok or any")
     ids = after_ids(after, "after")
     from gpuhpc.jobs.spec import check_setup
 
     setup_lines = check_setup(setup, "setup")      # shell lines before the call (exit 2), as JobSpec.setup
+    from gpuhpc.jobs.spec import Notify
+
+    notify = Notify.from_value(notify)              # as a job file's notify: (exit 2 naming notify.*)
     if cluster is not None and client is None:
         from gpuhpc.slurm.client import SlurmClient
         from gpuhpc.transport.ssh import shared_runner
@@ -72,6 +77,13 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
             import dataclasses
 
             fn_or_spec = dataclasses.replace(fn_or_spec, setup=(*fn_or_spec.setup, *setup_lines))
+        if notify is not None:
+            if fn_or_spec.notify is not None:
+                raise UserInputError("notify given twice: in the JobSpec and to submit()", field="notify",
+                                     hint="keep one")
+            import dataclasses
+
+            fn_or_spec = dataclasses.replace(fn_or_spec, notify=notify)     # JobSpec's own checks run again
         return submit_spec(fn_or_spec, client=client)
     if isinstance(resources, dict):          # a plain mapping: unknown names list the valid ones
         resources = Resources.from_mapping(resources)
@@ -81,6 +93,9 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
     if pending is not None and setup_lines:
         raise UserInputError("setup lines are not taken inside gpuhpc.batch() yet", field="setup",
                              hint="submit the call outside the block, or put the lines in the function")
+    if pending is not None and notify is not None:
+        raise UserInputError("notify is not taken inside gpuhpc.batch() yet", field="notify",
+                             hint="submit the call outside the block")
     if pending is not None:
         return pending.add(fn_or_spec, args, kwargs, opts)
     dependency = None
@@ -90,4 +105,4 @@ def submit(fn_or_spec: Callable[..., Any] | JobSpec, *args: Any, resources: Reso
         dependency = after_dependency(*((ids, ()) if after_kind == "ok" else ((), ids)))
     return submit_callable(fn_or_spec, args, kwargs, setup=setup_lines, resources=opts["resources"], name=name,
                            max_requeues=max_requeues, grace=grace, folder=folder, client=client,
-                           requeue=requeue, dependency=dependency)
+                           requeue=requeue, dependency=dependency, notify=notify)

@@ -21,14 +21,15 @@ from typing import Any
 from gpuhpc.errors import GpuhpcError, SlurmError, UserInputError
 from gpuhpc.jobs.admission import check_after, with_reservation
 from gpuhpc.jobs.handle import Job, slurm_client
-from gpuhpc.jobs.spec import (AFTER_KINDS, DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, Resources, after_dependency,
-                              after_ids, check_container_policy, check_fits_on, default_log_dir)
+from gpuhpc.jobs.spec import (AFTER_KINDS, DEFAULT_GRACE_S, DEFAULT_MAX_REQUEUES, Notify, Resources, after_dependency,
+                              after_ids, check_container_policy, check_fits_on, default_log_dir, parse_sbatch_arg)
 from gpuhpc.jobs.submitit_adapters import SubmititCallable, SubmititPlain, python_name_and_grace, submitit_params
 
 
 def submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resources: Resources,
                      name: str | None, max_requeues: int, grace: int | str, folder: str | None,
-                     client, requeue: bool = True, setup: tuple[str, ...] = (), dependency: str | None = None) -> Job:
+                     client, requeue: bool = True, setup: tuple[str, ...] = (), dependency: str | None = None,
+                     notify: Notify | None = None) -> Job:
     import submitit
 
     from gpuhpc.jobs.checkpoint import Checkpointable
@@ -48,6 +49,7 @@ def submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resour
     if not isinstance(requeue, bool):
         raise UserInputError("expected true/false", field="requeue")
     max_requeues = max_requeues if requeue else 0        # opted out: never requeued, not even at a signal
+    mail = notify_mail_options(notify, resources)
     target: Any = fn
     if isinstance(fn, Checkpointable):
         target = SubmititCallable(fn, max_requeues)
@@ -69,17 +71,20 @@ def submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resour
                                  posixpath.join(snapshot.remote_base(c.runner), "checkpoints", "%j"), user_setup=setup)
         if dependency:
             params["additional_parameters"]["dependency"] = dependency
+        params["additional_parameters"].update(mail)
         job_id, call = remote.submit(target, args, kwargs, params=params, timeout_min=params["time"],
                                      max_requeues=max_requeues, client=c,
                                      reserve=lambda do: with_reservation(resources, name, c, do))
         job = Job(job_id, client=c, name=name, log_path=call.log)
         job.remote_call = call
+        register_webhooks(job_id, name, notify, c.runner)
         return job
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues,
                                       python="python3" if resources.image is not None else None)
     params = submitit_params(resources, name, grace_s, None, requeue, user_setup=setup)
     if dependency:
         params["additional_parameters"]["dependency"] = dependency
+    params["additional_parameters"].update(mail)
     executor.update_parameters(**params)
     holder: dict[str, Any] = {}
 
@@ -94,7 +99,28 @@ def submit_callable(fn: Callable[..., Any], args: tuple, kwargs: dict, *, resour
     check_fits_on(resources, c)
     job_id = with_reservation(resources, name, c, do_submit)
     sjob = holder["job"]
+    register_webhooks(job_id, name, notify, c.runner)
     return Job(job_id, client=c, name=name, submitit_job=sjob, log_path=str(sjob.paths.stdout))
+
+
+def notify_mail_options(notify: Notify | None, resources: Resources) -> dict[str, str]:
+    """A Python call's ``notify=`` mail as sbatch options (``--mail-type``/``--mail-user``), as a
+    job file's ``notify.mail``; mail also given in ``Resources(extra=...)`` is refused."""
+    if notify is None or notify.mail is None:
+        return {}
+    given = {parse_sbatch_arg(a, "resources.extra")[0] for a in resources.extra} & {"mail-type", "mail-user"}
+    if given:
+        raise UserInputError(f"notify.mail and --{sorted(given)[0]} in resources.extra both given", field="notify.mail",
+                             hint="keep one: notify.mail sets --mail-type/--mail-user")
+    return {"mail-type": notify.mail_type, "mail-user": notify.mail}
+
+
+def register_webhooks(job_id: str, name: str, notify: Notify | None, runner: Any) -> None:
+    """``notify=``'s webhooks, sent by :mod:`gpuhpc.jobs.notify` outside the job (as script mode's)."""
+    if notify is not None and notify.webhooks:
+        from gpuhpc.jobs.notify import register
+
+        register(job_id, name, notify, runner)
 
 
 # ---------------------------------------------------------------- many calls: map_array, batch

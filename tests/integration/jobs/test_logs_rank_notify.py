@@ -127,3 +127,18 @@ def test_bad_notify_is_refused_before_sbatch(jobs_env, track):
             track(res.stdout.strip())                 # submitted after all: cancelled at the end
         assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr)
         assert res.stderr.startswith(f"error: {field}: ") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_python_call_notify_reaches_sbatch(jobs_env, slurm, track):
+    """``gpuhpc.submit(fn, notify=...)`` (Python mode, through submitit): Slurm holds the mail
+    options of the job file's ``notify.mail`` and the webhook is registered for the notifier."""
+    import gpuhpc
+
+    job = gpuhpc.submit(abs, -1, resources=gpuhpc.Resources(partition="cpu", time="5m"), name="gpuhpc-test-notify-py",
+                        notify={"mail": "gpuhpc-test@example.org", "events": ["fail", "requeue_cap"],
+                                "webhook": "http://127.0.0.1:9/never"})
+    track(job.job_id)
+    rec = slurm.show_job(job.job_id)
+    assert rec["MailUser"] == "gpuhpc-test@example.org" and rec["MailType"] == "FAIL", rec
+    reg = json.loads((jobs_env / "notify" / f"{job.job_id}.json").read_text())
+    assert reg["webhooks"] == ["http://127.0.0.1:9/never"] and reg["events"] == ["fail", "requeue_cap"]
