@@ -125,7 +125,9 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, textfile: Optiona
 
     admin_only("ledger sync-slurm")
     client = SlurmClient()
-    plans = slurm_sync.plan(accounts=list(account) or None)
+    # this cluster's limits: its own quotas, and those for every cluster less the others' usage
+    cluster = client.cluster_name() or None
+    plans = slurm_sync.plan(accounts=list(account) or None, cluster=cluster)
     with rollover.locked():        # only Slurm inside: a hung database never keeps the rollover waiting
         # a reset the rollover made while the database was away is not made again, and the
         # rollover does not make again the resets made here
@@ -135,7 +137,7 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, textfile: Optiona
         if not dry_run:
             rollover.mark_done(plans, state)
     if not dry_run:
-        slurm_sync.record_periods(plans)
+        slurm_sync.record_periods(plans, cluster=cluster)
         billing_path, snap_path = slurm_sync.publish()
         resets_path = rollover.publish(client.cluster_name())
         sys.stderr.write(f"published {snap_path}, {billing_path} and {resets_path} (apply a price change to "

@@ -76,19 +76,32 @@ class SyncResult:
         return {"commands": [" ".join(c) for c in self.commands]}
 
 
-def _state_key(account: str, user: str | None = None) -> str:
-    """The ingest-state row that remembers the period a quota's Slurm usage was last reset for."""
+def _state_key(account: str, user: str | None = None, cluster: str | None = None) -> str:
+    """The ingest-state row that remembers the period a quota's Slurm usage was last reset for (on
+    ``cluster``: each cluster's associations are reset by the sync-slurm run there)."""
     what = account if user is None else f"{account}\0{user}"
+    what = what if not cluster else f"{cluster}\0{what}"
     return "budget:" + hashlib.sha1(what.encode()).hexdigest()[:24]
 
 
-def _new_period(s, key: str, start: dt.datetime) -> bool:
-    st = s.get(IngestState, key)
+def _new_period(s, key: str, start: dt.datetime, before: str | None = None) -> bool:
+    """``before``: the key a ledger before migration 0011 (one cluster) kept, read when ``key`` is new."""
+    st = s.get(IngestState, key) or (s.get(IngestState, before) if before else None)
     return st is None or st.last_since != start
 
 
+def _tighter(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Per TRES the lower of two limits (UNSET: none)."""
+    return {k: b.get(k, UNSET) if v == UNSET else v if b.get(k, UNSET) == UNSET else min(v, b[k]) for k, v in a.items()}
+
+
 def plan(*, url: str | None = None, accounts: list[str] | None = None,
-         now: dt.datetime | None = None) -> list[AccountPlan]:
+         now: dt.datetime | None = None, cluster: str | None = None) -> list[AccountPlan]:
+    """Each account's limits and resets. ``cluster``: for sync-slurm on that cluster (several
+    clusters on one ledger, docs/ledger.md): another cluster's quota is left out, a quota for
+    every cluster is its budget less what runs on the other clusters were charged this period (Slurm
+    here counts its own jobs only), and the tighter limit holds where both kinds apply; None: every
+    quota, as on a ledger of one cluster."""
     now = now or utcnow()
     tz = ledger_zone()           # quota periods begin at local midnight there (ledger.timezone)
     out = []
@@ -98,35 +111,46 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
             stmt = stmt.where(Account.name.in_(accounts))
         for a in s.scalars(stmt):
             limits, start, user_limits, user_periods = _limit(None, None), None, {}, {}
-            for q in s.scalars(select(Quota).where(Quota.account_id == a.id)):
+            for q in s.scalars(select(Quota).where(Quota.account_id == a.id).order_by(Quota.id)):
+                if cluster is not None and not quota.quota_applies(q.cluster, cluster):
+                    continue
                 qstart = period_start(q.period.value, now, tz)
                 adj = adjust.period_adjustments(s, a.name, q.user.name if q.user_id is not None else None, qstart,
                                                 period_end(q.period.value, qstart, tz))
                 # Slurm counts a MIG slice as a whole GPU, the ledger by its fraction: the limit rises by the difference
                 mig = quota.mig_extra_gpu_hours(admin.session_tx(s), a.name, q.user.name if q.user_id is not None
-                                                else None, qstart, period_end(q.period.value, qstart, tz))
+                                                else None, qstart, period_end(q.period.value, qstart, tz), cluster)
                 adj = (adj[0] - mig, adj[1])
+                if cluster is not None and q.cluster is None:       # the other clusters' usage is spent
+                    h, m = quota.usage_elsewhere(admin.session_tx(s), a.name, q.user.name if q.user_id is not None
+                                                 else None, cluster, qstart, period_end(q.period.value, qstart, tz))
+                    adj = (adj[0] + h, adj[1] + m)
                 if q.user_id is None:
-                    limits = _limit(q.gpu_hours, q.money, adj)
+                    limits = _tighter(limits, _limit(q.gpu_hours, q.money, adj))
                     start = qstart
                 else:
-                    user_limits[q.user.name] = _limit(q.gpu_hours, q.money, adj)
+                    user_limits[q.user.name] = _tighter(user_limits.get(q.user.name, _limit(None, None)),
+                                                        _limit(q.gpu_hours, q.money, adj))
                     user_periods[q.user.name] = qstart
-            reset = start is not None and _new_period(s, _state_key(a.name), start)
-            user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(s, _state_key(a.name, u), us)))
+            reset = start is not None and _new_period(s, _state_key(a.name, None, cluster), start,
+                                                      _state_key(a.name) if cluster else None)
+            user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(
+                s, _state_key(a.name, u, cluster), us, _state_key(a.name, u) if cluster else None)))
             users = tuple(sorted(m.user.name for m in a.memberships))
             out.append(AccountPlan(a.name, a.description or a.name, users, limits, user_limits, start, reset,
                                    user_periods, user_resets))
     return out
 
 
-def record_periods(plans: list[AccountPlan], *, url: str | None = None) -> None:
-    """After a sync: remember each quota's period (the account's and each user's), so that the next
-    period resets that association's Slurm usage once."""
+def record_periods(plans: list[AccountPlan], *, url: str | None = None, cluster: str | None = None) -> None:
+    """After a sync (on ``cluster``, as :func:`plan` was made): remember each quota's period (the
+    account's and each user's), so that the next period resets that association's Slurm usage once."""
     with db.session_scope(url) as s:
         for p in plans:
-            periods = [(_state_key(p.account), p.account, p.period_start)] if p.period_start is not None else []
-            periods += [(_state_key(p.account, u), f"{p.account}/{u}", us) for u, us in sorted(p.user_periods.items())]
+            periods = [(_state_key(p.account, None, cluster), p.account, p.period_start)] \
+                if p.period_start is not None else []
+            periods += [(_state_key(p.account, u, cluster), f"{p.account}/{u}", us)
+                        for u, us in sorted(p.user_periods.items())]
             for key, detail, start in periods:
                 st = s.get(IngestState, key) or IngestState(name=key, last_detail=detail)
                 st.last_since = start

@@ -133,3 +133,41 @@ def test_cluster_arguments_are_checked():
             cluster_names(None, bad)
     with pytest.raises(UserInputError, match="not both"):
         cluster_names("a", "b")
+
+
+def test_sync_slurm_limit_on_each_cluster(ledger):
+    """On each cluster, a quota for every cluster is its budget less the other clusters' usage; a
+    cluster's own quota is its own (the tighter of the two holds); another cluster's is not there."""
+    from gpuhpc.ledger import budget, slurm_sync
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    admin.set_quota("research", gpu_hours=Decimal("2"), cluster="b", url=ledger)
+    ingest.ingest_rows(rows(row("1", "COMPLETED", ts(0), ts(20), 1000, gpus=1, cluster="a"),
+                            row("2", "COMPLETED", ts(0), ts(20), 2000, gpus=1, cluster="b")), url=ledger)
+    limits = {c: slurm_sync.plan(url=ledger, cluster=c)[0].limits for c in ("a", "b", "c")}
+    billing = {c: budget.money_to_billing_minutes(Decimal(10) - used) - slurm_sync.HEADROOM_MINUTES
+               for c, used in (("a", 2), ("b", 1), ("c", 3))}
+    assert limits == {"a": {"gres/gpu": -1, "billing": billing["a"]},
+                      "b": {"gres/gpu": 2 * 60 - slurm_sync.HEADROOM_MINUTES, "billing": billing["b"]},
+                      "c": {"gres/gpu": -1, "billing": billing["c"]}}
+    # a ledger of one cluster (no cluster named): the budget whole, as before
+    assert slurm_sync.plan(url=ledger)[0].limits["billing"] == billing["c"] + 3 * 60_000_000
+
+
+def test_each_cluster_resets_its_usage_on_a_new_period(ledger):
+    from gpuhpc.ledger import slurm_sync
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    on_a = slurm_sync.plan(url=ledger, cluster="a")
+    assert on_a[0].reset
+    slurm_sync.record_periods(on_a, url=ledger, cluster="a")
+    assert not slurm_sync.plan(url=ledger, cluster="a")[0].reset
+    assert slurm_sync.plan(url=ledger, cluster="b")[0].reset        # b's associations not reset yet
+
+
+def test_a_ledger_from_before_0011_does_not_reset_again_mid_period(ledger):
+    from gpuhpc.ledger import slurm_sync
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    slurm_sync.record_periods(slurm_sync.plan(url=ledger), url=ledger)      # as sync-slurm before 0011 did
+    assert not slurm_sync.plan(url=ledger, cluster="a")[0].reset
