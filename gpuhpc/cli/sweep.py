@@ -157,10 +157,7 @@ def status(sweep_id: str, watch: bool, interval: float, as_json: bool) -> int:
             _echo(f"warning: {exc.one_line()}", err=True)
         info = sw.info()
         rows = store.trial_rows(sw.id)
-        with store.session(None) as s:
-            from gpuhpc.sweeps.models import SweepTrial
-
-            raws = {t.number: t.job_id_raw for t in s.query(SweepTrial).filter_by(sweep_id=sw.id)}
+        raws = {t.number: t.job_id_raw for t in store.trial_records(sw.id)}
         for r in rows:
             r["job_id_raw"] = raws.get(r["trial"])
         return info, rows

@@ -151,8 +151,6 @@ class Sweep:
         return store.trial_rows(self.id, url=self._url)
 
     def done(self) -> bool:
-        from gpuhpc.sweeps.models import TrialState
-
         counts = self.refresh()
         info = self.info()
         total = sum(counts.values())
@@ -163,8 +161,6 @@ class Sweep:
         Raises TimeoutError.
         A driver pending for a reason it never leaves by itself (PartitionTimeLimit...) is said
         on stderr, once."""
-        from gpuhpc.sweeps.models import SweepStatus, TrialState
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             # a database restart (or a locked or full SQLite file) while waiting is waited out

@@ -16,7 +16,8 @@ from gpuhpc.sweeps.planner import needs_driver, plan_submission
 from gpuhpc.sweeps.refresh import refresh
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json
 from gpuhpc.sweeps.state import ChunkState, SLURM_STATES, SweepStatus, TrialState, trial_over
-from gpuhpc.sweeps.store import connect, n_waiting, now, session, slurm_client, trial_rows, utc
+from gpuhpc.sweeps import queries
+from gpuhpc.sweeps.store import connect, n_waiting, now, set_sweep, slurm_client, trial_rows, utc
 from gpuhpc.sweeps.submission import recover, start_driver, submit_waiting
 from gpuhpc.sweeps.trial import PRUNED, STOP_DIR
 
@@ -145,26 +146,25 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     """Resubmit the trials that failed, were cancelled or never started — never a finished
     one, nor one still queued or running — and start the driver again when it is gone while
     the sweep still needs it. Returns the trial numbers resubmitted."""
-    from sqlalchemy import update
-
     c = slurm_client(client)
     recover(sid, client=c, url=url)
     refresh(sid, client=c, url=url)
-    redo = (TrialState.FAILED.value, TrialState.CANCELLED.value, TrialState.WAITING.value)
-    from gpuhpc.sweeps.models import Sweep, SweepTrial
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        spec = spec_from_json(sw.spec)
-        numbers = [t.number for t in s.query(SweepTrial).filter(SweepTrial.sweep_id == sid,
-                                                                 SweepTrial.state.in_(redo))]
-        created = s.query(SweepTrial).filter(SweepTrial.sweep_id == sid).count()
-        if numbers:
-            s.execute(update(SweepTrial).where(SweepTrial.sweep_id == sid, SweepTrial.number.in_(numbers)).values(
-                state=TrialState.WAITING.value, chunk_id=None, task_id=None, raw_state=None, updated_at=now()))
-        sw.status = SweepStatus.RUNNING.value
-        sw.message = None
-        driver = sw.driver_job_id
-        n_trials, cluster = sw.n_trials, sw.cluster
+    redo = (TrialState.FAILED, TrialState.CANCELLED, TrialState.WAITING)
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            spec = spec_from_json(sw.spec)
+            numbers = [t.number for t in queries.trials(tx, sid, states=redo)]
+            created = queries.trial_count(tx, sid)
+            queries.wait_again(tx, sid, numbers, now())
+            queries.update_sweep(tx, sid, status=SweepStatus.RUNNING.value, message=None)
+            driver = sw.driver_job_id
+            n_trials, cluster = sw.n_trials, sw.cluster
+    finally:
+        conn.close()
     if driver:
         active = c.active_job_ids([driver])
         if active is None:      # never a second submitter because squeue could not answer
@@ -183,8 +183,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         start_driver(sid, client=c, url=url)
         return sorted(numbers)
     if driver:                  # nothing left for a driver: `wait` and `status` refresh themselves
-        with session(url) as s:
-            s.get(Sweep, sid).driver_job_id = None
+        set_sweep(sid, url, driver_job_id=None)
     if not numbers:
         refresh(sid, client=c, url=url)            # DONE again when every trial is finished
     return sorted(numbers)
@@ -193,18 +192,20 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
 def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
     """Cancel the sweep: its driver first (so nothing new is submitted), then every chunk."""
     c = slurm_client(client)
-    from gpuhpc.sweeps.models import Sweep, SweepChunk
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        if sw is None:
-            raise UserInputError(f"no sweep {sid}", field="ID")
-        sw.status = SweepStatus.CANCELLED.value
-        sw.updated_at = now()
-        ids = ([sw.driver_job_id] if sw.driver_job_id else []) + [
-            ch.job_id for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id]
-        # a chunk whose submitter stopped between its sbatch and the database: found by name
-        unnamed = [(f"{sw.name}-s{sid}-c{ch.number}", ch.created_at)
-                   for ch in s.query(SweepChunk).filter_by(sweep_id=sid, state=ChunkState.SUBMITTING.value)]
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            queries.update_sweep(tx, sid, status=SweepStatus.CANCELLED.value, updated_at=now())
+            chunks = queries.chunks(tx, sid)
+    finally:
+        conn.close()
+    ids = ([sw.driver_job_id] if sw.driver_job_id else []) + [ch.job_id for ch in chunks if ch.job_id]
+    # a chunk whose submitter stopped between its sbatch and the database: found by name
+    unnamed = [(f"{sw.name}-s{sid}-c{ch.number}", ch.created_at)
+               for ch in chunks if ch.state == ChunkState.SUBMITTING.value]
     for jname, created in unnamed:
         try:
             found = c.jobs_by_name(jname, utc(created or now()) - dt.timedelta(minutes=5), getpass.getuser())
@@ -246,12 +247,15 @@ def driver_check(sid: int, *, client=None, url: str | None = None) -> tuple[str 
     driver writes the sweep's ``updated_at`` every round) for 6 rounds, and squeue, asked only
     then, does not show its job (pending or running). When squeue cannot say, it is taken for
     alive."""
-    from gpuhpc.sweeps.models import Sweep
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        if sw is None:
-            raise UserInputError(f"no sweep {sid}", field="ID")
-        status, driver, beat = sw.status, sw.driver_job_id, sw.updated_at
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+    finally:
+        conn.close()
+    if sw is None:
+        raise UserInputError(f"no sweep {sid}", field="ID")
+    status, driver, beat = sw.status, sw.driver_job_id, sw.updated_at
     if status != SweepStatus.RUNNING.value or not driver:
         return None, None
     if beat is not None and (now() - utc(beat)).total_seconds() < max(15.0, 6 * driver_poll_s()):

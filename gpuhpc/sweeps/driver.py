@@ -33,10 +33,9 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
     number of trials so far: each round draws afresh, and the same sweep always proposes the
     same sequence."""
     import optuna
-    from sqlalchemy import func, insert
 
-    from gpuhpc.sweeps import store
-    from gpuhpc.sweeps.models import SweepTrial, TrialState
+    from gpuhpc.sweeps import queries, store
+    from gpuhpc.sweeps.state import TrialState
 
     rows = store.trial_rows(sid, url=url)
     active = [r for r in rows if not TrialState(r["state"]).is_terminal]
@@ -72,12 +71,13 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
                 break
     if not new:
         return 0
-    with store.session(url) as s:
-        start = (s.query(func.max(SweepTrial.number)).filter_by(sweep_id=sid).scalar() or -1) + 1
-        t = store.now()
-        s.execute(insert(SweepTrial), [dict(sweep_id=sid, number=start + i, params=json.dumps(p, sort_keys=True),
-                                             state=TrialState.WAITING.value, attempts=0, restarts=0, gpu_hours=0,
-                                             updated_at=t) for i, p in enumerate(new)])
+    conn = store.connect(url)
+    try:
+        with conn.transaction() as tx:
+            last = queries.last_trial_number(tx, sid)
+            queries.add_trials(tx, sid, (last if last is not None else -1) + 1, new, store.now())
+    finally:
+        conn.close()
     return len(new)
 
 
@@ -85,16 +85,20 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.submission.balance`), ask TPE,
     submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
     from gpuhpc.errors import QuotaExceeded, SlurmError
-    from gpuhpc.sweeps import control, holds, planner, store, submission
-    from gpuhpc.sweeps.models import Sweep, SweepStatus, TrialState
+    from gpuhpc.sweeps import control, holds, planner, queries, store, submission
+    from gpuhpc.sweeps.state import SweepStatus, TrialState
     from gpuhpc.sweeps.refresh import refresh
     from gpuhpc.sweeps.spec import spec_from_json
 
     counts = refresh(sid, client=client, url=url)
-    with store.session(url) as s:
-        sw = s.get(Sweep, sid)
-        status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
-        spec = spec_from_json(sw.spec)
+    conn = store.connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+    finally:
+        conn.close()
+    status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
+    spec = spec_from_json(sw.spec)
     # a pruner and fail_fast read the trials' progress every round: no longer pauses for them
     limits["paced"] = spec.pruner is None and spec.fail_fast is None
     if status == SweepStatus.CANCELLED.value:
@@ -139,9 +143,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
                 _log(f"slurmctld refused {n} more trial(s) (submit limit); "
                      f"{'asking the limits again' if attempt == 1 else 'again next round'}")
             except QuotaExceeded as exc:
-                with store.session(url) as s:
-                    sw2 = s.get(Sweep, sid)
-                    sw2.status, sw2.message = SweepStatus.BLOCKED.value, exc.one_line()
+                store.set_sweep(sid, url, status=SweepStatus.BLOCKED.value, message=exc.one_line())
                 _log(f"blocked: {exc.one_line()}")
                 return True
     terminal = sum(counts.get(st.value, 0) for st in TrialState if st.is_terminal)

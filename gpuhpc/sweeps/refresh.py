@@ -23,7 +23,8 @@ from gpuhpc.sweeps.metrics import finished_by_files, read_metrics
 from gpuhpc.sweeps.pacing import Pace
 from gpuhpc.sweeps.spec import spec_from_json
 from gpuhpc.sweeps.state import SLURM_STATES, SweepStatus, TrialState, ended
-from gpuhpc.sweeps.store import now, session, slurm_client, utc
+from gpuhpc.sweeps import queries
+from gpuhpc.sweeps.store import connect, now, slurm_client, utc
 from gpuhpc.sweeps.trial import PRUNED
 
 
@@ -318,30 +319,35 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
     terminal state is only ever taken from Slurm's own record of the task, never inferred
     from its absence (unless neither the queue nor accounting has known it for minutes).
     Each trial's decision is :func:`next_state`'s."""
-    from sqlalchemy import func, update
-
     c = slurm_client(client)
-    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
-    terminal = sorted(st.value for st in TrialState if st.is_terminal)
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        if sw is None:
-            raise UserInputError(f"no sweep {sid}", field="ID")
-        spec = spec_from_json(sw.spec)
-        chunks = {ch.id: (ch.job_id, ch.created_at) for ch in s.query(SweepChunk).filter_by(sweep_id=sid) if ch.job_id}
-        # only the live trials: a finished one never changes again (its metrics were read in the
-        # round it finished), so a driver's round costs what is queued, not the sweep's size
-        rows = [TrialRow(id=t.id, number=t.number, state=TrialState(t.state), chunk_id=t.chunk_id, task=t.task_id,
-                         array_job=chunks.get(t.chunk_id, (None, None))[0],
-                         chunk_created=chunks.get(t.chunk_id, (None, None))[1], raw_state=t.raw_state,
-                         restarts=t.restarts, gpu_hours=t.gpu_hours, metrics=t.metrics, objective=t.objective,
-                         updated_at=t.updated_at)
-                for t in s.query(SweepTrial).filter(SweepTrial.sweep_id == sid, SweepTrial.state.notin_(terminal))]
-        finished = {TrialState(st): n for st, n in s.query(SweepTrial.state, func.count(SweepTrial.id)).filter(
-            SweepTrial.sweep_id == sid, SweepTrial.state.in_(terminal)).group_by(SweepTrial.state)}
+    terminal = [st for st in TrialState if st.is_terminal]
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            spec = spec_from_json(sw.spec)
+            chunks = {ch.id: (ch.job_id, ch.created_at) for ch in queries.chunks(tx, sid) if ch.job_id}
+            # only the live trials: a finished one never changes again (its metrics were read in the
+            # round it finished), so a driver's round costs what is queued, not the sweep's size
+            rows = [TrialRow(id=t.id, number=t.number, state=TrialState(t.state), chunk_id=t.chunk_id,
+                             task=t.task_id, array_job=chunks.get(t.chunk_id, (None, None))[0],
+                             chunk_created=chunks.get(t.chunk_id, (None, None))[1], raw_state=t.raw_state,
+                             restarts=t.restarts, gpu_hours=t.gpu_hours, metrics=t.metrics, objective=t.objective,
+                             updated_at=t.updated_at)
+                    for t in queries.trials(tx, sid, not_in=terminal)]
+            finished = {TrialState(st): n for st, n in queries.state_counts(tx, sid, states=terminal).items()}
         directory = Path(sw.directory)
         status = SweepStatus(sw.status)
+        return _round(sid, c, conn, spec, directory, status, rows, finished)
+    finally:
+        conn.close()
 
+
+def _round(sid: int, c, conn, spec, directory: Path, status: SweepStatus, rows: Sequence[TrialRow],
+           finished: dict[TrialState, int]) -> dict[str, int]:
+    """:func:`refresh` past its read: ask Slurm, decide each trial, write what changed on ``conn``."""
     live_jobs = sorted({t.followed_in for t in rows if t.followed_in})
     queue = queue_by_task(c, live_jobs) if live_jobs else {}
     acct = _ask_accounting(c, rows, queue) if queue is not None else []
@@ -412,12 +418,12 @@ def refresh(sid: int, *, client=None, url: str | None = None) -> dict[str, int]:
         PACES.setdefault(sid, Pace()).saw(ended=ran, running=running, pending=pending)
     total = sum(counts.values())
     all_done = total > 0 and sum(n for st, n in counts.items() if st.is_terminal) == total
-    with session(url) as s:
+    with conn.transaction() as tx:
         t_now = now()
         for tid, new in updates:
-            s.execute(update(SweepTrial).where(SweepTrial.id == tid).values(updated_at=t_now, **new))
-        sw = s.get(Sweep, sid)
-        if all_done and total >= sw.n_trials and status is SweepStatus.RUNNING:
-            sw.status = SweepStatus.DONE.value
-        sw.updated_at = t_now
+            queries.update_trial(tx, tid, updated_at=t_now, **new)
+        sw = queries.sweep(tx, sid)
+        if sw is not None:
+            done = all_done and total >= sw.n_trials and status is SweepStatus.RUNNING
+            queries.update_sweep(tx, sid, **({"status": SweepStatus.DONE.value} if done else {}), updated_at=t_now)
     return {st.value: n for st, n in counts.items()}

@@ -1,12 +1,13 @@
 """The sweep state store: where a sweep's state lives and how it is read.
 
-- the gpuhpc database (the ledger's: SQLite or PostgreSQL; tables in :mod:`gpuhpc.sweeps.models`),
-  through an ORM :func:`session` (the readers) or a DB-API :func:`connect` (the submit path: no
-  SQLAlchemy import, so ``gpuhpc sweep run`` stays close to sbatch);
+- the gpuhpc database (the ledger's: SQLite or PostgreSQL; the tables and their named queries
+  in :mod:`gpuhpc.sweeps.queries`), through one data path: a DB-API :func:`connect`
+  (:mod:`gpuhpc.dbapi`, no SQLAlchemy import, so ``gpuhpc sweep run`` stays close to sbatch);
 - the sweep directory under :func:`sweep_root` (chunk parameter files, ``throttles.json``,
   each trial's directory);
-- the reads every other module shares: :func:`trial_rows`, :func:`sweep_info`, :func:`counts_of`,
-  the live chunks and the slots they hold (:func:`live_chunks`, :func:`queued_now`, :func:`draining`).
+- the reads every other module shares: :func:`trial_rows`, :func:`trial_records`,
+  :func:`sweep_info`, :func:`counts_of`, the live chunks and the slots they hold
+  (:func:`live_chunks`, :func:`queued_now`, :func:`draining`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import UserInputError
+from gpuhpc.sweeps import queries
 from gpuhpc.sweeps.spec import spec_from_json
 from gpuhpc.sweeps.state import ChunkState, TrialState, ended, trial_over
 
@@ -66,17 +68,11 @@ def db_url(url: str | None = None) -> str:
     return url
 
 
-def session(url: str | None):
-    """An ORM session (the readers: refresh, resume, cancel, results). The submit path uses
-    :func:`connect` (DB-API, no SQLAlchemy import: ``gpuhpc sweep run`` stays close to sbatch)."""
-    from gpuhpc.ledger.db import session_scope
-
-    return session_scope(db_url(url))
-
-
 def connect(url: str | None):
     """A DB-API connection (:mod:`gpuhpc.dbapi`) to the sweep database: the ledger's (its
-    :class:`gpuhpc.ledger.quota.Connection`, whose first transaction checks the schema)."""
+    :class:`gpuhpc.ledger.quota.Connection`, whose first transaction checks the schema). The
+    one way to the sweep tables: every read and write is a transaction on it, through
+    :mod:`gpuhpc.sweeps.queries`."""
     from gpuhpc.ledger import quota
 
     return quota.Connection(db_url(url))
@@ -95,6 +91,16 @@ def write_chunk_file(directory: Path, number: int, rows: Sequence[tuple[int, str
     path = directory / "chunks" / f"{number}.jsonl"
     write_atomic(path, "".join(f'{{"trial": {t}, "params": {p}}}\n' for t, p in rows))
     return path
+
+
+def set_sweep(sid: int, url: str | None, **values: Any) -> None:
+    """Set columns of sweep ``sid`` (:func:`gpuhpc.sweeps.queries.update_sweep`) in a transaction of its own."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            queries.update_sweep(tx, sid, **values)
+    finally:
+        conn.close()
 
 
 def forget(sid: int, url: str | None, directory: Path) -> None:
@@ -198,28 +204,40 @@ def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
         conn.close()
 
 
+def trial_records(sid: int, *, url: str | None = None) -> list[queries.TrialRecord]:
+    """Every trial of the sweep as the database holds it, in trial order."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            return queries.trials(tx, sid)
+    finally:
+        conn.close()
+
+
 def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
     """One row per trial, in trial order: trial, params, state, metrics, job_id, restarts, gpu_hours."""
-    from gpuhpc.sweeps.models import SweepTrial
-    with session(url) as s:
-        return [dict(trial=t.number, params=json.loads(t.params), state=t.state,
-                     metrics=json.loads(t.metrics) if t.metrics else {}, job_id=t.job_id, restarts=t.restarts,
-                     gpu_hours=round(float(t.gpu_hours or 0), 6), objective=t.objective, raw_state=t.raw_state,
-                     attempts=t.attempts)
-                for t in s.query(SweepTrial).filter_by(sweep_id=sid).order_by(SweepTrial.number)]
+    return [dict(trial=t.number, params=json.loads(t.params), state=t.state,
+                 metrics=json.loads(t.metrics) if t.metrics else {}, job_id=t.job_id, restarts=t.restarts,
+                 gpu_hours=round(float(t.gpu_hours or 0), 6), objective=t.objective, raw_state=t.raw_state,
+                 attempts=t.attempts)
+            for t in trial_records(sid, url=url)]
 
 
 def sweep_info(sid: int, *, url: str | None = None) -> dict[str, Any]:
-    from gpuhpc.sweeps.models import Sweep, SweepChunk
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        if sw is None:
-            raise UserInputError(f"no sweep {sid}", field="ID")
-        return dict(sweep_id=sw.id, name=sw.name, status=sw.status, message=sw.message, directory=sw.directory,
-                    n_trials=sw.n_trials, driver_job_id=sw.driver_job_id, kind=sw.kind,
-                    spec=spec_from_json(sw.spec),
-                    chunks=[dict(number=ch.number, job_id=ch.job_id, n_tasks=ch.n_tasks, state=ch.state)
-                            for ch in s.query(SweepChunk).filter_by(sweep_id=sid).order_by(SweepChunk.number)])
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            chunks = queries.chunks(tx, sid)
+    finally:
+        conn.close()
+    return dict(sweep_id=sw.id, name=sw.name, status=sw.status, message=sw.message, directory=sw.directory,
+                n_trials=sw.n_trials, driver_job_id=sw.driver_job_id, kind=sw.kind,
+                spec=spec_from_json(sw.spec),
+                chunks=[dict(number=ch.number, job_id=ch.job_id, n_tasks=ch.n_tasks, state=ch.state)
+                        for ch in chunks])
 
 
 def best(rows: Sequence[dict[str, Any]], goal: str) -> dict[str, Any] | None:

@@ -31,10 +31,11 @@ from gpuhpc.sweeps.planner import (
     check_shapes, concurrently, needs_driver, needs_records, plan_submission, shape_groups, slots_in_use,
     submit_limits, trial_container, trial_spec,
 )
+from gpuhpc.sweeps import queries
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
 from gpuhpc.sweeps.state import ChunkState, SweepStatus, TrialState
 from gpuhpc.sweeps.store import (
-    connect, db_url, forget, live_chunks, n_waiting, now, read_throttles, save_throttles, session, slurm_client,
+    connect, db_url, forget, live_chunks, n_waiting, now, read_throttles, save_throttles, set_sweep, slurm_client,
     sweep_root, utc, write_chunk_file, write_json,
 )
 
@@ -309,12 +310,17 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
     """A chunk left ``submitting`` (the submitter died between sbatch and the database): find
     its job by name in the queue and attach it, else give its trials back to ``waiting``."""
     c = slurm_client(client)
-    from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at) for ch in
-                 s.query(SweepChunk).filter_by(sweep_id=sid, state=ChunkState.SUBMITTING.value)]
-        name = sw.name
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
+                raise UserInputError(f"no sweep {sid}", field="ID")
+            stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at)
+                     for ch in queries.chunks(tx, sid, state=ChunkState.SUBMITTING)]
+    finally:
+        conn.close()
+    name = sw.name
     if not stuck:
         return
     for chunk_id, number, trials, created in stuck:
@@ -326,10 +332,12 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
         else:                       # never submitted: its trials wait again
-            with session(url) as s:
-                s.get(SweepChunk, chunk_id).state = ChunkState.FAILED.value
-                s.query(SweepTrial).filter_by(sweep_id=sid, chunk_id=chunk_id, job_id=None).update(
-                    {"state": TrialState.WAITING.value}, synchronize_session=False)
+            conn = connect(url)
+            try:
+                with conn.transaction() as tx:
+                    queries.fail_chunk(tx, sid, chunk_id)
+            finally:
+                conn.close()
 
 
 def cluster_partitions(c) -> list[Any]:
@@ -418,11 +426,16 @@ def start_driver(sid: int, *, client=None, url: str | None = None, dependency: s
     from gpuhpc.jobs.spec import JobSpec, Resources
 
     c = slurm_client(client)
-    from gpuhpc.sweeps.models import Sweep
-    with session(url) as s:
-        sw = s.get(Sweep, sid)
-        spec = spec_from_json(sw.spec)
-        directory = Path(sw.directory)
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+    finally:
+        conn.close()
+    if sw is None:
+        raise UserInputError(f"no sweep {sid}", field="ID")
+    spec = spec_from_json(sw.spec)
+    directory = Path(sw.directory)
     partitions = cluster_partitions(c)
     partition = driver_partition(spec, c)
     env = {"GPUHPC_DB_URL": db_url(url)}
@@ -438,6 +451,5 @@ def start_driver(sid: int, *, client=None, url: str | None = None, dependency: s
                     checkpoint_dir=str(directory / "driver"), max_requeues=1000, workdir=str(directory),
                     dependency=dependency)
     job = submit_spec(jspec, client=submit_client(c, url))
-    with session(url) as s:
-        s.get(Sweep, sid).driver_job_id = job.job_id
+    set_sweep(sid, url, driver_job_id=job.job_id)
     return job.job_id

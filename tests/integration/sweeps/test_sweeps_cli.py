@@ -70,11 +70,10 @@ def test_over_quota_sweep_is_refused_saying_how_many_fit(sweep_env, tmp_path, mo
     res = gpuhpc("sweep", "run", str(f))
     assert res.returncode == 3, res.stderr
     assert "2 of the sweep's 10 trials would fit" in res.stderr
-    from gpuhpc.sweeps import store
+    from gpuhpc.ledger.db import session_scope
+    from gpuhpc.ledger.orm import Sweep
 
-    with store.session(None) as s:
-        from gpuhpc.sweeps.models import Sweep
-
+    with session_scope() as s:
         assert s.query(Sweep).count() == 0
 
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from gpuhpc.ledger import db
+from gpuhpc.ledger.orm import Sweep, SweepTrial
 from gpuhpc.slurm.parsers import parse_partitions
 from gpuhpc.slurm.state import SlurmState
 from gpuhpc.sweeps import store, submission
 from gpuhpc.sweeps.api import Sweep as SweepHandle
-from gpuhpc.sweeps.models import Sweep, SweepTrial
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
 PARTS = parse_partitions(
@@ -56,7 +56,7 @@ def _pending_driver_sweep(url: str, tmp_path) -> int:
                                    "resources": {"partition": "cpu", "time": "5m"},
                                    "metric": {"name": "loss", "goal": "minimize"}})
     old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10)     # no heartbeat: it never ran
-    with store.session(url) as s:
+    with db.session_scope(url) as s:
         sw = Sweep(name="p", user_name="u", cluster="c", spec=spec_json(spec), status="running",
                    directory=str(tmp_path), n_trials=4, driver_job_id="900", updated_at=old, created_at=old)
         s.add(sw)

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from gpuhpc.ledger import db
+from gpuhpc.ledger.orm import Sweep, SweepChunk, SweepTrial
 from gpuhpc.slurm.state import SlurmState
 from gpuhpc.sweeps import refresh, store
-from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial, TrialState
+from gpuhpc.sweeps.state import TrialState
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
 SPEC = {"name": "g", "command": "echo {x}", "parameters": {"x": {"type": "int", "low": 0, "high": 3}},
@@ -56,7 +57,7 @@ class _Client:
 
 def _gone_trial(url: str, tmp_path) -> int:
     old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=10)
-    with store.session(url) as s:
+    with db.session_scope(url) as s:
         sw = Sweep(name="g", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=1)
         s.add(sw)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from gpuhpc.ledger import db
+from gpuhpc.ledger.orm import Sweep, SweepChunk, SweepTrial
 from gpuhpc.slurm.state import SlurmState
 from gpuhpc.sweeps import refresh, store
-from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
 from gpuhpc.sweeps.pacing import Pace, next_free_in, pause
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
@@ -66,7 +66,7 @@ class _Client:
 def test_a_refresh_notes_the_run_times_it_sees(tmp_path):
     url = f"sqlite:///{tmp_path / 'sweeps.db'}"
     db.upgrade(url)
-    with store.session(url) as s:
+    with db.session_scope(url) as s:
         sw = Sweep(name="p", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=2)
         s.add(sw)

@@ -6,12 +6,10 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from sqlalchemy import event
-
 from gpuhpc.ledger import db
+from gpuhpc.ledger.orm import Sweep, SweepChunk, SweepTrial
 from gpuhpc.slurm.state import SlurmState
-from gpuhpc.sweeps import metrics, refresh, store
-from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
+from gpuhpc.sweeps import metrics, queries, refresh, store
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
 N_DONE = 300
@@ -37,7 +35,7 @@ class _Client:
 
 
 def _sweep(url: str, tmp_path) -> int:
-    with store.session(url) as s:
+    with db.session_scope(url) as s:
         sw = Sweep(name="c", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=N_DONE + 2)
         s.add(sw)
@@ -73,22 +71,23 @@ def test_a_round_loads_and_reads_only_live_trials(tmp_path, monkeypatch):
             opened.append(str(path).split("/trials/")[1].split("/")[0])
         return real_open(path, *args, **kwargs)
 
-    def on_load(target, context):
-        loaded.append(target.number)
+    real_trials = queries.trials
+
+    def counting_trials(tx, sid, **kw):     # every trial row read from the database
+        got = real_trials(tx, sid, **kw)
+        loaded.extend(t.number for t in got)
+        return got
 
     monkeypatch.setattr(metrics, "open", counting_open, raising=False)
-    event.listen(SweepTrial, "load", on_load)
+    monkeypatch.setattr(queries, "trials", counting_trials)
     c = _Client()
-    try:
-        per_round = []
-        for r in (1, 2, 3):
-            c.round = r
-            loaded.clear()
-            opened.clear()
-            counts = refresh.refresh(sid, client=c, url=url)
-            per_round.append((sorted(loaded), sorted(opened), counts))
-    finally:
-        event.remove(SweepTrial, "load", on_load)
+    per_round = []
+    for r in (1, 2, 3):
+        c.round = r
+        loaded.clear()
+        opened.clear()
+        counts = refresh.refresh(sid, client=c, url=url)
+        per_round.append((sorted(loaded), sorted(opened), counts))
     a, b = str(N_DONE), str(N_DONE + 1)
     # round 1: both live trials; round 2: trial N_DONE+1 finishes (its file read once more);
     # round 3: only the one still running

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from gpuhpc.ledger import db
+from gpuhpc.ledger.orm import Sweep, SweepChunk, SweepTrial
 from gpuhpc.sweeps import refresh, store
-from gpuhpc.sweeps.models import Sweep, SweepChunk, SweepTrial
 from gpuhpc.sweeps.spec import SweepSpec, spec_json
 
 SPEC = {"name": "r", "command": "echo {x}", "parameters": {"x": {"type": "int", "low": 0, "high": 3}},
@@ -32,7 +32,7 @@ class _Client:
 
 
 def _sweep(url: str, tmp_path, state: str) -> int:
-    with store.session(url) as s:
+    with db.session_scope(url) as s:
         sw = Sweep(name="r", user_name="u", cluster="c", spec=spec_json(SweepSpec.from_mapping(SPEC)),
                    status="running", directory=str(tmp_path), n_trials=1)
         s.add(sw)
