@@ -124,18 +124,22 @@ def test_preemptions_past_the_cap_with_progress_complete(jobs_env, tmp_path, slu
 
 
 def processes_with(marker: str) -> list[str]:
-    """The command lines of this machine's processes that name ``marker`` (a test's own path)."""
+    """This machine's processes that name ``marker`` (a test's own directory) in their command
+    line or environment (a job's processes inherit its GPUHPC_CHECKPOINT_DIR, under the test's
+    directory: spawned workers too, whose command line does not name the program)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                argv = fh.read().split(b"\0")
+                argv = fh.read()
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
         except OSError:
             continue
-        if marker.encode() in argv:
-            found.append(f"{pid}: {b' '.join(argv).decode(errors='replace')}")
+        if marker.encode() in argv or marker.encode() in env:
+            found.append(pid + ": " + argv.replace(b"\0", b" ").decode(errors="replace"))
     return found
 
 
@@ -171,5 +175,42 @@ def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, tra
     # the preempted run ended by itself after its save (its workers stopped), not at the deadline;
     # a run left hanging there outlives the job (its own session: linuxproc loses it)
     assert "did not exit by the deadline" not in Job(job_id, client=slurm).logs()
-    wait_for(lambda: not processes_with(str(progress)), 10,
-             lambda: f"job {job_id}'s processes to end: {processes_with(str(progress))}")
+    wait_for(lambda: not processes_with(str(tmp_path)), 10,
+             lambda: f"job {job_id}'s processes to end: {processes_with(str(tmp_path))}")
+
+
+def test_torch_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
+    """The same with real torch (Debian's python3-torch, torch_compat.TORCH_PYTHON): a training loop
+    over ``torch.utils.data.DataLoader(num_workers=2)`` (torch_dataloader_train.py; spawned workers,
+    no SIGUSR2 handler) is preempted: both workers hand out a batch during the save, the job resumes
+    from it and completes, and no process of the job is left."""
+    from torch_compat import TORCH_PYTHON, require_torch
+
+    require_torch()
+    progress, result = tmp_path / "progress.log", tmp_path / "result.json"
+    res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
+                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-torch-dataloader",
+                 "--json", "--", TORCH_PYTHON, str(HERE / "torch_dataloader_train.py"), "--steps", "400",
+                 "--step-seconds", str(STEP_S), "--progress", str(progress), "--result", str(result))
+    assert res.returncode == 0, res.stderr
+    job_id = json.loads(res.stdout)["job_id"]
+    track(job_id)
+    wait_for(lambda: job_state(slurm, job_id) == "RUNNING" and progress.exists()
+             and progress.read_text().startswith("start 0 0\n"), 90, f"job {job_id} to start")
+    interrupt(slurm, job_id, "preempt", node=NODE, gres=GRES, track=track, timeout=120)
+    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED"), 150, f"job {job_id} to end")
+
+    lines = progress.read_text().splitlines()
+    from gpuhpc.jobs.api import Job
+
+    log = Job(job_id, client=slurm).logs()
+    assert job_state(slurm, job_id) == "COMPLETED", (lines, log[-3000:])
+    assert not [x for x in lines if x.startswith("worker died")], lines
+    saved = [x for x in lines if x.startswith("saved ")]
+    assert len(saved) == 1 and saved[0].endswith(" 2"), lines          # both workers answered during the save
+    step = int(saved[0].split()[1])
+    assert lines[lines.index(saved[0]) + 1] == f"start 1 {step}", lines      # resumed from that save
+    assert lines[-1] == "done" and json.loads(result.read_text()) == {"step": 400}
+    assert "did not exit by the deadline" not in log
+    wait_for(lambda: not processes_with(str(tmp_path)), 10,
+             lambda: f"job {job_id}'s processes to end: {processes_with(str(tmp_path))}")
