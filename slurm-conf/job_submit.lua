@@ -13,6 +13,12 @@ Snapshot lines (tab-separated; docs/ledger.md):
   rate    <partition|*>  <gpu type|*>  <price per device-hour, multipliers applied>
   weight  <gpu type>  <GPU-hours one such GPU counts for an hour: a MIG slice its fraction, "1/7">
   budget  <account>  <user|*>  <money|gpu_hours>  <period label>  <period end, epoch s; 0 = none>  <budget>  <left>
+  qos     <account>  <budget QOS>     (ledger enforcement "qos": the account's budget is that QOS, NoDecay)
+
+In the qos mode every job of such an account runs in its budget QOS: a job that asks for none is put
+there, a job that asks for another QOS is refused (a job has one QOS; any other would escape the
+budget). sync-slurm also makes the budget QOS the associations' DefaultQOS, so a job that reaches
+slurmctld without this script still lands in it.
 Anything unexpected (no snapshot, a parse error, a field this Slurm lacks) lets the job through:
 this script must never be the reason a job is refused wrongly.
 ]]
@@ -36,7 +42,7 @@ end
 local function load_snapshot()
     local fh = io.open(SNAPSHOT, "r")
     if not fh then return nil end
-    local snap = { rates = {}, budgets = {}, weights = {}, currency = "USD" }
+    local snap = { rates = {}, budgets = {}, weights = {}, qos = {}, currency = "USD" }
     for line in fh:lines() do
         local f = split(line)
         if f[1] == "currency" then
@@ -48,6 +54,8 @@ local function load_snapshot()
             local n, d = (f[3] or ""):match("^(%d+)/(%d+)$")
             local w = n and tonumber(d) > 0 and tonumber(n) / tonumber(d) or tonumber(f[3])
             if w ~= nil and w > 0 then snap.weights[f[2]] = w end
+        elseif f[1] == "qos" and f[2] ~= nil and f[3] ~= nil and f[3] ~= "" then
+            snap.qos[f[2]] = f[3]
         elseif f[1] == "budget" then
             local list = snap.budgets[f[2]] or {}
             list[#list + 1] = { user = f[3], kind = f[4], label = f[5], ends = tonumber(f[6]) or 0,
@@ -202,12 +210,36 @@ local function check(get)
     return nil
 end
 
+-- the qos mode: the account's budget QOS (nil: none), and the refusal when the job asks for another
+local function budget_qos(account, asked)
+    local snap = load_snapshot()
+    if not snap or account == nil or snap.qos[account] == nil then return nil, nil end
+    local want = snap.qos[account]
+    if asked ~= nil and asked ~= "" and string.lower(tostring(asked)) ~= string.lower(want) then
+        return want, string.format("account %s: its budget is the QOS %s, which every job of the account runs in; "
+                                   .. "this job asks for QOS %s (submit without --qos, or with --qos=%s)",
+                                   account, want, tostring(asked), want)
+    end
+    return want, nil
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
     local function get(k)
         if k == "time_limit" and num(job_desc.time_limit) == nil then
             return partition_minutes(part_list, job_desc.partition)
         end
         return job_desc[k]
+    end
+    local qok, want, refusal = pcall(budget_qos, job_desc.account or job_desc.default_account, job_desc.qos)
+    if qok and refusal then
+        slurm.log_user("%s", refusal)
+        slurm.log_info("gpuhpc budget: refused a job of uid %s: %s", tostring(submit_uid), refusal)
+        return slurm.ERROR
+    end
+    if qok and want then
+        job_desc.qos = want
+    elseif not qok then
+        slurm.log_error("gpuhpc job_submit.lua: %s (QOS left as asked)", tostring(want))
     end
     local ok, msg = pcall(check, get)
     if ok and msg then
@@ -266,6 +298,16 @@ local function check_modify(job_desc, job_rec, modify_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+    -- the qos mode: a pending job of a budgeted account stays in its budget QOS (an administrator may move it)
+    if tonumber(modify_uid) ~= 0 and job_desc.qos ~= nil and job_desc.qos ~= "" then
+        local qok, _, refusal = pcall(budget_qos, job_desc.account or job_rec.account, job_desc.qos)
+        if qok and refusal then
+            slurm.log_user("%s", refusal)
+            slurm.log_info("gpuhpc budget: refused an update of job %s by uid %s: %s", tostring(job_rec.job_id),
+                           tostring(modify_uid), refusal)
+            return slurm.ERROR
+        end
+    end
     local ok, msg = pcall(check_modify, job_desc, job_rec, modify_uid)
     if ok and msg then
         slurm.log_user("%s", msg)

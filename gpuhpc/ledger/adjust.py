@@ -47,6 +47,10 @@ POLICIES = {
     pricing.POLICY: (pricing.PER_GPU, pricing.MODES,
                      "how ingest prices a run: per_gpu (its GPUs) or max_share (the largest of its shares of its "
                      "nodes' GPUs, CPUs and memory × the nodes' price; docs/ledger.md)"),
+    # read by gpuhpc.ledger.slurm_sync (sync-slurm, rollover, check): docs/ledger.md "budget enforcement modes"
+    "slurm_enforcement": ("association", ("association", "qos"),
+                          "where sync-slurm puts budgets: association (GrpTRESMins on the account's association; needs "
+                          "PriorityDecayHalfLife=0) or qos (a NoDecay QOS per budgeted account; fair-share keeps decaying)"),
 }
 
 

@@ -12,6 +12,8 @@ Three comparisons, one line per difference (exit 1 when there is any, 0 when in 
   :func:`gpuhpc.ledger.slurm_sync.plan`) against the account's and its users' associations in
   slurmdbd (``sacctmgr``), on this cluster; a limit changed by hand behind the ledger's back, an
   account without its association, a user limit the ledger has no quota for.
+  In the qos mode (docs/ledger.md, "budget enforcement modes") the limits sit on each account's
+  budget QOS (``sacctmgr list qos``), which must also carry ``Flags=NoDecay``.
 * **usage**: each quota's used GPU-minutes or billing-minutes in this period, in slurmctld's
   association manager (``GrpTRESMins=...(USED)``) against the ledger's counters, within a
   tolerance (Slurm adds usage up every ``PriorityCalcPeriod`` and counts whole minutes). An
@@ -150,9 +152,10 @@ def limit_differences(plans: list[slurm_sync.AccountPlan], assocs: list[dict[str
             continue
         checked += 1
         cur = slurm_sync.parse_tres(have[""].get("GrpTRESMins", ""))
-        if any(cur.get(k, slurm_sync.UNSET) != v for k, v in p.limits.items()):
+        own = slurm_sync.association_limits(p)          # the qos mode: none (the budget QOS holds them)
+        if any(cur.get(k, slurm_sync.UNSET) != v for k, v in own.items()):
             out.append(Difference("limits", f"account {p.account}", have[""].get("GrpTRESMins") or "(none)",
-                                  _fmt_limit(p.limits), fix))
+                                  _fmt_limit(own), fix))
         for u in sorted(set(p.users) | set(p.user_limits)):
             want = p.user_limits.get(u, {k: slurm_sync.UNSET for k in p.limits})
             ua = have.get(u)
@@ -166,6 +169,30 @@ def limit_differences(plans: list[slurm_sync.AccountPlan], assocs: list[dict[str
             if any(cur.get(k, slurm_sync.UNSET) != v for k, v in want.items()):
                 out.append(Difference("limits", f"user {u} in account {p.account}", ua.get("GrpTRESMins") or "(none)",
                                       _fmt_limit(want), fix))
+    return out, checked
+
+
+def qos_limit_differences(plans: list[slurm_sync.AccountPlan], qos_rows: list[dict[str, str]]
+                          ) -> tuple[list[Difference], int]:
+    """The qos mode: each budget QOS (``sacctmgr list qos`` rows: Name, Flags, GrpTRESMins) has the
+    plan's GrpTRESMins and ``NoDecay`` (without it the budget's usage decays)."""
+    have = {r["Name"].lower(): r for r in qos_rows}
+    out, checked = [], 0
+    for p in plans:
+        if not p.qos:
+            continue
+        what, fix = f"QOS {p.qos} of account {p.account}", f"{SYNC_HINT} --account {p.account}"
+        row = have.get(p.qos.lower())
+        if row is None:
+            out.append(Difference("limits", what, "(no QOS)", _fmt_limit(p.limits), fix))
+            continue
+        checked += 1
+        cur = slurm_sync.parse_tres(row.get("GrpTRESMins", ""))
+        if any(cur.get(k, slurm_sync.UNSET) != v for k, v in p.limits.items()):
+            out.append(Difference("limits", what, row.get("GrpTRESMins") or "(none)", _fmt_limit(p.limits), fix))
+        if "nodecay" not in {f.strip().lower() for f in row.get("Flags", "").split(",")}:
+            out.append(Difference("limits", what, f"Flags={row.get('Flags') or '(none)'} (its usage decays)",
+                                  f"{_fmt_limit(p.limits)} with Flags=NoDecay", fix))
     return out, checked
 
 
@@ -204,6 +231,10 @@ def usage_differences(statuses: list[admin.QuotaStatus], plans: list[slurm_sync.
         assoc = by_assoc.get((s.account, s.user or ""))
         if p is None or assoc is None:
             continue                         # no association: the limits comparison says so
+        if p.qos:
+            notes.append(f"{who}: usage not compared (the qos mode: Slurm counts it on the QOS {p.qos}, "
+                         f"which gpuhpc ledger check does not read yet)")
+            continue
         label = budget.period_label(s.period, s.period_start)
         fix = f"{SYNC_HINT} --account {s.account}"
         if (p.reset if s.user is None else s.user in p.user_resets):
@@ -296,6 +327,10 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
                                   fields=["Account", "User", "GrpTRESMins"])
     diffs, res.checked["limits"] = limit_differences(plans, assocs)
     res.differences += diffs
+    if any(p.qos for p in plans):
+        diffs, n = qos_limit_differences(plans, client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins"]))
+        res.differences += diffs
+        res.checked["limits"] += n
     usage = client.assoc_usage(sorted({s.account for s in statuses}))
     diffs, res.checked["usage"], notes = usage_differences(statuses, plans, usage, tol, dearest_minute(book, now))
     res.differences += diffs

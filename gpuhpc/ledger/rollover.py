@@ -1,7 +1,8 @@
 """``gpuhpc ledger rollover``: each quota's Slurm usage starts again at its period boundary
 without the ledger database (issue 34 point 4).
 
-A budget is ``GrpTRESMins`` on an association, and only ``gpuhpc ledger sync-slurm`` resets the
+A budget is ``GrpTRESMins`` on an association (in the qos mode on the account's budget QOS, whose
+usage the rollover resets instead: an entry's ``qos``), and only ``gpuhpc ledger sync-slurm`` resets the
 association's usage (``RawUsage=0``) when the quota's period rolls over. It reads the database to
 know that: with the database down at a month's end, every budgeted account stays at last month's
 usage, held on ``Assoc Grp*Minutes``, until the database is back. So ``sync-slurm`` also writes the
@@ -84,6 +85,7 @@ class Entry:
     period: str                          # day, week, month
     current: int                         # the period start whose reset sync-slurm made, epoch seconds
     resets: tuple[Reset, ...]
+    qos: str = ""                        # the qos mode: the account's budget QOS (reset instead of the association)
 
     @property
     def key(self) -> str:
@@ -102,6 +104,7 @@ class Plan:
     def as_dict(self) -> dict:
         return {"version": 1, "cluster": self.cluster, "generated": self.generated,
                 "quotas": [{"account": e.account, "user": e.user, "period": e.period, "current": e.current,
+                            **({"qos": e.qos} if e.qos else {}),
                             "resets": [{"at": r.at, "GrpTRESMins": dict(sorted(r.limits.items()))}
                                        for r in e.resets]} for e in self.entries]}
 
@@ -155,7 +158,8 @@ def compute(cluster: str, *, url: str | None = None, now: dt.datetime | None = N
             if got[0] != nxt or got[1] is None:
                 break                     # the ledger's own period there disagrees: plan no further
             resets.append(Reset(int(nxt.timestamp()), dict(got[1])))
-        out.entries.append(Entry(account, user, period, int(start.timestamp()), tuple(resets)))
+        out.entries.append(Entry(account, user, period, int(start.timestamp()), tuple(resets),
+                                 "" if user else current[account].qos or ""))
     return out
 
 
@@ -198,7 +202,7 @@ def read_plan(path: Path | None = None) -> Plan | None:
             resets = tuple(Reset(int(r["at"]), {str(k): int(v) for k, v in r["GrpTRESMins"].items()})
                            for r in q["resets"])
             plan.entries.append(Entry(str(q["account"]), str(q["user"]), str(q["period"]), int(q["current"]),
-                                      resets))
+                                      resets, str(q.get("qos") or "")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return plan
@@ -272,11 +276,13 @@ def apply(client, plan: Plan | None, state: dict[str, int], *, now: float | None
     res.next_reset = min(upcoming) if upcoming else None
     where_on = [("cluster", plan.cluster)] if plan.cluster else []
     for e, r in due(plan, state, now):
-        entity, where = ("account", [("name", e.account)]) if not e.user else \
-            ("user", [("name", e.user), ("account", e.account)])
+        entity, where = ("account", [("name", e.account), *where_on]) if not e.user else \
+            ("user", [("name", e.user), ("account", e.account), *where_on])
+        if e.qos:                        # the qos mode: the budget is the QOS (one for the whole slurmdbd)
+            entity, where = "qos", [("name", e.qos)]
         try:
             for setting in (("GrpTRESMins", _tres(r.limits)), ("RawUsage", "0")):
-                res.commands.append(client.sacctmgr_modify(entity, [*where, *where_on], [setting], dry_run=dry_run))
+                res.commands.append(client.sacctmgr_modify(entity, where, [setting], dry_run=dry_run))
         except GpuhpcError as exc:
             res.failed.append((e, r, exc.one_line()))
             continue

@@ -20,6 +20,18 @@ Requirements in slurm.conf: ``PriorityType=priority/multifactor`` (usage accumul
 there) and ``AccountingStorageEnforce=associations,limits,qos,safe`` (``safe``: a job starts
 only if its whole time limit fits in what is left).
 
+**The qos mode** (``gpuhpc ledger policy set slurm_enforcement qos``; docs/ledger.md, "budget
+enforcement modes") keeps fair-share decaying: each account with an account quota gets a budget
+QOS of its own (:func:`budget_qos`, ``Flags=NoDecay``: its usage never decays, whatever
+``PriorityDecayHalfLife`` says) carrying the ``GrpTRESMins``, granted to the account's and its
+users' associations as their ``DefaultQOS``; the associations themselves carry no budget. The
+budget snapshot names each account's QOS (``qos`` lines) and job_submit.lua puts every job of the
+account in it, refusing a job that asks for another QOS (a job has one QOS, so any other would
+escape the budget). A new period resets the QOS's usage (``sacctmgr modify qos ... set
+RawUsage=0``). A per-user quota cannot be held that way (a QOS sums over every user in it, and a job
+has one QOS): :func:`plan` refuses it in this mode. A QOS is one for every cluster of a slurmdbd
+(its usage is counted by each slurmctld on its own, as an association's is).
+
 The ledger database is read first and closed; sacctmgr runs afterwards (no network call inside
 a DB transaction), through :class:`~gpuhpc.slurm.client.SlurmClient`.
 """
@@ -31,11 +43,15 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
+from gpuhpc.errors import UserInputError
 from gpuhpc.ledger import adjust, admin, budget, db, quota
 from gpuhpc.ledger.orm import Account, IngestState, Quota, utcnow
 from gpuhpc.ledger.periods import ledger_zone, period_end, period_start
 
 UNSET = -1
+ENFORCEMENT = "slurm_enforcement"              # the ledger policy (gpuhpc.ledger.adjust.POLICIES)
+ASSOCIATION, QOS = "association", "qos"        # its values
+QOS_PREFIX = "budget_"
 # Slurm decides in whole TRES-minutes: ``safe`` starts a job when  floor(settled usage) +
 # floor(running jobs' reserve) + the job's own limit <= GrpTRESMins, so each floor can hide
 # just under one minute. The limit is set this many TRES-minutes below the budget, so that jobs
@@ -66,6 +82,17 @@ class AccountPlan:
     # per-user quotas keep periods of their own: each user's association restarts on its own period
     user_periods: dict[str, dt.datetime] = field(default_factory=dict)
     user_resets: tuple[str, ...] = ()
+    qos: str | None = None                       # the qos mode: the account's budget QOS (holds ``limits``)
+
+
+def budget_qos(account: str) -> str:
+    """The name of an account's budget QOS in the qos mode."""
+    return QOS_PREFIX + account
+
+
+def association_limits(p: AccountPlan) -> dict[str, int]:
+    """GrpTRESMins of the account's own association: the budget, or none when its QOS holds it."""
+    return p.limits if p.qos is None else _limit(None, None)
 
 
 @dataclass
@@ -106,6 +133,7 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
     tz = ledger_zone()           # quota periods begin at local midnight there (ledger.timezone)
     out = []
     with db.session_scope(url) as s:
+        mode = adjust.policy(s, ENFORCEMENT)
         stmt = select(Account).order_by(Account.name)
         if accounts:
             stmt = stmt.where(Account.name.in_(accounts))
@@ -137,8 +165,14 @@ def plan(*, url: str | None = None, accounts: list[str] | None = None,
             user_resets = tuple(sorted(u for u, us in user_periods.items() if _new_period(
                 s, _state_key(a.name, u, cluster), us, _state_key(a.name, u) if cluster else None)))
             users = tuple(sorted(m.user.name for m in a.memberships))
+            if mode == QOS and user_limits:
+                raise UserInputError(f"account {a.name}: a per-user quota ({', '.join(sorted(user_limits))}) cannot be "
+                                     f"enforced with {ENFORCEMENT}=qos (one budget QOS binds the whole account)",
+                                     field="quota", hint=f"remove the user quota, or gpuhpc ledger policy set "
+                                                         f"{ENFORCEMENT} {ASSOCIATION}")
             out.append(AccountPlan(a.name, a.description or a.name, users, limits, user_limits, start, reset,
-                                   user_periods, user_resets))
+                                   user_periods, user_resets,
+                                   budget_qos(a.name) if mode == QOS and start is not None else None))
     return out
 
 
@@ -199,22 +233,32 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
     def modify(entity: str, where: list[tuple[str, str]], *settings: tuple[str, str]) -> None:
         res.commands.append(client.sacctmgr_modify(entity, [*where, *where_on], settings, dry_run=dry_run))
 
+    qos_plans = [p for p in plans if p.qos]
+    if qos_plans:
+        # the budget QOS first (a QOS is one for the whole slurmdbd: no cluster), then the grants
+        have_qos = {r["Name"].lower(): r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins"])}
+        for p in qos_plans:
+            res.commands += qos_commands(client, p, have_qos.get(p.qos.lower()), dry_run=dry_run)
     assocs = client.sacctmgr_list("association", *(f"{k}={v}" for k, v in where_on),
-                                  fields=["Account", "User", "GrpTRESMins"])
+                                  fields=["Account", "User", "GrpTRESMins", "QOS", "DefaultQOS"])
     users_of: dict[str, dict[str, dict]] = {}
     for r in assocs:
         users_of.setdefault(r["Account"], {})[r["User"]] = r
     # an account is on this cluster when its own (user-less) association is
     accts = {a for a, users in users_of.items() if "" in users}
     for p in plans:
+        limits = association_limits(p)
         if p.account not in accts:
             add("account", p.account, ("Description", p.description), ("Organization", "gpuhpc"),
-                *((("GrpTRESMins", _tres(_set_only(p.limits))),) if _set_only(p.limits) else ()))
+                *((("GrpTRESMins", _tres(_set_only(limits))),) if _set_only(limits) else ()))
         else:
             have = users_of.get(p.account, {}).get("", {})
-            if _differs(have.get("GrpTRESMins", ""), p.limits):
-                modify("account", [("name", p.account)], ("GrpTRESMins", _tres(p.limits)))
-        if p.reset:
+            if _differs(have.get("GrpTRESMins", ""), limits):
+                modify("account", [("name", p.account)], ("GrpTRESMins", _tres(limits)))
+        if p.qos:
+            if not _granted(users_of.get(p.account, {}).get(""), p.qos):
+                modify("account", [("name", p.account)], *grant(p.qos))
+        elif p.reset:
             # a new quota period (or a first sync): Slurm's usage of the budget starts from zero, like
             # the ledger's (an account re-added in slurmdbd keeps the usage it had)
             modify("account", [("name", p.account)], ("RawUsage", "0"))
@@ -227,10 +271,51 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
                     *((("GrpTRESMins", _tres(_set_only(want))),) if _set_only(want) else ()))
             elif _differs(ua.get("GrpTRESMins", ""), want) and (u in p.user_limits or ua.get("GrpTRESMins")):
                 modify("user", [("name", u), ("account", p.account)], ("GrpTRESMins", _tres(want)))
+            if p.qos and not _granted(ua, p.qos):
+                modify("user", [("name", u), ("account", p.account)], *grant(p.qos))
             if u in p.user_resets:
                 # the user's quota entered a new period of its own: that association's usage starts again
                 modify("user", [("name", u), ("account", p.account)], ("RawUsage", "0"))
     return res
+
+
+def grant(qos: str) -> tuple[tuple[str, str], ...]:
+    """The settings that let an association's jobs run in ``qos`` and put them there by default."""
+    return (("QOS+", qos), ("DefaultQOS", qos))
+
+
+def _granted(assoc: dict | None, qos: str) -> bool:
+    """Does this ``sacctmgr list association`` row (None: none yet) hold ``qos`` as its default?"""
+    if assoc is None:
+        return False
+    names = {q.strip().lower() for q in assoc.get("QOS", "").split(",")}
+    return qos.lower() in names and assoc.get("DefaultQOS", "").strip().lower() == qos.lower()
+
+
+def qos_commands(client, p: AccountPlan, have: dict | None, *, dry_run: bool = False) -> list[list[str]]:
+    """Make ``p``'s budget QOS what the plan says (``have``: its ``sacctmgr list qos`` row, None when
+    it does not exist): ``Flags=NoDecay`` and the budget's ``GrpTRESMins``; on a new period its usage
+    starts again (``RawUsage=0``). Only what differs changes; returns the command lines."""
+    out = []
+    if have is None:
+        out.append(client.sacctmgr_add("qos", p.qos, [("Flags", "NoDecay"),
+                                                      *((("GrpTRESMins", _tres(_set_only(p.limits))),)
+                                                        if _set_only(p.limits) else ())], dry_run=dry_run))
+    else:
+        if "nodecay" not in {f.strip().lower() for f in have.get("Flags", "").split(",")}:
+            out.append(client.sacctmgr_modify("qos", [("name", p.qos)], [("Flags+", "NoDecay")], dry_run=dry_run))
+        if _differs(have.get("GrpTRESMins", ""), p.limits):
+            out.append(client.sacctmgr_modify("qos", [("name", p.qos)], [("GrpTRESMins", _tres(p.limits))],
+                                              dry_run=dry_run))
+    if p.reset:
+        out.append(client.sacctmgr_modify("qos", [("name", p.qos)], [("RawUsage", "0")], dry_run=dry_run))
+    return out
+
+
+def snapshot_qos_lines(plans: list[AccountPlan]) -> str:
+    """The budget snapshot's ``qos`` lines (``qos <account> <QOS>``): job_submit.lua puts every job of
+    such an account in its budget QOS."""
+    return "".join(f"qos\t{p.account}\t{p.qos}\n" for p in plans if p.qos)
 
 
 def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_file=None,
@@ -249,7 +334,9 @@ def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_f
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
     statuses = admin.quota_status(url=url, now=now)
+    qos_lines = snapshot_qos_lines(plan(url=url, now=now))
     doc = budget.billing_document(book, now)
     b = budget.write_billing(doc, billing_file)
-    snap = budget.write_snapshot(budget.render_snapshot(statuses, book, now, gpu_types=gpu_types), snapshot_file)
+    text = budget.render_snapshot(statuses, book, now, gpu_types=gpu_types)
+    snap = budget.write_snapshot(text + qos_lines, snapshot_file)         # the text ends with a newline
     return str(b), str(snap)
