@@ -15,6 +15,7 @@ pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
       prometheus-alertmanager   # the local stack's Alertmanager (scripts/services/prometheus.sh)
       rdma-core infiniband-diags perftest   # what gpuhpc_gpudirect_rdma installs (its test then runs changed=0)
       logrotate      # the collection's log rotation (gpuhpc_slurm_common), tested on the local cluster
+      python3-torch  # real torch (1.13, CPU, gloo) for Debian's python3: the jobs tests' torch programs (tests/integration/jobs/torch_compat.py)
       debootstrap)   # the multi-host lab's image (scripts/lab.sh bake)
 missing=()
 for p in "${pkgs[@]}"; do
