@@ -16,6 +16,8 @@
 # Ansible control node runs: `lab.sh ctl CMD`); every host also has an address on 10.213.1.0/24, the
 # same wire but outside the management network (the nftables test connects from 10.213.1.1).
 # Nothing is added to the root network namespace and nothing here listens on 127.0.0.1.
+# A host that reboots (`systemctl reboot`, Slurm's RebootProgram) boots again on the same overlay, with
+# a new boot id and uptime (supervise); a poweroff or `lab.sh down HOST` leaves it down.
 # `lab.sh registry`: a container registry for the hosts on the switch, 10.213.0.1:5500
 # (scripts/services/registry.sh, data in $LAB/registry), with its test image; prints the image pinned
 # by digest and keeps it in $LAB/registry/image (the lab inventory's gpuhpc_containers_verify_image).
@@ -109,6 +111,7 @@ host_init() {
   mkdir -p "$d/cg2/gpuhpc-lab/$h" && echo $$ > "$d/cg2/gpuhpc-lab/$h/cgroup.procs"
   umount "$d/cg2"
   mount -t proc proc "$M/proc"
+  new_boot_id "$d" "$M"
   mount -t sysfs sys "$M/sys"
   mount --rbind /sys/fs/cgroup "$M/sys/fs/cgroup"
   mount -t tmpfs -o mode=755 tmpfs "$M/run"
@@ -168,8 +171,49 @@ print(min(ids, key=ids.get) if ids else ",".join(map(str, sorted(os.sched_getaff
 EOF
 }
 
-start_host() {
+# Each boot is a boot as the host's software sees it: its own /proc/sys/kernel/random/boot_id (a new
+# one bound over the machine's, as systemd-nspawn does; journald and `journalctl -b` read it) and, in
+# its time namespace (start_host), an uptime counted from this boot, which slurmd reports as BootTime.
+new_boot_id() {
+  cat /proc/sys/kernel/random/uuid > "$1/boot_id"
+  mount --bind "$1/boot_id" "$2/proc/sys/kernel/random/boot_id"
+  mount -o remount,bind,ro "$2/proc/sys/kernel/random/boot_id"
+}
+
+# A host's power supply: boots it, and boots it again on the same overlay when its systemd reboots
+# (`systemctl reboot`, Slurm's RebootProgram). reboot(2) from a PID namespace's init ends that init
+# as if killed by SIGHUP (halt and poweroff: SIGINT), and unshare re-raises its child's signal, so
+# 129 is a reboot; anything else (a poweroff, stop_host's SIGKILL: a power cut) leaves the host down.
+# It runs detached from the caller and holds none of its descriptors (a `flock lab.lock lab.sh up`
+# must not leave the lock held by the hosts).
+supervise() {
+  local h=$1 d=$LAB/hosts/$1 rc fd cpus
+  for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && [ "$fd" -lt 255 ] && eval "exec $fd>&-"; done
+  cpus=$(taskset -p -c $BASHPID | awk '{print $NF}')
+  while :; do
+    # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs;
+    # the mount namespace is made on the CPU that numbers namespaces lowest (oldest_ns_cpu); the time
+    # namespace starts the host's CLOCK_BOOTTIME (its uptime) at 0
+    GPUHPC_LAB_CPUS=$cpus taskset -c "$(oldest_ns_cpu)" \
+      nsenter --net="/run/netns/lab-$h" unshare --mount --pid --uts --time --boottime "-$(cut -d. -f1 /proc/uptime)" \
+      --fork --propagation private "$SELF" _init "$h" > "$d/init.log" 2>&1 &
+    echo $! > "$d/unshare.pid.new" && mv "$d/unshare.pid.new" "$d/unshare.pid"
+    rc=0; wait $! || rc=$?
+    [ "$rc" -eq 129 ] && [ ! -e "$d/poweroff" ] || { log "$h: down (exit $rc)"; return 0; }
+    log "$h: rebooting"
+    clean_cgroups "$h"
+  done
+}
+
+clean_cgroups() {   # a stopped host's (now empty) cgroups, deepest first
   local h=$1 d=$LAB/hosts/$1
+  find $(awk '$3 == "cgroup" {print $2 "/gpuhpc-lab/'"$h"'"}' /proc/self/mounts) -depth -type d -exec rmdir {} + 2>/dev/null || true
+  mkdir -p "$d/cg2" && unshare --mount sh -c "mount -t cgroup2 cgroup2 $d/cg2 &&
+    find $d/cg2/gpuhpc-lab/$h -depth -type d -exec rmdir {} + 2>/dev/null" || true
+}
+
+start_host() {
+  local h=$1 d=$LAB/hosts/$1 t
   [ -n "$(pid1 "$h")" ] && { log "$h is running"; return 0; }
   mkdir -p "$d/upper" "$d/work" "$d/merged"
   ip netns add "lab-$h" 2>/dev/null || true
@@ -181,12 +225,10 @@ start_host() {
     ip -n "lab-$h" addr add "$OUTNET.${IP[$h]}/24" dev eth0
     ip -n "lab-$h" link set eth0 up
   fi
-  # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs;
-  # the mount namespace is made on the CPU that numbers namespaces lowest (oldest_ns_cpu)
-  GPUHPC_LAB_CPUS=$(taskset -p -c $$ | awk '{print $NF}') taskset -c "$(oldest_ns_cpu)" \
-    nsenter --net="/run/netns/lab-$h" unshare --mount --pid --uts --fork --propagation private \
-    "$SELF" _init "$h" > "$d/init.log" 2>&1 &
-  echo $! > "$d/unshare.pid"
+  rm -f "$d/unshare.pid" "$d/poweroff"
+  setsid "$SELF" _supervise "$h" </dev/null >> "$d/supervisor.log" 2>&1 &
+  for t in $(seq 100); do [ -f "$d/unshare.pid" ] && return 0; sleep 0.1; done
+  log "$h: its supervisor did not boot it; see $d/supervisor.log"; return 1
 }
 
 wait_ssh() {
@@ -237,6 +279,7 @@ up() {
 stop_host() {
   local h=$1 d=$LAB/hosts/$1 p
   p=$(pid1 "$h")
+  [ ! -d "$d" ] || touch "$d/poweroff"   # for its supervisor: no boot after this
   mux_exit "$h"
   # SIGKILL to the namespace's init: the kernel ends every process of the host (a power cut)
   [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true
@@ -295,6 +338,7 @@ mux_exit() {
 
 case "${1:-}" in
   _init) host_init "$2" ;;
+  _supervise) supervise "$2" ;;
   up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
