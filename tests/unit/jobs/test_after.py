@@ -386,3 +386,19 @@ def test_the_best_waits_until_accounting_has_every_trial_final(fake_sweeps, tmp_
     monkeypatch.setenv("GPUHPC_BEST_WAIT_S", "soon")
     assert best.main(["5", "--", "python", "f.py"]) == 2
 
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "4"])
+def test_bad_parallelism_names_the_field_and_submits_nothing(value, monkeypatch):
+    """map_array's and batch()'s ``parallelism``: exit 2 naming it, before submitit is asked."""
+    import submitit
+
+    monkeypatch.setattr(submitit, "SlurmExecutor", lambda *a, **k: pytest.fail("submitit was asked"))
+    monkeypatch.setenv("GPUHPC_LEDGER", "off")
+    with pytest.raises(UserInputError) as e:
+        api.map_array(abs, [1, 2], resources={"time": "5m"}, client=Client(), parallelism=value)
+    assert e.value.field == "parallelism" and e.value.exit_code == 2
+    with pytest.raises(UserInputError) as e:
+        with api.batch(parallelism=value):
+            api.submit(abs, 1, resources={"time": "5m"}, client=Client())
+    assert e.value.field == "parallelism" and e.value.exit_code == 2
