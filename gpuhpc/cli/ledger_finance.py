@@ -9,6 +9,7 @@ inside the commands."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -119,8 +120,11 @@ def forecast(days: int, account: Optional[str], json_: bool) -> None:
 @click.command("alerts")
 @click.option("--dry-run", is_flag=True, help="List the alerts that are due; send and record nothing.")
 @click.option("--account", help="Only this account's quotas.")
+@click.option("--textfile", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write when this run went through and the alerts it sent and could not send, for "
+                   "node_exporter's textfile collector (the LedgerAlertsStale and LedgerAlertsUndelivered alerts).")
 @JSON
-def alerts(dry_run: bool, account: Optional[str], json_: bool) -> int:
+def alerts(dry_run: bool, account: Optional[str], textfile: Optional[Path], json_: bool) -> int:
     """Mail or POST each budget alert that is due to its account's contact (gpuhpc ledger account
     set --contact), once per threshold (gpuhpc quota set --alert-at; default 80,100) and period.
     Run it from cron; exit 1 when one could not be sent (the next run tries it again)."""
@@ -129,6 +133,10 @@ def alerts(dry_run: bool, account: Optional[str], json_: bool) -> int:
 
     admin_only("ledger alerts")
     rows = ledger_alerts.run(dry_run=dry_run, account=account)
+    if textfile is not None and not dry_run:
+        from gpuhpc.ledger import textfile as ledger_textfile
+
+        ledger_textfile.write(textfile, ledger_textfile.alerts(rows))
     if json_:
         from gpuhpc.cli._console import print_json
 

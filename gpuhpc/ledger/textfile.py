@@ -10,12 +10,15 @@ small file in the Prometheus text format (``--textfile PATH``; node_exporter rea
   (:func:`gpuhpc.ledger.check.textfile`) and ``gpuhpc_ledger_drift_associations``: how many
   associations' limits or usage differ from the ledger's;
 * ``gpuhpc ledger rollover``: when it ran, when the plan it read was written, the next planned
-  reset, and the resets it made and failed to make.
+  reset, and the resets it made and failed to make;
+* ``gpuhpc ledger alerts``: when it last ran through, and the budget alerts it sent and could not
+  send (written also when some could not be sent, so the failures show).
 
 A command that fails writes nothing, so its timestamp ages: the rules
 (``gpuhpc/monitoring/prometheus/rules.yml``) record the age (``gpuhpc:ledger_ingest_age_seconds``,
-``gpuhpc:ledger_sync_age_seconds``) and alert on it (``LedgerIngestStale``, ``LedgerSyncStale``)
-and on drift (``LedgerSlurmDrift``). A database outage then says so well before a period ends.
+``gpuhpc:ledger_sync_age_seconds``) and alert on it (``LedgerIngestStale``, ``LedgerSyncStale``,
+``LedgerAlertsStale``), on drift (``LedgerSlurmDrift``) and on budget alerts that do not reach their
+contact (``LedgerAlertsUndelivered``). A database outage then says so well before a period ends.
 """
 from __future__ import annotations
 
@@ -94,4 +97,16 @@ def rollover(res, at: dt.datetime | None = None) -> str:
         ("gpuhpc_ledger_rollover_resets", "Associations whose usage the last rollover reset.", {}, len(res.applied)),
         ("gpuhpc_ledger_rollover_failures", "Resets the last rollover could not make (tried again next run).", {},
          len(res.failed)),
+    ])
+
+
+def alerts(rows, at: dt.datetime | None = None) -> str:
+    """A ``gpuhpc ledger alerts`` run's figures (``rows``: its :class:`gpuhpc.ledger.alerts.Alert`
+    list): when it ran, and how many alerts it sent and could not send."""
+    return render([
+        ("gpuhpc_ledger_alerts_timestamp_seconds", "When gpuhpc ledger alerts last ran through.", {}, int(_ts(at))),
+        ("gpuhpc_ledger_alerts_sent", "Budget alerts the last gpuhpc ledger alerts sent.", {},
+         sum(1 for a in rows if a.status == "sent")),
+        ("gpuhpc_ledger_alerts_failed", "Budget alerts the last gpuhpc ledger alerts could not send (tried again "
+         "next run).", {}, sum(1 for a in rows if a.status == "failed")),
     ])

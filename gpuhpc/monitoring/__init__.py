@@ -111,6 +111,9 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gpuhpc_ledger_rollover_next_reset_timestamp_seconds": ("gauge", "The next period start the reset plan has.", ()),
     "gpuhpc_ledger_rollover_resets": ("gauge", "Associations the last rollover reset.", ()),
     "gpuhpc_ledger_rollover_failures": ("gauge", "Resets the last rollover could not make.", ()),
+    "gpuhpc_ledger_alerts_timestamp_seconds": ("gauge", "When gpuhpc ledger alerts last ran through.", ()),
+    "gpuhpc_ledger_alerts_sent": ("gauge", "Budget alerts the last gpuhpc ledger alerts sent.", ()),
+    "gpuhpc_ledger_alerts_failed": ("gauge", "Budget alerts the last gpuhpc ledger alerts could not send.", ()),
 }
 # recording rules (gpuhpc/monitoring/prometheus/rules.yml) define these; dashboards may use them too
 RECORDED = {

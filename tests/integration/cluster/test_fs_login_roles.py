@@ -286,7 +286,8 @@ def _login_root(tmp: Path) -> tuple[Path, Path, list[str]]:
             "-e", f"gpuhpc_ledger_data_dir={db.parent}", "-e", f"gpuhpc_ledger_log_file={root}/var/log/gpuhpc-ledger.log",
             "-e", f"gpuhpc_ledger_wrapper_path={root}/usr/local/sbin/gpuhpc-ledger-ingest",
             "-e", f"gpuhpc_ledger_systemd_dir={root}/etc/systemd/system",
-            "-e", f"gpuhpc_ledger_textfile_dir={root}/var/lib/prometheus/node-exporter"]
+            "-e", f"gpuhpc_ledger_textfile_dir={root}/var/lib/prometheus/node-exporter",
+            "-e", f"gpuhpc_ledger_logrotate_dir={root}/etc/logrotate.d"]
     return root, prefix, args
 
 
@@ -322,7 +323,8 @@ def test_login_installs_the_site_config_and_the_ingest_timer(converged):
 def test_login_installs_the_ledger_rollover_alerts_and_check_timers_with_textfiles(converged, tmp_path):
     """The ledger role's timers for today's commands: rollover every 2 minutes, alerts and check every
     15 (units rendered, not started here); the wrapper passes each command its own file in node_exporter's
-    textfile directory (made 0755), alerts none; a real rollover through the installed wrapper writes its figures."""
+    textfile directory (made 0755); a real rollover through the installed wrapper writes its figures; the
+    commands' log is rotated by logrotate (copytruncate), checked with logrotate itself."""
     root, prefix = converged["root"], converged["prefix"]
     units = root / "etc" / "systemd" / "system"
     wrapper = root / "usr" / "local" / "sbin" / "gpuhpc-ledger-ingest"
@@ -350,7 +352,7 @@ def test_login_installs_the_ledger_rollover_alerts_and_check_timers_with_textfil
         f"ledger ingest --textfile {textfiles}/gpuhpc-ledger-ingest.prom",
         f"ledger sync-slurm --textfile {textfiles}/gpuhpc-ledger-sync-slurm.prom",
         f"ledger rollover --textfile {textfiles}/gpuhpc-ledger-rollover.prom",
-        "ledger alerts",
+        f"ledger alerts --textfile {textfiles}/gpuhpc-ledger-alerts.prom",
         f"ledger check --textfile {textfiles}/gpuhpc-ledger-check.prom"]
     assert subprocess.run([str(stubbed), "drop"], capture_output=True, timeout=30).returncode == 2
 
@@ -363,6 +365,17 @@ def test_login_installs_the_ledger_rollover_alerts_and_check_timers_with_textfil
     assert re.search(r"^gpuhpc_ledger_rollover_timestamp_seconds \d+$", prom.read_text(), re.M), prom.read_text()
     assert "gpuhpc_ledger_rollover_plan_timestamp_seconds 0\n" in prom.read_text()
     assert stat.S_IMODE(prom.stat().st_mode) == 0o644                  # node_exporter reads it
+
+    # the log the commands append to is rotated: logrotate, forced, on the installed file
+    log = root / "var" / "log" / "gpuhpc-ledger.log"
+    conf = root / "etc" / "logrotate.d" / "gpuhpc-ledger"
+    assert f"{log} {{" in conf.read_text() and "copytruncate" in conf.read_text(), conf.read_text()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("an old line\n")
+    r = subprocess.run(["logrotate", "--force", "--state", str(tmp_path / "logrotate.state"), str(conf)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert log.read_text() == "" and (log.parent / "gpuhpc-ledger.log.1").read_text() == "an old line\n"
 
 
 def test_the_ledger_role_refuses_a_relative_textfile_directory_naming_it(collection, tmp_path):

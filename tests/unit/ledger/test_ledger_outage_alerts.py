@@ -42,8 +42,21 @@ def test_each_command_writes_its_success_time_and_figures(tmp_path):
     assert oct(path.stat().st_mode & 0o777) == "0o644" and path.read_text() == textfile.ingest(AT)
     # every name is in the catalogue the rules are checked against
     names = {n for text in (textfile.ingest(AT), textfile.sync(AT), textfile.rollover(res, AT),
-                            textfile.check(check.CheckResult(), AT)) for n, _ in parse(text)}
+                            textfile.check(check.CheckResult(), AT), textfile.alerts([], AT)) for n, _ in parse(text)}
     assert names <= set(METRICS)
+
+
+def test_alerts_run_writes_when_it_ran_and_what_it_sent_and_could_not():
+    from gpuhpc.ledger.alerts import Alert
+
+    def alert(status):
+        a = Alert.__new__(Alert)
+        a.status = status
+        return a
+
+    got = parse(textfile.alerts([alert("sent"), alert("failed"), alert("sent"), alert("due")], AT))
+    assert got == {("gpuhpc_ledger_alerts_timestamp_seconds", ()): AT.timestamp(),
+                   ("gpuhpc_ledger_alerts_sent", ()): 2, ("gpuhpc_ledger_alerts_failed", ()): 1}
 
 
 def test_drift_counts_associations_whose_limits_or_usage_differ():
@@ -91,6 +104,8 @@ def test_outage_alerts_fire_on_their_conditions(tmp_path):
     ing = "gpuhpc_ledger_ingest_success_timestamp_seconds" + lab
     syn = "gpuhpc_ledger_sync_success_timestamp_seconds" + lab
     drift = "gpuhpc_ledger_drift_associations" + lab
+    ran = "gpuhpc_ledger_alerts_timestamp_seconds" + lab
+    failed = "gpuhpc_ledger_alerts_failed" + lab
     tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [
@@ -100,6 +115,10 @@ def test_outage_alerts_fire_on_their_conditions(tmp_path):
             {"series": syn % "ok:9100", "values": healthy},
             {"series": drift % "ctl1:9100", "values": "0x10 2x140"},            # 2 associations from 10m on
             {"series": drift % "ok:9100", "values": "0x10 1x29 0x110"},         # 30m of drift, then in step
+            {"series": ran % "ctl1:9100", "values": stuck},
+            {"series": ran % "ok:9100", "values": healthy},
+            {"series": failed % "ctl1:9100", "values": "0x10 3x140"},           # 3 unsent from 10m on
+            {"series": failed % "ok:9100", "values": "0x10 1x14 0x125"},        # one run failed, the next sent
         ],
         "promql_expr_test": [{"expr": "gpuhpc:ledger_ingest_age_seconds", "eval_time": "50m", "exp_samples": [
             {"labels": "gpuhpc:ledger_ingest_age_seconds" + lab % "ctl1:9100", "value": 1200},
@@ -121,6 +140,18 @@ def test_outage_alerts_fire_on_their_conditions(tmp_path):
                 "LedgerSlurmDrift", "ctl1:9100", "2 associations in Slurm differ from the ledger (on ctl1:9100)",
                 "gpuhpc ledger check has found limits or usage in Slurm that are not the ledger's for 1h: run "
                 "gpuhpc ledger check for each difference and its fix.", "warning")]},
+            # last ran through at 30m: an hour old at 90m, for 15m: fires at 105m, not at 104m
+            {"eval_time": "104m", "alertname": "LedgerAlertsStale", "exp_alerts": []},
+            {"eval_time": "106m", "alertname": "LedgerAlertsStale", "exp_alerts": [_fired(
+                "LedgerAlertsStale", "ctl1:9100", "gpuhpc ledger alerts on ctl1:9100 last ran through 1h 16m 0s ago",
+                "Budget alerts (80 %, 100 %) are not being sent to account contacts. Look at the alerts' log "
+                "(the database).", "warning")]},
+            {"eval_time": "39m", "alertname": "LedgerAlertsUndelivered", "exp_alerts": []},
+            {"eval_time": "41m", "alertname": "LedgerAlertsUndelivered", "exp_alerts": [_fired(
+                "LedgerAlertsUndelivered", "ctl1:9100", "3 budget alerts could not be sent (on ctl1:9100)",
+                "gpuhpc ledger alerts has failed to mail or POST budget alerts for 30m: run gpuhpc ledger alerts "
+                "--dry-run and check each account's contact (gpuhpc ledger account set --contact) and the mail "
+                "relay.", "warning")]},
         ]}]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
     proc = subprocess.run([promtool, "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True,
