@@ -120,20 +120,20 @@ def compute(cluster: str, *, url: str | None = None, now: dt.datetime | None = N
     at that instant. ``tz``: the accounting zone (default ``ledger.timezone``)."""
     from sqlalchemy import select
 
-    from gpuhpc.ledger import db, periods, slurm_sync
+    from gpuhpc.ledger import db, periods, quota, slurm_sync
     from gpuhpc.ledger.orm import Quota, utcnow
 
     now = now or utcnow()
     tz = tz or periods.ledger_zone()
     with db.session_scope(url) as s:
-        quotas = sorted((q.account.name, q.user.name if q.user_id is not None else "", q.period.value)
-                        for q in s.scalars(select(Quota)))
-    current = {p.account: p for p in slurm_sync.plan(url=url, now=now)}
+        quotas = sorted({(q.account.name, q.user.name if q.user_id is not None else "", q.period.value)
+                         for q in s.scalars(select(Quota)) if not cluster or quota.quota_applies(q.cluster, cluster)})
+    current = {p.account: p for p in slurm_sync.plan(url=url, now=now, cluster=cluster or None)}
     at_cache: dict[dt.datetime, dict] = {}
 
     def plans_at(at: dt.datetime) -> dict:
         if at not in at_cache:
-            at_cache[at] = {p.account: p for p in slurm_sync.plan(url=url, now=at)}
+            at_cache[at] = {p.account: p for p in slurm_sync.plan(url=url, now=at, cluster=cluster or None)}
         return at_cache[at]
 
     def start_and_limits(p, user: str):
