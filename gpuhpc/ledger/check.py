@@ -270,15 +270,20 @@ def usage_differences(statuses: list[admin.QuotaStatus], plans: list[slurm_sync.
 
 
 # ------------------------------------------------------------------ the whole check
-def without_adjustments(s, st: admin.QuotaStatus) -> admin.QuotaStatus:
+def without_adjustments(s, st: admin.QuotaStatus, cluster: str | None = None) -> admin.QuotaStatus:
     """The quota's usage as Slurm counts it: adjustments (credits, refunds, corrections) are in
-    the ledger's counter but not in Slurm's usage; sync-slurm moves the limit by them instead."""
+    the ledger's counter but not in Slurm's usage; sync-slurm moves the limit by them instead.
+    ``cluster``: as Slurm on that cluster counts it: a quota for every cluster less the usage on
+    the others (sync-slurm lowered the limit there by as much)."""
     import dataclasses
 
     end = periods.period_end(st.period, st.period_start, periods.ledger_zone())
     h, m = adjust.period_adjustments(s, st.account, st.user, st.period_start, end)
     # Slurm counts a MIG slice as a whole GPU (quota.mig_extra_gpu_hours; sync-slurm raised its limit by as much)
-    h -= quota.mig_extra_gpu_hours(admin.session_tx(s), st.account, st.user, st.period_start, end)
+    h -= quota.mig_extra_gpu_hours(admin.session_tx(s), st.account, st.user, st.period_start, end, cluster)
+    if cluster is not None and st.cluster is None:
+        eh, em = quota.usage_elsewhere(admin.session_tx(s), st.account, st.user, cluster, st.period_start, end)
+        h, m = h + eh, m + em
     if not h and not m:
         return st
     return dataclasses.replace(st, used_gpu_hours=st.used_gpu_hours - h, used_money=st.used_money - m)
@@ -290,13 +295,19 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
     ledger; returns every difference (an empty list: in step)."""
     now = now or utcnow()
     tol = tolerance or Tolerance()
+    cluster = client.cluster_name()          # this cluster's quotas and usage only (several on one ledger)
     # the ledger first, each read in its own closed session
-    plans = slurm_sync.plan(url=url, accounts=accounts, now=now)
-    statuses = [s for s in admin.quota_status(url=url, now=now) if not accounts or s.account in accounts]
+    plans = slurm_sync.plan(url=url, accounts=accounts, now=now, cluster=cluster or None)
+    statuses = [s for s in admin.quota_status(url=url, now=now) if (not accounts or s.account in accounts)
+                and (not cluster or quota.quota_applies(s.cluster, cluster))]
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
         mode = adjust.policy(s, pricing.POLICY)
-        statuses = [without_adjustments(s, st) for st in statuses]
+        statuses = [without_adjustments(s, st, cluster or None) for st in statuses]
+    # one association, one usage: a quota for every cluster and this cluster's own count the same
+    # runs here; the cluster's own is compared
+    statuses = list({(st.account, st.user): st for st in sorted(statuses, key=lambda st: st.cluster is not None)}
+                    .values())
     res = CheckResult()
     # then Slurm
     running = client.partition_billing_weights()
@@ -322,7 +333,6 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
         res.differences.append(Difference("pricing", "PriorityFlags", *flags, WEIGHTS_HINT + f"; or gpuhpc ledger "
                                           f"policy set {pricing.POLICY} {pricing.MAX_SHARE if mode != pricing.MAX_SHARE else pricing.PER_GPU}"))
     res.checked["pricing"] = 1
-    cluster = client.cluster_name()
     assocs = client.sacctmgr_list("association", *([f"cluster={cluster}"] if cluster else []),
                                   fields=["Account", "User", "GrpTRESMins"])
     diffs, res.checked["limits"] = limit_differences(plans, assocs)

@@ -171,3 +171,33 @@ def test_a_ledger_from_before_0011_does_not_reset_again_mid_period(ledger):
     admin.set_quota("research", money=Decimal("10"), url=ledger)
     slurm_sync.record_periods(slurm_sync.plan(url=ledger), url=ledger)      # as sync-slurm before 0011 did
     assert not slurm_sync.plan(url=ledger, cluster="a")[0].reset
+
+
+def test_ledger_check_compares_this_clusters_usage(ledger):
+    """``ledger check`` on a cluster compares Slurm's usage there with the ledger's usage there: a
+    quota for every cluster less the other clusters' runs, a cluster's own quota as it is."""
+    from gpuhpc.ledger import check
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    admin.set_quota("research", money=Decimal("10"), cluster="b", url=ledger)
+    ingest.ingest_rows(rows(row("1", "COMPLETED", ts(0), ts(20), 1000, gpus=1, cluster="a"),
+                            row("2", "COMPLETED", ts(0), ts(20), 2000, gpus=1, cluster="b")), url=ledger)
+    every, own = sorted(admin.quota_status("research", url=ledger), key=lambda st: st.cluster is not None)
+    with db.session_scope(ledger) as s:
+        assert check.without_adjustments(s, every).used_money == Decimal("3")          # one cluster's ledger
+        assert check.without_adjustments(s, every, "a").used_money == Decimal("1")
+        assert check.without_adjustments(s, every, "b").used_money == Decimal("2")
+        assert check.without_adjustments(s, own, "b").used_money == Decimal("2")
+
+
+def test_rollover_plan_of_a_cluster_has_its_quotas_only(ledger):
+    """The reset plan sync-slurm publishes on a cluster (gpuhpc ledger rollover) resets to that
+    cluster's limits: another cluster's quota is not there, nor twice."""
+    from gpuhpc.ledger import rollover
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    admin.set_quota("research", gpu_hours=Decimal("2"), cluster="b", url=ledger)
+    on_a, on_b = rollover.compute("a", url=ledger), rollover.compute("b", url=ledger)
+    assert [e.account for e in on_a.entries] == [e.account for e in on_b.entries] == ["research"]
+    assert {r.limits["gres/gpu"] for r in on_a.entries[0].resets} == {-1}
+    assert {r.limits["gres/gpu"] for r in on_b.entries[0].resets} == {2 * 60 - 2}
