@@ -138,7 +138,7 @@ def ledger_sync_slurm(account: tuple[str, ...], dry_run: bool, textfile: Optiona
             rollover.mark_done(plans, state)
     if not dry_run:
         slurm_sync.record_periods(plans, cluster=cluster)
-        billing_path, snap_path = slurm_sync.publish()
+        billing_path, snap_path = slurm_sync.publish(cluster=cluster)
         resets_path = rollover.publish(client.cluster_name())
         sys.stderr.write(f"published {snap_path}, {billing_path} and {resets_path} (apply a price change to "
                          f"slurm.conf with the gpuhpc.cluster collection: scontrol reconfigure)\n")

@@ -319,7 +319,7 @@ def snapshot_qos_lines(plans: list[AccountPlan]) -> str:
 
 
 def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_file=None,
-            snapshot_file=None, gpu_types=None) -> tuple[str, str]:
+            snapshot_file=None, gpu_types=None, cluster: str | None = None) -> tuple[str, str]:
     """Write the billing document (prices -> TRESBillingWeights) and the budget snapshot; returns their paths.
     ``gpu_types``: the cluster's GPU types for the snapshot's weights (None: asked of Slurm, before the database)."""
     now = now or utcnow()
@@ -333,7 +333,8 @@ def publish(*, url: str | None = None, now: dt.datetime | None = None, billing_f
             gpu_types = []
     with db.session_scope(url) as s:
         book = admin.load_price_book(s)
-    statuses = admin.quota_status(url=url, now=now)
+    # the snapshot of a cluster (next to its slurm.conf): its own quotas and those for every cluster
+    statuses = [st for st in admin.quota_status(url=url, now=now) if not cluster or quota.quota_applies(st.cluster, cluster)]
     qos_lines = snapshot_qos_lines(plan(url=url, now=now))
     doc = budget.billing_document(book, now)
     b = budget.write_billing(doc, billing_file)

@@ -201,3 +201,18 @@ def test_rollover_plan_of_a_cluster_has_its_quotas_only(ledger):
     assert [e.account for e in on_a.entries] == [e.account for e in on_b.entries] == ["research"]
     assert {r.limits["gres/gpu"] for r in on_a.entries[0].resets} == {-1}
     assert {r.limits["gres/gpu"] for r in on_b.entries[0].resets} == {2 * 60 - 2}
+
+
+def test_budget_snapshot_of_a_cluster_has_its_budgets_only(ledger, tmp_path):
+    """job_submit.lua on cluster a must not refuse a's jobs on b's budget: the snapshot sync-slurm
+    writes on a holds a's quotas and those for every cluster."""
+    from gpuhpc.ledger import budget, slurm_sync
+
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    admin.set_quota("research", gpu_hours=Decimal("2"), cluster="b", url=ledger)
+    kinds = {}
+    for c in ("a", "b"):
+        _, snap = slurm_sync.publish(url=ledger, billing_file=tmp_path / f"billing-{c}.json",
+                                     snapshot_file=tmp_path / f"snap-{c}.txt", gpu_types=["h100"], cluster=c)
+        kinds[c] = sorted(b.kind for b in budget.read_snapshot(snap).budgets)
+    assert kinds == {"a": ["money"], "b": ["gpu_hours", "money"]}
