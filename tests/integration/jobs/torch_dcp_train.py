@@ -72,6 +72,7 @@ def rank_main(rank: int, port: int, path: str, step: int, cut: bool) -> None:
 
 def save(path: str, step: int, cut: bool) -> None:
     os.makedirs(path, exist_ok=True)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")       # the ranks are on this host
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
