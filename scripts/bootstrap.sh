@@ -16,6 +16,7 @@ pkgs=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server libslurm-dev
       rdma-core infiniband-diags perftest   # what gpuhpc_gpudirect_rdma installs (its test then runs changed=0)
       logrotate      # the collection's log rotation (gpuhpc_slurm_common), tested on the local cluster
       python3-torch  # real torch (1.13, CPU, gloo) for Debian's python3: the jobs tests' torch programs (tests/integration/jobs/torch_compat.py)
+      libopenmpi-dev openmpi-bin   # Open MPI (with PMIx) for the MPI program in an image (tests/integration/containers)
       debootstrap)   # the multi-host lab's image (scripts/lab.sh bake)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -129,18 +129,7 @@ def _build_python_image(work: Path, dest: str) -> None:
     (root / "usr/bin/busybox").chmod(0o755)
     for tool in _PYTHON_TOOLS:
         (root / "usr/bin" / tool).symlink_to("busybox")
-    libs = set()
-    for b in binaries:       # ldd: "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)", "/lib64/ld-linux… (0x…)"
-        out = subprocess.run(["ldd", str(b)], capture_output=True, text=True, timeout=60).stdout
-        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/")}
-    for lib in libs:         # under /usr (Debian 12 is usr-merged): lib -> usr/lib, lib64 -> usr/lib64
-        real = Path(lib).resolve()
-        for path in {Path(lib), real}:
-            rel = str(path).lstrip("/")
-            rel = rel if rel.startswith("usr/") else f"usr/{rel}"
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            if not (root / rel).exists():
-                shutil.copy2(real, root / rel)
+    _copy_libraries(root, binaries)
     (root / "etc/os-release").write_text('NAME="gpuhpc test python image"\nID=gpuhpc-python\nVERSION_ID=3.11\n')
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc/group").write_text("root:x:0:\n")
@@ -148,6 +137,118 @@ def _build_python_image(work: Path, dest: str) -> None:
     run("umoci", "config", "--image", f"{oci}:py", "--config.cmd", "/bin/sh",
         "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
     run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:py", dest)
+
+
+def _copy_libraries(root: Path, binaries) -> None:
+    """The shared libraries ``binaries`` load (ldd), copied from this host into the image root
+    ``root`` under /usr (Debian 12 is usr-merged: lib -> usr/lib, lib64 -> usr/lib64)."""
+    libs = set()
+    for b in binaries:       # ldd: "libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x…)", "/lib64/ld-linux… (0x…)"
+        out = subprocess.run(["ldd", str(b)], capture_output=True, text=True, timeout=60).stdout
+        libs |= {w for line in out.splitlines() for w in line.split() if w.startswith("/")}
+    for lib in libs:
+        real = Path(lib).resolve()
+        for path in {Path(lib), real}:
+            rel = str(path).lstrip("/")
+            rel = rel if rel.startswith("usr/") else f"usr/{rel}"
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            if not (root / rel).exists():
+                shutil.copy2(real, root / rel)
+
+
+MPI_REPO = "gpuhpc/mpi"
+#: Open MPI's and PMIx's plugin directories (Debian 12's libopenmpi3, libpmix2): loaded at run time
+MPI_PLUGIN_DIRS = (Path("/usr/lib/x86_64-linux-gnu/openmpi/lib"), Path("/usr/lib/x86_64-linux-gnu/pmix2"))
+MPI_HELLO = r"""#include <mpi.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    int rank, size, sum = 0, len;
+    char name[MPI_MAX_PROCESSOR_NAME];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Get_processor_name(name, &len);
+    MPI_Allreduce(&rank, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    printf("rank %d of %d on %s sum %d\n", rank, size, name, sum);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def mpi_image() -> str:
+    """An image with an MPI program, pushed once to the local registry as ``gpuhpc/mpi:OMPI-VERSION``
+    and pinned by digest: ``/usr/bin/mpi_hello`` (each rank prints its rank, the world size, its node
+    and an MPI_Allreduce of the ranks), built with this host's Open MPI (Debian's libopenmpi-dev, which
+    scripts/bootstrap.sh installs), with Open MPI's and PMIx's libraries and plugins and what they
+    load, from this host's files; busybox for a shell. No mpirun: srun starts the ranks (``--mpi=pmix``)."""
+    pinned = registry_image()
+    port = pinned.split("#")[0].rsplit(":", 1)[1]
+    mpicc = shutil.which("mpicc")
+    assert mpicc, "mpicc (Debian's libopenmpi-dev) is needed; scripts/bootstrap.sh installs it"
+    version = subprocess.run([mpicc, "--showme:version"], capture_output=True, text=True, timeout=60,
+                             check=True).stdout + subprocess.run(["sha256sum"], input=MPI_HELLO, capture_output=True,
+                                                                 text=True, timeout=60, check=True).stdout
+    tag = "ompi-" + "".join(c for c in version.split("Open MPI")[-1].split()[0] if c.isalnum() or c == ".") + \
+        "-" + version.split()[-2][:12]
+    dest = f"docker://127.0.0.1:{port}/{MPI_REPO}:{tag}"
+
+    def digest() -> str | None:
+        res = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest],
+                             capture_output=True, text=True, timeout=60)
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    found = digest()
+    if found is None:
+        work = Path(tempfile.mkdtemp(prefix="gpuhpc-mpiimg-", dir="/var/tmp"))
+        try:
+            _build_mpi_image(work, dest, mpicc)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        found = digest()
+        assert found, f"{dest} was not pushed"
+    return f"127.0.0.1:{port}#{MPI_REPO}@{found}"
+
+
+def _build_mpi_image(work: Path, dest: str, mpicc: str) -> None:
+    oci, bundle = work / "oci", work / "bundle"
+
+    def run(*argv: str) -> None:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{argv}: {res.stderr}"
+
+    (work / "hello.c").write_text(MPI_HELLO)
+    run(mpicc, "-O2", "-o", str(work / "mpi_hello"), str(work / "hello.c"))
+    run("umoci", "init", "--layout", str(oci))
+    run("umoci", "new", "--image", f"{oci}:mpi")
+    run("umoci", "unpack", "--image", f"{oci}:mpi", str(bundle))
+    root = bundle / "rootfs"
+    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "tmp", "root", "proc", "sys", "dev", "home"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+        (root / link).symlink_to(target)
+    shutil.copy2(work / "mpi_hello", root / "usr/bin/mpi_hello")
+    (root / "usr/bin/busybox").write_bytes(Path(shutil.which("busybox")).read_bytes())
+    (root / "usr/bin/busybox").chmod(0o755)
+    for tool in ("sh", "env", "cat", "ls", "echo", "hostname"):
+        (root / "usr/bin" / tool).symlink_to("busybox")
+    plugins = []
+    for d in MPI_PLUGIN_DIRS:
+        shutil.copytree(d, root / str(d).lstrip("/"), symlinks=True, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.a", "*.la", "include"))
+        plugins += [p for p in d.rglob("*.so*") if p.is_file() and not p.is_symlink()]
+    for share in (Path("/usr/share/openmpi"), Path("/etc/openmpi")):     # help texts, MCA defaults
+        if share.is_dir():
+            shutil.copytree(share, root / str(share).lstrip("/"), symlinks=True, dirs_exist_ok=True)
+    _copy_libraries(root, [work / "mpi_hello", *plugins])
+    (root / "etc/os-release").write_text('NAME="gpuhpc test MPI image"\nID=gpuhpc-mpi\nVERSION_ID=1\n')
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc/group").write_text("root:x:0:\n")
+    run("umoci", "repack", "--image", f"{oci}:mpi", str(bundle))
+    run("umoci", "config", "--image", f"{oci}:mpi", "--config.cmd", "/bin/sh",
+        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
+    run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:mpi", dest)
 
 
 def node_dir(base: Path, node: str, name: str) -> Path:

@@ -104,6 +104,7 @@ gpuhpc_containers_registry_credentials:
     dropin = root / "etc/gpuhpc/prolog.d/50-gpuhpc-enroot-dirs"
     assert _mode(dropin) == (0, 0o755) and f"{root}/scratch/enroot/cache" in dropin.read_text()
     assert os.access(root / "etc/enroot/hooks.d/00-gpuhpc-own-dirs.sh", os.X_OK)
+    assert os.access(root / "etc/enroot/hooks.d/51-gpuhpc-pmix-nodename.sh", os.X_OK)    # after 50-slurm-pmi
     for hook in ("50-slurm-pmi.sh", "50-slurm-pytorch.sh"):                            # point 6: enroot's own, enabled
         assert os.readlink(root / "etc/enroot/hooks.d" / hook) == f"{root}/usr/local/share/enroot/hooks.d/{hook}"
     assert not (root / "etc/enroot/hooks.d/50-sharp.sh").exists()                     # the others stay off

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pyxis_cluster import registry_image, shuffled_nvml
+from pyxis_cluster import mpi_image, registry_image, shuffled_nvml
 
 from polling import wait_for
 
@@ -114,6 +114,22 @@ def test_a_two_node_step_in_an_image_gets_a_container_on_each_node():
     assert res.returncode == 0, res.stderr
     assert sorted(x for x in res.stdout.splitlines() if x.startswith("node ")) == \
         ["node gpu-node1 ID=gpuhpc-test", "node gpu-node2 ID=gpuhpc-test"], res.stdout
+
+
+def test_an_mpi_program_in_an_image_runs_its_ranks_over_pmix_on_two_nodes():
+    """Issue 39.6: Open MPI's ranks in an image, started by srun over PMIx (no mpirun), two per node
+    on two nodes: every rank knows the world of 4 and an MPI_Allreduce across the nodes adds up.
+    enroot's 50-slurm-pmi hook brings the PMIx server's directories into each container; where
+    slurm.conf names them with %n (the local cluster: one slurmd per node on one host), the role's
+    51-gpuhpc-pmix-nodename hook expands it (without it, every rank fails to start)."""
+    image = mpi_image()
+    res = subprocess.run(["srun", "--mpi=pmix", "--partition=gpu", "--time=3", "--nodes=2", "--ntasks-per-node=2",
+                          "--gres=gpu:h100:1", f"--container-image={image}", "mpi_hello"],
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = sorted(x for x in res.stdout.splitlines() if x.startswith("rank "))
+    assert lines == ["rank 0 of 4 on gpu-node1 sum 6", "rank 1 of 4 on gpu-node1 sum 6",
+                     "rank 2 of 4 on gpu-node2 sum 6", "rank 3 of 4 on gpu-node2 sum 6"], res.stdout + res.stderr
 
 
 def test_a_plain_srun_is_held_to_the_site_policy_by_pyxis_importer(hostile):
