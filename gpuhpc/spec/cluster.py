@@ -245,7 +245,10 @@ class Priority(_Model):
     ``PriorityUsageResetPeriod``). Budgets that Slurm enforces (``GrpTRESMins`` on an account,
     written by ``gpuhpc ledger sync-slurm``) accumulate usage only under ``multifactor``; with
     ``decay_half_life: "0"`` and ``usage_reset_period: NONE`` that usage never decays, and the
-    ledger resets it at each quota period (docs/ledger.md)."""
+    ledger resets it at each quota period (docs/ledger.md). The ledger's qos mode (``gpuhpc ledger
+    policy set slurm_enforcement qos``) puts each budget on a ``NoDecay`` QOS instead: then
+    ``decay_half_life`` may be anything and fair-share keeps decaying (docs/ledger.md, "Budget
+    enforcement modes"; needs ``job_submit_lua``)."""
     type: Literal["basic", "multifactor"] = "basic"
     decay_half_life: SlurmTime | None = None       # "0": no decay (hard budgets)
     usage_reset_period: Literal["NONE", "NOW", "DAILY", "WEEKLY", "MONTHLY", "QUARTERLY", "YEARLY"] | None = None
