@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpuhpc.errors import UserInputError
+from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.slurm.commands import scontrol_show
 from gpuhpc.slurm.parsers import parse_oneliner_records
 
@@ -141,18 +141,24 @@ def read_nodes(client, nodes: str | None = None) -> dict[str, NodeBoot]:
 def rollout(client, nodes: Sequence[str], *, batch: int, reason: str, wait: bool = True,
             timeout: float | None = None, poll: float = 5.0, settle: float = 30.0,
             report: Callable[[str], None] = lambda line: None,
-            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Rollout:
+            clock: Callable[[], float] | None = None, sleep: Callable[[float], None] | None = None) -> Rollout:
     """Reboot ``nodes`` (names Slurm knows) ``batch`` at a time. With ``wait``, each batch must be
     back (:func:`progress`) before the next is asked; the first node that goes DOWN, settles out of
     service for ``settle`` seconds, or is not back ``timeout`` seconds after its batch was asked
     (None: as long as Slurm takes) stops the rollout: the later batches are not rebooted."""
     reason = check_reason(reason)
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
     out = Rollout()
     plan = batches(list(nodes), batch)
     for i, group in enumerate(plan):
         hostlist_arg = ",".join(group)
         before = read_nodes(client, hostlist_arg)
-        client.run(reboot_argv(hostlist_arg, reason))
+        res = client.run(reboot_argv(hostlist_arg, reason), check=False)
+        if not res.ok:          # e.g. no RebootProgram in slurm.conf, or not a Slurm admin
+            why = "; ".join(line.strip() for line in (res.stderr or res.stdout).splitlines() if line.strip())
+            done = f" (rebooted before: {','.join(out.rebooted)})" if out.rebooted else ""
+            raise GpuhpcError(f"Slurm refused to reboot {hostlist_arg}: {why or f'exit {res.returncode}'}{done}")
         out.requested.extend(group)
         report(f"batch {i + 1}/{len(plan)}: reboot requested for {hostlist_arg} (ASAP: after their running jobs)")
         if not wait:
