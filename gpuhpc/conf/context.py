@@ -529,6 +529,7 @@ def build_context(spec: ClusterSpec, billing: dict[str, Any] | None = None,
         "run_dir": run,
         "log_dir": log,
         "debug": rt.debug,
+        "mpi_default": rt.mpi_default,
         "proctrack_type": f"proctrack/{rt.proctrack}",
         "uses_cgroup": rt.proctrack == "cgroup" or "cgroup" in rt.task_plugins,
         "task_plugin": ",".join(f"task/{t}" for t in rt.task_plugins

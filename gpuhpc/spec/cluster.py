@@ -146,6 +146,10 @@ class Runtime(_Model):
     # register again before slurmctld marks it DOWN (Slurm's default, 60 s, is shorter than a
     # server's firmware POST)
     reboot_timeout: int = Field(default=600, ge=60)
+    # MpiDefault: the PMI a step gets without --mpi. pmix where Slurm's mpi/pmix plugin and the PMIx
+    # library are on every node (`srun --mpi=list` names pmix): MPI programs, in images too (enroot's
+    # 50-slurm-pmi hook), start under plain srun; a node without it fails every such step
+    mpi_default: Literal["none", "pmi2", "pmix"] = "none"
 
 
 class Controller(_Model):
