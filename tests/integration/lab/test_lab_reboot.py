@@ -52,6 +52,14 @@ def test_node_reboot_drains_c1_reboots_it_after_its_job_and_returns_it_idle_besi
     work = SHARED / "reboot"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    try:
+        _reboot_c1_beside_c2s_job(lab, work, boot_id, boot_time)
+    finally:    # the test's jobs end whatever happened (each waits for its file)
+        (work / "release-c1").touch()
+        (work / "release-c2").touch()
+
+
+def _reboot_c1_beside_c2s_job(lab: Lab, work, boot_id: str, boot_time: str) -> None:
     on_c2 = _hold_job(lab, "c2", work / "release-c2")
     on_c1 = _hold_job(lab, "c1", work / "release-c1")
     wait_for(lambda: lab.job_state(on_c1) == "RUNNING" and lab.job_state(on_c2) == "RUNNING", 60,
@@ -64,6 +72,8 @@ def test_node_reboot_drains_c1_reboots_it_after_its_job_and_returns_it_idle_besi
         wait_for(lambda: "REBOOT_REQUESTED" in _node(lab, "c1").get("State", ""), 60, "c1's reboot to be requested")
         state = lab.ssh("ctl", "scontrol show node c1")
         assert "DRAIN" in state and "Reason=driver update" in state, state
+        # returned to service once booted, whatever it was before (24.11 would undrain it anyway)
+        assert "NextState=RESUME" in state, state
         assert lab.ssh("c1", "cat /proc/sys/kernel/random/boot_id").strip() == boot_id
         assert lab.job_state(on_c1) == "RUNNING"
         (work / "release-c1").touch()
