@@ -2,7 +2,7 @@
 # gpuhpc (gpuhpc_containers role): enroot's 50-slurm-pmi.sh, which runs just before this hook, reads
 # SlurmdSpoolDir and TmpFS from `scontrol show config`, which prints them as slurm.conf has them. Where
 # they hold %n (one slurmd per node on a shared host: runtime.multiple_slurmd), its mounts name a
-# literal ".../%n/..." directory that does not exist, and every PMIx step in an image fails
+# literal "%n" directory that does not exist, and every PMIx step in an image fails
 # ("enroot-mount: failed to mount"). slurmd expands %n to the node's name (SLURMD_NODENAME in the
 # step): this hook puts the expanded directories in place of those lines, with the same options.
 set -euo pipefail
