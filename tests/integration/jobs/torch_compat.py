@@ -8,8 +8,10 @@ Two things differ from torch 2.x, handled here:
 
 * torch 1.13 predates Python 3.11: importing its distributed checkpoint (DCP) fails on 3.11's
   dataclass check (``ShardedTensorMetadata.tensor_properties = field(default=TensorProperties())``,
-  a mutable default). :func:`install` rewrites that one line as torch 2.0 has it
-  (``default_factory``) while the module loads; nothing else is changed.
+  a mutable default), and torchrun fails at start (``Std.from_str("0")`` is None: 3.11's Flag
+  iteration skips ``Std.NONE``). :func:`install` rewrites those lines as torch 2.0 has them
+  while the modules load (``_FIXES``); nothing else is changed. torchrun itself is
+  torch_torchrun.py.
 * DCP is ``torch.distributed._shard.checkpoint`` in 1.13 and ``torch.distributed.checkpoint``
   from 2.0: :func:`dcp` returns whichever this torch has (both write ``__<rank>_<n>.distcp``
   files, then ``.metadata`` under ``.metadata.tmp`` renamed last).
@@ -28,9 +30,14 @@ from pathlib import Path
 TORCH_PYTHON = os.environ.get("GPUHPC_TEST_TORCH_PYTHON", "/usr/bin/python3")
 CHECKOUT = Path(__file__).resolve().parents[3]
 
-_MODULE = "torch.distributed._shard.sharded_tensor.metadata"
-_OLD = b"field(default=TensorProperties())"
-_NEW = b"field(default_factory=TensorProperties)"
+# module -> (text, replacement): torch 2.0's lines for what Python 3.11 broke in torch 1.13
+_FIXES = {
+    "torch.distributed._shard.sharded_tensor.metadata":
+        (b"field(default=TensorProperties())", b"field(default_factory=TensorProperties)"),
+    "torch.distributed.elastic.multiprocessing.api":       # Std.from_str("0") was None: 3.11's
+        (b"for s in Std:\n                if s == v:\n                    return s",   # Flag iteration
+         b"return Std(v)"),                                                          # skips NONE, ALL
+}
 
 
 def require_torch() -> None:
@@ -53,7 +60,8 @@ def add_checkout_to_path() -> None:
 class _Loader(importlib.machinery.SourceFileLoader):
     def get_data(self, path):
         data = super().get_data(path)
-        return data.replace(_OLD, _NEW) if str(path).endswith(".py") else data
+        old, new = _FIXES[self.name]
+        return data.replace(old, new) if str(path).endswith(".py") else data
 
     def get_code(self, fullname):          # from the rewritten source, never a cached .pyc
         return self.source_to_code(self.get_data(self.path), self.path)
@@ -61,7 +69,7 @@ class _Loader(importlib.machinery.SourceFileLoader):
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
+        if fullname not in _FIXES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.origin and spec.origin.endswith(".py"):
@@ -70,7 +78,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Before importing torch.distributed's checkpoint on torch 1.13 with Python 3.11."""
+    """Before importing torch.distributed's checkpoint or torchrun on torch 1.13 with Python 3.11."""
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
 
