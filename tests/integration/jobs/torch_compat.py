@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-TORCH_PYTHON = os.environ.get("GPUHPC_TEST_TORCH_PYTHON", "/usr/bin/python3")
+TORCH_PYTHON = "/usr/bin/python3"          # Debian's, where python3-torch installs torch
 CHECKOUT = Path(__file__).resolve().parents[3]
 
 # module -> (text, replacement): torch 2.0's lines for what Python 3.11 broke in torch 1.13

@@ -55,26 +55,28 @@ def main() -> int:
     loader = DataLoader(Batches(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
     batches = iter(loader)
 
-    def take(n: int) -> set[int]:
-        return {int(next(batches)[0][1]) for _ in range(n)}
-
     try:
-        rc = train(args, ckpt, progress, take, step, step_s)
-        del take, batches                # the loader's shutdown (its iterator's): its workers end
+        rc = train(args, ckpt, progress, batches, step, step_s)
+        del batches                      # the loader's shutdown (its iterator's): its workers end
         return rc
     except RuntimeError as exc:   # "DataLoader worker (pid N) is killed by signal: ...", raised where
         progress.write(f"worker died {str(exc).splitlines()[0]}\n")      # torch's SIGCHLD handler ran
         return 1
 
 
-def train(args, ckpt, progress, take, step: int, step_s: float) -> int:
+def take(batches, n: int) -> set[int]:
+    """``n`` batches: the ids of the workers that loaded them."""
+    return {int(next(batches)[0][1]) for _ in range(n)}
+
+
+def train(args, ckpt, progress, batches, step: int, step_s: float) -> int:
     while step < args.steps:
-        take(1)
+        take(batches, 1)
         step += 1
         time.sleep(step_s)
         if ckpt.stop_requested():
             time.sleep(1.0)              # the save takes a while; the loader's workers must live through it
-            workers = take(2)            # the loader hands out batches from its workers in turn
+            workers = take(batches, 2)   # the loader hands out batches from its workers in turn
             local = os.path.join(ckpt.scratch_dir(), f"step-{step:06d}.pt")
             torch.save({"step": step}, local)
             ckpt.save_atomic(local)
