@@ -247,7 +247,7 @@ def check_modules(modules: Any, field_name: str = "modules") -> tuple[str, ...]:
     return names
 
 
-def _check_env_path(value: Any, field_name: str) -> str:
+def check_env_path(value: Any, field_name: str) -> str:
     text = check_text(value, field_name, allow_empty=False)
     if "{{" in text or "{%" in text:
         raise UserInputError("template syntax is not allowed", field=field_name)
@@ -735,7 +735,7 @@ class JobSpec:
         object.__setattr__(self, "modules", check_modules(self.modules, "modules"))
         for name in ("conda", "venv"):
             if getattr(self, name) is not None:
-                _check_env_path(getattr(self, name), name)
+                check_env_path(getattr(self, name), name)
         if self.conda is not None and self.venv is not None:
             raise UserInputError("conda and venv both given", field="venv", hint="activate one environment")
         object.__setattr__(self, "notify", Notify.from_value(self.notify))

@@ -206,7 +206,8 @@ def trial_spec(spec: SweepSpec, sid: int, directory: Path, number: int, k: int, 
         env=env,
         workdir=spec.workdir or os.getcwd(), log_dir=str(directory / "logs"),
         checkpoint_dir=str(directory / "jobs" / "%j"), grace=spec.grace, max_requeues=spec.max_requeues,
-        array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold, dependency=dependency)
+        array=f"0-{k - 1}%{max(1, min(throttle, k))}", hold=spec.hold, dependency=dependency,
+        setup=spec.setup, modules=spec.modules, conda=spec.conda, venv=spec.venv)
 
 
 def slots_in_use(live: Sequence[tuple[int, str | None, int]], throttles: dict[int, int]) -> int:

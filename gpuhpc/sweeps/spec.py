@@ -17,6 +17,8 @@ A sweep file (YAML)::
     max_requeues: 5
     pruner: {type: median, warmup_steps: 5, min_trials: 5}   # none (default) | median | asha | hyperband
     fail_fast: 10             # stop the sweep after 10 failed trials
+    modules: [cuda/12.4]      # setup, modules, conda | venv, sbatch_args: as in a job file, for every trial
+    venv: ~/envs/train
 
 ``command`` is a shell command line: each ``{param}`` is replaced by the trial's value,
 ``shlex.quote``d, so a value only ever reaches the program as one literal argument. ``{{``
@@ -93,8 +95,8 @@ def _mapping(v: Any, field_name: str) -> Mapping[str, Any]:
     return v
 
 
-def _known(data: Mapping[str, Any], cls: type, prefix: str) -> None:
-    valid = [f.name for f in dataclasses.fields(cls)]
+def _known(data: Mapping[str, Any], cls: type, prefix: str, also: Sequence[str] = ()) -> None:
+    valid = [f.name for f in dataclasses.fields(cls)] + list(also)
     bad = [k for k in data if k not in valid]
     if bad:
         raise UserInputError(f"unknown field (valid: {', '.join(valid)})", field=f"{prefix}{bad[0]}")
@@ -206,6 +208,12 @@ class SweepSpec:
     # early stopping (gpuhpc.sweeps.pruners): the pruner's fields with their defaults, None: none
     pruner: dict[str, Any] | None = None
     fail_fast: int | None = None          # stop the sweep (failed) after this many failed trials
+    # every trial's environment setup on every node, as a job file's (gpuhpc.jobs.spec.setup_script_lines:
+    # modules, then conda or venv, then the setup lines); sbatch_args go into resources.extra
+    setup: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    conda: str | None = None
+    venv: str | None = None
 
     # ------------------------------------------------------------ derived
     @property
@@ -268,7 +276,7 @@ class SweepSpec:
         only rebuilds a spec this module wrote (:func:`spec_from_json`)."""
         if not isinstance(data, Mapping):
             raise UserInputError("a sweep file must be a mapping", field="<sweep file>")
-        _known(data, cls, "")
+        _known(data, cls, "", also=("sbatch_args",))
         for req in ("name", "parameters", "metric"):
             if data.get(req) is None:
                 raise UserInputError("missing", field=req)
@@ -282,10 +290,13 @@ class SweepSpec:
                    goal=_choice(metric.get("goal", "minimize"), "metric.goal", GOALS))
         kw: dict[str, Any] = {"name": _str(d.pop("name"), "name"), "metric": m,
                               "parameters": {str(k): Param.from_mapping(v, f"parameters.{k}") for k, v in params.items()}}
+        sbatch_args = d.pop("sbatch_args", None)
         for k, v in d.items():
             if v is None:
                 continue
-            if k in ("command", "workdir", "driver_partition"):
+            if k in ("setup", "modules", "conda", "venv"):
+                kw[k] = _environment_setup(k, v)
+            elif k in ("command", "workdir", "driver_partition"):
                 kw[k] = _str(v, k)
             elif k == "method":
                 kw[k] = _choice(v, k, METHODS)
@@ -315,6 +326,15 @@ class SweepSpec:
             elif k == "env":
                 kw[k] = {str(ek): (str(ev) if _is_num(ev) else _str(ev, f"env.{ek}"))
                          for ek, ev in _mapping(v, k).items()}
+        if sbatch_args is not None:              # named as in a job file: resources.extra
+            from gpuhpc.jobs.spec import check_sbatch_args
+
+            res = dict(kw.get("resources", {}))
+            res["extra"] = [*check_sbatch_args(res.get("extra") or (), "resources.extra"),
+                            *check_sbatch_args(sbatch_args, "sbatch_args")]
+            kw["resources"] = res
+        if kw.get("conda") is not None and kw.get("venv") is not None:
+            raise UserInputError("conda and venv both given", field="venv", hint="activate one environment")
         spec = cls(**kw)
         if check:
             spec._check(python=python)
@@ -490,6 +510,17 @@ class SweepSpec:
             check_text(v, f"env.{k}")
         if self.driver_partition is not None:
             Resources(partition=self.driver_partition)
+
+def _environment_setup(k: str, v: Any) -> Any:
+    """``setup``, ``modules``, ``conda`` or ``venv``, checked as a job file's are."""
+    from gpuhpc.jobs import spec as job_spec
+
+    if k == "setup":
+        return job_spec.check_setup(v, k)
+    if k == "modules":
+        return job_spec.check_modules(v, k)
+    return job_spec.check_env_path(v, k)
+
 
 def _resource_rules(v: Any) -> tuple[dict[str, Any], ...]:
     """``resources_by``: a list of ``{when: {param: value}, resources: {...}}``."""

@@ -316,3 +316,37 @@ def test_the_driver_takes_its_partitions_max_time(sweep_env, sweeps, slurm: Slur
         assert res.returncode == 0, (res.stdout, res.stderr)
     finally:
         slurm.run(["scontrol", "update", "PartitionName=cpu", "MaxTime=INFINITE"])
+
+
+def test_every_trial_gets_the_sweep_files_setup_venv_and_sbatch_args(sweep_env, sweeps, slurm: SlurmClient, tmp_path):
+    """Issue 33.3 and 33.4 in sweep files: ``setup:`` lines, ``venv:`` and ``sbatch_args:`` as in a
+    job file, for every trial, in the arrays ``sweep run`` submits and in those the driver submits
+    later (4 trials, arrays of 2, at most 2 queued). Each trial sees the setup line's variable and the
+    activated venv, and its job the passed-through ``--comment`` (read from slurmctld while it runs:
+    slurmdbd keeps comments only with AccountingStoreFlags=job_comment)."""
+    import subprocess
+    import sys
+
+    from gpuhpc.sweeps import store
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    out = tmp_path / "out"
+    out.mkdir()
+    f = write_sweep(tmp_path / "setup.yaml", name="t-setup", method="grid",
+                    command=f'c=$(scontrol show job "$SLURM_JOB_ID" | grep -o "Comment=[^ ]*" | sort -u); '
+                            f'echo "setup=$SWEEP_SETUP venv=$VIRTUAL_ENV python=$(command -v python) $c" > "{out}/{{x}}"; '
+                            + report_cmd("x"),
+                    parameters={"x": {"type": "int", "low": 0, "high": 3}}, parallelism=2, chunk_size=2, max_queued=2,
+                    resources=CPU, metric={"name": "loss"}, setup=["export SWEEP_SETUP=from-the-sweep-file"],
+                    venv=str(venv), sbatch_args=["--comment=t-setup-comment"])
+    sid = run_sweep(f)
+    sweeps(sid)
+    res = gpuhpc("sweep", "wait", str(sid), "--timeout", "300", "--poll", "1", timeout=350)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    for x in range(4):
+        assert (out / str(x)).read_text().strip() == \
+            f"setup=from-the-sweep-file venv={venv} python={venv}/bin/python Comment=t-setup-comment", x
+    info = store.sweep_info(sid)
+    jobs = [c["job_id"] for c in info["chunks"] if c["job_id"]]
+    assert info["driver_job_id"] and len(jobs) == 2, info["chunks"]
