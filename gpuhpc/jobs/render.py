@@ -70,7 +70,7 @@ def default_checkpoint_dir() -> str:
 
 def _runs_python(spec: JobSpec) -> bool:
     """A torchrun command that names its interpreter (``python -u train.py``) keeps it, with
-    its flags: torchrun runs it as a program (``--no-python``) instead of dropping it."""
+    its flags: torchrun runs it as a program (``--no_python``: torch 1.x knows only this spelling, 2.x both) instead of dropping it."""
     cmd = spec.command
     return spec.template == "torchrun" and bool(re.fullmatch(r"python[0-9.]*", os.path.basename(cmd[0])))
 
@@ -108,7 +108,7 @@ def context(spec: JobSpec) -> dict[str, str]:
         "python": _q(sys.executable or "python3"),
         "collective_timeout": str(collective_timeout_s(spec.grace_s)),
         "stop_timeout": str(stop_timeout_s(spec.grace_s)),
-        "torchrun_args": "--no-python " if _runs_python(spec) else "",
+        "torchrun_args": "--no_python " if _runs_python(spec) else "",
         # the setup lines, one per line, as one quoted word (each line was checked: no newline,
         # no control character, no template syntax); the templates run them with setup_runner
         "setup": shlex.quote("\n".join(spec.setup_lines)),

@@ -55,7 +55,7 @@ def test_torchrun_launcher_line():
                  "scontrol show hostnames", "NodeAddr="):
         assert part in text
     assert "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1" in text
-    assert '--max_restarts=0 --no-python "$@"' in text             # python3 train.py runs as given
+    assert '--max_restarts=0 --no_python "$@"' in text             # python3 train.py runs as given
     text = render(JobSpec(command=("train.py",), template="torchrun", resources=Resources(nodes=2, gpus=8)))
     assert '--max_restarts=0 "$@"' in text
 
