@@ -44,12 +44,13 @@ def quota_set(account: str, user: Optional[str], gpu_hours: Optional[str], money
     marks = None if alert_at is None else alerts.thresholds_arg(alert_at)
     hours, cash = money_arg(gpu_hours, "--gpu-hours"), money_arg(money, "--money")
     admin_only("quota set")
+    on = _cluster_arg(cluster)
     if hours is None and cash is None and marks is not None and period is None and window is None:
-        alerts.set_thresholds(account, marks, user=user)
+        alerts.set_thresholds(account, marks, user=user, cluster=on)
         return
-    admin.set_quota(account, user=user, gpu_hours=hours, money=cash, period=chosen, cluster=_cluster_arg(cluster))
+    admin.set_quota(account, user=user, gpu_hours=hours, money=cash, period=chosen, cluster=on)
     if marks is not None:
-        alerts.set_thresholds(account, marks, user=user)
+        alerts.set_thresholds(account, marks, user=user, cluster=on)
 
 
 def _cluster_arg(cluster: Optional[str]) -> Optional[str]:

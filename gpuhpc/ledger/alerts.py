@@ -153,12 +153,15 @@ def contacts(*, url: str | None = None) -> dict[str, str]:
             select(Account.name, AlertContact.contact).join(AlertContact, AlertContact.account_id == Account.id))}
 
 
-def set_thresholds(account: str, alert_at: str, *, user: str | None = None, url: str | None = None) -> bool:
-    """Set a quota's thresholds (:func:`thresholds_arg`'s text); audited. True when they changed."""
+def set_thresholds(account: str, alert_at: str, *, user: str | None = None, url: str | None = None,
+                   cluster: str | None = None) -> bool:
+    """Set a quota's thresholds (:func:`thresholds_arg`'s text); audited. True when they changed.
+    ``cluster``: that cluster's quota (None: the one for every cluster)."""
     alert_at = thresholds_arg(alert_at)
     with db.session_scope(url) as s:
         stmt = select(Quota).join(Account, Account.id == Quota.account_id).where(Account.name == account)
-        qs = [q for q in s.scalars(stmt) if (q.user.name if q.user is not None else None) == user]
+        qs = [q for q in s.scalars(stmt) if (q.user.name if q.user is not None else None) == user
+              and q.cluster == (cluster or None)]
         if not qs:
             who = f"account {account}" + (f" user {user}" if user else "")
             raise GpuhpcError(f"no quota for {who}", hint="set one first: gpuhpc quota set ACCOUNT --money M")

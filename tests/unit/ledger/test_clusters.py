@@ -216,3 +216,19 @@ def test_budget_snapshot_of_a_cluster_has_its_budgets_only(ledger, tmp_path):
                                      snapshot_file=tmp_path / f"snap-{c}.txt", gpu_types=["h100"], cluster=c)
         kinds[c] = sorted(b.kind for b in budget.read_snapshot(snap).budgets)
     assert kinds == {"a": ["money"], "b": ["gpu_hours", "money"]}
+
+
+def test_quota_set_cluster_from_the_cli_with_its_own_alerts(ledger, capsys):
+    from gpuhpc.cli.main import main
+
+    assert main(["quota", "set", "research", "--money", "10", "--alert-at", "50"]) == 0
+    assert main(["quota", "set", "research", "--money", "4", "--cluster", "Beta", "--alert-at", "90"]) == 0
+    assert main(["quota", "set", "research", "--money", "4", "--cluster", "a;b"]) == 2
+    with db.session_scope(ledger) as s:
+        from gpuhpc.ledger.orm import Quota
+
+        got = sorted((q.cluster or "", str(q.money), q.alert_at) for q in s.scalars(select(Quota)))
+    assert got == [("", "10.000000", "50"), ("beta", "4.000000", "90")]
+    assert main(["quota", "remove", "research", "--cluster", "beta"]) == 0
+    with db.session_scope(ledger) as s:
+        assert [q.cluster for q in s.scalars(select(Quota))] == [None]
