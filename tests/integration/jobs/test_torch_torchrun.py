@@ -1,7 +1,9 @@
 """The torchrun template with the real torchrun (Debian's torch 1.13: torch_torchrun.py, where
 test_jobs_launch.py uses fake_torchrun.py): a 2-node job, two workers per node, static
 rendezvous at the first node's NodeAddr; every worker has torchrun's own distributed environment.
-(The program is named without ``python``: torchrun runs it with its interpreter.)"""
+The program is named without ``python`` (torchrun runs it with its interpreter) and, as users
+write it, after ``python -u`` (the template keeps the interpreter: torchrun's ``--no_python``, the
+spelling torch 1.x knows)."""
 from __future__ import annotations
 
 import json
@@ -15,13 +17,14 @@ from torch_compat import require_torch
 pytestmark = pytest.mark.integration
 
 
-def test_real_torchrun_two_nodes_consistent_environment(jobs_env, tmp_path, slurm, track):
+@pytest.mark.parametrize("interpreter", [(), ("/usr/bin/python3", "-u")], ids=["script", "python-u-script"])
+def test_real_torchrun_two_nodes_consistent_environment(jobs_env, tmp_path, slurm, track, interpreter):
     require_torch()
     out = tmp_path / "ranks"
     out.mkdir()
     res = gpuhpc("submit", "--template", "torchrun", "--nodes", "2", "--gpus", "2", "--gpu-type", "h100",
                  "--partition", "gpu", "--time", "15m", "--name", "gpuhpc-test-real-torchrun", "--json", "--",
-                 str(HERE / "print_dist_env.py"), str(out), "--lr", "3e-4",
+                 *interpreter, str(HERE / "print_dist_env.py"), str(out), "--lr", "3e-4",
                  env={"GPUHPC_TORCHRUN": str(HERE / "torch_torchrun.py")})
     assert res.returncode == 0, res.stderr
     job_id = json.loads(res.stdout)["job_id"]
