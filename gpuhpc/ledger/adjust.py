@@ -32,7 +32,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gpuhpc.errors import GpuhpcError, LedgerError, UserInputError
-from gpuhpc.ledger import admin, audit, db, pricing
+from gpuhpc.ledger import admin, audit, db, pricing, quota
 from gpuhpc.ledger.orm import (Account, Adjustment, Charge, LedgerPolicy, Membership, Quota, QuotaUsage, UsageRecord,
                                User, utcnow)
 
@@ -112,9 +112,14 @@ class Counters:
         self.accounts = {aid: name for aid, name in s.execute(select(Account.id, Account.name))}
         self._pending: dict[int, list] = {}
 
-    def add(self, account: str, user: str, at: dt.datetime, hours: Decimal, money: Decimal) -> None:
+    def add(self, account: str, user: str, at: dt.datetime, hours: Decimal, money: Decimal,
+            cluster: str | None = None) -> None:
+        """``cluster``: the cluster of the charge's run (a quota of another cluster does not count
+        it, :data:`gpuhpc.ledger.quota.CLUSTER_CHARGES`); None: a charge of no run, which all count."""
         for q in self.quotas:
             if self.accounts.get(q.account_id) != account:
+                continue
+            if cluster is not None and not quota.quota_applies(q.cluster, cluster):
                 continue
             if q.user_id is not None and self.users.get(q.user_id) != user:
                 continue
@@ -290,7 +295,7 @@ def reprice(gpu_type: str, rate: str | Decimal, *, since: dt.datetime, until: dt
             return out
         counters = Counters(s)
         for run, at, delta, _ in todo:
-            counters.add(run.account_name, run.user_name, at, ZERO, delta)
+            counters.add(run.account_name, run.user_name, at, ZERO, delta, run.cluster)
         adj: dict[str, Adjustment] = {}
         now = utcnow()
         who = audit.actor(s)

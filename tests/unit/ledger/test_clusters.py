@@ -232,3 +232,22 @@ def test_quota_set_cluster_from_the_cli_with_its_own_alerts(ledger, capsys):
     assert main(["quota", "remove", "research", "--cluster", "beta"]) == 0
     with db.session_scope(ledger) as s:
         assert [q.cluster for q in s.scalars(select(Quota))] == [None]
+
+
+def test_a_rate_correction_counts_in_the_quotas_of_its_runs_cluster(ledger):
+    """``gpuhpc ledger reprice`` books a correction per run: a cluster's quota counts it only for
+    that cluster's runs, as its counter rebuilt from the charges does."""
+    from gpuhpc.ledger import adjust
+
+    admin.set_quota("research", money=Decimal("10"), cluster="a", url=ledger)
+    admin.set_quota("research", money=Decimal("10"), url=ledger)
+    ingest.ingest_rows(rows(row("1", "COMPLETED", ts(0), ts(30), 1800, gpus=1, cluster="a"),      # 1.80
+                            row("2", "COMPLETED", ts(0), ts(60), 3600, gpus=1, cluster="b")), url=ledger)  # 3.60
+    booked = adjust.reprice("h100", "7.20", since=NOW - dt.timedelta(days=2), until=NOW + dt.timedelta(days=1),
+                            reason="the rate was half what it should be", url=ledger)
+    assert booked.amount == Decimal("5.40")
+    live = {st.cluster: st.used_money for st in admin.quota_status("research", url=ledger)}
+    assert live == {"a": Decimal("3.60"), None: Decimal("10.80")}
+    with db.session_scope(ledger) as s:
+        s.execute(db_delete_counters())
+    assert {st.cluster: st.used_money for st in admin.quota_status("research", url=ledger)} == live
