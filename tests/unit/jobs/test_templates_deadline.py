@@ -86,12 +86,13 @@ sys.exit(0)
 """
 
 IGNORES = """
-import signal, time
+import os, signal, time
 def note(word):
     with open(READY + ".steps", "a") as fh:
         fh.write(word + "\\n")
 signal.signal(signal.SIGUSR2, lambda *a: note("usr2"))     # heard, and ignored
-open(READY, "w").close()
+with open(READY, "w") as fh:
+    fh.write(str(os.getpid()))
 for _ in range(300):
     time.sleep(0.1)
     note("step")
@@ -154,6 +155,20 @@ def test_at_the_time_limit_the_deadline_is_end_time(tmp_path):
     assert 7 <= left <= 8 and 5 <= budget <= 6, err                 # EndTime's 8 s, not --grace's 60
     assert _stepped_on_and_was_cut(steps) and "did not exit by the deadline" in err, (steps, err)
     assert requeues == ["requeue 11"]
+    # a program that did not exit by the deadline is stopped, not left running beside the next run
+    # (it runs in its own session: under proctrack/linuxproc Slurm's requeue would not find it)
+    pid = int((tmp_path / "ready").read_text())
+    wait_for(lambda: not _alive(pid), 10, f"the program (pid {pid}) to be stopped after the deadline")
+    assert "stopping it (SIGTERM to its process group)" in err, err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:            # a zombie (exited, not yet reaped) is stopped
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_without_an_answer_from_scontrol_the_grace_budget_runs_from_the_signal(tmp_path):
