@@ -190,7 +190,7 @@ supervise() {
   local h=$1 d=$LAB/hosts/$1 rc fd cpus
   for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && [ "$fd" -lt 255 ] && eval "exec $fd>&-"; done
   cpus=$(taskset -p -c $BASHPID | awk '{print $NF}')
-  while :; do
+  while [ ! -e "$d/poweroff" ]; do
     # nsenter, not `ip netns exec`: that one remounts /sys, hiding the cgroup hierarchies systemd needs;
     # the mount namespace is made on the CPU that numbers namespaces lowest (oldest_ns_cpu); the time
     # namespace starts the host's CLOCK_BOOTTIME (its uptime) at 0
@@ -199,9 +199,14 @@ supervise() {
       --fork --propagation private "$SELF" _init "$h" > "$d/init.log" 2>&1 &
     echo $! > "$d/unshare.pid.new" && mv "$d/unshare.pid.new" "$d/unshare.pid"
     rc=0; wait $! || rc=$?
+    # (an unshare that fails to re-raise the signal says so, as in up(): that child ended by a signal too)
+    [ "$rc" -eq 1 ] && grep -q "sigprocmask" "$d/init.log" && rc=129
     [ "$rc" -eq 129 ] && [ ! -e "$d/poweroff" ] || { log "$h: down (exit $rc)"; return 0; }
     log "$h: rebooting"
     clean_cgroups "$h"
+    # a machine's reset and firmware take their time too; and slurmctld takes a node it asked to
+    # reboot as rebooted only when its BootTime (now - uptime, in whole seconds) is after the request
+    sleep 3
   done
 }
 
@@ -338,7 +343,8 @@ mux_exit() {
 
 case "${1:-}" in
   _init) host_init "$2" ;;
-  _supervise) supervise "$2" ;;
+  # exit before bash reads on: a supervisor outlives edits of this file (its offset would point anywhere)
+  _supervise) supervise "$2"; exit 0 ;;
   up) shift; up "$@" ;;
   down) shift; down "$@" ;;
   status) status ;;
