@@ -3,6 +3,7 @@ against `scontrol --oneliner show node` records captured from Slurm (the local c
 the lab's 24.11 during a real reboot, tests/integration/lab/test_lab_reboot.py), replayed in order."""
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,8 @@ from cli_helpers import gpuhpc
 from gpuhpc.errors import UserInputError
 from gpuhpc.slurm import reboot as rb
 from gpuhpc.transport import CommandResult
+
+REPO = Path(__file__).resolve().parents[3]
 
 # the local cluster (Slurm 22.05.8), an idle node
 LOCAL_IDLE = (
@@ -295,3 +298,33 @@ def test_a_node_booted_but_left_drained_or_down_is_not_back():
                      clock=clock, sleep=clock.sleep)
     assert [n for n, _ in out.failed] == ["c1"] and "not returned to service: IDLE+DRAIN" in out.failed[0][1]
     assert out.untouched == ["c2"] and [n for n, _ in replay.reboots] == ["c1"]
+
+
+# ---------------------------------------------------------------- slurm.conf's side
+def _slurm_conf(**runtime) -> str:
+    import yaml
+
+    from gpuhpc.conf.render import render_spec
+    from gpuhpc.spec.cluster import spec_from_data
+
+    data = yaml.safe_load((REPO / "examples" / "clusters" / "dgx-h100-pod.yaml").read_text())
+    data.setdefault("runtime", {}).update(runtime)
+    files, _ = render_spec(spec_from_data(data))
+    return files["slurm.conf"]
+
+
+def test_reboot_program_and_its_resume_timeout_follow_the_spec():
+    conf = _slurm_conf(reboot_program="/usr/local/sbin/site-reboot", reboot_timeout=900).splitlines()
+    assert "RebootProgram=/usr/local/sbin/site-reboot" in conf and "ResumeTimeout=900" in conf
+    conf = _slurm_conf(reboot_program=None)
+    assert "RebootProgram" not in conf and "ResumeTimeout" not in conf
+
+
+@pytest.mark.parametrize("runtime", [{"reboot_program": "reboot"}, {"reboot_program": "/sbin/reboot now"},
+                                     {"reboot_timeout": 30}])
+def test_a_bad_reboot_setting_is_refused_naming_it(runtime):
+    from gpuhpc.errors import SpecError
+
+    with pytest.raises(SpecError) as err:
+        _slurm_conf(**runtime)
+    assert err.value.field == f"runtime.{next(iter(runtime))}"
