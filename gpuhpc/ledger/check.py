@@ -13,7 +13,8 @@ Three comparisons, one line per difference (exit 1 when there is any, 0 when in 
   slurmdbd (``sacctmgr``), on this cluster; a limit changed by hand behind the ledger's back, an
   account without its association, a user limit the ledger has no quota for.
   In the qos mode (docs/ledger.md, "budget enforcement modes") the limits sit on each account's
-  budget QOS (``sacctmgr list qos``), which must also carry ``Flags=NoDecay``.
+  budget QOS (``sacctmgr list qos``), which must also carry ``Flags=NoDecay``, and the usage
+  compared is the QOS's (``scontrol show assoc_mgr flags=qos``), never the decaying association's.
 * **usage**: each quota's used GPU-minutes or billing-minutes in this period, in slurmctld's
   association manager (``GrpTRESMins=...(USED)``) against the ledger's counters, within a
   tolerance (Slurm adds usage up every ``PriorityCalcPeriod`` and counts whole minutes). An
@@ -219,22 +220,25 @@ def dearest_minute(book: pricing.PriceBook, at: dt.datetime) -> Decimal:
 
 
 def usage_differences(statuses: list[admin.QuotaStatus], plans: list[slurm_sync.AccountPlan], usage: list,
-                      tol: Tolerance, money_minute: Decimal) -> tuple[list[Difference], int, list[str]]:
+                      tol: Tolerance, money_minute: Decimal, qos_usage: list = ()
+                      ) -> tuple[list[Difference], int, list[str]]:
     """Each quota's used amount this period, ledger (``statuses``) against slurmctld
-    (``usage``: :class:`gpuhpc.slurm.parsers.AssocUsage` rows)."""
+    (``usage``: :class:`gpuhpc.slurm.parsers.AssocUsage` rows; in the qos mode an account's
+    budget QOS, ``qos_usage``: :class:`gpuhpc.slurm.parsers.QosUsage` rows)."""
     by_assoc = {(a.account, a.user): a for a in usage}
+    by_qos = {q.name.lower(): q for q in qos_usage}
     plan_of = {p.account: p for p in plans}
     out, checked, notes = [], 0, []
     for s in statuses:
         who = f"account {s.account}" if s.user is None else f"user {s.user} in account {s.account}"
         p = plan_of.get(s.account)
         assoc = by_assoc.get((s.account, s.user or ""))
+        if p is not None and p.qos:
+            # the qos mode: the budget's usage is the QOS's (NoDecay); the association's decays
+            assoc = by_qos.get(p.qos.lower()) if s.user is None else None
+            who = f"{who} (QOS {p.qos})"
         if p is None or assoc is None:
-            continue                         # no association: the limits comparison says so
-        if p.qos:
-            notes.append(f"{who}: usage not compared (the qos mode: Slurm counts it on the QOS {p.qos}, "
-                         f"which gpuhpc ledger check does not read yet)")
-            continue
+            continue                         # no association (or QOS): the limits comparison says so
         label = budget.period_label(s.period, s.period_start)
         fix = f"{SYNC_HINT} --account {s.account}"
         if (p.reset if s.user is None else s.user in p.user_resets):
@@ -342,7 +346,9 @@ def check(client, *, url: str | None = None, accounts: list[str] | None = None, 
         res.differences += diffs
         res.checked["limits"] += n
     usage = client.assoc_usage(sorted({s.account for s in statuses}))
-    diffs, res.checked["usage"], notes = usage_differences(statuses, plans, usage, tol, dearest_minute(book, now))
+    qos_used = client.qos_usage([p.qos for p in plans if p.qos])
+    diffs, res.checked["usage"], notes = usage_differences(statuses, plans, usage, tol, dearest_minute(book, now),
+                                                           qos_used)
     res.differences += diffs
     res.notes += notes
     return res

@@ -460,6 +460,15 @@ class SlurmClient:
         res = self.run(cmd.scontrol_show_assoc_mgr_accounts(names), check=False)
         return _parsers().parse_assoc_usage(res.stdout if res.ok else "")
 
+    def qos_usage(self, names: Iterable[str]) -> list[parsers.QosUsage]:
+        """These QOS in slurmctld's cache: ``GrpTRESMins`` limits and usage and the running jobs'
+        ``GrpTRESRunMins`` (the ledger's qos mode; a QOS slurmctld does not know has no row)."""
+        names = sorted(set(names))
+        if not names:
+            return []
+        res = self.run(cmd.scontrol_show_assoc_mgr_qos(names), check=False)
+        return _parsers().parse_qos_usage(res.stdout if res.ok else "")
+
     # ------------------------------------------------------------ month end (ledger periods, docs/ledger.md)
     def window_gpu_seconds(self, since: dt.datetime, until: dt.datetime,
                            job_ids: Iterable[str] = ()) -> dict[str, int]:

@@ -218,6 +218,12 @@ def scontrol_show_assoc_mgr_accounts(accounts: Sequence[str]) -> list[str]:
     return ["scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", "flags=assoc"]
 
 
+def scontrol_show_assoc_mgr_qos(names: Sequence[str]) -> list[str]:
+    """``scontrol show assoc_mgr qos=A,B flags=qos``: these QOS with ``UsageRaw`` and
+    ``GrpTRESMins=LIMIT(USED minutes)`` (the ledger's qos mode: a budget QOS per account)."""
+    return ["scontrol", "show", "assoc_mgr", f"qos={','.join(names)}", "flags=qos"]
+
+
 # ---------------------------------------------------------------- containers (node image cache)
 def srun_per_node(nodes: str, count: int, argv: Sequence[str], *, partition: str | None = None,
                   within_job: bool = False, time_limit: str = "30") -> list[str]:

@@ -609,6 +609,46 @@ def parse_assoc_usage(text: str) -> list[AssocUsage]:
     return out
 
 
+@dataclass(frozen=True)
+class QosUsage:
+    """One QOS in slurmctld's cache: ``GrpTRESMins`` limit (None: unlimited) and usage and
+    ``GrpTRESRunMins`` (the running jobs' minutes still to come), in TRES-minutes."""
+
+    name: str
+    limits: dict[str, int | None]
+    used: dict[str, int]
+    running: dict[str, int]
+
+
+def parse_qos_usage(text: str) -> list[QosUsage]:
+    """``scontrol show assoc_mgr qos=... flags=qos`` -> each QOS's budget minutes (the QOS's own
+    lines, before its ``User Limits``/``Account Limits``): ``QOS=name(id)``, then
+    ``GrpTRESMins=gres/gpu=3(1)`` and ``GrpTRESRunMins=gres/gpu=N(4)``."""
+    out: list[QosUsage] = []
+    cur: dict | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = re.match(r"QOS=(.*)\(\d+\)$", line)
+        if m:
+            if cur is not None:
+                out.append(QosUsage(**cur))
+            cur = {"name": m.group(1), "limits": {}, "used": {}, "running": {}}
+            continue
+        if cur is None:
+            continue
+        for key, what in (("GrpTRESMins=", "mins"), ("GrpTRESRunMins=", "run")):
+            if line.startswith(key) and not (cur["used"] if what == "mins" else cur["running"]):
+                for t in _TRES_MINS.finditer(line[len(key):]):
+                    if what == "mins":
+                        cur["limits"][t.group(1)] = None if t.group(2) == "N" else int(t.group(2))
+                        cur["used"][t.group(1)] = int(t.group(3))
+                    else:
+                        cur["running"][t.group(1)] = int(t.group(3))
+    if cur is not None:
+        out.append(QosUsage(**cur))
+    return out
+
+
 # ---------------------------------------------------------------- month end (ledger periods, docs/ledger.md)
 @dataclass(frozen=True)
 class Utilization:

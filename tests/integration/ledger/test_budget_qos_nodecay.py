@@ -110,6 +110,8 @@ def test_a_nodecay_budget_qos_keeps_its_usage_while_fair_share_decays(nodecay_cl
 
     # the job's usage reaches both at a decay pass; at a later pass fair-share falls, the QOS keeps it
     wait_for(lambda: fair_share_usage() > 0 and qos_usage() > 0, 90, "the job's usage to be counted")
+    (q,) = client.qos_usage([QOS])                          # what gpuhpc ledger check reads in the qos mode
+    assert q.name == QOS and q.limits["billing"] == 100 and "billing" in q.used, q
     peak = {"share": 0, "qos": 0.0}
     at_fall: list[float] = []
 

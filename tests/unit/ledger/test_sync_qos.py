@@ -10,7 +10,8 @@ from decimal import Decimal
 import pytest
 
 from gpuhpc.errors import UserInputError
-from gpuhpc.ledger import adjust, admin, check, rollover, slurm_sync
+from gpuhpc.ledger import adjust, admin, check, db, rollover, slurm_sync
+from gpuhpc.slurm import parsers
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.transport import CommandResult
 
@@ -145,3 +146,54 @@ def test_the_check_compares_the_budget_qos_not_the_association(ledger_url):
     assert d.what == "QOS budget_proj of account proj" and "its usage decays" in d.slurm
     (d,), _ = check.qos_limit_differences(plans, [])
     assert d.slurm == "(no QOS)" and d.fix == "gpuhpc ledger sync-slurm --account proj"
+
+
+QOS_MGR = """Current Association Manager state
+
+QOS Records
+
+QOS=budget_proj(7)
+    UsageRaw=3600.000000
+    GrpJobs=N(0) GrpJobsAccrue=N(0) GrpSubmitJobs=N(0) GrpWall=N(1.00)
+    GrpTRES=cpu=N(0),billing=N(0),gres/gpu=N(0)
+    GrpTRESMins=cpu=N(60),billing=N(0),gres/gpu=598({gpu})
+    GrpTRESRunMins=cpu=N(0),billing=N(0),gres/gpu=N({running})
+    MaxWallPJ=
+    PreemptMode=OFF
+    Priority=0
+    Account Limits
+      proj
+        MaxJobsPA=N(0) MaxJobsAccruePA=N(0) MaxSubmitJobsPA=N(0)
+        MaxTRESPA=cpu=N(0),billing=N(0),gres/gpu=N(0)
+    User Limits
+      1001
+        MaxJobsPU=N(0) MaxJobsAccruePU=N(0) MaxSubmitJobsPU=N(0)
+        MaxTRESPU=cpu=N(0),billing=N(0),gres/gpu=N(0)
+"""
+
+
+def test_the_qos_usage_parser_reads_each_qos_own_minutes():
+    (q,) = parsers.parse_qos_usage(QOS_MGR.format(gpu=61, running=4))
+    assert (q.name, q.limits["gres/gpu"], q.used["gres/gpu"], q.running["gres/gpu"]) == ("budget_proj", 598, 61, 4)
+    assert q.limits["cpu"] is None and parsers.parse_qos_usage("") == []
+
+
+def test_the_check_compares_the_budget_qos_usage_not_the_decayed_association(ledger_url):
+    qos_ledger(ledger_url)
+    with db.session_scope(ledger_url) as s:                # an hour of GPU settled by ingest this period
+        for q in admin.lock_all_quotas(s):
+            admin.bucket(s, q, NOW).used_gpu_hours += Decimal(1)
+    plans = slurm_sync.plan(url=ledger_url, now=NOW)
+    slurm_sync.record_periods(plans, url=ledger_url)
+    plans = slurm_sync.plan(url=ledger_url, now=NOW)
+    statuses = admin.quota_status(url=ledger_url, now=NOW)
+    decayed = [parsers.AssocUsage("proj", "", {"gres/gpu": None}, {"gres/gpu": 20}, {"gres/gpu": 0})]
+
+    def compare(gpu, running=0):
+        return check.usage_differences(statuses, plans, decayed, check.Tolerance(), Decimal(1),
+                                       parsers.parse_qos_usage(QOS_MGR.format(gpu=gpu, running=running)))
+
+    assert compare(60)[:2] == ([], 1)                      # the QOS counts the hour; the association has decayed
+    (d,), _, _ = compare(120)
+    assert (d.kind, d.what, d.slurm) == ("usage", "account proj (QOS budget_proj)", "2.0000 GPU-hours")
+    assert compare(500, running=3)[:2] == ([], 0)          # jobs running on the QOS: not compared
