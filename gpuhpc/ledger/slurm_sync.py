@@ -239,6 +239,13 @@ def sync(client, plans: list[AccountPlan], *, dry_run: bool = False) -> SyncResu
         have_qos = {r["Name"].lower(): r for r in client.sacctmgr_list("qos", fields=["Name", "Flags", "GrpTRESMins"])}
         for p in qos_plans:
             res.commands += qos_commands(client, p, have_qos.get(p.qos.lower()), dry_run=dry_run)
+        for p in plans:
+            # an account whose quota is gone keeps its QOS (and its jobs the default): the QOS's budget goes
+            left = have_qos.get(budget_qos(p.account).lower()) if not p.qos else None
+            if left is not None and _set_only(parse_tres(left.get("GrpTRESMins", ""))):
+                unset = {k: UNSET for k in parse_tres(left.get("GrpTRESMins", ""))}
+                res.commands.append(client.sacctmgr_modify("qos", [("name", budget_qos(p.account))],
+                                                           [("GrpTRESMins", _tres(unset))], dry_run=dry_run))
     assocs = client.sacctmgr_list("association", *(f"{k}={v}" for k, v in where_on),
                                   fields=["Account", "User", "GrpTRESMins", "QOS", "DefaultQOS"])
     users_of: dict[str, dict[str, dict]] = {}

@@ -197,3 +197,15 @@ def test_the_check_compares_the_budget_qos_usage_not_the_decayed_association(led
     (d,), _, _ = compare(120)
     assert (d.kind, d.what, d.slurm) == ("usage", "account proj (QOS budget_proj)", "2.0000 GPU-hours")
     assert compare(500, running=3)[:2] == ([], 0)          # jobs running on the QOS: not compared
+
+
+def test_an_account_whose_quota_is_gone_loses_its_qos_budget(ledger_url):
+    qos_ledger(ledger_url)
+    admin.add_account("gone", url=ledger_url)                  # had a quota (and so a budget QOS) once
+    plans = slurm_sync.plan(url=ledger_url, now=NOW)
+    c = client(qos=[{"Name": "budget_gone", "Flags": "NoDecay", "GrpTRESMins": "gres/gpu=100"},
+                    {"Name": "budget_proj", "Flags": "NoDecay", "GrpTRESMins": "gres/gpu=598"}])
+    res = slurm_sync.sync(c, plans, dry_run=True)
+    assert ["sacctmgr", "-i", "modify", "qos", "where", "name=budget_gone", "set", "GrpTRESMins=gres/gpu=-1"] \
+        in res.commands
+    assert not [a for a in res.commands if "name=budget_proj" in a and "RawUsage=0" not in a]
