@@ -220,8 +220,9 @@ def test_check_diff_shows_a_spec_change_and_changes_nothing_while_a_host_is_stop
     assert "-DefMemPerCPU=500" in out and "+DefMemPerCPU=600" in out
     assert all(r["changed"] >= 1 for r in rows.values()), rows
     lab.sh("up", "c2")
-    for host in DAEMONS:
-        assert "DefMemPerCPU=500" in lab.ssh(host, "cat /etc/slurm/slurm.conf"), host
+    for host in DAEMONS:   # c1 and c2 are configless: the slurm.conf their slurmd fetched
+        path = "/var/spool/slurmd/conf-cache/slurm.conf" if host in ("c1", "c2") else "/etc/slurm/slurm.conf"
+        assert "DefMemPerCPU=500" in lab.ssh(host, f"cat {path}"), host
 
 
 def test_a_node_definition_change_keeps_running_jobs_brings_a_stopped_host_back_and_restarts_munged_for_a_new_key(
