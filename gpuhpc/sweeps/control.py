@@ -29,12 +29,11 @@ def histories(sid: int, *, url: str | None = None) -> tuple[SweepSpec, Path, lis
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
-            rows = list(tx.execute("SELECT number, state FROM sweep_trials WHERE sweep_id = ? AND state != ? "
-                             "ORDER BY number", (sid, TrialState.WAITING.value)))
+            sw = queries.sweep(tx, sid)
+            rows = [(t.number, t.state) for t in queries.trial_statuses(tx, sid, not_in=[TrialState.WAITING])]
     finally:
         conn.close()
-    spec, directory = spec_from_json(spec_text), Path(directory)
+    spec, directory = spec_from_json(sw.spec), Path(sw.directory)
     return spec, directory, [TrialHistory(n, TrialState(st), read_history(directory / "trials" / str(n) / "metrics.jsonl",
                                                               spec.metric.name)) for n, st in rows]
 
@@ -54,13 +53,11 @@ def prune(sid: int, *, client=None, url: str | None = None) -> list[int]:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            status, spec_text = tx.one("SELECT status, spec FROM sweeps WHERE id = ?", (sid,))
-            live = list(tx.execute("SELECT number, state, raw_state, job_id FROM sweep_trials WHERE sweep_id = ? AND "
-                             "state IN (?, ?, ?)", (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
-                                                    TrialState.REQUEUED.value)))
+            sw = queries.sweep(tx, sid)
+            live = queries.trial_statuses(tx, sid, states=queries.LIVE)
     finally:
         conn.close()
-    spec = spec_from_json(spec_text)
+    status, spec = sw.status, spec_from_json(sw.spec)
     if spec.pruner is None or status != SweepStatus.RUNNING.value or not live:
         return []
     spec, directory, trials = histories(sid, url=url)
@@ -109,26 +106,23 @@ def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | N
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            status, spec_text = tx.one("SELECT status, spec FROM sweeps WHERE id = ?", (sid,))
-            spec = spec_from_json(spec_text)
+            sw = queries.sweep(tx, sid)
+            status, spec = sw.status, spec_from_json(sw.spec)
             if spec.fail_fast is None or status != SweepStatus.RUNNING.value:
                 return None
             # failed for good, or shown failed by slurmctld already (accounting confirms it later): the
             # same word that frees its slot (trial_over) counts here, so no trial goes out on that slot first
-            failed = [n for n, st, raw in tx.execute("SELECT number, state, raw_state FROM sweep_trials WHERE sweep_id = ? "
-                                               "AND state IN (?, ?, ?, ?) ORDER BY number",
-                                               (sid, TrialState.FAILED.value, TrialState.PENDING.value,
-                                                TrialState.RUNNING.value, TrialState.REQUEUED.value))
-                      if st == TrialState.FAILED.value or SLURM_STATES.get((raw or "").split(" ", 1)[0]) is TrialState.FAILED]
+            failed = [t.number for t in queries.trial_statuses(tx, sid, states=(TrialState.FAILED, *queries.LIVE))
+                      if t.state == TrialState.FAILED.value
+                      or SLURM_STATES.get((t.raw_state or "").split(" ", 1)[0]) is TrialState.FAILED]
             if len(failed) < spec.fail_fast:
                 return None
             msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"
                    f"{', ...' if len(failed) > 10 else ''}), at most {spec.fail_fast - 1} allowed; "
                    "the rest were cancelled or never submitted")
-            tx.execute("UPDATE sweeps SET status = ?, message = ?, updated_at = ? WHERE id = ? AND status = ?",
-                 (SweepStatus.FAILED.value, msg, tx.ts(now()), sid, SweepStatus.RUNNING.value))
-            jobs = [j for (j,) in tx.execute("SELECT job_id FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL",
-                                       (sid,))]
+            queries.update_sweep(tx, sid, status=SweepStatus.FAILED.value, message=msg, updated_at=now(),
+                                 when_status=SweepStatus.RUNNING.value)
+            jobs = queries.submitted_jobs(tx, sid)
     finally:
         conn.close()
     c = slurm_client(client)
@@ -157,7 +151,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
             if sw is None:
                 raise UserInputError(f"no sweep {sid}", field="ID")
             spec = spec_from_json(sw.spec)
-            numbers = [t.number for t in queries.trials(tx, sid, states=redo)]
+            numbers = [t.number for t in queries.trial_statuses(tx, sid, states=redo)]
             created = queries.trial_count(tx, sid)
             queries.wait_again(tx, sid, numbers, now())
             queries.update_sweep(tx, sid, status=SweepStatus.RUNNING.value, message=None)

@@ -21,7 +21,7 @@ from typing import Any
 from gpuhpc.errors import UserInputError
 from gpuhpc.sweeps import queries
 from gpuhpc.sweeps.spec import spec_from_json
-from gpuhpc.sweeps.state import ChunkState, TrialState, ended, trial_over
+from gpuhpc.sweeps.state import TrialState, ended, trial_over
 
 
 UTC = dt.timezone.utc
@@ -68,6 +68,29 @@ def db_url(url: str | None = None) -> str:
     return url
 
 
+#: SQLite files this process keeps one idle connection to (the latest few; never used for a
+#: statement): while one is open, SQLite keeps the file's WAL and shared-memory index, so a
+#: transaction's own connection neither checkpoints and deletes them on close nor has to create
+#: them again on open. As the ORM's connection pool did: a file system that fills up under the
+#: driver fails its next write with "database or disk is full", not with an I/O error in opening.
+_KEPT_OPEN: dict[str, Any] = {}
+_KEEP_AT_MOST = 4
+
+
+def _keep_open(url: str) -> None:
+    from gpuhpc.ledger import quota
+
+    if url in _KEPT_OPEN or not url.startswith("sqlite"):
+        return
+    try:
+        conn = quota.Connection(url)        # its set-up reads the file: the WAL index is open
+    except Exception:                       # noqa: BLE001 - only an optimisation; the caller's own connection says why
+        return
+    _KEPT_OPEN[url] = conn
+    while len(_KEPT_OPEN) > _KEEP_AT_MOST:
+        _KEPT_OPEN.pop(next(iter(_KEPT_OPEN))).close()
+
+
 def connect(url: str | None):
     """A DB-API connection (:mod:`gpuhpc.dbapi`) to the sweep database: the ledger's (its
     :class:`gpuhpc.ledger.quota.Connection`, whose first transaction checks the schema). The
@@ -75,7 +98,10 @@ def connect(url: str | None):
     :mod:`gpuhpc.sweeps.queries`."""
     from gpuhpc.ledger import quota
 
-    return quota.Connection(db_url(url))
+    url = db_url(url)
+    conn = quota.Connection(url)
+    _keep_open(url)
+    return conn
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -110,11 +136,8 @@ def forget(sid: int, url: str | None, directory: Path) -> None:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            if tx.one("SELECT count(*) FROM sweep_chunks WHERE sweep_id = ? AND job_id IS NOT NULL", (sid,))[0]:
+            if not queries.forget_sweep(tx, sid):
                 return
-            tx.execute("DELETE FROM sweep_trials WHERE sweep_id = ?", (sid,))
-            tx.execute("DELETE FROM sweep_chunks WHERE sweep_id = ?", (sid,))
-            tx.execute("DELETE FROM sweeps WHERE id = ?", (sid,))
     finally:
         conn.close()
     shutil.rmtree(directory, ignore_errors=True)
@@ -124,8 +147,7 @@ def n_waiting(sid: int, url: str | None) -> int:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            return tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
-                          (sid, TrialState.WAITING.value))[0]
+            return queries.state_counts(tx, sid, states=[TrialState.WAITING]).get(TrialState.WAITING.value, 0)
     finally:
         conn.close()
 
@@ -146,16 +168,12 @@ def live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | N
     """[(chunk id, array job id, trials of it still queued or running)], oldest first. With
     ``slots``, a task in COMPLETING no longer counts (:func:`trial_over`: the parallelism
     slots); without, it does (slurmctld counts it against MaxSubmitJobs until it is gone)."""
-    live = (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
     over = trial_over if slots else ended
     counts: dict[int, int] = {}
-    for cid, raw in tx.execute("SELECT chunk_id, raw_state FROM sweep_trials WHERE sweep_id = ? AND state IN (?, ?, ?) "
-                         "AND chunk_id IS NOT NULL", (sid, *live)):
-        if not over(raw):
-            counts[cid] = counts.get(cid, 0) + 1
-    return [(cid, job, counts[cid]) for cid, job in tx.execute("SELECT id, job_id FROM sweep_chunks WHERE sweep_id = ? "
-                                                         "AND state != ? ORDER BY number", (sid, ChunkState.FAILED.value))
-            if counts.get(cid)]
+    for t in queries.queued_trials(tx, sid):
+        if not over(t.raw_state):
+            counts[t.chunk_id] = counts.get(t.chunk_id, 0) + 1
+    return [(cid, job, counts[cid]) for cid, job in queries.chunk_jobs(tx, sid) if counts.get(cid)]
 
 
 def queued_now(sid: int, url: str | None = None) -> int:
@@ -174,16 +192,12 @@ def draining(sid: int, url: str | None = None) -> bool:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            if not tx.one("SELECT count(*) FROM sweep_trials WHERE sweep_id = ? AND state = ?",
-                          (sid, TrialState.WAITING.value))[0]:
+            if not queries.state_counts(tx, sid, states=[TrialState.WAITING]):
                 return False
             states: dict[int, set[str]] = {}
-            for cid, state, raw in tx.execute("SELECT chunk_id, state, raw_state FROM sweep_trials WHERE sweep_id = ? AND "
-                                        "state IN (?, ?, ?) AND chunk_id IS NOT NULL",
-                                        (sid, TrialState.PENDING.value, TrialState.RUNNING.value,
-                                         TrialState.REQUEUED.value)):
-                if not ended(raw):
-                    states.setdefault(cid, set()).add(state)
+            for t in queries.queued_trials(tx, sid):
+                if not ended(t.raw_state):
+                    states.setdefault(t.chunk_id, set()).add(t.state)
             return any(st == {TrialState.RUNNING.value} for st in states.values())
     finally:
         conn.close()
@@ -198,8 +212,7 @@ def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            return {st: n for st, n in tx.execute("SELECT state, count(*) FROM sweep_trials WHERE sweep_id = ? "
-                                             "GROUP BY state", (sid,))}
+            return queries.state_counts(tx, sid)
     finally:
         conn.close()
 

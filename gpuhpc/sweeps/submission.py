@@ -19,7 +19,6 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from gpuhpc.sweeps.planner import (
 )
 from gpuhpc.sweeps import queries
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
-from gpuhpc.sweeps.state import ChunkState, SweepStatus, TrialState
+from gpuhpc.sweeps.state import ChunkState, SweepStatus
 from gpuhpc.sweeps.store import (
     connect, db_url, forget, live_chunks, n_waiting, now, read_throttles, save_throttles, set_sweep, slurm_client,
     sweep_root, utc, write_chunk_file, write_json,
@@ -87,16 +86,11 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            t = tx.ts(now())
-            sid = tx.insert("INSERT INTO sweeps (name, user_name, cluster, spec, kind, status, message, directory, "
-                            "n_trials, driver_job_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, NULL, '', ?, "
-                            "NULL, ?, ?)", (spec.name, getpass.getuser(), cluster, spec_json(spec), kind,
-                                            SweepStatus.RUNNING.value, n, t, t))
-            tx.execute("UPDATE sweeps SET directory = ? WHERE id = ?", (str(root / str(sid)), sid))
-            zero, waiting = tx.num(Decimal(0)), TrialState.WAITING.value
-            tx.execute_many("INSERT INTO sweep_trials (sweep_id, number, params, state, attempts, restarts, gpu_hours, "
-                      "updated_at) VALUES (?, ?, ?, ?, 0, 0, ?, ?)",
-                  [(sid, i, json.dumps(p, sort_keys=True), waiting, zero, t) for i, p in enumerate(first)])
+            at = now()
+            sid = queries.insert_sweep(tx, name=spec.name, user_name=getpass.getuser(), cluster=cluster,
+                                       spec=spec_json(spec), kind=kind, n_trials=n,
+                                       directory_of=lambda i: root / str(i), at=at)
+            queries.add_trials(tx, sid, 0, first, at)
     finally:
         conn.close()
     directory = root / str(sid)
@@ -131,11 +125,11 @@ def balance(sid: int, *, client=None, url: str | None = None) -> int:
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            spec_text, directory = tx.one("SELECT spec, directory FROM sweeps WHERE id = ?", (sid,))
+            sw = queries.sweep(tx, sid)
             live = live_chunks(tx, sid, slots=True)
     finally:
         conn.close()
-    spec, directory = spec_from_json(spec_text), Path(directory)
+    spec, directory = spec_from_json(sw.spec), Path(sw.directory)
     throttles = read_throttles(directory)
     free = spec.parallelism - slots_in_use(live, throttles)
     changed = False
@@ -171,14 +165,12 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
     conn = connect(url)
     try:
         with conn.transaction() as tx:
-            row = tx.one("SELECT status, spec, directory, name, cluster FROM sweeps WHERE id = ?", (sid,))
-            if row is None:
+            sw = queries.sweep(tx, sid)
+            if sw is None:
                 raise UserInputError(f"no sweep {sid}", field="ID")
-            status, spec_text, directory, name, cluster = row
-            waiting = [(n, p) for n, p in tx.execute("SELECT number, params FROM sweep_trials WHERE sweep_id = ? AND "
-                                               "state = ? ORDER BY number", (sid, TrialState.WAITING.value))]
-            last = tx.one("SELECT number, job_id FROM sweep_chunks WHERE sweep_id = ? ORDER BY number DESC LIMIT 1",
-                          (sid,))
+            status, spec_text, directory, name, cluster = sw.status, sw.spec, sw.directory, sw.name, sw.cluster
+            waiting = [(t.number, t.params) for t in queries.waiting_trials(tx, sid)]
+            last = queries.last_chunk_number(tx, sid)
             live = live_chunks(tx, sid, slots=True)
         if status in (SweepStatus.CANCELLED.value, SweepStatus.FAILED.value):
             return []
@@ -189,7 +181,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         if numbers is not None:
             wanted = set(numbers)
             waiting = [w for w in waiting if w[0] in wanted]
-        next_number = (last[0] + 1) if last else 0
+        next_number = (last + 1) if last is not None else 0
         if limit is not None:
             waiting = waiting[:max(0, limit)]
         plan_chunk = min(submit_limits(c, spec).max_array_size, spec.chunk_size or 10**9)
@@ -226,9 +218,7 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
             with conn.transaction() as tx:
                 _attach_in(tx, sid, done)
                 for _, chunk_id, _, rid in chunks[len(done):]:
-                    tx.execute("UPDATE sweep_chunks SET state = ? WHERE id = ?", (ChunkState.FAILED.value, chunk_id))
-                    tx.execute("UPDATE sweep_trials SET state = ? WHERE sweep_id = ? AND chunk_id = ? AND job_id IS NULL",
-                         (TrialState.WAITING.value, sid, chunk_id))
+                    queries.fail_chunk(tx, sid, chunk_id)
                     if rid is not None:             # never submitted: the hold goes back
                         quota.lock_quotas_of(tx, rid)
                         quota.release_holds(tx, rid, "released", now())
@@ -255,20 +245,11 @@ def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: Swee
     if cluster is not None:
         from gpuhpc.ledger import quota
     with conn.transaction() as tx:
-        t = tx.ts(now())
         at = now()
         for k, rows in enumerate(groups):
-            chunk_id = tx.insert("INSERT INTO sweep_chunks (sweep_id, number, job_id, n_tasks, trials, state, "
-                                 "created_at) VALUES (?, ?, NULL, ?, ?, ?, ?)",
-                                 (sid, first + k, len(rows), json.dumps([n for n, _ in rows]),
-                                  ChunkState.SUBMITTING.value, t))
-            tx.execute(f"UPDATE sweep_trials SET state = ?, chunk_id = ?, job_id = NULL WHERE sweep_id = ? AND "
-                 f"state = ? AND number IN ({', '.join('?' * len(rows))})",
-                 (TrialState.PENDING.value, chunk_id, sid, TrialState.WAITING.value, *(n for n, _ in rows)))
-            if tx.cur.rowcount != len(rows):
-                tx.execute("UPDATE sweep_trials SET state = ?, chunk_id = NULL WHERE chunk_id = ?",
-                     (TrialState.WAITING.value, chunk_id))
-                tx.execute("DELETE FROM sweep_chunks WHERE id = ?", (chunk_id,))
+            numbers = [n for n, _ in rows]
+            chunk_id = queries.insert_chunk(tx, sid, first + k, numbers, at)
+            if not queries.claim_trials(tx, sid, chunk_id, numbers):
                 break
             rid = None
             if cluster is not None:
@@ -283,15 +264,8 @@ def _attach_in(tx, sid: int, done: Sequence[tuple[int, str, Sequence[tuple[int, 
     the job id of its ledger reservation (when the sweep took it)."""
     from gpuhpc.ledger import quota
 
-    t = tx.ts(now())
-    pending = TrialState.PENDING.value
-    tx.execute_many("UPDATE sweep_chunks SET job_id = ?, state = ? WHERE id = ?",
-          [(job_id, ChunkState.SUBMITTED.value, chunk_id) for chunk_id, job_id, _, _ in done])
-    tx.execute_many("UPDATE sweep_trials SET chunk_id = ?, task_id = ?, job_id = ?, job_id_raw = NULL, state = ?, "
-              "raw_state = 'PENDING', attempts = attempts + 1, restarts = 0, exit_code = NULL, updated_at = ? "
-              "WHERE sweep_id = ? AND number = ?",
-          [(chunk_id, task, f"{job_id}_{task}", pending, t, sid, number)
-           for chunk_id, job_id, rows, _ in done for task, (number, _) in enumerate(rows)])
+    queries.attach_jobs(tx, sid, [(chunk_id, job_id, [number for number, _ in rows])
+                                  for chunk_id, job_id, rows, _ in done], now())
     for _, job_id, _, rid in done:
         if rid is not None:
             quota.attach_job_in(tx, rid, job_id)

@@ -7,11 +7,15 @@ for Alembic only)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import gpuhpc.sweeps
 
 SWEEPS = Path(gpuhpc.sweeps.__file__).parent
+GPUHPC = SWEEPS.parent
+#: SQL that names a sweep table
+SWEEP_SQL = re.compile(r"\b(FROM|INTO|UPDATE|JOIN)\s+(sweeps|sweep_chunks|sweep_trials)\b", re.IGNORECASE)
 #: modules that are the ORM or reach it (a session, the mapped classes)
 ORM_MODULES = ("sqlalchemy", "gpuhpc.ledger.orm", "gpuhpc.sweeps.models")
 ORM_NAMES = {("gpuhpc.ledger", "orm"), ("gpuhpc.ledger.db", "session_scope"), ("gpuhpc.ledger.db", "get_engine"),
@@ -59,3 +63,18 @@ def test_the_scan_sees_an_orm_use(tmp_path):
                  "    with store.session(url) as s:\n"
                  "        pass\n")
     assert [h.split(": ", 1)[0] for h in _orm_uses(f)] == [f"m.py:{n}" for n in (2, 3, 4, 5, 6, 7)]
+
+
+def _sweep_sql(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [f"{path.relative_to(GPUHPC.parent)}:{node.lineno}: {node.value.strip()[:60]!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SWEEP_SQL.search(node.value)]
+
+
+def test_only_the_named_queries_hold_sql_of_the_sweep_tables():
+    """Every statement on sweeps, sweep_chunks and sweep_trials is a function of
+    gpuhpc/sweeps/queries.py (the migrations, which create them, aside)."""
+    assert _sweep_sql(SWEEPS / "queries.py")                  # the scan sees them where they are
+    found = [hit for m in sorted(GPUHPC.rglob("*.py"))
+             if m != SWEEPS / "queries.py" and "migrations" not in m.parts for hit in _sweep_sql(m)]
+    assert found == [], "SQL of the sweep tables outside gpuhpc/sweeps/queries.py:\n" + "\n".join(found)

@@ -63,6 +63,9 @@ def test_reads_return_typed_rows_as_the_orm_stored_them(url):
             done = queries.state_counts(tx, sid, states=[TrialState.COMPLETED, TrialState.FAILED])
             counts = queries.state_counts(tx, sid)
             n, last = queries.trial_count(tx, sid), queries.last_trial_number(tx, sid)
+            statuses = queries.trial_statuses(tx, sid, not_in=[TrialState.WAITING])
+            none = queries.trial_statuses(tx, sid, states=[])
+            waiting = queries.waiting_trials(tx, sid)
     finally:
         conn.close()
     assert isinstance(sw, queries.SweepRecord)
@@ -82,6 +85,8 @@ def test_reads_return_typed_rows_as_the_orm_stored_them(url):
     assert done == {"completed": 1}
     assert counts == {"completed": 1, "running": 1, "pending": 1, "waiting": 1}
     assert (n, last) == (4, 3)
+    assert statuses == [(0, "completed", None, "70_0"), (1, "running", None, "70_1"), (3, "pending", None, None)]
+    assert none == [] and waiting == [(2, '{"x": 2}')]
 
 
 def test_writes_are_read_back_by_the_orm(url):
@@ -116,3 +121,91 @@ def test_writes_are_read_back_by_the_orm(url):
     assert (rows[3].state, rows[3].chunk_id, rows[3].task_id, rows[3].raw_state) == ("waiting", None, None, None)
     assert ch.state == "failed"
     assert rows[0].state == "completed"                        # untouched
+
+
+def test_submitting_a_chunk_claims_waiting_trials_once(url, tmp_path):
+    """What submit_waiting records: a chunk claims its trials only while all still wait (else
+    nothing of it stays), then its array job id and each trial's task are attached."""
+    conn = store.connect(url)
+    try:
+        with conn.transaction() as tx:
+            sid = queries.insert_sweep(tx, name="s", user_name="u", cluster="c", spec="{}", kind="command",
+                                       n_trials=4, directory_of=lambda i: tmp_path / str(i), at=T0)
+            queries.add_trials(tx, sid, 0, [{"x": i} for i in range(4)], T0)
+            assert queries.last_chunk_number(tx, sid) is None
+            c0 = queries.insert_chunk(tx, sid, 0, [0, 1], T0)
+            assert queries.claim_trials(tx, sid, c0, [0, 1])
+            c1 = queries.insert_chunk(tx, sid, 1, [1, 2], T0)       # trial 1 is taken: no chunk 1
+            assert not queries.claim_trials(tx, sid, c1, [1, 2])
+            assert [c.number for c in queries.chunks(tx, sid)] == [0] and queries.last_chunk_number(tx, sid) == 0
+            assert queries.submitted_jobs(tx, sid) == []
+            queries.attach_jobs(tx, sid, [(c0, "900", [0, 1])], T0)
+            queries.update_sweep(tx, sid, status="failed", when_status="done")      # not done: unchanged
+            sw = queries.sweep(tx, sid)
+            trials = queries.trials(tx, sid)
+            queued = queries.queued_trials(tx, sid)
+            jobs, chunk_jobs = queries.submitted_jobs(tx, sid), queries.chunk_jobs(tx, sid)
+            assert not queries.forget_sweep(tx, sid)                # a chunk reached Slurm: kept
+    finally:
+        conn.close()
+    assert (sw.status, sw.directory, sw.n_trials, sw.created_at) == ("running", str(tmp_path / str(sid)), 4, T0)
+    assert [(t.number, t.state, t.chunk_id, t.task_id, t.job_id, t.raw_state, t.attempts) for t in trials] == [
+        (0, "pending", c0, 0, "900_0", "PENDING", 1), (1, "pending", c0, 1, "900_1", "PENDING", 1),
+        (2, "waiting", None, None, None, None, 0), (3, "waiting", None, None, None, None, 0)]
+    assert queued == [(c0, "pending", "PENDING")] * 2
+    assert jobs == ["900"] and chunk_jobs == [(c0, "900")]
+    with db.session_scope(url) as s:
+        assert s.get(SweepChunk, c0).state == "submitted" and s.get(SweepChunk, c0).trials == "[0, 1]"
+
+
+def test_a_sweep_no_chunk_of_which_reached_slurm_is_forgotten(url, tmp_path):
+    conn = store.connect(url)
+    try:
+        with conn.transaction() as tx:
+            sid = queries.insert_sweep(tx, name="s", user_name="u", cluster="c", spec="{}", kind="command",
+                                       n_trials=1, directory_of=lambda i: tmp_path / str(i), at=T0)
+            queries.add_trials(tx, sid, 0, [{"x": 0}], T0)
+            queries.claim_trials(tx, sid, queries.insert_chunk(tx, sid, 0, [0], T0), [0])
+            assert queries.forget_sweep(tx, sid)
+            assert (queries.sweep(tx, sid), queries.trials(tx, sid), queries.chunks(tx, sid)) == (None, [], [])
+    finally:
+        conn.close()
+
+
+
+
+
+#: a file migrated by a process of its own, then two transactions in another (no SQLAlchemy
+#: engine of this process or the migration's holds the file open): after each, are the WAL and
+#: its index still there?
+_MIGRATE = "import sys; from gpuhpc.ledger import db; db.upgrade(sys.argv[1])"
+_TWO_TRANSACTIONS = """
+import datetime as dt, os, sys
+from gpuhpc.sweeps import queries, store
+url, path = sys.argv[1], sys.argv[2]
+for n in range(2):
+    conn = store.connect(url)
+    try:
+        with conn.transaction() as tx:
+            queries.insert_sweep(tx, name=str(n), user_name="u", cluster="c", spec="{}", kind="command", n_trials=0,
+                                 directory_of=str, at=dt.datetime.now(dt.timezone.utc))
+    finally:
+        conn.close()
+    print(os.path.exists(path + "-wal"), os.path.exists(path + "-shm"))
+"""
+
+
+def test_an_sqlite_files_wal_outlives_a_transactions_connection(tmp_path):
+    """store.connect keeps one idle connection to the file open (as the ORM's pool did): closing
+    a transaction's connection neither checkpoints nor deletes the WAL and its index, so a disk
+    that fills up under the driver fails the next write with "database or disk is full" (not
+    with an I/O error in creating them again: test_sweeps_driver_faults' full disk)."""
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "wal.db")
+    url = f"sqlite:///{path}"
+    subprocess.run([sys.executable, "-c", _MIGRATE, url], capture_output=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", _TWO_TRANSACTIONS, url, path], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.split() == ["True"] * 4, out

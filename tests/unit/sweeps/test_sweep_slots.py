@@ -2,17 +2,21 @@
 on) no longer holds one of the sweep's P slots, but still counts against MaxSubmitJobs."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from gpuhpc.sweeps import planner, store
 
 
 class _Tx:
-    """The two queries :func:`store.live_chunks` makes, answered from lists."""
+    """The two queries :func:`store.live_chunks` makes, answered from lists: (chunk id, raw state)
+    of each queued trial, (chunk id, job id) of each chunk."""
 
     def __init__(self, trials: list[tuple[int, str]], chunks: list[tuple[int, str]]) -> None:
-        self.trials, self.chunks = trials, chunks
+        self.trials = [(cid, "running", raw) for cid, raw in trials]
+        self.chunks = chunks
 
     def execute(self, sql: str, params: tuple):
-        return self.trials if "FROM sweep_trials" in sql else self.chunks
+        return SimpleNamespace(fetchall=lambda: self.trials if "FROM sweep_trials" in sql else self.chunks)
 
 
 def test_a_completing_task_frees_its_slot_but_stays_queued():
