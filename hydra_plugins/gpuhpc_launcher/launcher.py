@@ -19,6 +19,7 @@ module to discover plugins)."""
 from __future__ import annotations
 
 import logging
+import copy
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -27,7 +28,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from gpuhpc.jobs.checkpoint import Checkpointable
 
@@ -55,7 +56,10 @@ class HydraJob(Checkpointable):
         env = os.environ
         job_id = (f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}" if env.get("SLURM_ARRAY_TASK_ID")
                   else env.get("SLURM_JOB_ID") or env.get("GPUHPC_JOB_ID") or "unknown")
-        with open_dict(sweep_config.hydra.job):
+        # a requeued run is handed the configuration its first run left read-only (run_job): a copy,
+        # writable again
+        sweep_config = copy.deepcopy(sweep_config)
+        with read_write(sweep_config), open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.id = job_id
         return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
