@@ -17,7 +17,7 @@ from gpuhpc.sweeps.refresh import refresh
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json
 from gpuhpc.sweeps.state import ChunkState, SLURM_STATES, SweepStatus, TrialState, trial_over
 from gpuhpc.sweeps import queries
-from gpuhpc.sweeps.store import connect, n_waiting, now, set_sweep, slurm_client, trial_rows, utc
+from gpuhpc.sweeps.store import connect, n_waiting, now, set_sweep, slurm_client, sweep_record, trial_rows, utc
 from gpuhpc.sweeps.submission import recover, start_driver, submit_waiting
 from gpuhpc.sweeps.trial import PRUNED, STOP_DIR
 
@@ -241,14 +241,7 @@ def driver_check(sid: int, *, client=None, url: str | None = None) -> tuple[str 
     driver writes the sweep's ``updated_at`` every round) for 6 rounds, and squeue, asked only
     then, does not show its job (pending or running). When squeue cannot say, it is taken for
     alive."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-    finally:
-        conn.close()
-    if sw is None:
-        raise UserInputError(f"no sweep {sid}", field="ID")
+    sw = sweep_record(sid, url)
     status, driver, beat = sw.status, sw.driver_job_id, sw.updated_at
     if status != SweepStatus.RUNNING.value or not driver:
         return None, None

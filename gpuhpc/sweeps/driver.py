@@ -85,18 +85,13 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
     """One round: refresh, hand freed slots on (:func:`~gpuhpc.sweeps.submission.balance`), ask TPE,
     submit what fits. True when the driver is done (every trial finished, cancelled, blocked)."""
     from gpuhpc.errors import QuotaExceeded, SlurmError
-    from gpuhpc.sweeps import control, holds, planner, queries, store, submission
+    from gpuhpc.sweeps import control, holds, planner, store, submission
     from gpuhpc.sweeps.state import SweepStatus, TrialState
     from gpuhpc.sweeps.refresh import refresh
     from gpuhpc.sweeps.spec import spec_from_json
 
     counts = refresh(sid, client=client, url=url)
-    conn = store.connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-    finally:
-        conn.close()
+    sw = store.sweep_record(sid, url)
     status, n_trials, cluster = sw.status, sw.n_trials, sw.cluster
     spec = spec_from_json(sw.spec)
     # a pruner and fail_fast read the trials' progress every round: no longer pauses for them

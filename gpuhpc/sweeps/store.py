@@ -129,6 +129,19 @@ def set_sweep(sid: int, url: str | None, **values: Any) -> None:
         conn.close()
 
 
+def sweep_record(sid: int, url: str | None) -> queries.SweepRecord:
+    """Sweep ``sid``'s row, read in a transaction of its own; exit 2 naming it when there is none."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            sw = queries.sweep(tx, sid)
+    finally:
+        conn.close()
+    if sw is None:
+        raise UserInputError(f"no sweep {sid}", field="ID")
+    return sw
+
+
 def forget(sid: int, url: str | None, directory: Path) -> None:
     """Remove a sweep none of whose chunks reached Slurm (its rows, its directory)."""
     import shutil

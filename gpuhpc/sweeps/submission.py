@@ -35,7 +35,7 @@ from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
 from gpuhpc.sweeps.state import ChunkState, SweepStatus
 from gpuhpc.sweeps.store import (
     connect, db_url, forget, live_chunks, n_waiting, now, read_throttles, save_throttles, set_sweep, slurm_client,
-    sweep_root, utc, write_chunk_file, write_json,
+    sweep_record, sweep_root, utc, write_chunk_file, write_json,
 )
 
 
@@ -400,14 +400,7 @@ def start_driver(sid: int, *, client=None, url: str | None = None, dependency: s
     from gpuhpc.jobs.spec import JobSpec, Resources
 
     c = slurm_client(client)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-    finally:
-        conn.close()
-    if sw is None:
-        raise UserInputError(f"no sweep {sid}", field="ID")
+    sw = sweep_record(sid, url)
     spec = spec_from_json(sw.spec)
     directory = Path(sw.directory)
     partitions = cluster_partitions(c)
