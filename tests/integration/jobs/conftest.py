@@ -4,6 +4,9 @@ Every job a test submits is registered with ``track`` and scancelled by id at th
 (never ``scancel -u``: other engineers share the cluster)."""
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,3 +32,26 @@ def track(slurm):
     yield ids.append
     for job_id in ids:
         slurm.run(["scancel", str(job_id)], check=False)
+
+
+class _Hook(BaseHTTPRequestHandler):
+    """A webhook receiver: each POST's JSON body kept under its path (``server.got``)."""
+
+    def do_POST(self):  # noqa: N802
+        self.server.got[self.path] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def hook():
+    """A local HTTP server for notify's webhooks: ``hook.server_port``, ``hook.got`` {path: body}."""
+    srv = HTTPServer(("127.0.0.1", 0), _Hook)
+    srv.got = {}
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()

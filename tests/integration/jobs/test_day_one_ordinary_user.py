@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,26 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # tests/integra
 from security.conftest import hostile, site_python  # noqa: E402,F401  (the throwaway user; gpuhpc it can run)
 
 pytestmark = pytest.mark.integration
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        self.server.got[self.path] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def hook():
-    srv = HTTPServer(("127.0.0.1", 0), _Hook)
-    srv.got = {}
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def _as_user(hostile, site_python, *args: str, timeout: float = 120):

@@ -8,8 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
@@ -62,26 +60,6 @@ def test_logs_follow_one_rank_through_a_requeue(jobs_env, tmp_path, slurm, track
         res = gpuhpc("logs", job_id, "--rank", bad)
         assert res.returncode == 2 and res.stderr.startswith("error: --rank: ") and words in res.stderr, res.stderr
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-
-
-class _Hook(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        self.server.got[self.path] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *a):
-        pass
-
-
-@pytest.fixture
-def hook():
-    srv = HTTPServer(("127.0.0.1", 0), _Hook)
-    srv.got = {}
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def test_notify_webhooks_on_end_failure_and_requeue_cap(jobs_env, tmp_path, slurm, track, hook):
