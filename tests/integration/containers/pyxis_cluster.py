@@ -79,7 +79,12 @@ def python_image() -> str:
     version = subprocess.run(["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     dest = f"docker://127.0.0.1:{port}/{PYTHON_REPO}:{version}-cp{cloudpickle.__version__}"
+    return f"127.0.0.1:{port}#{PYTHON_REPO}@{_pushed_once(dest, _build_python_image)}"
 
+
+def _pushed_once(dest: str, build) -> str:
+    """The digest of ``dest`` (docker://…) in the local registry: built and pushed first, by
+    ``build(work_dir, dest)`` in a scratch directory, when the registry does not have it."""
     def digest() -> str | None:
         res = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest],
                              capture_output=True, text=True, timeout=60)
@@ -87,14 +92,14 @@ def python_image() -> str:
 
     found = digest()
     if found is None:
-        work = Path(tempfile.mkdtemp(prefix="gpuhpc-pyimg-", dir="/var/tmp"))
+        work = Path(tempfile.mkdtemp(prefix="gpuhpc-img-", dir="/var/tmp"))
         try:
-            _build_python_image(work, dest)
+            build(work, dest)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         found = digest()
         assert found, f"{dest} was not pushed"
-    return f"127.0.0.1:{port}#{PYTHON_REPO}@{found}"
+    return found
 
 
 def _build_python_image(work: Path, dest: str) -> None:
@@ -192,21 +197,7 @@ def mpi_image() -> str:
     tag = "ompi-" + "".join(c for c in version.split("Open MPI")[-1].split()[0] if c.isalnum() or c == ".") + \
         "-" + version.split()[-2][:12]
     dest = f"docker://127.0.0.1:{port}/{MPI_REPO}:{tag}"
-
-    def digest() -> str | None:
-        res = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", dest],
-                             capture_output=True, text=True, timeout=60)
-        return res.stdout.strip() if res.returncode == 0 else None
-
-    found = digest()
-    if found is None:
-        work = Path(tempfile.mkdtemp(prefix="gpuhpc-mpiimg-", dir="/var/tmp"))
-        try:
-            _build_mpi_image(work, dest, mpicc)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        found = digest()
-        assert found, f"{dest} was not pushed"
+    found = _pushed_once(dest, lambda work, to: _build_mpi_image(work, to, mpicc))
     return f"127.0.0.1:{port}#{MPI_REPO}@{found}"
 
 
