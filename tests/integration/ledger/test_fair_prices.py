@@ -2,7 +2,7 @@
 ingested under the ``max_share`` pricing policy, each charged what its sacct ``AllocTRES`` and its
 node's size (``scontrol show node``) say: the largest of its shares of the node's GPUs (by price),
 CPUs and memory × the node's price; GPU-hours count the MIG slice as 1/7 of a GPU. The pure
-arithmetic: tests/unit/ledger/test_fair_prices.py."""
+arithmetic: tests/unit/ledger/test_fair_price_arithmetic.py."""
 from __future__ import annotations
 
 import datetime as dt
