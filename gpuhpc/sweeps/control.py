@@ -17,7 +17,9 @@ from gpuhpc.sweeps.refresh import refresh
 from gpuhpc.sweeps.spec import SweepSpec, spec_from_json
 from gpuhpc.sweeps.state import ChunkState, SLURM_STATES, SweepStatus, TrialState, trial_over
 from gpuhpc.sweeps import queries
-from gpuhpc.sweeps.store import connect, n_waiting, now, set_sweep, slurm_client, sweep_record, trial_rows, utc
+from gpuhpc.sweeps.store import (
+    n_waiting, now, set_sweep, slurm_client, sweep_record, transaction, trial_rows, utc,
+)
 from gpuhpc.sweeps.submission import recover, start_driver, submit_waiting
 from gpuhpc.sweeps.trial import PRUNED, STOP_DIR
 
@@ -26,13 +28,9 @@ def histories(sid: int, *, url: str | None = None) -> tuple[SweepSpec, Path, lis
     """(spec, directory, [TrialHistory]) of every trial that has run: what a pruner reads."""
     from gpuhpc.sweeps.pruners import TrialHistory
 
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            rows = [(t.number, t.state) for t in queries.trial_statuses(tx, sid, not_in=[TrialState.WAITING])]
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        rows = [(t.number, t.state) for t in queries.trial_statuses(tx, sid, not_in=[TrialState.WAITING])]
     spec, directory = spec_from_json(sw.spec), Path(sw.directory)
     return spec, directory, [TrialHistory(n, TrialState(st), read_history(directory / "trials" / str(n) / "metrics.jsonl",
                                                               spec.metric.name)) for n, st in rows]
@@ -50,13 +48,9 @@ def prune(sid: int, *, client=None, url: str | None = None) -> list[int]:
     from gpuhpc.fsutil import write_atomic
     from gpuhpc.sweeps import pruners
 
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            live = queries.trial_statuses(tx, sid, states=queries.LIVE)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        live = queries.trial_statuses(tx, sid, states=queries.LIVE)
     status, spec = sw.status, spec_from_json(sw.spec)
     if spec.pruner is None or status != SweepStatus.RUNNING.value or not live:
         return []
@@ -103,28 +97,24 @@ def check_fail_fast(sid: int, *, client=None, url: str | None = None) -> str | N
     """``fail_fast: N``: once N trials have failed, the sweep is ``failed`` (its message says
     why), nothing more is submitted and every array of it still queued or running is cancelled.
     Returns the message when that happened now, else None."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            status, spec = sw.status, spec_from_json(sw.spec)
-            if spec.fail_fast is None or status != SweepStatus.RUNNING.value:
-                return None
-            # failed for good, or shown failed by slurmctld already (accounting confirms it later): the
-            # same word that frees its slot (trial_over) counts here, so no trial goes out on that slot first
-            failed = [t.number for t in queries.trial_statuses(tx, sid, states=(TrialState.FAILED, *queries.LIVE))
-                      if t.state == TrialState.FAILED.value
-                      or SLURM_STATES.get((t.raw_state or "").split(" ", 1)[0]) is TrialState.FAILED]
-            if len(failed) < spec.fail_fast:
-                return None
-            msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"
-                   f"{', ...' if len(failed) > 10 else ''}), at most {spec.fail_fast - 1} allowed; "
-                   "the rest were cancelled or never submitted")
-            queries.update_sweep(tx, sid, status=SweepStatus.FAILED.value, message=msg, updated_at=now(),
-                                 when_status=SweepStatus.RUNNING.value)
-            jobs = queries.submitted_jobs(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        status, spec = sw.status, spec_from_json(sw.spec)
+        if spec.fail_fast is None or status != SweepStatus.RUNNING.value:
+            return None
+        # failed for good, or shown failed by slurmctld already (accounting confirms it later): the
+        # same word that frees its slot (trial_over) counts here, so no trial goes out on that slot first
+        failed = [t.number for t in queries.trial_statuses(tx, sid, states=(TrialState.FAILED, *queries.LIVE))
+                  if t.state == TrialState.FAILED.value
+                  or SLURM_STATES.get((t.raw_state or "").split(" ", 1)[0]) is TrialState.FAILED]
+        if len(failed) < spec.fail_fast:
+            return None
+        msg = (f"fail_fast: {len(failed)} trials failed ({', '.join(map(str, failed[:10]))}"
+               f"{', ...' if len(failed) > 10 else ''}), at most {spec.fail_fast - 1} allowed; "
+               "the rest were cancelled or never submitted")
+        queries.update_sweep(tx, sid, status=SweepStatus.FAILED.value, message=msg, updated_at=now(),
+                             when_status=SweepStatus.RUNNING.value)
+        jobs = queries.submitted_jobs(tx, sid)
     c = slurm_client(client)
     active = c.active_job_ids(jobs)
     for job in jobs:
@@ -144,21 +134,17 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
     recover(sid, client=c, url=url)
     refresh(sid, client=c, url=url)
     redo = (TrialState.FAILED, TrialState.CANCELLED, TrialState.WAITING)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            if sw is None:
-                raise UserInputError(f"no sweep {sid}", field="ID")
-            spec = spec_from_json(sw.spec)
-            numbers = [t.number for t in queries.trial_statuses(tx, sid, states=redo)]
-            created = queries.trial_count(tx, sid)
-            queries.wait_again(tx, sid, numbers, now())
-            queries.update_sweep(tx, sid, status=SweepStatus.RUNNING.value, message=None)
-            driver = sw.driver_job_id
-            n_trials, cluster = sw.n_trials, sw.cluster
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        spec = spec_from_json(sw.spec)
+        numbers = [t.number for t in queries.trial_statuses(tx, sid, states=redo)]
+        created = queries.trial_count(tx, sid)
+        queries.wait_again(tx, sid, numbers, now())
+        queries.update_sweep(tx, sid, status=SweepStatus.RUNNING.value, message=None)
+        driver = sw.driver_job_id
+        n_trials, cluster = sw.n_trials, sw.cluster
     if driver:
         active = c.active_job_ids([driver])
         if active is None:      # never a second submitter because squeue could not answer
@@ -186,16 +172,12 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
 def cancel(sid: int, *, client=None, url: str | None = None) -> list[str]:
     """Cancel the sweep: its driver first (so nothing new is submitted), then every chunk."""
     c = slurm_client(client)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            if sw is None:
-                raise UserInputError(f"no sweep {sid}", field="ID")
-            queries.update_sweep(tx, sid, status=SweepStatus.CANCELLED.value, updated_at=now())
-            chunks = queries.chunks(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        queries.update_sweep(tx, sid, status=SweepStatus.CANCELLED.value, updated_at=now())
+        chunks = queries.chunks(tx, sid)
     ids = ([sw.driver_job_id] if sw.driver_job_id else []) + [ch.job_id for ch in chunks if ch.job_id]
     # a chunk whose submitter stopped between its sbatch and the database: found by name
     unnamed = [(f"{sw.name}-s{sid}-c{ch.number}", ch.created_at)

@@ -71,13 +71,9 @@ def _tpe_ask(sid: int, spec, url: str | None, free: int) -> int:
                 break
     if not new:
         return 0
-    conn = store.connect(url)
-    try:
-        with conn.transaction() as tx:
-            last = queries.last_trial_number(tx, sid)
-            queries.add_trials(tx, sid, (last if last is not None else -1) + 1, new, store.now())
-    finally:
-        conn.close()
+    with store.transaction(url) as tx:
+        last = queries.last_trial_number(tx, sid)
+        queries.add_trials(tx, sid, (last if last is not None else -1) + 1, new, store.now())
     return len(new)
 
 

@@ -9,7 +9,7 @@ import getpass
 
 from gpuhpc.errors import QuotaExceeded
 from gpuhpc.sweeps.spec import SweepSpec
-from gpuhpc.sweeps.store import connect, db_url, now
+from gpuhpc.sweeps.store import db_url, now, transaction
 
 
 def ledger_url(url: str | None) -> str | None:
@@ -94,15 +94,11 @@ def settle_hold(job_name: str, job_id: str | None, url: str | None) -> None:
         return
     from gpuhpc.ledger import quota
 
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            for (rid,) in tx.execute("SELECT id FROM reservations WHERE job_name = ? AND status = 'held' AND job_id IS NULL",
-                               (job_name,)).fetchall():
-                if job_id is not None:
-                    quota.attach_job_in(tx, rid, job_id)
-                else:
-                    quota.lock_quotas_of(tx, rid)
-                    quota.release_holds(tx, rid, "released", now())
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        for (rid,) in tx.execute("SELECT id FROM reservations WHERE job_name = ? AND status = 'held' AND job_id IS NULL",
+                           (job_name,)).fetchall():
+            if job_id is not None:
+                quota.attach_job_in(tx, rid, job_id)
+            else:
+                quota.lock_quotas_of(tx, rid)
+                quota.release_holds(tx, rid, "released", now())

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -104,6 +105,17 @@ def connect(url: str | None):
     return conn
 
 
+@contextlib.contextmanager
+def transaction(url: str | None):
+    """One transaction on the sweep database (:func:`connect`), its connection closed after it."""
+    conn = connect(url)
+    try:
+        with conn.transaction() as tx:
+            yield tx
+    finally:
+        conn.close()
+
+
 def write_json(path: Path, data: Any) -> None:
     from gpuhpc.fsutil import write_atomic
 
@@ -121,22 +133,14 @@ def write_chunk_file(directory: Path, number: int, rows: Sequence[tuple[int, str
 
 def set_sweep(sid: int, url: str | None, **values: Any) -> None:
     """Set columns of sweep ``sid`` (:func:`gpuhpc.sweeps.queries.update_sweep`) in a transaction of its own."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            queries.update_sweep(tx, sid, **values)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        queries.update_sweep(tx, sid, **values)
 
 
 def sweep_record(sid: int, url: str | None) -> queries.SweepRecord:
     """Sweep ``sid``'s row, read in a transaction of its own; exit 2 naming it when there is none."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
     if sw is None:
         raise UserInputError(f"no sweep {sid}", field="ID")
     return sw
@@ -146,23 +150,15 @@ def forget(sid: int, url: str | None, directory: Path) -> None:
     """Remove a sweep none of whose chunks reached Slurm (its rows, its directory)."""
     import shutil
 
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            if not queries.forget_sweep(tx, sid):
-                return
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        if not queries.forget_sweep(tx, sid):
+            return
     shutil.rmtree(directory, ignore_errors=True)
 
 
 def n_waiting(sid: int, url: str | None) -> int:
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            return queries.state_counts(tx, sid, states=[TrialState.WAITING]).get(TrialState.WAITING.value, 0)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        return queries.state_counts(tx, sid, states=[TrialState.WAITING]).get(TrialState.WAITING.value, 0)
 
 
 def read_throttles(directory: Path) -> dict[int, int]:
@@ -191,29 +187,21 @@ def live_chunks(tx, sid: int, *, slots: bool = False) -> list[tuple[int, str | N
 
 def queued_now(sid: int, url: str | None = None) -> int:
     """The sweep's trials queued or running in Slurm now (slurmctld's view, as last refreshed)."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            return sum(left for _, _, left in live_chunks(tx, sid))
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        return sum(left for _, _, left in live_chunks(tx, sid))
 
 
 def draining(sid: int, url: str | None = None) -> bool:
     """Trials wait while an array of the sweep runs its last wave (no task of it pending): its
     slots free up one by one, and each should go to a waiting trial soon."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            if not queries.state_counts(tx, sid, states=[TrialState.WAITING]):
-                return False
-            states: dict[int, set[str]] = {}
-            for t in queries.queued_trials(tx, sid):
-                if not ended(t.raw_state):
-                    states.setdefault(t.chunk_id, set()).add(t.state)
-            return any(st == {TrialState.RUNNING.value} for st in states.values())
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        if not queries.state_counts(tx, sid, states=[TrialState.WAITING]):
+            return False
+        states: dict[int, set[str]] = {}
+        for t in queries.queued_trials(tx, sid):
+            if not ended(t.raw_state):
+                states.setdefault(t.chunk_id, set()).add(t.state)
+        return any(st == {TrialState.RUNNING.value} for st in states.values())
 
 
 def utc(t: dt.datetime) -> dt.datetime:
@@ -222,22 +210,14 @@ def utc(t: dt.datetime) -> dt.datetime:
 
 def counts_of(sid: int, *, url: str | None = None) -> dict[str, int]:
     """Trials per state as the database holds them (what the driver last wrote)."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            return queries.state_counts(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        return queries.state_counts(tx, sid)
 
 
 def trial_records(sid: int, *, url: str | None = None) -> list[queries.TrialRecord]:
     """Every trial of the sweep as the database holds it, in trial order."""
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            return queries.trials(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        return queries.trials(tx, sid)
 
 
 def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
@@ -250,15 +230,11 @@ def trial_rows(sid: int, *, url: str | None = None) -> list[dict[str, Any]]:
 
 
 def sweep_info(sid: int, *, url: str | None = None) -> dict[str, Any]:
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            if sw is None:
-                raise UserInputError(f"no sweep {sid}", field="ID")
-            chunks = queries.chunks(tx, sid)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        chunks = queries.chunks(tx, sid)
     return dict(sweep_id=sw.id, name=sw.name, status=sw.status, message=sw.message, directory=sw.directory,
                 n_trials=sw.n_trials, driver_job_id=sw.driver_job_id, kind=sw.kind,
                 spec=spec_from_json(sw.spec),

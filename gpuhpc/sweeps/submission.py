@@ -35,7 +35,7 @@ from gpuhpc.sweeps.spec import SweepSpec, spec_from_json, spec_json
 from gpuhpc.sweeps.state import ChunkState, SweepStatus
 from gpuhpc.sweeps.store import (
     connect, db_url, forget, live_chunks, n_waiting, now, read_throttles, save_throttles, set_sweep, slurm_client,
-    sweep_record, sweep_root, utc, write_chunk_file, write_json,
+    sweep_record, sweep_root, transaction, utc, write_chunk_file, write_json,
 )
 
 
@@ -83,16 +83,12 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     trial_container(spec, root / "0", kind)
     if spec.resources_by:       # per-trial resources: every shape fits and makes a valid job
         check_shapes(spec, [(spec.resources_for(p), spec.template_for(p)) for p in first], c, root)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            at = now()
-            sid = queries.insert_sweep(tx, name=spec.name, user_name=getpass.getuser(), cluster=cluster,
-                                       spec=spec_json(spec), kind=kind, n_trials=n,
-                                       directory_of=lambda i: root / str(i), at=at)
-            queries.add_trials(tx, sid, 0, first, at)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        at = now()
+        sid = queries.insert_sweep(tx, name=spec.name, user_name=getpass.getuser(), cluster=cluster,
+                                   spec=spec_json(spec), kind=kind, n_trials=n,
+                                   directory_of=lambda i: root / str(i), at=at)
+        queries.add_trials(tx, sid, 0, first, at)
     directory = root / str(sid)
     (directory / "chunks").mkdir(parents=True, exist_ok=True)
     (directory / "trials").mkdir(exist_ok=True)
@@ -122,13 +118,9 @@ def balance(sid: int, *, client=None, url: str | None = None) -> int:
     throttle is only ever raised, and the sum stays at most P). Returns the slots still free,
     for a new chunk (:func:`submit_waiting`)."""
     c = slurm_client(client)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            live = live_chunks(tx, sid, slots=True)
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        live = live_chunks(tx, sid, slots=True)
     spec, directory = spec_from_json(sw.spec), Path(sw.directory)
     throttles = read_throttles(directory)
     free = spec.parallelism - slots_in_use(live, throttles)
@@ -272,28 +264,20 @@ def _attach_in(tx, sid: int, done: Sequence[tuple[int, str, Sequence[tuple[int, 
 
 
 def _attach(sid: int, chunk_id: int, job_id: str, rows: Sequence[tuple[int, Any]], url: str | None) -> None:
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            _attach_in(tx, sid, [(chunk_id, job_id, rows, None)])
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        _attach_in(tx, sid, [(chunk_id, job_id, rows, None)])
 
 
 def recover(sid: int, *, client=None, url: str | None = None) -> None:
     """A chunk left ``submitting`` (the submitter died between sbatch and the database): find
     its job by name in the queue and attach it, else give its trials back to ``waiting``."""
     c = slurm_client(client)
-    conn = connect(url)
-    try:
-        with conn.transaction() as tx:
-            sw = queries.sweep(tx, sid)
-            if sw is None:
-                raise UserInputError(f"no sweep {sid}", field="ID")
-            stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at)
-                     for ch in queries.chunks(tx, sid, state=ChunkState.SUBMITTING)]
-    finally:
-        conn.close()
+    with transaction(url) as tx:
+        sw = queries.sweep(tx, sid)
+        if sw is None:
+            raise UserInputError(f"no sweep {sid}", field="ID")
+        stuck = [(ch.id, ch.number, json.loads(ch.trials), ch.created_at)
+                 for ch in queries.chunks(tx, sid, state=ChunkState.SUBMITTING)]
     name = sw.name
     if not stuck:
         return
@@ -306,12 +290,8 @@ def recover(sid: int, *, client=None, url: str | None = None) -> None:
         if ids:
             _attach(sid, chunk_id, ids[0], [(t, None) for t in trials], url)
         else:                       # never submitted: its trials wait again
-            conn = connect(url)
-            try:
-                with conn.transaction() as tx:
-                    queries.fail_chunk(tx, sid, chunk_id)
-            finally:
-                conn.close()
+            with transaction(url) as tx:
+                queries.fail_chunk(tx, sid, chunk_id)
 
 
 def cluster_partitions(c) -> list[Any]:
