@@ -170,3 +170,67 @@ def test_ledger_equals_sreport_on_rolled_up_hours(any_url, client):
         assert set(ledger) - set(gone) == set(slurm) - set(gone), (since, ledger, slurm)
         for a in set(slurm) - set(gone):
             assert abs(ledger[a] - slurm[a]) <= 2 * RESOLUTION_S * len(rows), (since, a, ledger[a], slurm[a])
+
+
+def _association_usage(account: str) -> tuple[int, Fraction]:
+    """Slurm's usage of ``account``'s association: ``GrpTRESRaw``'s gres/gpu (whole GPU-minutes, as
+    limits count them) and ``RawUsage`` (billing-seconds, undecayed here: PriorityDecayHalfLife=0)."""
+    import subprocess
+
+    out = subprocess.run(["sshare", "-A", account, "-o", "Account,User,RawUsage,GrpTRESRaw%300", "-l", "-P", "-n"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    row = next(line.split("|") for line in out.splitlines() if line.split("|")[1] == "")      # the account's own
+    tres = dict(kv.split("=", 1) for kv in row[3].split(","))
+    return int(tres.get("gres/gpu", 0)), Fraction(row[2] or 0)
+
+
+def test_ledger_equals_slurms_association_usage_to_the_minute(sqlite_url, client, jobs, tmp_path):
+    """Issue 34.1: the ledger's GPU-hours of an account equal what Slurm counted on its association,
+    the usage its ``GrpTRESMins`` budget is held against: ``GrpTRESRaw`` gres/gpu to the minute, and
+    ``RawUsage`` (billing-seconds; partition gpu bills only GPUs) to the second. A fresh account
+    (usage 0) runs a 1-GPU and a 2-GPU job of 45 s each on partition gpu; sacct's runs are ingested."""
+    import subprocess
+    import uuid
+
+    account = f"me{uuid.uuid4().hex[:8]}"
+    cluster = client.cluster_name()
+    weights = client.partition_billing_weights()["gpu"] or ""
+    per_gpu = Fraction(dict(kv.split("=", 1) for kv in weights.split(","))["GRES/gpu"])
+    subprocess.run(["sacctmgr", "-i", "add", "account", account, f"cluster={cluster}"], check=True, timeout=60,
+                   capture_output=True)
+    try:
+        subprocess.run(["sacctmgr", "-i", "add", "user", "root", f"account={account}", f"cluster={cluster}"],
+                       check=True, timeout=60, capture_output=True)
+        url = sqlite_url
+        db.upgrade(url)
+        admin.set_price("h100", rate=RATE, effective_from=T_PRICE, url=url)
+        t0 = dt.datetime.now(UTC).replace(microsecond=0) - dt.timedelta(seconds=2)
+        for gpus in (1, 2):
+            jobs.append(client.submit_script("#!/bin/bash\nsleep 45\n", extra=[
+                "-p", "gpu", f"--gres=gpu:h100:{gpus}", "-t", "5", "-A", account, "-J", "gpuhpc-assoc-usage",
+                "-o", "/dev/null"]))
+
+        def settled():
+            rows = [r for r in client.job_runs(t0, job_ids=jobs) if r.array_job_id in jobs]
+            done = [r for r in rows if ingest.parse_time(r.start) and r.state.state.is_finished]
+            return rows if len(done) == len(jobs) else None
+
+        rows = wait_for(settled, 240, "sacct to show both jobs finished", interval=1)
+        assert ingest.ingest_rows(rows, url=url).runs_new == len(jobs)
+        ledger_s = _ledger_seconds(url, t0, dt.datetime.now(UTC) + dt.timedelta(seconds=1))[account]
+        # Slurm adds a finished job's usage at its next PriorityCalcPeriod (1 minute here)
+        wait_for(lambda: _association_usage(account)[1] / per_gpu >= ledger_s - 1, 180,
+                 lambda: f"Slurm to count {account}'s usage (now {_association_usage(account)}, "
+                         f"ledger {ledger_s} GPU-s)", interval=2)
+        minutes, billing_s = _association_usage(account)
+        print(f"\n{account}: ledger {ledger_s} GPU-s; Slurm RawUsage {float(billing_s / per_gpu):.1f} GPU-s, "
+              f"GrpTRESRaw gres/gpu {minutes} GPU-min")
+        assert minutes == int(ledger_s // 60)                  # GrpTRESRaw: whole minutes, as a limit counts
+        assert abs(billing_s / per_gpu - Fraction(ledger_s)) <= 1     # RawUsage: to the second
+        sacct_s = sum(sum(r.gpus.values()) * r.elapsed_s for r in rows)
+        assert sacct_s >= 120 and abs(ledger_s - sacct_s) <= 2 * RESOLUTION_S            # 3 GPUs × 45 s
+    finally:
+        for job in jobs:
+            subprocess.run(["scancel", job], timeout=60, capture_output=True)
+        subprocess.run(["sacctmgr", "-i", "delete", "account", account, f"cluster={cluster}"], timeout=60,
+                       capture_output=True)
