@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhpc.errors import GpuhpcError, UserInputError
-from gpuhpc.sweeps.holds import check_quota
+from gpuhpc.sweeps.holds import check_quota, share_of
 from gpuhpc.sweeps.metrics import read_history
 from gpuhpc.sweeps.planner import needs_driver, plan_submission
 from gpuhpc.sweeps.refresh import refresh
@@ -155,7 +155,7 @@ def resume(sid: int, *, client=None, url: str | None = None) -> list[int]:
         queued = sum(1 for r in trial_rows(sid, url=url) if r["state"] in (
             TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value))
         plan = plan_submission(spec, c, len_waiting=len(numbers), queued_by_sweep=queued)
-        check_quota(spec, plan.now, cluster, url)
+        check_quota(spec, plan.now, cluster, url, share_of(spec, c))
         submit_waiting(sid, client=c, url=url, limit=plan.now)
     live = any(r["state"] in (TrialState.PENDING.value, TrialState.RUNNING.value, TrialState.REQUEUED.value)
                for r in trial_rows(sid, url=url)) if needs_driver(spec) else False

@@ -120,7 +120,7 @@ def _step(sid: int, client, url: str | None, limits: dict) -> bool:
             if n <= 0:
                 break
             try:
-                holds.check_quota(spec, n, cluster or "default", url)
+                holds.check_quota(spec, n, cluster or "default", url, holds.share_of(spec, client))
                 ids = submission.submit_waiting(sid, client=client, url=url, limit=n)
                 if ids:
                     _log(f"submitted {n} trial(s) as {', '.join(ids)}")

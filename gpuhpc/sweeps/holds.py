@@ -6,6 +6,7 @@ limit, priced) checked against the ledger's quotas before anything is submitted
 from __future__ import annotations
 
 import getpass
+from typing import Any
 
 from gpuhpc.errors import QuotaExceeded
 from gpuhpc.sweeps.spec import SweepSpec
@@ -25,13 +26,26 @@ def ledger_url(url: str | None) -> str | None:
     return db_url(url)
 
 
-def charge_request(spec: SweepSpec, n: int, cluster: str, name: str | None = None, res=None):
+def charge_request(spec: SweepSpec, n: int, cluster: str, name: str | None = None, res=None,
+                   share: dict[str, Any] | None = None):
+    """The ledger's request for ``n`` trials of ``res`` (else the sweep's resources); ``share``:
+    the CPUs, memory and node shapes a trial names (:func:`share_of`), which the ``max_share``
+    pricing policy holds as ingest will charge them."""
     from gpuhpc.ledger import hooks
 
     r = res or spec.res
     return hooks.ChargeRequest(cluster=cluster, user=getpass.getuser(), account=r.account, partition=r.partition,
                                qos=r.qos, gpu_type=r.gpu_type, gpus=r.total_gpus, time_limit_s=r.time_s,
-                               array_size=n, job_name=name or spec.name)
+                               array_size=n, job_name=name or spec.name, **(share or {}))
+
+
+def share_of(spec: SweepSpec, client, res=None) -> dict[str, Any]:
+    """What a trial of ``res`` (else the sweep's resources) names of its nodes, for the hold
+    (:func:`gpuhpc.jobs.admission.share_request`: one ``scontrol show node`` when it names CPUs,
+    memory or whole nodes, nothing otherwise). Asked before a transaction, never inside one."""
+    from gpuhpc.jobs.admission import share_request
+
+    return share_request(res or spec.res, client)
 
 
 def reserves_here(url: str | None) -> bool:
@@ -49,7 +63,8 @@ class _Rollback(Exception):
     pass
 
 
-def fits_quota(url: str, spec: SweepSpec, n: int, cluster: str) -> QuotaExceeded | None:
+def fits_quota(url: str, spec: SweepSpec, n: int, cluster: str,
+               share: dict[str, Any] | None = None) -> QuotaExceeded | None:
     """Would a hold of ``n`` trials' worst case fit? (a transaction that is always rolled back)"""
     from gpuhpc.ledger import quota
 
@@ -57,7 +72,7 @@ def fits_quota(url: str, spec: SweepSpec, n: int, cluster: str) -> QuotaExceeded
     try:
         try:
             with conn.transaction() as tx:
-                quota.reserve_in(tx, charge_request(spec, n, cluster), now(), url)
+                quota.reserve_in(tx, charge_request(spec, n, cluster, share=share), now(), url)
                 raise _Rollback
         except _Rollback:
             return None
@@ -67,19 +82,20 @@ def fits_quota(url: str, spec: SweepSpec, n: int, cluster: str) -> QuotaExceeded
         conn.close()
 
 
-def check_quota(spec: SweepSpec, n: int, cluster: str, url: str | None) -> None:
+def check_quota(spec: SweepSpec, n: int, cluster: str, url: str | None,
+                share: dict[str, Any] | None = None) -> None:
     """Refuse (exit 3) a batch of ``n`` trials whose worst case (trials × GPUs × time limit,
-    priced) does not fit the quotas, saying how many would."""
+    priced; ``share``: :func:`share_of`) does not fit the quotas, saying how many would."""
     lurl = ledger_url(url)
     if lurl is None or n < 1:
         return
-    exc = fits_quota(lurl, spec, n, cluster)
+    exc = fits_quota(lurl, spec, n, cluster, share)
     if exc is None:
         return
     lo, hi = 0, n - 1                 # the largest m < n that fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits_quota(lurl, spec, mid, cluster) is None:
+        if fits_quota(lurl, spec, mid, cluster, share) is None:
             lo = mid
         else:
             hi = mid - 1

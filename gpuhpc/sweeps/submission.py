@@ -25,7 +25,7 @@ from typing import Any
 from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.jobs.spec import after_dependency
 from gpuhpc.sweeps.environment import submit_client
-from gpuhpc.sweeps.holds import charge_request, check_quota, reserves_here, settle_hold
+from gpuhpc.sweeps.holds import charge_request, check_quota, reserves_here, settle_hold, share_of
 from gpuhpc.sweeps.planner import (
     check_shapes, concurrently, needs_driver, needs_records, plan_submission, shape_groups, slots_in_use,
     submit_limits, trial_container, trial_spec,
@@ -71,7 +71,7 @@ def create(spec: SweepSpec, *, kind: str = "command", client=None, url: str | No
     except GpuhpcError:
         cluster = "default"
     plan = plan_submission(spec, c, len_waiting=n_first, records=got.get("records"))
-    check_quota(spec, plan.now, cluster, url)
+    check_quota(spec, plan.now, cluster, url, share_of(spec, c))
     n = spec.n_trials
     first = spec.generate(0, n) if spec.method != "tpe" else []
     root = sweep_root()
@@ -189,7 +189,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
         if not groups:
             return []
         here = reserves_here(url)
-        chunks = _record_chunks(conn, sid, next_number, groups, res_of=res_of,
+        shares = [share_of(spec, c, res_of[k] if k < len(res_of) else None) for k in range(len(groups))] if here else []
+        chunks = _record_chunks(conn, sid, next_number, groups, res_of=res_of, shares=shares,
                                 spec=spec, name=name, cluster=(cluster or "default") if here else None)
         os.makedirs(directory / "logs", exist_ok=True)
         for number, _, rows, _ in chunks:
@@ -226,7 +227,8 @@ def submit_waiting(sid: int, *, client=None, url: str | None = None, limit: int 
 
 
 def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: SweepSpec, name: str,
-                   cluster: str | None, res_of: Sequence[Any] = ()) -> list[tuple[int, int, list, int | None]]:
+                   cluster: str | None, res_of: Sequence[Any] = (),
+                   shares: Sequence[dict[str, Any]] = ()) -> list[tuple[int, int, list, int | None]]:
     """Record ``groups`` as chunks ``first``, ``first``+1, ... (``submitting``) and claim their
     trials, in one transaction; with a ``cluster`` each chunk's worst case is also held in the
     ledger there (:func:`gpuhpc.ledger.quota.reserve_in`, the one quota decision; over quota:
@@ -246,7 +248,8 @@ def _record_chunks(conn, sid: int, first: int, groups: list[list], *, spec: Swee
             rid = None
             if cluster is not None:
                 rid = quota.reserve_in(tx, charge_request(spec, len(rows), cluster, f"{name}-s{sid}-c{first + k}",
-                                                    res_of[k] if k < len(res_of) else None), at, conn.url).id
+                                                    res_of[k] if k < len(res_of) else None,
+                                                    shares[k] if k < len(shares) else None), at, conn.url).id
             out.append((first + k, chunk_id, rows, rid))
     return out
 

@@ -118,3 +118,31 @@ def test_submit_path_passes_the_request_to_the_hold(ledger, monkeypatch):
                             "train", Client())
     assert res.amount == Decimal("2.500000")
     res.release()
+
+
+def test_a_sweeps_hold_under_max_share_is_its_trials_share(ledger, monkeypatch):
+    """A sweep's holds (gpuhpc/sweeps/holds.py: the check before its arrays and each array's hold)
+    take the share its trials name, as a job's hold does: 16 CPUs of a 16-CPU h100 node is the
+    node's price, 20.00 an hour, which a 15.00 budget refuses; a trial naming only its GPU holds 2.50."""
+    from gpuhpc.sweeps import holds
+    from gpuhpc.sweeps.spec import SweepSpec
+
+    monkeypatch.setattr(holds.getpass, "getuser", lambda: "alice")
+    adjust.set_policy(pricing.POLICY, pricing.MAX_SHARE, url=ledger)
+    res = {"gpus": 1, "gpu_type": "h100", "partition": "gpu", "account": "research", "time": "1h"}
+    base = {"name": "s", "command": "echo {x}", "parameters": {"x": {"values": [1, 2]}}, "metric": {"name": "loss"},
+            "method": "grid"}
+    heavy = SweepSpec.from_mapping({**base, "resources": {**res, "cpus_per_task": 16}})
+    light = SweepSpec.from_mapping({**base, "resources": res})
+    c = Client()
+    share = holds.share_of(heavy, c)
+    assert share == {"cpus": 16, "mem_mb": 0, "shapes": (H100,)} and c.asked == 1
+    assert holds.share_of(light, c) == {} and c.asked == 1           # names neither: nothing asked
+    admin.set_quota("research", money=Decimal("100"), url=ledger)
+    hold = hooks.reserve(holds.charge_request(heavy, 1, "local", share=share))      # an array's hold
+    assert hold.amount == Decimal("20.000000")
+    hold.release()
+    admin.set_quota("research", money=Decimal("15"), url=ledger)
+    with pytest.raises(QuotaExceeded, match=r"0 of the sweep's 1 trials would fit"):
+        holds.check_quota(heavy, 1, "local", ledger, share)
+    holds.check_quota(light, 2, "local", ledger, holds.share_of(light, c))     # 2 × 2.50 fits
