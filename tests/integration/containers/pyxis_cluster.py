@@ -102,47 +102,57 @@ def _pushed_once(dest: str, build) -> str:
     return found
 
 
-def _build_python_image(work: Path, dest: str) -> None:
+def _run(*argv: str) -> None:
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{argv}: {res.stderr}"
+
+
+@contextlib.contextmanager
+def _image_root(work: Path, dest: str, tools: tuple[str, ...], os_release: str) -> Iterator[Path]:
+    """A usr-merged root filesystem (bin, lib, lib64 -> usr/...) with busybox and ``tools`` linked
+    to it, in a fresh OCI layout under ``work``, for the block to fill; then /etc's os-release
+    (``os_release``), passwd and group (root only), packed and pushed to ``dest`` (docker://…, v2s2:
+    enroot gets 404 for an OCI manifest)."""
     oci, bundle = work / "oci", work / "bundle"
-
-    def run(*argv: str) -> None:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, f"{argv}: {res.stderr}"
-
-    run("umoci", "init", "--layout", str(oci))
-    run("umoci", "new", "--image", f"{oci}:py")
-    run("umoci", "unpack", "--image", f"{oci}:py", str(bundle))
+    _run("umoci", "init", "--layout", str(oci))
+    _run("umoci", "new", "--image", f"{oci}:img")
+    _run("umoci", "unpack", "--image", f"{oci}:img", str(bundle))
     root = bundle / "rootfs"
     for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "tmp", "root", "proc", "sys", "dev", "home"):
         (root / d).mkdir(parents=True, exist_ok=True)
     (root / "tmp").chmod(0o1777)
     for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
         (root / link).symlink_to(target)
-    stdlib = Path("/usr/lib/python3.11")
-    shutil.copytree(stdlib, root / "usr/lib/python3.11", symlinks=True,
-                    ignore=shutil.ignore_patterns("site-packages", "dist-packages", "test", "idlelib", "tkinter",
-                                                  "ensurepip", "lib2to3"))
-    binaries = [Path("/usr/bin/python3.11"), Path("/usr/bin/bash"), *stdlib.glob("lib-dynload/*.so")]
-    for b in binaries[:2]:
-        shutil.copy2(b, root / "usr/bin" / b.name)
-    (root / "usr/bin/python3").symlink_to("python3.11")
-    import cloudpickle
-
-    shutil.copytree(Path(cloudpickle.__file__).parent, root / "usr/lib/python3/dist-packages/cloudpickle",
-                    ignore=shutil.ignore_patterns("__pycache__"))
     (root / "usr/bin/busybox").write_bytes(Path(shutil.which("busybox")).read_bytes())
     (root / "usr/bin/busybox").chmod(0o755)
-    for tool in _PYTHON_TOOLS:
+    for tool in tools:
         (root / "usr/bin" / tool).symlink_to("busybox")
-    _copy_libraries(root, binaries)
-    (root / "etc/os-release").write_text('NAME="gpuhpc test python image"\nID=gpuhpc-python\nVERSION_ID=3.11\n')
+    yield root
+    (root / "etc/os-release").write_text(os_release)
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
     (root / "etc/group").write_text("root:x:0:\n")
-    run("umoci", "repack", "--image", f"{oci}:py", str(bundle))
-    run("umoci", "config", "--image", f"{oci}:py", "--config.cmd", "/bin/sh",
-        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
-    run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:py", dest)
+    _run("umoci", "repack", "--image", f"{oci}:img", str(bundle))
+    _run("umoci", "config", "--image", f"{oci}:img", "--config.cmd", "/bin/sh",
+         "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
+    _run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:img", dest)
 
+
+def _build_python_image(work: Path, dest: str) -> None:
+    import cloudpickle
+
+    with _image_root(work, dest, _PYTHON_TOOLS,
+                     'NAME="gpuhpc test python image"\nID=gpuhpc-python\nVERSION_ID=3.11\n') as root:
+        stdlib = Path("/usr/lib/python3.11")
+        shutil.copytree(stdlib, root / "usr/lib/python3.11", symlinks=True,
+                        ignore=shutil.ignore_patterns("site-packages", "dist-packages", "test", "idlelib", "tkinter",
+                                                      "ensurepip", "lib2to3"))
+        binaries = [Path("/usr/bin/python3.11"), Path("/usr/bin/bash"), *stdlib.glob("lib-dynload/*.so")]
+        for b in binaries[:2]:
+            shutil.copy2(b, root / "usr/bin" / b.name)
+        (root / "usr/bin/python3").symlink_to("python3.11")
+        shutil.copytree(Path(cloudpickle.__file__).parent, root / "usr/lib/python3/dist-packages/cloudpickle",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        _copy_libraries(root, binaries)
 
 def _copy_libraries(root: Path, binaries) -> None:
     """The shared libraries ``binaries`` load (ldd), copied from this host into the image root
@@ -202,45 +212,20 @@ def mpi_image() -> str:
 
 
 def _build_mpi_image(work: Path, dest: str, mpicc: str) -> None:
-    oci, bundle = work / "oci", work / "bundle"
-
-    def run(*argv: str) -> None:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, f"{argv}: {res.stderr}"
-
     (work / "hello.c").write_text(MPI_HELLO)
-    run(mpicc, "-O2", "-o", str(work / "mpi_hello"), str(work / "hello.c"))
-    run("umoci", "init", "--layout", str(oci))
-    run("umoci", "new", "--image", f"{oci}:mpi")
-    run("umoci", "unpack", "--image", f"{oci}:mpi", str(bundle))
-    root = bundle / "rootfs"
-    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "tmp", "root", "proc", "sys", "dev", "home"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    (root / "tmp").chmod(0o1777)
-    for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
-        (root / link).symlink_to(target)
-    shutil.copy2(work / "mpi_hello", root / "usr/bin/mpi_hello")
-    (root / "usr/bin/busybox").write_bytes(Path(shutil.which("busybox")).read_bytes())
-    (root / "usr/bin/busybox").chmod(0o755)
-    for tool in ("sh", "env", "cat", "ls", "echo", "hostname"):
-        (root / "usr/bin" / tool).symlink_to("busybox")
-    plugins = []
-    for d in MPI_PLUGIN_DIRS:
-        shutil.copytree(d, root / str(d).lstrip("/"), symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("*.a", "*.la", "include"))
-        plugins += [p for p in d.rglob("*.so*") if p.is_file() and not p.is_symlink()]
-    for share in (Path("/usr/share/openmpi"), Path("/etc/openmpi")):     # help texts, MCA defaults
-        if share.is_dir():
-            shutil.copytree(share, root / str(share).lstrip("/"), symlinks=True, dirs_exist_ok=True)
-    _copy_libraries(root, [work / "mpi_hello", *plugins])
-    (root / "etc/os-release").write_text('NAME="gpuhpc test MPI image"\nID=gpuhpc-mpi\nVERSION_ID=1\n')
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-    (root / "etc/group").write_text("root:x:0:\n")
-    run("umoci", "repack", "--image", f"{oci}:mpi", str(bundle))
-    run("umoci", "config", "--image", f"{oci}:mpi", "--config.cmd", "/bin/sh",
-        "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin")
-    run("skopeo", "copy", "--quiet", "--format", "v2s2", "--dest-tls-verify=false", f"oci:{oci}:mpi", dest)
-
+    _run(mpicc, "-O2", "-o", str(work / "mpi_hello"), str(work / "hello.c"))
+    with _image_root(work, dest, ("sh", "env", "cat", "ls", "echo", "hostname"),
+                     'NAME="gpuhpc test MPI image"\nID=gpuhpc-mpi\nVERSION_ID=1\n') as root:
+        shutil.copy2(work / "mpi_hello", root / "usr/bin/mpi_hello")
+        plugins = []
+        for d in MPI_PLUGIN_DIRS:
+            shutil.copytree(d, root / str(d).lstrip("/"), symlinks=True, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.a", "*.la", "include"))
+            plugins += [p for p in d.rglob("*.so*") if p.is_file() and not p.is_symlink()]
+        for share in (Path("/usr/share/openmpi"), Path("/etc/openmpi")):     # help texts, MCA defaults
+            if share.is_dir():
+                shutil.copytree(share, root / str(share).lstrip("/"), symlinks=True, dirs_exist_ok=True)
+        _copy_libraries(root, [work / "mpi_hello", *plugins])
 
 def node_dir(base: Path, node: str, name: str) -> Path:
     """Where ``base/NAME`` (one of PER_NODE) of ``node`` is, seen from the host."""
