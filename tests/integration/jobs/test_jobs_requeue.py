@@ -143,54 +143,16 @@ def processes_with(marker: str) -> list[str]:
     return found
 
 
-def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
-    """SIGUSR2 goes to the program's leader only: the data-loading workers it forked (in its
-    process group, no SIGUSR2 handler of their own: dataloader_train.py, a stand-in for torch's
-    DataLoader(num_workers=2)) still answer while the leader saves at a preemption, and the job
-    resumes from that save and completes. (The template signalled the whole group: the workers
-    died, the save failed.)"""
+def _dataloader_job_lives_through_a_preemption(tmp_path, slurm, track, python: str, program: str, name: str) -> None:
+    """Submit ``python program`` (a training loop whose two data-loading workers have no SIGUSR2
+    handler), preempt it, and check: no worker died, both answered during the one save, the next
+    run resumed from it and completed, the preempted run ended by itself after its save (its
+    workers stopped), not at the deadline, and no process of the job is left (a run left hanging
+    outlives the job: its own session, which proctrack/linuxproc loses)."""
     progress, result = tmp_path / "progress.log", tmp_path / "result.json"
     res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
-                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-dataloader",
-                 "--json", "--", sys.executable, str(HERE / "dataloader_train.py"), "--steps", "400",
-                 "--step-seconds", str(STEP_S), "--progress", str(progress), "--result", str(result))
-    assert res.returncode == 0, res.stderr
-    job_id = json.loads(res.stdout)["job_id"]
-    track(job_id)
-    wait_for(lambda: job_state(slurm, job_id) == "RUNNING" and progress.exists()
-             and progress.read_text().startswith("start 0 0\n"), 90, f"job {job_id} to start")
-    interrupt(slurm, job_id, "preempt", node=NODE, gres=GRES, track=track, timeout=120)
-    wait_for(lambda: job_state(slurm, job_id) in ("COMPLETED", "FAILED"), 150, f"job {job_id} to end")
-
-    lines = progress.read_text().splitlines()
-    from gpuhpc.jobs.api import Job
-
-    assert job_state(slurm, job_id) == "COMPLETED", (lines, Job(job_id, client=slurm).logs()[-3000:])
-    assert not [x for x in lines if x.startswith("worker died")], lines
-    saved = [x for x in lines if x.startswith("saved ")]
-    assert len(saved) == 1 and saved[0].endswith(" 2"), lines          # both workers answered during the save
-    step = int(saved[0].split()[1])
-    assert lines[lines.index(saved[0]) + 1] == f"start 1 {step}", lines      # resumed from that save
-    assert lines[-1] == "done" and json.loads(result.read_text()) == {"step": 400}
-    # the preempted run ended by itself after its save (its workers stopped), not at the deadline;
-    # a run left hanging there outlives the job (its own session: linuxproc loses it)
-    assert "did not exit by the deadline" not in Job(job_id, client=slurm).logs()
-    wait_for(lambda: not processes_with(str(tmp_path)), 10,
-             lambda: f"job {job_id}'s processes to end: {processes_with(str(tmp_path))}")
-
-
-def test_torch_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
-    """The same with real torch (Debian's python3-torch, torch_compat.TORCH_PYTHON): a training loop
-    over ``torch.utils.data.DataLoader(num_workers=2)`` (torch_dataloader_train.py; spawned workers,
-    no SIGUSR2 handler) is preempted: both workers hand out a batch during the save, the job resumes
-    from it and completes, and no process of the job is left."""
-    from torch_compat import TORCH_PYTHON, require_torch
-
-    require_torch()
-    progress, result = tmp_path / "progress.log", tmp_path / "result.json"
-    res = gpuhpc("submit", "--partition", "gpu", "--gpus", "8", "--gpu-type", "h100", "--nodes", "1",
-                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", "gpuhpc-test-torch-dataloader",
-                 "--json", "--", TORCH_PYTHON, str(HERE / "torch_dataloader_train.py"), "--steps", "400",
+                 "--nodelist", NODE, "--time", "15m", "--grace", "60", "--name", name,
+                 "--json", "--", python, str(HERE / program), "--steps", "400",
                  "--step-seconds", str(STEP_S), "--progress", str(progress), "--result", str(result))
     assert res.returncode == 0, res.stderr
     job_id = json.loads(res.stdout)["job_id"]
@@ -214,3 +176,25 @@ def test_torch_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slur
     assert "did not exit by the deadline" not in log
     wait_for(lambda: not processes_with(str(tmp_path)), 10,
              lambda: f"job {job_id}'s processes to end: {processes_with(str(tmp_path))}")
+
+
+def test_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
+    """SIGUSR2 goes to the program's leader only: the data-loading workers it forked (in its
+    process group, no SIGUSR2 handler of their own: dataloader_train.py, a stand-in for torch's
+    DataLoader(num_workers=2)) still answer while the leader saves at a preemption, and the job
+    resumes from that save and completes. (The template signalled the whole group: the workers
+    died, the save failed.)"""
+    _dataloader_job_lives_through_a_preemption(tmp_path, slurm, track, sys.executable, "dataloader_train.py",
+                                               "gpuhpc-test-dataloader")
+
+
+def test_torch_dataloader_workers_live_through_the_save(jobs_env, tmp_path, slurm, track):
+    """The same with real torch (Debian's python3-torch, torch_compat.TORCH_PYTHON): a training loop
+    over ``torch.utils.data.DataLoader(num_workers=2)`` (torch_dataloader_train.py; spawned workers,
+    no SIGUSR2 handler) is preempted: both workers hand out a batch during the save, the job resumes
+    from it and completes, and no process of the job is left."""
+    from torch_compat import TORCH_PYTHON, require_torch
+
+    require_torch()
+    _dataloader_job_lives_through_a_preemption(tmp_path, slurm, track, TORCH_PYTHON, "torch_dataloader_train.py",
+                                               "gpuhpc-test-torch-dataloader")
