@@ -910,3 +910,16 @@ def parse_sacct_json(text: str, *, allocations: bool = True) -> list[AcctRow]:
                                                 start=_iso(st.get("start")), end=_iso(st.get("end")),
                                                 alloc_tres=_tres_list((step.get("tres") or {}).get("allocated"))))
     return rows
+
+
+def slurm_timestamp(text: str | None) -> float | None:
+    """Epoch seconds of a Slurm time (``2026-12-01T15:09:53``, the controller's local time), None
+    for ``None``/``Unknown``/``(null)``/0."""
+    if not text or text in ("None", "Unknown", "(null)", "0"):
+        return None
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None

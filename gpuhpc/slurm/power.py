@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpuhpc.slurm.client import SlurmClient
 from gpuhpc.slurm.commands import scontrol_ping
-from gpuhpc.slurm.parsers import ControllerPing, parse_oneliner_records, parse_ping
+from gpuhpc.slurm.parsers import ControllerPing, parse_oneliner_records, parse_ping, slurm_timestamp
 
 
 # ---------------------------------------------------------------- builders (pure)
@@ -56,19 +56,6 @@ class PowerNode:
     @property
     def flags(self) -> frozenset[str]:
         return frozenset(self.state.upper().replace("+", " ").split())
-
-
-def slurm_timestamp(text: str | None) -> float | None:
-    """Epoch seconds of a Slurm time (``2026-12-01T15:09:53``, the controller's local time), None
-    for ``None``/``Unknown``/``(null)``/0."""
-    if not text or text in ("None", "Unknown", "(null)", "0"):
-        return None
-    import datetime as dt
-
-    try:
-        return dt.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
 
 
 def parse_power_nodes(text: str) -> list[PowerNode]:

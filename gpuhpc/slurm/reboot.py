@@ -10,7 +10,6 @@ builds the argv (pure), reads each node's state and BootTime (pure parser over `
 """
 from __future__ import annotations
 
-import datetime as dt
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuhpc.errors import GpuhpcError, UserInputError
 from gpuhpc.slurm.commands import scontrol_show
-from gpuhpc.slurm.parsers import parse_oneliner_records
+from gpuhpc.slurm.parsers import parse_oneliner_records, slurm_timestamp
 
 REASON_MAX = 200
 _BAD_REASON = re.compile(r"[\x00-\x1f\x7f\"']")
@@ -85,15 +84,6 @@ class NodeBoot:
         return frozenset(out)
 
 
-def _time(text: str | None) -> float | None:
-    if not text or text in ("None", "Unknown", "(null)", "0"):
-        return None
-    try:
-        return dt.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
 def parse_node_boots(text: str) -> dict[str, NodeBoot]:
     """``scontrol --oneliner show node [NODES]`` -> {name: NodeBoot}."""
     out = {}
@@ -101,7 +91,7 @@ def parse_node_boots(text: str) -> dict[str, NodeBoot]:
         if "NodeName" in rec:
             reason = rec.get("Reason", "")
             out[rec["NodeName"]] = NodeBoot(rec["NodeName"], rec.get("State", "UNKNOWN"),
-                                            "" if reason == "(null)" else reason, _time(rec.get("BootTime")))
+                                            "" if reason == "(null)" else reason, slurm_timestamp(rec.get("BootTime")))
     return out
 
 
